@@ -1,0 +1,71 @@
+"""LLVM IR text in, optimized IR (and assembly) out, for the host CPU.
+
+Compiling is kept apart from rendering: this module knows nothing of kernels. llvmlite's
+global context is not thread-safe, so every use of it here holds one lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from functools import lru_cache
+
+import llvmlite
+import llvmlite.binding as llvm
+
+LOCK = threading.RLock()
+
+
+@lru_cache(maxsize=None)
+def target_machine() -> llvm.TargetMachine:
+    with LOCK:
+        llvm.initialize_native_target()
+        llvm.initialize_native_asmprinter()
+        target = llvm.Target.from_triple(llvm.get_process_triple())
+        return target.create_target_machine(
+            cpu=llvm.get_host_cpu_name(), features=host_features(), opt=3,
+            reloc="pic", codemodel="default")
+
+
+@lru_cache(maxsize=None)
+def host_features() -> str:
+    return llvm.get_host_cpu_features().flatten()
+
+
+def host() -> dict:
+    """What compiled code is specialized for; part of every cache key."""
+    return {"triple": llvm.get_process_triple(), "cpu": llvm.get_host_cpu_name(),
+            "features": host_features(), "llvm": ".".join(map(str, llvm.llvm_version_info)),
+            "llvmlite": llvmlite.__version__}
+
+
+def data_layout() -> str:
+    return str(target_machine().target_data)
+
+
+def optimize(ir_text: str, speed_level: int = 3) -> str:
+    """Parse, verify and optimize at O``speed_level`` for the host CPU; returns IR text."""
+    with LOCK:
+        tm = target_machine()
+        mod = llvm.parse_assembly(ir_text)
+        mod.verify()
+        pto = llvm.create_pipeline_tuning_options(speed_level=speed_level)
+        pto.loop_vectorization = pto.slp_vectorization = speed_level >= 2
+        pto.loop_unrolling = True
+        pb = llvm.create_pass_builder(tm, pto)
+        pb.getModulePassManager().run(mod, pb)
+        mod.verify()
+        return str(mod)
+
+
+def assembly(ir_text: str) -> str:
+    with LOCK:
+        return target_machine().emit_assembly(llvm.parse_assembly(ir_text))
+
+
+def link(ir_texts: list[str]) -> str:
+    """Link several IR modules into one (their symbols must not clash)."""
+    with LOCK:
+        mods = [llvm.parse_assembly(t) for t in ir_texts]
+        for m in mods[1:]:
+            mods[0].link_in(m)
+        return str(mods[0])

@@ -1,0 +1,149 @@
+"""The kernel IR: buffers, elementwise expression DAGs, and the stages of a kernel.
+
+A region becomes one :class:`Kernel`. Its stages run in order; an :class:`Elementwise`
+stage is one loop nest over an output shape that evaluates an expression DAG per point
+and stores every output of that shape, so fused ops never touch memory in between.
+Dimensions are ``int`` or the name of a symbolic size read from the arguments at run time.
+Nodes compare by identity: the frontend shares a node wherever Relax shares a value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+Dim = Union[int, str]
+
+
+@dataclass(frozen=True)
+class Buffer:
+    name: str
+    shape: tuple[Dim, ...]
+    dtype: str
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+
+@dataclass(frozen=True, eq=False)
+class Load:
+    """The element of ``buf`` at the current point, broadcast NumPy-style (right-aligned)."""
+    buf: Buffer
+
+    @property
+    def dtype(self) -> str:
+        return self.buf.dtype
+
+
+@dataclass(frozen=True, eq=False)
+class Const:
+    value: Any
+    dtype: str
+
+
+@dataclass(frozen=True, eq=False)
+class Op:
+    """Row ``op`` of :data:`jitbyoc.ops.OPS` applied to ``args`` (whose dtype is ``in_dtype``)."""
+    op: str
+    args: tuple
+    in_dtype: str
+    dtype: str
+    attrs: tuple = ()
+
+    @property
+    def kwargs(self) -> dict:
+        return dict(self.attrs)
+
+
+Node = Union[Load, Const, Op]
+
+
+@dataclass(frozen=True)
+class Elementwise:
+    shape: tuple[Dim, ...]
+    stores: tuple[tuple[Buffer, Node], ...]
+
+
+@dataclass
+class Kernel:
+    name: str
+    inputs: list[Buffer]
+    outputs: list[Buffer]
+    stages: list = field(default_factory=list)
+    temps: list[Buffer] = field(default_factory=list)
+    ops: list[str] = field(default_factory=list)  # Relax ops covered, for the report
+
+    @property
+    def params(self) -> list[Buffer]:
+        return self.inputs + self.outputs
+
+    @property
+    def sym_vars(self) -> list[str]:
+        """Symbolic sizes, in order of first appearance among the parameters."""
+        seen: dict[str, None] = {}
+        for b in self.params:
+            for d in b.shape:
+                if isinstance(d, str):
+                    seen.setdefault(d)
+        return list(seen)
+
+
+def walk(roots):
+    """Nodes reachable from ``roots``, each once, operands before users."""
+    order, seen = [], set()
+    stack = [(r, False) for r in reversed(list(roots))]
+    while stack:
+        node, done = stack.pop()
+        if id(node) in seen:
+            continue
+        if done or not isinstance(node, Op):
+            seen.add(id(node))
+            order.append(node)
+            continue
+        stack.append((node, True))
+        stack.extend((a, False) for a in reversed(node.args) if id(a) not in seen)
+    return order
+
+
+def loads(roots) -> list[Buffer]:
+    out: dict[Buffer, None] = {}
+    for n in walk(roots):
+        if isinstance(n, Load):
+            out.setdefault(n.buf)
+    return list(out)
+
+
+@dataclass(frozen=True)
+class NestLayout:
+    """A loop nest after dropping unit dims and merging dims every buffer walks alike.
+
+    ``extents[k]`` is a product of dims; ``strides[buf][k]`` the product of dims to step
+    ``buf`` by per step of loop ``k`` (``None``: the buffer is broadcast along it).
+    """
+    extents: tuple[tuple[Dim, ...], ...]
+    strides: dict
+
+
+def nest_layout(shape: tuple[Dim, ...], bufs) -> NestLayout:
+    nd = len(shape)
+    keep = [k for k in range(nd) if shape[k] != 1]
+
+    def walks(b: Buffer, k: int) -> bool:
+        j = k - (nd - b.ndim)
+        return j >= 0 and b.shape[j] != 1
+
+    groups: list[list[int]] = []
+    for k in keep:
+        if groups and all(walks(b, groups[-1][-1]) == walks(b, k) for b in bufs):
+            groups[-1].append(k)
+        else:
+            groups.append([k])
+    extents = tuple(tuple(shape[k] for k in g) for g in groups)
+    strides = {}
+    for b in bufs:
+        off = nd - b.ndim
+        strides[b] = tuple(
+            tuple(d for d in b.shape[g[-1] - off + 1:] if d != 1) if walks(b, g[-1]) else None
+            for g in groups)
+    return NestLayout(extents, strides)

@@ -1,0 +1,41 @@
+"""Loop helpers for llvmlite builders. Op rules never build loops; these do."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+from llvmlite import ir
+
+I64 = ir.IntType(64)
+
+
+@contextmanager
+def for_range(b: ir.IRBuilder, count, name: str = "i", start=None):
+    """``for (i = start; i < count; ++i)``; yields ``i`` with the builder in the body."""
+    start = ir.Constant(I64, 0) if start is None else start
+    pre = b.block
+    cond = b.append_basic_block(f"{name}.cond")
+    body = b.append_basic_block(f"{name}.body")
+    end = b.append_basic_block(f"{name}.end")
+    b.branch(cond)
+    b.position_at_end(cond)
+    idx = b.phi(I64, name=name)
+    idx.add_incoming(start, pre)
+    b.cbranch(b.icmp_signed("<", idx, count), body, end)
+    b.position_at_end(body)
+    yield idx
+    nxt = b.add(idx, ir.Constant(I64, 1), name=f"{name}.next", flags=["nsw"])
+    idx.add_incoming(nxt, b.block)
+    b.branch(cond)
+    b.position_at_end(end)
+
+
+@contextmanager
+def loop_nest(b: ir.IRBuilder, counts, name: str = "i"):
+    """Nested :func:`for_range` loops, outermost first; yields the list of indices."""
+    if not counts:
+        yield []
+        return
+    with for_range(b, counts[0], f"{name}{len(counts) - 1}") as i:
+        with loop_nest(b, counts[1:], name) as rest:
+            yield [i] + rest

@@ -1,0 +1,59 @@
+"""``partition_for_jitbyoc``: the Relax counterpart of the seeds' MergeComposite ->
+AnnotateTarget -> MergeCompilerRegions -> PartitionGraph.
+
+Every supported op is matched by a pattern from :mod:`jitbyoc.patterns`; adjacent matches
+in a dataflow block (including blocks inside ``If`` branches) merge into maximal regions;
+each region becomes a function with ``Codegen="jitbyoc"`` whose ``global_symbol`` is
+derived from its content, so two builds can only ever share a symbol when they share the
+code behind it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import tvm
+from tvm import relax
+from tvm.relax.backend.pattern_registry import get_patterns_with_prefix
+from tvm.relax.transform import FuseOpsByPattern, MergeCompositeFunctions
+
+from .patterns import PREFIX
+
+
+def content_symbol(func: relax.Function) -> str:
+    """``jitbyoc_<ops>_<hash>``: a stable name for a region, made from its content."""
+    text = func.without_attr("global_symbol").script(show_meta=True)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    ops = []
+    relax.analysis.post_order_visit(
+        func.body, lambda e: ops.append(e.attrs["Composite"].removeprefix(PREFIX + "."))
+        if isinstance(e, relax.Function) and e.attrs and "Composite" in e.attrs else None)
+    short = "_".join(dict.fromkeys(ops))[:40].replace(".", "_")
+    return f"{PREFIX}_{short}_{digest}"
+
+
+def regions(mod: tvm.IRModule) -> dict[tvm.ir.GlobalVar, relax.Function]:
+    return {gv: f for gv, f in mod.functions.items()
+            if isinstance(f, relax.Function) and f.attrs and f.attrs.get("Codegen") == PREFIX}
+
+
+def partition_for_jitbyoc(mod: tvm.IRModule) -> tvm.IRModule:
+    """Partition ``mod`` into jitbyoc regions and what stays with TVM.
+
+    Parameters
+    ----------
+    mod : tvm.IRModule
+        A Relax module (high-level ops, before legalization).
+
+    Returns
+    -------
+    tvm.IRModule
+        The module with each region outlined into a function carrying
+        ``Codegen="jitbyoc"``; ``relax.transform.RunCodegen()`` compiles them.
+    """
+    patterns = get_patterns_with_prefix(PREFIX)
+    mod = FuseOpsByPattern(patterns, bind_constants=False, annotate_codegen=False)(mod)
+    mod = MergeCompositeFunctions()(mod)
+    for gv, func in regions(mod).items():
+        mod[gv] = func.with_attr("global_symbol", content_symbol(func))
+    return mod

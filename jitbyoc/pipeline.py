@@ -1,0 +1,75 @@
+"""The ``tvm.compile`` hook: partition -> RunCodegen -> TVM's own pipeline.
+
+``tvm.compile`` -> ``relax.build(relax_pipeline="default")`` looks the pipeline up in
+``tvm.relax.pipeline.PIPELINE_MAP`` at build time. :func:`enable` wraps the ``"default"``
+and ``"default_build"`` entries so they offload first; :func:`disable` puts the originals
+back. The switch is process-wide (every thread's builds see it), like TVM's own pipeline
+registry; the ``"jitbyoc"`` pipeline offloads whatever the switch says.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import tvm
+from tvm import relax
+from tvm.relax.pipeline import PIPELINE_MAP
+
+from . import report as report_mod
+from .partition import partition_for_jitbyoc
+
+_LOCK = threading.Lock()
+_ORIGINALS: dict = {}
+HOOKED = ("default", "default_build")
+
+
+def _offload_here() -> bool:
+    target = tvm.target.Target.current(allow_none=True)
+    return target is None or target.kind.name == "llvm"
+
+
+def offload(mod: tvm.IRModule) -> tvm.IRModule:
+    """Partition ``mod`` and compile its regions; the rest is left for TVM."""
+    part = partition_for_jitbyoc(mod)
+    out = relax.transform.RunCodegen()(part)
+    report_mod.record(mod, part)
+    return out
+
+
+def _wrap(make_pipeline):
+    def make(**kwargs):
+        inner = make_pipeline(**kwargs)
+
+        @tvm.transform.module_pass(opt_level=0, name="jitbyoc.offload")
+        def _offload_then_tvm(mod, _ctx):
+            return inner(offload(mod) if _offload_here() else mod)
+
+        return _offload_then_tvm
+
+    make.jitbyoc_original = make_pipeline
+    return make
+
+
+def enable() -> None:
+    with _LOCK:
+        if _ORIGINALS:
+            return
+        for name in HOOKED:
+            _ORIGINALS[name] = PIPELINE_MAP[name]
+            PIPELINE_MAP[name] = _wrap(PIPELINE_MAP[name])
+
+
+def disable() -> None:
+    with _LOCK:
+        for name, original in _ORIGINALS.items():
+            PIPELINE_MAP[name] = original
+        _ORIGINALS.clear()
+
+
+def enabled() -> bool:
+    return bool(_ORIGINALS)
+
+
+def register_pipeline() -> None:
+    if "jitbyoc" not in PIPELINE_MAP:
+        PIPELINE_MAP["jitbyoc"] = _wrap(lambda **kw: (_ORIGINALS.get("default") or PIPELINE_MAP["default"])(**kw))
