@@ -15,8 +15,9 @@ import hashlib
 import tvm
 from tvm import relax
 from tvm.relax.backend.pattern_registry import get_patterns_with_prefix
-from tvm.relax.transform import FuseOpsByPattern, MergeCompositeFunctions
+from tvm.relax.transform import FuseOpsByPattern
 
+from .merge import merge_regions
 from .patterns import PREFIX
 
 
@@ -53,7 +54,7 @@ def partition_for_jitbyoc(mod: tvm.IRModule) -> tvm.IRModule:
     """
     patterns = get_patterns_with_prefix(PREFIX)
     mod = FuseOpsByPattern(patterns, bind_constants=False, annotate_codegen=False)(mod)
-    mod = MergeCompositeFunctions()(mod)
+    mod = merge_regions(mod)
     for gv, func in regions(mod).items():
         mod[gv] = func.with_attr("global_symbol", content_symbol(func))
     return mod

@@ -1,0 +1,114 @@
+"""Merge composite calls into maximal regions, inside every dataflow block.
+
+TVM's ``MergeCompositeFunctions`` cannot see through ``If`` (its graph partitioner has
+no rule for it), so jitbyoc merges itself. Walking each dataflow block in order, composite
+calls join an open region; any other binding that does not depend on the open region is
+moved ahead of it, and one that does closes the region first. Every region therefore
+takes its inputs from before it and hands its outputs to what follows: no cycles.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+from tvm.ir import TupleType
+from tvm.relax.utils import copy_with_new_vars
+
+CODEGEN = "jitbyoc"
+
+
+class _Merger:
+    def __init__(self, mod: tvm.IRModule):
+        self.composites = {gv: f for gv, f in mod.functions.items()
+                           if isinstance(f, relax.Function) and f.attrs and "Composite" in f.attrs}
+        self.bb = relax.BlockBuilder()  # types the new GlobalVars; collects the regions
+
+    # ---- walking the function ------------------------------------------------------------
+    def expr(self, e):
+        if isinstance(e, relax.SeqExpr):
+            return relax.SeqExpr([self.block(b) for b in e.blocks], self.expr(e.body))
+        if isinstance(e, relax.If):
+            return relax.If(e.cond, self.expr(e.true_branch), self.expr(e.false_branch))
+        return e
+
+    def block(self, block):
+        if not isinstance(block, relax.DataflowBlock):
+            return relax.BindingBlock([self.binding(b) for b in block.bindings])
+        out, region = [], []
+        bindings = list(block.bindings)
+        for k, b in enumerate(bindings):
+            if self.is_composite_call(b.value):
+                region.append(b)
+                continue
+            if region and self.uses(b.value, region):
+                out += self.outline(region, bindings[k:])
+                region = []
+            out.append(self.binding(b))
+        if region:
+            out += self.outline(region, [])
+        return relax.DataflowBlock(out)
+
+    def binding(self, b):
+        if isinstance(b, relax.VarBinding) and isinstance(b.value, (relax.If, relax.SeqExpr)):
+            return relax.VarBinding(b.var, self.expr(b.value))
+        return b
+
+    def is_composite_call(self, value) -> bool:
+        return isinstance(value, relax.Call) and value.op in self.composites
+
+    @staticmethod
+    def uses(value, region) -> bool:
+        defined = {b.var for b in region}
+        return any(v in defined for v in relax.analysis.free_vars(value))
+
+    # ---- outlining one region --------------------------------------------------------------
+    def outline(self, region, rest) -> list:
+        defined = {b.var for b in region}
+        inputs: list = []
+        for b in region:
+            for a in b.value.args:
+                if a not in defined and a not in inputs:
+                    inputs.append(a)
+        later = set()
+        for b in rest:
+            later.update(relax.analysis.free_vars(b.value))
+        outputs = [b.var for b in region
+                   if not isinstance(b.var, relax.DataflowVar) or b.var in later]
+        gv = self.bb.add_func(self.region_function(region, inputs, outputs), f"{CODEGEN}_region")
+        call = relax.Call(gv, inputs)
+        if len(outputs) == 1:
+            return [relax.VarBinding(outputs[0], call)]
+        tup = relax.DataflowVar("region_out", TupleType([o.ty for o in outputs]))
+        return [relax.VarBinding(tup, call)] + [
+            relax.VarBinding(o, relax.TupleGetItem(tup, k)) for k, o in enumerate(outputs)]
+
+    def region_function(self, region, inputs, outputs) -> relax.Function:
+        params = [relax.Var(getattr(a, "name", None) or f"const{k}", a.ty) for k, a in enumerate(inputs)]
+        remap = dict(zip(inputs, params))
+        bindings = []
+        for b in region:
+            comp = self.composites[b.value.op]
+            fvar = relax.Var(b.value.op.name_hint, comp.ty)
+            bindings.append(relax.VarBinding(fvar, copy_with_new_vars(comp)))
+            var = relax.Var(b.var.name, b.var.ty)
+            bindings.append(relax.VarBinding(var, relax.Call(fvar, [remap[a] for a in b.value.args])))
+            remap[b.var] = var
+        ret = [remap[o] for o in outputs]
+        body = relax.SeqExpr([relax.BindingBlock(bindings)], ret[0] if len(ret) == 1 else relax.Tuple(ret))
+        ret_ty = ret[0].ty if len(ret) == 1 else TupleType([r.ty for r in ret])
+        return relax.Function(params, body, ret_ty, True,
+                              tvm.ir.make_node("ir.DictAttrs", **{"Codegen": CODEGEN}))
+
+
+def merge_regions(mod: tvm.IRModule) -> tvm.IRModule:
+    """Outline maximal runs of ``Composite`` calls into ``Codegen="jitbyoc"`` functions."""
+    m = _Merger(mod)
+    funcs = {}
+    for gv, f in mod.functions.items():
+        if gv in m.composites:
+            continue
+        if isinstance(f, relax.Function) and not (f.attrs and "Codegen" in f.attrs):
+            f = relax.Function(f.params, m.expr(f.body), f.ret_ty, f.is_pure, f.attrs)
+        funcs[gv] = f
+    funcs.update(m.bb.get().functions)
+    return relax.transform.Normalize()(tvm.IRModule(funcs, attrs=mod.attrs))
