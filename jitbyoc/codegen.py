@@ -1,8 +1,9 @@
 """``relax.ext.jitbyoc``: regions in, one TVM ``llvm`` runtime module out.
 
-Each region is lowered to kernel IR, rendered to LLVM IR, optimized for the host CPU
-on its own (so it can be inspected and cached on its own), then all regions of a build
-are linked into one module that TVM JIT-compiles in process. No C compiler is involved.
+Each region is lowered to kernel IR, rendered to LLVM IR, optimized and compiled to
+assembly for the host CPU on its own (so it can be inspected and cached on its own);
+all regions of a build then go into one runtime module (see :mod:`jitbyoc.runtime`)
+that TVM loads in process. No C compiler is involved.
 """
 
 from __future__ import annotations
@@ -13,8 +14,6 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 import tvm
-from llvmlite import ir
-
 from . import jit, kir, runtime
 from .frontend import lower_region
 from .lowering import c as c_renderer
@@ -39,12 +38,7 @@ class Region:
     @cached_property
     def llvm_ir(self) -> str:
         """LLVM IR before optimization."""
-        module = emit_llvm(self.kernel, self.arg_names, jit.host()["triple"], jit.data_layout())
-        i32 = ir.IntType(32)
-        module.add_named_metadata("llvm.module.flags", [
-            i32(2), ir.MetaDataString(module, "tvm_target"),
-            ir.MetaDataString(module, runtime.tvm_target_flag())])
-        return str(module)
+        return str(emit_llvm(self.kernel, self.arg_names, jit.host()["triple"], jit.data_layout()))
 
     @cached_property
     def llvm_ir_optimized(self) -> str:
@@ -55,7 +49,11 @@ class Region:
 
     @cached_property
     def asm(self) -> str:
-        return jit.assembly(self.llvm_ir_optimized)
+        """Host assembly; this is what runs."""
+        t0 = time.perf_counter()
+        text = jit.assembly(self.llvm_ir_optimized)
+        self.timings["codegen_s"] = time.perf_counter() - t0
+        return text
 
     @cached_property
     def c_source(self) -> str:
@@ -72,8 +70,7 @@ def compile_regions(functions) -> tuple[list[Region], tvm.runtime.Module | None]
             regions[symbol] = Region.from_function(func)
     if not regions:
         return [], None
-    text = jit.link([r.llvm_ir_optimized for r in regions.values()])
-    module = runtime.load_llvm_module(text)
+    module = runtime.tvm_module({sym: r.asm for sym, r in regions.items()})
     log.info("jitbyoc: compiled %d regions in %.1f ms", len(regions), 1e3 * (time.perf_counter() - t0))
     return list(regions.values()), module
 

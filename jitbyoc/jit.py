@@ -61,11 +61,3 @@ def assembly(ir_text: str) -> str:
     with LOCK:
         return target_machine().emit_assembly(llvm.parse_assembly(ir_text))
 
-
-def link(ir_texts: list[str]) -> str:
-    """Link several IR modules into one (their symbols must not clash)."""
-    with LOCK:
-        mods = [llvm.parse_assembly(t) for t in ir_texts]
-        for m in mods[1:]:
-            mods[0].link_in(m)
-        return str(mods[0])

@@ -12,11 +12,11 @@ from __future__ import annotations
 import threading
 
 import tvm
-from tvm import relax
+from tvm import relax, tirx
 from tvm.relax.pipeline import PIPELINE_MAP
 
 from . import report as report_mod
-from .partition import partition_for_jitbyoc
+from .partition import partition_for_jitbyoc, regions
 
 _LOCK = threading.Lock()
 _ORIGINALS: dict = {}
@@ -28,12 +28,28 @@ def _offload_here() -> bool:
     return target is None or target.kind.name == "llvm"
 
 
+ANCHOR = "__jitbyoc_anchor"
+
+
+def _with_anchor(mod: tvm.IRModule) -> tvm.IRModule:
+    """Add an empty PrimFunc so TVM always has a compiled host library to link.
+
+    When every op is offloaded no PrimFunc is left, and TVM's VMLink then stands in an
+    empty C source module, which makes ``VirtualMachine(ex)`` run a C compiler. One empty
+    function keeps the build on the LLVM path.
+    """
+    anchor = tirx.PrimFunc([], tirx.Evaluate(tirx.const(0, "int32"))).with_attr("global_symbol", ANCHOR)
+    mod = mod.shallow_copy() if hasattr(mod, "shallow_copy") else tvm.IRModule(mod.functions, attrs=mod.attrs)
+    mod[ANCHOR] = anchor
+    return mod
+
+
 def offload(mod: tvm.IRModule) -> tvm.IRModule:
     """Partition ``mod`` and compile its regions; the rest is left for TVM."""
     part = partition_for_jitbyoc(mod)
     out = relax.transform.RunCodegen()(part)
     report_mod.record(mod, part)
-    return out
+    return _with_anchor(out) if regions(part) else out
 
 
 def _wrap(make_pipeline):

@@ -1,19 +1,27 @@
-"""The only module that touches TVM's runtime: optimized LLVM IR -> a TVM ``llvm`` module.
+"""The only module that touches TVM's runtime: compiled regions -> a TVM ``llvm`` module.
 
-TVM parses the IR and JIT-compiles it in process with its own LLVM (same major version
-as llvmlite's); the module is imported by the executable that uses it, so its symbols
-are scoped to that build, and ``export_library`` writes it out as object code.
+jitbyoc compiles each region to machine code with llvmlite's target machine (host CPU,
+FP-op fusion off, NaNs honoured). TVM's own LLVM JIT runs with FP-op fusion set to
+"fast" and NaNs assumed away, which would turn ``a*b + c`` into an FMA and break the
+bit-for-bit agreement with TVM and with the C rendering. So the module handed to TVM
+carries our assembly as module-level ``asm`` plus, per region, a one-jump IR trampoline
+``__tvm_ffi_<symbol>`` that TVM's JIT can find; TVM assembles it in process (no C
+compiler), scopes it to the build that imports it, and ``export_library`` writes it out
+as object code like any TVM LLVM module.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 
 import tvm
 
 from . import jit
+
+_DROP = (".file", ".ident", ".addrsig", ".globl", '.section\t".note.GNU-stack"')
 
 
 def tvm_target_flag() -> str:
@@ -21,6 +29,46 @@ def tvm_target_flag() -> str:
     h = jit.host()
     return json.dumps({"kind": "llvm", "mtriple": h["triple"], "mcpu": h["cpu"],
                        "mattr": [f for f in h["features"].split(",") if f]})
+
+
+def _escape(text: str) -> str:
+    return text.replace("\\", "\\5C").replace('"', "\\22")
+
+
+def impl_symbol(symbol: str) -> str:
+    return f"jitbyoc_impl_{symbol}"
+
+
+def _module_asm(symbol: str, asm: str) -> list[str]:
+    """The region's assembly with its entry renamed, made local, and its local labels
+    prefixed so several regions can share one object file."""
+    out = []
+    for line in asm.splitlines():
+        if line.strip().startswith(_DROP):
+            continue
+        line = line.replace(f"__tvm_ffi_{symbol}", impl_symbol(symbol))
+        line = re.sub(r"\.L([\w.$]+)", lambda m: f".L{symbol}_{m.group(1)}", line)
+        out.append(f'module asm "{_escape(line)}"')
+    return out
+
+
+def _trampoline(symbol: str) -> str:
+    impl = impl_symbol(symbol)
+    return (f"declare i32 @{impl}(ptr, ptr, i32, ptr)\n"
+            f"define i32 @__tvm_ffi_{symbol}(ptr %self, ptr %args, i32 %n, ptr %ret) {{\n"
+            f"  %r = musttail call i32 @{impl}(ptr %self, ptr %args, i32 %n, ptr %ret)\n"
+            f"  ret i32 %r\n}}")
+
+
+def module_text(asm_by_symbol: dict[str, str]) -> str:
+    h = jit.host()
+    parts = [f'target triple = "{h["triple"]}"', f'target datalayout = "{jit.data_layout()}"']
+    for symbol, asm in asm_by_symbol.items():
+        parts += _module_asm(symbol, asm)
+        parts.append(_trampoline(symbol))
+    parts += ["!llvm.module.flags = !{!0}",
+              f'!0 = !{{i32 2, !"tvm_target", !"{_escape(tvm_target_flag())}"}}']
+    return "\n".join(parts) + "\n"
 
 
 def load_llvm_module(ir_text: str) -> tvm.runtime.Module:
@@ -31,3 +79,8 @@ def load_llvm_module(ir_text: str) -> tvm.runtime.Module:
         return tvm.runtime.load_module(path)
     finally:
         os.unlink(path)
+
+
+def tvm_module(asm_by_symbol: dict[str, str]) -> tvm.runtime.Module:
+    """One TVM runtime module exposing every region's packed function."""
+    return load_llvm_module(module_text(asm_by_symbol))

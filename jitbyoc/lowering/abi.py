@@ -47,7 +47,8 @@ class FieldEq:
     offset: int
     bits: int
     expected: int
-    message: str  # %d / %lld: got
+    message: str  # one %d per entry of ``parts``
+    parts: tuple = ((0, -1),)  # (shift, mask) of the got value to print; -1: all of it
 
 
 @dataclass(frozen=True)
@@ -87,9 +88,11 @@ def plan(kernel: Kernel, arg_names: list[str]) -> list:
         checks.append(FieldEq(i, DL_DEVICE_TYPE, 32, KDL_CPU,
                               f"{arg}: expected a CPU tensor (device type {KDL_CPU}), got device type %d"))
         checks.append(FieldEq(i, DL_NDIM, 32, buf.ndim, f"{arg}: expected ndim {buf.ndim}, got %d"))
+        d = lookup_dtype(buf.dtype)
         checks.append(FieldEq(i, DL_DTYPE, 32, _dtype_word(buf.dtype),
-                              f"{arg}: expected dtype {buf.dtype}, got DLDataType word 0x%x "
-                              f"(code | bits << 8 | lanes << 16)"))
+                              f"{arg}: expected dtype {buf.dtype} (DLDataType code {d.dl_code}, "
+                              f"bits {d.storage_bits}, lanes 1), got code %d, bits %d, lanes %d",
+                              ((0, 0xFF), (8, 0xFF), (16, 0xFFFF))))
         shape_txt = "(" + ", ".join(map(str, buf.shape)) + ("," if buf.ndim == 1 else "") + ")"
         for axis, d in enumerate(buf.shape):
             if isinstance(d, str) and d not in bound:

@@ -156,7 +156,9 @@ def emit_entry(kernel: kir.Kernel, arg_names: list[str]) -> list[str]:
                          f"(ti{i} == {abi.TYPE_TENSOR} ? {abi.TENSOR_DLTENSOR_OFFSET} : 0);")
         elif isinstance(chk, abi.FieldEq):
             got = f"jb_i32_at(dl{chk.index}, {chk.offset})"
-            fail_if(f"{got} != {chk.expected}", chk.message, got)
+            shown = [got if mask < 0 else f"(int)(((uint32_t){got} >> {shift}) & {mask})"
+                     for shift, mask in chk.parts]
+            fail_if(f"{got} != {chk.expected}", chk.message, *shown)
         elif isinstance(chk, abi.DimEq):
             got = f"((const int64_t*)jb_ptr_at(dl{chk.index}, {abi.DL_SHAPE}))[{chk.axis}]"
             if chk.binds:

@@ -157,7 +157,8 @@ def emit_entry(module: ir.Module, kernel: kir.Kernel, compute: ir.Function, arg_
         elif isinstance(chk, abi.FieldEq):
             ty = ir.IntType(chk.bits)
             got = _field(b, dls[chk.index], chk.offset, ty)
-            fail_if(b.icmp_signed("!=", got, ir.Constant(ty, chk.expected)), chk.message, got)
+            shown = [got if mask < 0 else b.and_(b.lshr(got, ty(shift)), ty(mask)) for shift, mask in chk.parts]
+            fail_if(b.icmp_signed("!=", got, ir.Constant(ty, chk.expected)), chk.message, *shown)
         elif isinstance(chk, abi.DimEq):
             shape = _field(b, dls[chk.index], abi.DL_SHAPE, PTR)
             got = b.load(b.gep(shape, [ir.Constant(I64, chk.axis)], source_etype=I64), typ=I64)
