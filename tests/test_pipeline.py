@@ -1,0 +1,252 @@
+"""End-to-end behaviour of the tvm.compile hook: offload, fallbacks, isolation, errors,
+export, and the no-C-compiler guarantee. The reference is always TVM's default build."""
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+from tvm import relax
+from tvm.relax.pipeline import PIPELINE_MAP
+
+import jitbyoc
+from tests import models
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def build(mod, offload: bool):
+    with (jitbyoc.enable() if offload else jitbyoc.disable()):
+        return tvm.compile(mod, target="llvm")
+
+
+def run(ex, *args):
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in args])
+    return out.numpy()
+
+
+def rand(*shape, dtype="float32", seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+def test_seed_example_is_one_region_and_exact():
+    args = [rand(10, 10, seed=k) for k in range(4)]
+    rep = jitbyoc.report(models.SeedExample)
+    assert [r.ops for r in rep.regions] == [["relax.add", "relax.subtract", "relax.multiply"]]
+    assert rep.fallbacks == []
+    got = run(build(models.SeedExample, True), *args)
+    ref = run(build(models.SeedExample, False), *args)
+    np.testing.assert_array_equal(got, ref)
+    np.testing.assert_array_equal(got, (args[0] + args[1] - args[2]) * args[3])
+
+
+def test_unsupported_op_stays_with_tvm_with_reason():
+    rep = jitbyoc.report(models.WithSoftmax)
+    assert [f.op for f in rep.fallbacks] == ["relax.nn.softmax"]
+    assert "no jitbyoc rule" in rep.fallbacks[0].reason
+    assert len(rep.regions) == 2 and rep.offloaded_ops == 3
+    a, b = rand(4, 16), rand(16, seed=1)
+    np.testing.assert_allclose(run(build(models.WithSoftmax, True), a, b),
+                               run(build(models.WithSoftmax, False), a, b), rtol=1e-6, atol=1e-7)
+    assert "relax.nn.softmax" in str(rep)
+
+
+def test_float16_stays_with_tvm_with_reason():
+    rep = jitbyoc.report(models.HalfPrecision)
+    assert rep.regions == []
+    assert "dtype float16 not supported" in rep.fallbacks[0].reason
+    a, b = rand(8).astype("float16"), rand(8, seed=1).astype("float16")
+    np.testing.assert_array_equal(run(build(models.HalfPrecision, True), a, b), a + b)
+
+
+def test_regions_inside_if_branches():
+    rep = jitbyoc.report(models.Branchy)
+    assert sorted(len(r.ops) for r in rep.regions) == [1, 2]
+    ex, ref = build(models.Branchy, True), build(models.Branchy, False)
+    a, b = rand(4, 8), rand(8, seed=1)
+    for cond in (True, False):
+        c = np.array(cond)
+        np.testing.assert_array_equal(run(ex, c, a, b), run(ref, c, a, b))
+
+
+@pytest.mark.parametrize("n", [1, 5, 33])
+def test_symbolic_dim_read_at_run_time(n):
+    ex, ref = build(models.Symbolic, True), build(models.Symbolic, False)
+    a, b = rand(n, 8), rand(1, 8, seed=1)
+    np.testing.assert_allclose(run(ex, a, b), run(ref, a, b), rtol=2e-6, atol=1e-7)
+
+
+def test_enable_disable_round_trip():
+    originals = {k: PIPELINE_MAP[k] for k in ("default", "default_build")}
+    jitbyoc.disable()
+    assert not jitbyoc.is_enabled()
+    with jitbyoc.enabled():
+        assert jitbyoc.is_enabled()
+        assert PIPELINE_MAP["default"] is not originals["default"]
+        ex = tvm.compile(models.SeedExample, target="llvm")
+        assert len(jitbyoc.last_report().regions) == 1
+    assert not jitbyoc.is_enabled()
+    assert {k: PIPELINE_MAP[k] for k in originals} == originals
+    plain = tvm.compile(models.SeedExample, target="llvm")
+    names = plain.mod.imports[0].get_function("get_func_names")()
+    assert any("add" in n for n in names), "TVM's default build must compile the ops itself"
+    assert ex is not plain
+    jitbyoc.enable()
+    jitbyoc.enable()  # idempotent
+    jitbyoc.disable()
+    assert {k: PIPELINE_MAP[k] for k in originals} == originals
+
+
+def test_jitbyoc_pipeline_offloads_without_enable():
+    jitbyoc.disable()
+    ex = relax.build(models.SeedExample, target="llvm", relax_pipeline="jitbyoc")
+    args = [rand(10, 10, seed=k) for k in range(4)]
+    np.testing.assert_array_equal(run(ex, *args), (args[0] + args[1] - args[2]) * args[3])
+    assert len(jitbyoc.last_report().regions) == 1
+
+
+def test_codegen_registered_under_both_names():
+    assert tvm.get_global_func("relax.ext.jitbyoc") is not None
+    assert tvm.get_global_func("relay.ext.jitbyoc") is not None
+
+
+def test_builds_are_isolated_whatever_the_order():
+    mods = [models.AddReluSmall, models.AddReluLarge, models.AddReluSmallOtherConst]
+    syms = [jitbyoc.report(m).regions[0].symbol for m in mods]
+    assert syms[0] != syms[1], "different shapes must give different symbols"
+    assert syms[0] == syms[2], "equal content, equal code: constants are arguments"
+    exes = [build(m, True) for m in mods]
+    inputs = [rand(3, 5), rand(7, 9, seed=1), rand(3, 5, seed=2)]
+    consts = [1.0, -2.5, 4.0]
+    for order in ([0, 1, 2], [2, 1, 0]):
+        vms = {k: relax.VirtualMachine(exes[k], tvm.cpu()) for k in order}
+        for k in order:
+            got = vms[k]["main"](tvm.runtime.tensor(inputs[k])).numpy()
+            np.testing.assert_array_equal(got, np.maximum(inputs[k] + np.float32(consts[k]), 0))
+
+
+def _region_function(ex, mod):
+    return ex.mod.get_function(jitbyoc.report(mod).regions[0].symbol, query_imports=True)
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("count", "expected 5 arguments (4 inputs, 1 outputs), got 4"),
+    ("shape", "argument 0 ('a', input 0): expected shape (10, 10), but shape[0] is 9 (expected 10)"),
+    ("dtype", "argument 1 ('b', input 1): expected dtype float32 (DLDataType code 2, bits 32, lanes 1), "
+              "got code 2, bits 64, lanes 1"),
+    ("ndim", "argument 2 ('c', input 2): expected ndim 2, got 1"),
+    ("not_tensor", "argument 3 ('d', input 3): expected a tvm.runtime.Tensor or DLTensor, got FFI type index 1"),
+    ("strided", "argument 4 ('output0', output 0): expected a contiguous tensor, but strides[0] is 20 "
+                "(expected 10)"),
+])
+def test_bad_arguments_raise_clear_errors(case, expected):
+    ex = build(models.SeedExample, True)
+    f = _region_function(ex, models.SeedExample)
+    t = tvm.runtime.tensor
+    args = [t(rand(10, 10, seed=k)) for k in range(4)] + [t(np.zeros((10, 10), "float32"))]
+    if case == "count":
+        args = args[:4]
+    elif case == "shape":
+        args[0] = t(rand(9, 10))
+    elif case == "dtype":
+        args[1] = t(rand(10, 10, dtype="float64"))
+    elif case == "ndim":
+        args[2] = t(rand(10))
+    elif case == "not_tensor":
+        args[3] = 3
+    elif case == "strided":
+        view = np.zeros((10, 20), "float32")[:, ::2]  # row stride 20 elements: not compact
+        args[4] = tvm_ffi.from_dlpack(view)
+    with pytest.raises(ValueError) as err:
+        f(*args)
+    symbol = jitbyoc.report(models.SeedExample).regions[0].symbol
+    assert f"jitbyoc region '{symbol}'" in str(err.value)
+    assert expected in str(err.value)
+
+
+def test_inspection_gives_ir_asm_and_c():
+    (region,) = jitbyoc.inspect(models.SeedExample)
+    assert f"define i32 @\"__tvm_ffi_{region.symbol}\"" in region.llvm_ir or \
+        f"define i32 @__tvm_ffi_{region.symbol}" in region.llvm_ir
+    assert "<" in region.llvm_ir_optimized and "x float>" in region.llvm_ir_optimized, "vectorized"
+    assert f"__tvm_ffi_{region.symbol}" in region.asm
+    assert f"int32_t __tvm_ffi_{region.symbol}(" in region.c_source
+    assert "#include <tvm" not in region.c_source
+
+
+def test_float32_chain_uses_packed_vector_instructions():
+    (region,) = jitbyoc.inspect(models.SeedExample)
+    packed = [line for line in region.asm.splitlines()
+              if any(op in line for op in ("vaddps", "vsubps", "vmulps", "addps", "mulps"))]
+    assert packed, "expected packed single-precision vector arithmetic in the assembly"
+
+
+FRESH = textwrap.dedent("""
+    import sys, numpy as np, tvm
+    from tvm import relax
+    ex = tvm.runtime.load_module(sys.argv[1])
+    args = [np.load(p) for p in sys.argv[2:]]
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in args])
+    assert "jitbyoc" not in sys.modules
+    np.save(sys.argv[2] + ".out.npy", out.numpy())
+""")
+
+
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
+                    reason="export_library links a shared library, which needs a C compiler/linker")
+def test_export_then_load_in_fresh_process(tmp_path):
+    ex = build(models.Branchy, True)
+    lib = tmp_path / "branchy.so"
+    ex.export_library(str(lib))
+    args = [np.array(True), rand(4, 8), rand(8, seed=1)]
+    paths = []
+    for k, a in enumerate(args):
+        paths.append(str(tmp_path / f"arg{k}.npy"))
+        np.save(paths[-1], a)
+    subprocess.run([sys.executable, "-c", FRESH, str(lib), *paths], check=True, cwd=str(tmp_path))
+    got = np.load(paths[0] + ".out.npy")
+    np.testing.assert_array_equal(got, np.maximum(args[1] + args[2], 0))
+
+
+NO_CC = textwrap.dedent("""
+    import shutil, numpy as np, tvm
+    from tvm import relax
+    for tool in ("cc", "gcc", "g++", "c++", "clang"):
+        assert shutil.which(tool) is None, tool
+    import jitbyoc
+    from tests import models
+    jitbyoc.enable()
+    a, b = np.ones((4, 8), "float32"), np.full(8, 2, "float32")
+    ex = tvm.compile(models.Branchy, target="llvm")          # fully offloaded
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](
+        tvm.runtime.tensor(np.array(False)), tvm.runtime.tensor(a), tvm.runtime.tensor(b))
+    assert (out.numpy() == 2).all()
+    ex = tvm.compile(models.WithSoftmax, target="llvm")       # mixed
+    relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(a[:, :1].repeat(16, 1)),
+                                                tvm.runtime.tensor(np.ones(16, "float32")))
+    print("no-cc ok")
+""")
+
+
+def test_build_and_run_without_a_c_compiler(tmp_path):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "python").symlink_to(sys.executable)
+    env = dict(os.environ, PATH=str(bindir), PYTHONPATH=ROOT)
+    out = subprocess.run([sys.executable, "-c", NO_CC], env=env, cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "no-cc ok" in out.stdout
+
+
+def test_mismatched_llvm_majors_fail_clearly(monkeypatch):
+    import llvmlite.binding as llvm
+
+    from jitbyoc import compat
+    monkeypatch.setattr(llvm, "llvm_version_info", (99, 0, 0))
+    with pytest.raises(compat.IncompatibleLLVM, match="LLVM 22 but llvmlite with LLVM 99"):
+        compat.check_llvm_majors()
