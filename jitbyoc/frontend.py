@@ -1,9 +1,11 @@
 """Relax region -> kernel IR.
 
-A region is a function of composite calls. Elementwise ops become expression nodes and
-are never materialized; each region output is stored by an :class:`~jitbyoc.kir.Elementwise`
-stage, one per distinct output shape, so outputs of one shape share a loop nest and
-every value they have in common is computed once per point.
+Elementwise ops become expression nodes and are never materialized on their own. A
+kernel op (``jitbyoc/kernels/``) reads materialized buffers and writes one; region
+outputs are stored by :class:`~jitbyoc.kir.Elementwise` stages, one per distinct shape,
+so outputs of one shape share a loop nest and compute common values once per point.
+Afterwards :func:`fuse_epilogues` folds an elementwise stage that only post-processes a
+kernel's result into that kernel, so ``conv2d -> add -> relu`` writes memory once.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import re
 from tvm import relax
 
 from . import kir
-from .ops import OPS, RELAX_OPS
+from .kernels import KERNELS, load_all
+from .ops import RELAX_OPS
 from .patterns import _attrs, dims
 
 
@@ -27,6 +30,7 @@ def _c_name(text: str) -> str:
 
 class RegionLowering:
     def __init__(self, func: relax.Function, symbol: str):
+        load_all()
         self.symbol = symbol
         self.func = func
         self.env: dict = {}
@@ -34,31 +38,71 @@ class RegionLowering:
         self.kernel = kir.Kernel(symbol, [], [])
         self.arg_names: list[str] = []
 
+    # ---- values ------------------------------------------------------------------------------
     def value(self, expr):
         if isinstance(expr, relax.Var):
             return self.env[expr]
         if isinstance(expr, relax.Constant) and expr.data.shape == ():
             return kir.Const(expr.data.numpy().item(), str(expr.data.dtype))
+        if isinstance(expr, relax.Tuple):
+            return tuple(self.value(f) for f in expr.fields)
         raise LoweringError(f"{self.symbol}: cannot lower operand {type(expr).__name__}")
 
+    def temp(self, shape, dtype: str) -> kir.Buffer:
+        buf = kir.Buffer(f"tmp{len(self.kernel.temps)}", tuple(shape), dtype)
+        self.kernel.temps.append(buf)
+        return buf
+
+    def buffer(self, expr) -> kir.Buffer:
+        """``expr`` as a materialized buffer of its own shape (kernels read these)."""
+        node = self.value(expr)
+        shape = tuple(dims(expr.ty))
+        if isinstance(node, kir.Load) and node.buf.shape == shape:
+            return node.buf
+        buf = self.temp(shape, str(expr.ty.dtype))
+        self.kernel.stages.append(kir.Elementwise(shape, ((buf, node),)))
+        return buf
+
+    # ---- ops -----------------------------------------------------------------------------------
     def op(self, call: relax.Call, out_ty):
+        self.kernel.ops.append(call.op.name)
+        spec = KERNELS.get(call.op.name)
+        if spec is not None:
+            out = self.temp(dims(out_ty), str(out_ty.dtype))
+            self.kernel.stages.append(spec.build(self, call, out))
+            return kir.Load(out)
         name = RELAX_OPS[call.op.name]
         operands = call.args[:1] if name == "clip" else call.args
         args = tuple(self.value(a) for a in operands)
         in_dtype = args[-1].dtype if name == "where" else args[0].dtype
-        attrs = tuple(sorted(_attrs(call).items()))
-        self.kernel.ops.append(call.op.name)
-        return kir.Op(name, args, in_dtype, str(out_ty.dtype), attrs)
+        return kir.Op(name, args, in_dtype, str(out_ty.dtype), tuple(sorted(_attrs(call).items())))
 
     def composite(self, inner: relax.Function, args):
         for p, a in zip(inner.params, args):
             self.env[p] = self.value(a)
-        result = None
         for block in inner.body.blocks:
             for binding in block.bindings:
-                result = self.env[binding.var] = self.op(binding.value, binding.var.ty)
-        return self.env[inner.body.body] if isinstance(inner.body.body, relax.Var) else result
+                self.bind(binding)
+        return self.value(inner.body.body)
 
+    def bind(self, b):
+        v = b.value
+        if isinstance(v, relax.Function):
+            self.local[b.var] = v
+        elif isinstance(v, relax.Call) and v.op in self.local:
+            self.env[b.var] = self.composite(self.local[v.op], v.args)
+        elif isinstance(v, relax.Call):
+            self.env[b.var] = self.op(v, b.var.ty)
+        elif isinstance(v, relax.Var):  # an alias, as emit_output makes: gv = lv
+            self.env[b.var] = self.value(v)
+        elif isinstance(v, relax.TupleGetItem):
+            self.env[b.var] = self.value(v.tuple_value)[v.index]
+        elif isinstance(v, relax.Tuple):
+            self.env[b.var] = self.value(v)
+        else:
+            raise LoweringError(f"{self.symbol}: unexpected binding {b.var.name} = {type(v).__name__}")
+
+    # ---- the region ---------------------------------------------------------------------------
     def lower(self) -> tuple[kir.Kernel, list[str]]:
         for i, p in enumerate(self.func.params):
             buf = kir.Buffer(f"in{i}_{_c_name(p.name)}"[:48], tuple(dims(p.ty)), str(p.ty.dtype))
@@ -67,18 +111,7 @@ class RegionLowering:
             self.env[p] = kir.Load(buf)
         for block in self.func.body.blocks:
             for b in block.bindings:
-                v = b.value
-                if isinstance(v, relax.Function):
-                    self.local[b.var] = v
-                elif isinstance(v, relax.Call) and v.op in self.local:
-                    self.env[b.var] = self.composite(self.local[v.op], v.args)
-                elif isinstance(v, relax.TupleGetItem):
-                    self.env[b.var] = self.env[v.tuple_value][v.index]
-                elif isinstance(v, relax.Tuple):
-                    self.env[b.var] = tuple(self.value(f) for f in v.fields)
-                else:
-                    raise LoweringError(f"{self.symbol}: unexpected binding {b.var.name} = "
-                                        f"{type(v).__name__}")
+                self.bind(b)
         body = self.func.body.body
         results = body.fields if isinstance(body, relax.Tuple) else [body]
         by_shape: dict[tuple, list] = {}
@@ -89,7 +122,58 @@ class RegionLowering:
             by_shape.setdefault(buf.shape, []).append((buf, self.value(r)))
         for shape, stores in by_shape.items():
             self.kernel.stages.append(kir.Elementwise(shape, tuple(stores)))
+        fuse_epilogues(self.kernel)
         return self.kernel, self.arg_names
+
+
+def fuse_epilogues(kernel: kir.Kernel) -> None:
+    """Fold an elementwise stage that only post-processes a kernel's fresh temp into the
+    kernel: the kernel then writes the stage's buffer and applies the expression to each
+    block it finishes. Also lets a kernel write a region output directly (a plain copy)."""
+    changed = True
+    while changed:
+        changed = False
+        for k, stage in enumerate(kernel.stages):
+            if not isinstance(stage, kir.Elementwise) or len(stage.stores) != 1:
+                continue
+            (dst, expr), = stage.stores
+            producer = _sole_kernel_input(kernel, stage, k)
+            if producer is None:
+                continue
+            tmp = producer.out
+            if tmp.shape != dst.shape or tmp.dtype != dst.dtype or dst.shape != stage.shape:
+                continue
+            acc = kir.Acc(tmp.dtype)
+            loads = [n for n in kir.walk([expr]) if isinstance(n, kir.Load) and n.buf == tmp]
+            epi = kir.substitute(expr, {n: acc for n in loads})
+            producer.out = dst
+            producer.epilogue = None if isinstance(epi, kir.Acc) else epi
+            kernel.stages.remove(stage)
+            kernel.temps.remove(tmp)
+            changed = True
+            break
+
+
+def _sole_kernel_input(kernel: kir.Kernel, stage: kir.Elementwise, index: int):
+    """The kernel stage whose temp ``stage`` post-processes, if fusing is safe: the temp is
+    read by nothing else, and every other buffer ``stage`` reads exists before the kernel."""
+    reads = kir.stage_reads(stage)
+    temps = [b for b in reads if b in kernel.temps]
+    if len(temps) != 1:
+        return None
+    tmp = temps[0]
+    producers = [s for s in kernel.stages[:index]
+                 if isinstance(s, kir.KernelStage) and s.out == tmp and s.epilogue is None]
+    if len(producers) != 1:
+        return None
+    producer = producers[0]
+    if any(tmp in kir.stage_reads(s) for s in kernel.stages if s is not stage):
+        return None
+    made_after = {b for s in kernel.stages[kernel.stages.index(producer):index]
+                  for b in kir.stage_writes(s)}
+    if any(b in made_after and b != tmp for b in reads):
+        return None
+    return producer
 
 
 def lower_region(func: relax.Function) -> tuple[kir.Kernel, list[str]]:

@@ -56,13 +56,38 @@ class Op:
         return dict(self.attrs)
 
 
-Node = Union[Load, Const, Op]
+@dataclass(frozen=True, eq=False)
+class Acc:
+    """In a kernel's epilogue: the value the kernel computed at the current point."""
+    dtype: str
+
+
+Node = Union[Load, Const, Op, Acc]
 
 
 @dataclass(frozen=True)
 class Elementwise:
     shape: tuple[Dim, ...]
     stores: tuple[tuple[Buffer, Node], ...]
+
+
+@dataclass(eq=False)
+class KernelStage:
+    """A stage computed by a hand-written kernel (``jitbyoc/kernels/``) into ``out``.
+
+    ``epilogue``, when set, is an elementwise expression over :class:`Acc` (and loads
+    broadcast against ``out``) that the kernel applies to each block of ``out`` while the
+    block is still in cache: ``out[p] = epilogue(Acc=out[p])``. Subclasses hold their
+    operands and attributes and implement ``emit_llvm(ctx)``, ``emit_c(ctx)`` and
+    ``reference(*arrays)``.
+    """
+    inputs: tuple
+    out: Buffer
+    epilogue: object = None
+
+    def reads(self) -> list[Buffer]:
+        extra = loads([self.epilogue]) if self.epilogue is not None else []
+        return list(self.inputs) + extra
 
 
 @dataclass
@@ -104,6 +129,31 @@ def walk(roots):
         stack.append((node, True))
         stack.extend((a, False) for a in reversed(node.args) if id(a) not in seen)
     return order
+
+
+def stage_reads(stage) -> list[Buffer]:
+    if isinstance(stage, Elementwise):
+        return loads([n for _, n in stage.stores])
+    return stage.reads()
+
+
+def stage_writes(stage) -> list[Buffer]:
+    if isinstance(stage, Elementwise):
+        return [b for b, _ in stage.stores]
+    return [stage.out]
+
+
+def substitute(root, mapping):
+    """``root`` with every node in ``mapping`` (by identity) replaced; shares the rest."""
+    memo = {id(k): v for k, v in mapping.items()}
+    for node in walk([root]):
+        if id(node) in memo:
+            continue
+        if isinstance(node, Op):
+            args = tuple(memo.get(id(a), a) for a in node.args)
+            if any(x is not y for x, y in zip(args, node.args)):
+                memo[id(node)] = Op(node.op, args, node.in_dtype, node.dtype, node.attrs)
+    return memo.get(id(root), root)
 
 
 def loads(roots) -> list[Buffer]:

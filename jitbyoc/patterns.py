@@ -8,6 +8,7 @@ and :func:`why_not` gives the reason for the offload report.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Callable
 
 from tvm import relax
@@ -96,20 +97,25 @@ def elementwise_problem(call) -> str | None:
     return None
 
 
-# op name -> (pattern arity, problem function); kernels add their own rows here
-CHECKS: dict[str, tuple[int, Callable]] = {
-    relax_name: (3 if name == "clip" else OPS[name].arity, elementwise_problem)
-    for relax_name, name in RELAX_OPS.items()
-}
+@lru_cache(maxsize=None)
+def checks() -> dict[str, tuple[int, Callable]]:
+    """Relax op name -> (pattern arity, problem function): the op table's rows, then the
+    kernels registered in ``jitbyoc/kernels/``."""
+    from .kernels import load_all
+
+    table = {relax_name: (3 if name == "clip" else OPS[name].arity, elementwise_problem)
+             for relax_name, name in RELAX_OPS.items()}
+    table.update({name: (spec.arity, spec.check) for name, spec in load_all().items()})
+    return table
 
 
 def why_not(call) -> str | None:
     """Why jitbyoc leaves a Relax call to TVM, or None if it takes it."""
     op = getattr(call.op, "name", None)
-    if op not in CHECKS:
+    if op not in checks():
         return f"no jitbyoc rule for {op or type(call.op).__name__}"
     try:
-        return CHECKS[op][1](call)
+        return checks()[op][1](call)
     except Exception as err:  # a malformed call is TVM's to handle, never a crash here
         return f"{op}: not analysable ({type(err).__name__}: {err})"
 
@@ -118,12 +124,48 @@ def _check(ctx) -> bool:
     return why_not(ctx.matched_expr) is None
 
 
+def _check_all(ctx) -> bool:
+    """A composite is taken when every call in it is."""
+    return all(why_not(e) is None for e in ctx.annotated_expr.values() if isinstance(e, relax.Call))
+
+
+def _op(name: str, *args):
+    return is_op(name)(*args, *[wildcard() for _ in range(checks()[name][0] - len(args))])
+
+
+ACTIVATIONS = ("relax.nn.relu", "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.silu",
+               "relax.sigmoid", "relax.tanh")
+
+
+def composite_patterns() -> list[tuple]:
+    """anchor (+ bias add) (+ activation): the seeds' conv2d+bias+relu, and matmul/linear
+    with a bias and an activation. Registered after the single ops: later wins."""
+    out = []
+    for anchor in ("relax.nn.conv2d", "relax.matmul", "relax.linear"):
+        if anchor not in checks():
+            continue
+        for with_bias in (False, True):
+            for act in (None,) + ACTIVATIONS:
+                if not with_bias and act is None:
+                    continue
+                root = a = _op(anchor)
+                ann = {"anchor": a}
+                if with_bias:
+                    root = ann["bias"] = _op("relax.add", root)
+                if act is not None:
+                    root = ann["act"] = _op(act, root)
+                name = anchor.split(".")[-1] + ("_bias" if with_bias else "") + \
+                    (f"_{act.split('.')[-1]}" if act else "")
+                out.append((f"{PREFIX}.{name}", root, ann, _check_all))
+    return out
+
+
 def patterns() -> list[tuple]:
     out = []
-    for relax_name, (arity, _) in CHECKS.items():
+    for relax_name, (arity, _) in checks().items():
         pat = is_op(relax_name)(*[wildcard() for _ in range(arity)])
         out.append((f"{PREFIX}.{relax_name.removeprefix('relax.')}", pat, {}, _check))
-    return out
+    return out + composite_patterns()
 
 
 def register() -> None:

@@ -1,5 +1,9 @@
 """Kernel IR -> C source with the same semantics as the LLVM rendering.
 
+Stages, temporaries, threads (``TVMBackendParallelLaunch``) and fused epilogues mirror
+:mod:`jitbyoc.lowering.llvm` one for one; kernels emit through the same :class:`Ctx`
+methods (``parallel_for``, ``epilogue``) with C expressions in place of LLVM values.
+
 The file needs no TVM header and compiles with ``cc -O2 -c``; compile with
 ``-ffp-contract=off`` for results bit-identical to the JIT (GCC otherwise fuses
 ``a*b + c`` into an FMA, which rounds once instead of twice). Like the LLVM renderer it
@@ -8,8 +12,8 @@ walks each stage once, one named temporary per node, so the two renderings line 
 
 from __future__ import annotations
 
-import json
 import math
+from contextlib import contextmanager
 from functools import reduce
 
 import numpy as np
@@ -17,7 +21,7 @@ import numpy as np
 from .. import kir
 from ..dtypes import dtype as lookup_dtype
 from ..ops import op_def
-from . import abi
+from .llvm import PARALLEL_MIN_ELEMENTS
 
 PRELUDE = r"""#include <math.h>
 #include <stdbool.h>
@@ -28,6 +32,10 @@ PRELUDE = r"""#include <math.h>
 /* TVM FFI packed-function ABI, spelled out so no TVM header is needed. */
 typedef struct { int32_t type_index; uint32_t pad; union { int64_t v_int64; void* v_ptr; } v; } TVMFFIAny;
 extern void TVMFFIErrorSetRaisedFromCStr(const char* kind, const char* message);
+typedef struct { void* sync_handle; int32_t num_task; } TVMParallelGroupEnv;
+extern int TVMBackendParallelLaunch(int (*f)(int, TVMParallelGroupEnv*, void*), void* cdata, int n);
+extern void* TVMBackendAllocWorkspace(int device_type, int device_id, uint64_t nbytes, int code, int bits);
+extern int TVMBackendFreeWorkspace(int device_type, int device_id, void* ptr);
 
 static inline int32_t jb_bits_f32(float x) { int32_t i; memcpy(&i, &x, 4); return i; }
 static inline float jb_bits_i32(int32_t i) { float x; memcpy(&x, &i, 4); return x; }
@@ -59,14 +67,11 @@ def c_literal(value, dt: str) -> str:
 class Emitter:
     """Emits table ops as C statements, one temporary per value."""
 
-    def __init__(self, lines: list[str], indent: str):
-        self.lines, self.indent, self.n = lines, indent, 0
+    def __init__(self, ctx: "Ctx"):
+        self.ctx = ctx
 
     def temp(self, dt: str, expr: str) -> str:
-        name = f"t{self.n}"
-        self.n += 1
-        self.lines.append(f"{self.indent}const {lookup_dtype(dt).c} {name} = {expr};")
-        return name
+        return self.ctx.let(lookup_dtype(dt).c, expr)
 
     def const(self, value, dt: str) -> str:
         return c_literal(value, dt)
@@ -85,111 +90,175 @@ def product(dims) -> str:
     return " * ".join([f"INT64_C({static})"] + [d for d in dims if isinstance(d, str)])
 
 
-def emit_elementwise(lines: list[str], stage: kir.Elementwise, depth: int):
-    roots = [node for _, node in stage.stores]
-    bufs = kir.loads(roots) + [buf for buf, _ in stage.stores]
-    layout = kir.nest_layout(stage.shape, bufs)
-    pad = "  " * depth
-    idx = [f"i{len(layout.extents) - 1 - k}" for k in range(len(layout.extents))]
-    for k, ext in enumerate(layout.extents):
-        lines.append(f"{pad}{'  ' * k}for (int64_t {idx[k]} = 0; {idx[k]} < {product(ext)}; ++{idx[k]}) {{")
-    inner = pad + "  " * len(layout.extents)
-
-    def address(buf):
-        terms = [f"{i} * ({product(s)})" for i, s in zip(idx, layout.strides[buf]) if s is not None]
-        return f"{buf.name}[{' + '.join(terms) or '0'}]"
-
-    em = Emitter(lines, inner)
-    values = {}
-    for node in kir.walk(roots):
-        if isinstance(node, kir.Load):
-            raw = address(node.buf)
-            values[id(node)] = em.temp(node.dtype, f"({raw} != 0)" if node.dtype == "bool" else raw)
-        elif isinstance(node, kir.Const):
-            values[id(node)] = em.const(node.value, node.dtype)
-        else:
-            values[id(node)] = em.op(node.op, node.in_dtype, *(values[id(a)] for a in node.args),
-                                     **node.kwargs)
-    for buf, node in stage.stores:
-        lines.append(f"{inner}{address(buf)} = {values[id(node)]};")
-    for k in reversed(range(len(layout.extents))):
-        lines.append(f"{pad}{'  ' * k}}}")
-
-
-STAGE_EMITTERS = {kir.Elementwise: emit_elementwise}
-
-
-def _storage_c(dt: str) -> str:
+def storage_c(dt: str) -> str:
     return "uint8_t" if dt == "bool" else lookup_dtype(dt).c
 
 
-def emit_compute(kernel: kir.Kernel) -> list[str]:
-    params = [f"const {_storage_c(b.dtype)}* restrict {b.name}" for b in kernel.inputs]
-    params += [f"{_storage_c(b.dtype)}* restrict {b.name}" for b in kernel.outputs]
+def evaluate(em: Emitter, roots, load, acc=None) -> dict:
+    """C names of every node reachable from ``roots``; ``load(buf)`` is an lvalue string."""
+    values = {}
+    for node in kir.walk(roots):
+        if isinstance(node, kir.Load):
+            raw = load(node.buf)
+            values[id(node)] = em.temp(node.dtype, f"({raw} != 0)" if node.dtype == "bool" else raw)
+        elif isinstance(node, kir.Const):
+            values[id(node)] = em.const(node.value, node.dtype)
+        elif isinstance(node, kir.Acc):
+            values[id(node)] = acc
+        else:
+            values[id(node)] = em.op(node.op, node.in_dtype, *(values[id(a)] for a in node.args),
+                                     **node.kwargs)
+    return values
+
+
+class Ctx:
+    """What a stage emits with: output lines, buffers by name, outlined functions."""
+
+    def __init__(self, name: str, bufs: list, syms: list, functions: list, depth: int = 1):
+        self.name, self.bufs, self.syms, self.functions = name, bufs, syms, functions
+        self.lines: list[str] = []
+        self.depth = depth
+        self.n = 0
+        self.em = Emitter(self)
+
+    def line(self, text: str) -> None:
+        self.lines.append("  " * self.depth + text)
+
+    def let(self, ctype: str, expr: str) -> str:
+        name = f"t{self.n}"
+        self.n += 1
+        self.line(f"const {ctype} {name} = {expr};")
+        return name
+
+    @contextmanager
+    def block(self, header: str):
+        self.line(header + " {")
+        self.depth += 1
+        yield
+        self.depth -= 1
+        self.line("}")
+
+    @contextmanager
+    def loop(self, var: str, count: str, start: str = "0"):
+        with self.block(f"for (int64_t {var} = {start}; {var} < {count}; ++{var})"):
+            yield var
+
+    def dim(self, d) -> str:
+        return f"INT64_C({d})" if isinstance(d, int) else d
+
+    def product(self, dims) -> str:
+        return product(dims)
+
+    def element(self, buf: kir.Buffer, offset: str) -> str:
+        return f"{buf.name}[{offset}]"
+
+    def offset(self, shape, pos, broadcast=False) -> str:
+        off = "0"
+        for d, p in zip(shape, pos):
+            off = f"({off}) * {self.dim(d)} + {'0' if broadcast and d == 1 else p}"
+        return off
+
+    def parallel_for(self, count: str, body, extra=()) -> None:
+        """Mirror of :meth:`jitbyoc.lowering.llvm.Ctx.parallel_for`."""
+        k = len(self.functions)
+        fname, sname = f"{self.name}_par{k}", f"{self.name}_par{k}_t"
+        fields = [f"{storage_c(b.dtype)}* {b.name}" for b in self.bufs] + \
+            [f"int64_t {s}" for s in self.syms] + ["int64_t n"] + [f"int64_t x{j}" for j in range(len(extra))]
+        child = Ctx(self.name, self.bufs, self.syms, self.functions)
+        for f in fields:
+            child.line(f"{f.replace('* ', '* restrict ')} = c->{f.split()[-1]};")
+        child.line(" ".join(f"(void){f.split()[-1]};" for f in fields))
+        child.line("const int64_t lo = c->n * task / env->num_task;")
+        child.line("const int64_t hi = c->n * (task + 1) / env->num_task;")
+        body(child, "lo", "hi", [f"x{j}" for j in range(len(extra))])
+        child.line("return 0;")
+        self.functions.append("\n".join(
+            [f"typedef struct {{ {'; '.join(fields)}; }} {sname};",
+             f"static int {fname}(int task, TVMParallelGroupEnv* env, void* cdata) {{",
+             f"  const {sname}* c = ({sname}*)cdata;", *child.lines, "}", ""]))
+        init = [f"(void*){b.name}" for b in self.bufs] + list(self.syms) + [count] + list(extra)
+        with self.block(""):
+            self.line(f"{sname} c = {{{', '.join(init)}}};")
+            self.line(f"if (TVMBackendParallelLaunch({fname}, &c, 0) != 0) return -1;")
+
+    def epilogue(self, stage: kir.KernelStage, origin, extent) -> None:
+        """Mirror of :meth:`jitbyoc.lowering.llvm.Ctx.epilogue`."""
+        if stage.epilogue is None:
+            return
+        out = stage.out
+        k = len(self.lines)
+        idx = [f"e{k}_{j}" for j in range(out.ndim)]
+        with _nest(self, idx, extent):
+            pos = [f"({o} + {i})" for o, i in zip(origin, idx)]
+            at = self.element(out, self.offset(out.shape, pos))
+            values = evaluate(self.em, [stage.epilogue],
+                              lambda buf: self.element(buf, self.offset(buf.shape, pos[out.ndim - buf.ndim:], True)),
+                              at)
+            self.line(f"{at} = {values[id(stage.epilogue)]};")
+
+
+@contextmanager
+def _nest(ctx: Ctx, names, counts, starts=None):
+    if not names:
+        yield
+        return
+    with ctx.loop(names[0], counts[0], (starts or ["0"])[0]):
+        with _nest(ctx, names[1:], counts[1:], (starts or [])[1:] or None):
+            yield
+
+
+def emit_elementwise(ctx: Ctx, stage: kir.Elementwise) -> None:
+    roots = [node for _, node in stage.stores]
+    bufs = kir.loads(roots) + [buf for buf, _ in stage.stores]
+    layout = kir.nest_layout(stage.shape, bufs)
+    k = len(ctx.lines)
+    idx = [f"i{k}_{j}" for j in range(len(layout.extents))]
+
+    def nest(c: Ctx, lo, hi, _extra):
+        counts = [hi] + [product(ext) for ext in layout.extents[1:]]
+        with _nest(c, idx, counts, [lo] + ["0"] * (len(idx) - 1)):
+            def address(buf):
+                terms = [f"{i} * ({product(s)})" for i, s in zip(idx, layout.strides[buf]) if s is not None]
+                return c.element(buf, " + ".join(terms) or "0")
+
+            values = evaluate(c.em, roots, address)
+            for buf, node in stage.stores:
+                c.line(f"{address(buf)} = {values[id(node)]};")
+
+    total = [d for ext in layout.extents for d in ext]
+    static = reduce(lambda x, y: x * y, (d for d in total if isinstance(d, int)), 1)
+    outer = product(layout.extents[0]) if layout.extents else "1"
+    if layout.extents and (static >= PARALLEL_MIN_ELEMENTS or any(isinstance(d, str) for d in total)):
+        ctx.parallel_for(outer, nest)
+    else:
+        nest(ctx, "0", outer, ())
+
+
+def emit_compute(kernel: kir.Kernel, functions: list) -> list[str]:
+    params = [f"const {storage_c(b.dtype)}* restrict {b.name}" for b in kernel.inputs]
+    params += [f"{storage_c(b.dtype)}* restrict {b.name}" for b in kernel.outputs]
     params += [f"int64_t {s}" for s in kernel.sym_vars]
-    lines = [f"static void {kernel.name}_compute({', '.join(params) or 'void'}) {{"]
+    ctx = Ctx(kernel.name, kernel.params + kernel.temps, kernel.sym_vars, functions)
+    for t in kernel.temps:
+        d = lookup_dtype(t.dtype)
+        ctx.line(f"{storage_c(t.dtype)}* restrict {t.name} = ({storage_c(t.dtype)}*)TVMBackendAllocWorkspace("
+                 f"1, 0, (uint64_t)({product(t.shape)}) * {d.nbytes}, {d.dl_code}, {d.storage_bits});")
+        ctx.line(f"if (!{t.name}) return -1;")
     for stage in kernel.stages:
-        STAGE_EMITTERS[type(stage)](lines, stage, 1)
-    lines.append("}")
-    return lines
-
-
-def emit_entry(kernel: kir.Kernel, arg_names: list[str]) -> list[str]:
-    lines = [f"int32_t __tvm_ffi_{kernel.name}(void* self, const TVMFFIAny* args, int32_t num_args, "
-             f"TVMFFIAny* ret) {{",
-             "  char msg[1024];",
-             "  (void)self; (void)ret;"]
-
-    def fail_if(cond, message, *values):
-        fmt = json.dumps(message)
-        lines.append(f"  if ({cond}) {{ snprintf(msg, sizeof msg, {', '.join([fmt, *values])}); "
-                     f"TVMFFIErrorSetRaisedFromCStr(\"ValueError\", msg); return -1; }}")
-
-    for chk in abi.plan(kernel, arg_names):
-        if isinstance(chk, abi.ArgCount):
-            fail_if(f"num_args != {chk.expected}", chk.message, "num_args")
-        elif isinstance(chk, abi.Unpack):
-            i = chk.index
-            lines.append(f"  const int32_t ti{i} = args[{i}].type_index;")
-            fail_if(f"ti{i} != {abi.TYPE_TENSOR} && ti{i} != {abi.TYPE_DLTENSOR_PTR}", chk.message, f"ti{i}")
-            lines.append(f"  const char* dl{i} = (const char*)args[{i}].v.v_ptr + "
-                         f"(ti{i} == {abi.TYPE_TENSOR} ? {abi.TENSOR_DLTENSOR_OFFSET} : 0);")
-        elif isinstance(chk, abi.FieldEq):
-            got = f"jb_i32_at(dl{chk.index}, {chk.offset})"
-            shown = [got if mask < 0 else f"(int)(((uint32_t){got} >> {shift}) & {mask})"
-                     for shift, mask in chk.parts]
-            fail_if(f"{got} != {chk.expected}", chk.message, *shown)
-        elif isinstance(chk, abi.DimEq):
-            got = f"((const int64_t*)jb_ptr_at(dl{chk.index}, {abi.DL_SHAPE}))[{chk.axis}]"
-            if chk.binds:
-                lines.append(f"  const int64_t {chk.expected} = {got};")
-            elif isinstance(chk.expected, str):
-                fail_if(f"{got} != {chk.expected}", chk.message, f"(long long){got}",
-                        f"(long long){chk.expected}")
-            else:
-                fail_if(f"{got} != {chk.expected}", chk.message, f"(long long){got}")
-        elif isinstance(chk, abi.Contiguous):
-            _emit_contiguous(lines, chk, kernel.params[chk.index], fail_if)
-    ptrs = [f"(void*)((char*)jb_ptr_at(dl{i}, {abi.DL_DATA}) + jb_i64_at(dl{i}, {abi.DL_BYTE_OFFSET}))"
-            for i in range(len(kernel.params))]
-    lines.append(f"  {kernel.name}_compute({', '.join(ptrs + kernel.sym_vars)});")
-    lines += ["  return 0;", "}"]
-    return lines
-
-
-def _emit_contiguous(lines, chk, buf: kir.Buffer, fail_if):
-    i = chk.index
-    lines.append(f"  const int64_t* st{i} = (const int64_t*)jb_ptr_at(dl{i}, {abi.DL_STRIDES});")
-    for axis in range(buf.ndim):
-        if buf.shape[axis] == 1:
-            continue
-        want = product(buf.shape[axis + 1:])
-        cond = f"st{i} && st{i}[{axis}] != {want}"
-        if isinstance(buf.shape[axis], str):
-            cond += f" && {buf.shape[axis]} != 1"
-        fail_if(cond, chk.message, str(axis), f"(long long)st{i}[{axis}]", f"(long long)({want})")
+        if isinstance(stage, kir.Elementwise):
+            emit_elementwise(ctx, stage)
+        else:
+            stage.emit_c(ctx)
+    for t in reversed(kernel.temps):
+        ctx.line(f"TVMBackendFreeWorkspace(1, 0, {t.name});")
+    ctx.line("return 0;")
+    return [f"static int32_t {kernel.name}_compute({', '.join(params) or 'void'}) {{", *ctx.lines, "}"]
 
 
 def emit_c(kernel: kir.Kernel, arg_names: list[str]) -> str:
     """The kernel as one C translation unit: ``<name>_compute`` plus ``__tvm_ffi_<name>``."""
-    return "\n".join([PRELUDE, *emit_compute(kernel), "", *emit_entry(kernel, arg_names), ""])
+    from .c_entry import emit_entry
+
+    functions: list[str] = []
+    compute = emit_compute(kernel, functions)
+    return "\n".join([PRELUDE, *functions, *compute, "", *emit_entry(kernel, arg_names), ""])

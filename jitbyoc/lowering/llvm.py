@@ -1,4 +1,10 @@
-"""Kernel IR -> LLVM IR (llvmlite.ir): a compute function and its packed-function entry."""
+"""Kernel IR -> LLVM IR (llvmlite.ir): the compute function of a region.
+
+Stages run in order inside ``<name>_compute``; temporaries come from TVM's workspace
+allocator. Kernels emit through a :class:`Ctx`, which also gives them the two shared
+pieces: :meth:`Ctx.parallel_for` (TVM's runtime thread pool) and :meth:`Ctx.epilogue`
+(the fused elementwise tail applied to a block of a kernel's output).
+"""
 
 from __future__ import annotations
 
@@ -11,11 +17,15 @@ from llvmlite import ir
 from .. import kir
 from ..dtypes import dtype as lookup_dtype
 from ..ops import op_def
-from . import abi
-from .loops import I64, loop_nest
+from .loops import I64, for_range, loop_nest
 
 I8, I32 = ir.IntType(8), ir.IntType(32)
 PTR = ir.PointerType()
+PARALLEL_MIN_ELEMENTS = 1 << 16  # an elementwise nest smaller than this runs on one thread
+
+
+def declare(module, name, ret, args, var_arg=False):
+    return module.globals.get(name) or ir.Function(module, ir.FunctionType(ret, args, var_arg), name)
 
 
 class Emitter:
@@ -50,47 +60,164 @@ def product(b: ir.IRBuilder, dims, syms: dict):
     return acc
 
 
-def emit_elementwise(b: ir.IRBuilder, stage: kir.Elementwise, ptrs: dict, syms: dict):
+def evaluate(em: Emitter, roots, load, acc=None) -> dict:
+    """Values of every node reachable from ``roots``; ``load(buf)`` reads a Load's element."""
+    b, values = em.b, {}
+    for node in kir.walk(roots):
+        if isinstance(node, kir.Load):
+            v = load(node.buf)
+            values[id(node)] = b.icmp_unsigned("!=", v, ir.Constant(I8, 0)) if node.dtype == "bool" else v
+        elif isinstance(node, kir.Const):
+            values[id(node)] = em.const(node.value, node.dtype)
+        elif isinstance(node, kir.Acc):
+            values[id(node)] = acc
+        else:
+            values[id(node)] = em.op(node.op, node.in_dtype, *(values[id(a)] for a in node.args),
+                                     **node.kwargs)
+    return values
+
+
+class Ctx:
+    """What a stage emits with: builder, buffer pointers, symbolic sizes."""
+
+    def __init__(self, module: ir.Module, b: ir.IRBuilder, name: str, ptrs: dict, syms: dict):
+        self.module, self.b, self.name, self.ptrs, self.syms = module, b, name, ptrs, syms
+        self.em = Emitter(b)
+
+    def i64(self, v) -> ir.Value:
+        return ir.Constant(I64, v) if isinstance(v, int) else v
+
+    def dim(self, d) -> ir.Value:
+        return ir.Constant(I64, d) if isinstance(d, int) else self.syms[d]
+
+    def product(self, dims) -> ir.Value:
+        return product(self.b, dims, self.syms)
+
+    def element(self, buf: kir.Buffer, offset) -> ir.Value:
+        """Pointer to element ``offset`` (i64) of ``buf``."""
+        return self.b.gep(self.ptrs[buf], [offset], source_etype=lookup_dtype(buf.dtype).storage_ir,
+                          inbounds=True)
+
+    def load(self, buf: kir.Buffer, offset) -> ir.Value:
+        return self.b.load(self.element(buf, offset), typ=lookup_dtype(buf.dtype).storage_ir)
+
+    def store(self, buf: kir.Buffer, offset, value) -> None:
+        if buf.dtype == "bool":
+            value = self.b.zext(value, I8)
+        self.b.store(value, self.element(buf, offset))
+
+    # ---- threads -------------------------------------------------------------------------------
+    def parallel_for(self, count, body, extra=()) -> None:
+        """Run ``body(ctx, lo, hi, extra)`` over [0, count) split across TVM's thread pool
+        (``TVMBackendParallelLaunch``, which honours ``TVM_NUM_THREADS``). ``body`` emits
+        into an outlined function; ``extra`` are i64 values it needs from here."""
+        b, module = self.b, self.module
+        bufs, syms = list(self.ptrs), list(self.syms)
+        slots = [b.ptrtoint(self.ptrs[x], I64) for x in bufs] + [self.syms[s] for s in syms] + \
+            [self.i64(count)] + [self.i64(e) for e in extra]
+        fn = ir.Function(module, ir.FunctionType(I32, [I32, PTR, PTR]),
+                         f"{self.name}_par{sum(1 for g in module.globals if '_par' in g)}")
+        fn.linkage = "internal"
+        with b.goto_block(b.function.entry_basic_block):  # a static alloca, even inside loops
+            cdata = b.alloca(I64, size=len(slots))
+        for k, v in enumerate(slots):
+            b.store(v, b.gep(cdata, [I64(k)], source_etype=I64))
+        launch = declare(module, "TVMBackendParallelLaunch", I32, [PTR, PTR, I32])
+        rc = b.call(launch, [fn, cdata, I32(0)])
+        with b.if_then(b.icmp_signed("!=", rc, I32(0)), likely=False):
+            b.ret(I32(-1))
+        task, penv, data = fn.args
+        cb = ir.IRBuilder(fn.append_basic_block("entry"))
+        vals = [cb.load(cb.gep(data, [I64(k)], source_etype=I64), typ=I64) for k in range(len(slots))]
+        ptrs = {x: cb.inttoptr(v, PTR) for x, v in zip(bufs, vals)}
+        child = Ctx(module, cb, self.name, ptrs, dict(zip(syms, vals[len(bufs):])))
+        n = vals[len(bufs) + len(syms)]
+        num = cb.sext(cb.load(cb.gep(penv, [I64(8)], source_etype=I8), typ=I32), I64)
+        t = cb.sext(task, I64)
+        lo = cb.sdiv(cb.mul(n, t), num)
+        hi = cb.sdiv(cb.mul(n, cb.add(t, I64(1))), num)
+        body(child, lo, hi, vals[len(bufs) + len(syms) + 1:])
+        cb.ret(I32(0))
+
+    # ---- fused epilogues -------------------------------------------------------------------
+    def epilogue(self, stage: kir.KernelStage, origin, extent) -> None:
+        """Apply ``stage.epilogue`` in place to the box ``origin + [0, extent)`` of
+        ``stage.out`` (one origin/extent per dim of ``out``; ints or i64 values)."""
+        if stage.epilogue is None:
+            return
+        out, b = stage.out, self.b
+        nd = out.ndim
+        with loop_nest(b, [self.i64(e) for e in extent], "e") as idx:
+            pos = [b.add(self.i64(o), i) for o, i in zip(origin, idx)]
+            offset = self.offset(out.shape, pos)
+
+            def load(buf):
+                sub = pos[nd - buf.ndim:]
+                return self.load(buf, self.offset(buf.shape, sub, broadcast=True))
+
+            acc = self.load(out, offset)
+            values = evaluate(self.em, [stage.epilogue], load, acc)
+            self.store(out, offset, values[id(stage.epilogue)])
+
+    def offset(self, shape, pos, broadcast=False) -> ir.Value:
+        """Row-major offset of ``pos`` in ``shape``; with ``broadcast``, size-1 dims read 0."""
+        off = ir.Constant(I64, 0)
+        for d, p in zip(shape, pos):
+            off = self.b.add(self.b.mul(off, self.dim(d)), ir.Constant(I64, 0) if broadcast and d == 1 else p)
+        return off
+
+
+def emit_elementwise(ctx: Ctx, stage: kir.Elementwise) -> None:
     roots = [node for _, node in stage.stores]
     bufs = kir.loads(roots) + [buf for buf, _ in stage.stores]
     layout = kir.nest_layout(stage.shape, bufs)
-    counts = [product(b, ext, syms) for ext in layout.extents]
-    steps = {buf: [None if s is None else product(b, s, syms) for s in layout.strides[buf]]
-             for buf in bufs}
-    em = Emitter(b)
-    with loop_nest(b, counts) as idx:
-        def address(buf):
-            off = ir.Constant(I64, 0)
-            for i, step in zip(idx, steps[buf]):
-                if step is not None:
-                    off = b.add(off, b.mul(i, step, flags=["nsw"]), flags=["nsw"])
-            return b.gep(ptrs[buf], [off], source_etype=lookup_dtype(buf.dtype).storage_ir,
-                         inbounds=True)
 
-        values = {}
-        for node in kir.walk(roots):
-            if isinstance(node, kir.Load):
-                d = lookup_dtype(node.dtype)
-                v = b.load(address(node.buf), typ=d.storage_ir)
-                values[id(node)] = b.icmp_unsigned("!=", v, ir.Constant(I8, 0)) if d.is_bool else v
-            elif isinstance(node, kir.Const):
-                values[id(node)] = em.const(node.value, node.dtype)
-            else:
-                values[id(node)] = em.op(node.op, node.in_dtype, *(values[id(a)] for a in node.args),
-                                         **node.kwargs)
-        for buf, node in stage.stores:
-            v = values[id(node)]
-            if lookup_dtype(buf.dtype).is_bool:
-                v = b.zext(v, I8)
-            b.store(v, address(buf))
+    def nest(c: Ctx, lo, hi, _extra):
+        b = c.b
+        counts = [c.product(ext) for ext in layout.extents]
+        steps = {buf: [None if s is None else c.product(s) for s in layout.strides[buf]] for buf in bufs}
+        with for_range(b, hi, "i0", start=lo) if counts else _nothing() as first:
+            with loop_nest(b, counts[1:], "j") as rest:
+                idx = ([first] if counts else []) + rest
+
+                def address(buf):
+                    off = ir.Constant(I64, 0)
+                    for i, step in zip(idx, steps[buf]):
+                        if step is not None:
+                            off = b.add(off, b.mul(i, step, flags=["nsw"]), flags=["nsw"])
+                    return off
+
+                values = evaluate(c.em, roots, lambda buf: c.load(buf, address(buf)))
+                for buf, node in stage.stores:
+                    c.store(buf, address(buf), values[id(node)])
+
+    total = [d for ext in layout.extents for d in ext]
+    static = reduce(lambda x, y: x * y, (d for d in total if isinstance(d, int)), 1)
+    outer = ctx.product(layout.extents[0]) if layout.extents else ir.Constant(I64, 1)
+    if layout.extents and (static >= PARALLEL_MIN_ELEMENTS or any(isinstance(d, str) for d in total)):
+        ctx.parallel_for(outer, nest)
+    else:
+        nest(ctx, ir.Constant(I64, 0), outer, ())
 
 
-STAGE_EMITTERS = {kir.Elementwise: emit_elementwise}
+class _nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _emit_stage(ctx: Ctx, stage) -> None:
+    if isinstance(stage, kir.Elementwise):
+        emit_elementwise(ctx, stage)
+    else:
+        stage.emit_llvm(ctx)
 
 
 def emit_compute(module: ir.Module, kernel: kir.Kernel) -> ir.Function:
     syms = kernel.sym_vars
-    fnty = ir.FunctionType(ir.VoidType(), [PTR] * len(kernel.params) + [I64] * len(syms))
+    fnty = ir.FunctionType(I32, [PTR] * len(kernel.params) + [I64] * len(syms))
     fn = ir.Function(module, fnty, f"{kernel.name}_compute")
     fn.linkage = "internal"
     for arg, buf in zip(fn.args, kernel.params):
@@ -99,104 +226,29 @@ def emit_compute(module: ir.Module, kernel: kir.Kernel) -> ir.Function:
     for arg, s in zip(fn.args[len(kernel.params):], syms):
         arg.name = s
     b = ir.IRBuilder(fn.append_basic_block("entry"))
-    ptrs = dict(zip(kernel.params, fn.args))
-    symvals = dict(zip(syms, fn.args[len(kernel.params):]))
+    ctx = Ctx(module, b, kernel.name, dict(zip(kernel.params, fn.args)),
+              dict(zip(syms, fn.args[len(kernel.params):])))
+    alloc = declare(module, "TVMBackendAllocWorkspace", PTR, [I32, I32, I64, I32, I32])
+    free = declare(module, "TVMBackendFreeWorkspace", I32, [I32, I32, PTR])
+    for t in kernel.temps:
+        d = lookup_dtype(t.dtype)
+        nbytes = b.mul(ctx.product(t.shape), I64(d.nbytes))
+        ptr = b.call(alloc, [I32(1), I32(0), nbytes, I32(d.dl_code), I32(d.storage_bits)])
+        with b.if_then(b.icmp_unsigned("==", b.ptrtoint(ptr, I64), I64(0)), likely=False):
+            b.ret(I32(-1))  # TVM's allocator has set the error
+        ctx.ptrs[t] = ptr
     for stage in kernel.stages:
-        STAGE_EMITTERS[type(stage)](b, stage, ptrs, symvals)
-    b.ret_void()
+        _emit_stage(ctx, stage)
+    for t in reversed(kernel.temps):
+        b.call(free, [I32(1), I32(0), ctx.ptrs[t]])
+    b.ret(I32(0))
     return fn
-
-
-# ---- the packed-function entry -----------------------------------------------------------
-
-def _cstring(module: ir.Module, text: str) -> ir.GlobalVariable:
-    data = bytearray(text.encode()) + b"\0"
-    name = f".str.{len(module.globals)}"
-    g = ir.GlobalVariable(module, ir.ArrayType(I8, len(data)), name)
-    g.global_constant, g.linkage, g.unnamed_addr = True, "private", True
-    g.initializer = ir.Constant(ir.ArrayType(I8, len(data)), data)
-    return g
-
-
-def _declare(module, name, ret, args, var_arg=False):
-    return module.globals.get(name) or ir.Function(module, ir.FunctionType(ret, args, var_arg), name)
-
-
-def _field(b, base, offset, ty):
-    return b.load(b.gep(base, [ir.Constant(I64, offset)], source_etype=I8), typ=ty)
-
-
-def emit_entry(module: ir.Module, kernel: kir.Kernel, compute: ir.Function, arg_names: list[str]):
-    fn = ir.Function(module, ir.FunctionType(I32, [PTR, PTR, I32, PTR]), f"__tvm_ffi_{kernel.name}")
-    _, args, nargs, _ = fn.args
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
-    msgbuf = b.alloca(ir.ArrayType(I8, 1024), name="msg")
-    snprintf = _declare(module, "snprintf", I32, [PTR, I64, PTR], var_arg=True)
-    raise_ = _declare(module, "TVMFFIErrorSetRaisedFromCStr", ir.VoidType(), [PTR, PTR])
-    kind = _cstring(module, "ValueError")
-
-    def fail_if(pred, message, *values):
-        with b.if_then(pred, likely=False):
-            b.call(snprintf, [msgbuf, ir.Constant(I64, 1024), _cstring(module, message), *values])
-            b.call(raise_, [kind, msgbuf])
-            b.ret(ir.Constant(I32, -1))
-
-    dls, syms = {}, {}
-    for chk in abi.plan(kernel, arg_names):
-        if isinstance(chk, abi.ArgCount):
-            fail_if(b.icmp_signed("!=", nargs, ir.Constant(I32, chk.expected)), chk.message, nargs)
-        elif isinstance(chk, abi.Unpack):
-            slot = b.gep(args, [ir.Constant(I64, chk.index * abi.ANY_SIZE)], source_etype=I8)
-            tindex = b.load(slot, typ=I32)
-            value = _field(b, slot, 8, PTR)
-            is_tensor = b.icmp_signed("==", tindex, ir.Constant(I32, abi.TYPE_TENSOR))
-            is_dl = b.icmp_signed("==", tindex, ir.Constant(I32, abi.TYPE_DLTENSOR_PTR))
-            fail_if(b.not_(b.or_(is_tensor, is_dl)), chk.message, tindex)
-            shifted = b.gep(value, [ir.Constant(I64, abi.TENSOR_DLTENSOR_OFFSET)], source_etype=I8)
-            dls[chk.index] = b.select(is_tensor, shifted, value)
-        elif isinstance(chk, abi.FieldEq):
-            ty = ir.IntType(chk.bits)
-            got = _field(b, dls[chk.index], chk.offset, ty)
-            shown = [got if mask < 0 else b.and_(b.lshr(got, ty(shift)), ty(mask)) for shift, mask in chk.parts]
-            fail_if(b.icmp_signed("!=", got, ir.Constant(ty, chk.expected)), chk.message, *shown)
-        elif isinstance(chk, abi.DimEq):
-            shape = _field(b, dls[chk.index], abi.DL_SHAPE, PTR)
-            got = b.load(b.gep(shape, [ir.Constant(I64, chk.axis)], source_etype=I64), typ=I64)
-            if chk.binds:
-                syms[chk.expected] = got
-            elif isinstance(chk.expected, str):
-                want = syms[chk.expected]
-                fail_if(b.icmp_signed("!=", got, want), chk.message, got, want)
-            else:
-                fail_if(b.icmp_signed("!=", got, ir.Constant(I64, chk.expected)), chk.message, got)
-        elif isinstance(chk, abi.Contiguous):
-            _emit_contiguous(b, dls[chk.index], kernel.params[chk.index], syms, fail_if, chk.message)
-    ptrs = []
-    for i in range(len(kernel.params)):
-        data = _field(b, dls[i], abi.DL_DATA, PTR)
-        ptrs.append(b.gep(data, [_field(b, dls[i], abi.DL_BYTE_OFFSET, I64)], source_etype=I8))
-    b.call(compute, ptrs + [syms[s] for s in kernel.sym_vars])
-    b.ret(ir.Constant(I32, 0))
-    return fn
-
-
-def _emit_contiguous(b, dl, buf: kir.Buffer, syms, fail_if, message):
-    strides = _field(b, dl, abi.DL_STRIDES, PTR)
-    has = b.icmp_unsigned("!=", b.ptrtoint(strides, I64), ir.Constant(I64, 0))
-    with b.if_then(has):
-        for axis in range(buf.ndim):
-            if buf.shape[axis] == 1:
-                continue
-            got = b.load(b.gep(strides, [ir.Constant(I64, axis)], source_etype=I64), typ=I64)
-            want = product(b, buf.shape[axis + 1:], syms)
-            bad = b.icmp_signed("!=", got, want)
-            if isinstance(buf.shape[axis], str):  # a symbolic size may be 1 at run time
-                bad = b.and_(bad, b.icmp_signed("!=", syms[buf.shape[axis]], ir.Constant(I64, 1)))
-            fail_if(bad, message, ir.Constant(I32, axis), got, want)
 
 
 def emit_llvm(kernel: kir.Kernel, arg_names: list[str], triple: str, data_layout: str) -> ir.Module:
     """The kernel as an llvmlite module: ``<name>_compute`` plus ``__tvm_ffi_<name>``."""
+    from .llvm_entry import emit_entry
+
     module = ir.Module(name=kernel.name)
     module.triple, module.data_layout = triple, data_layout
     compute = emit_compute(module, kernel)
