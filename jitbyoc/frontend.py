@@ -15,7 +15,7 @@ import re
 from tvm import relax
 
 from . import kir
-from .kernels import KERNELS, load_all
+from .kernels import KERNELS, PASSES, load_all
 from .ops import RELAX_OPS
 from .patterns import _attrs, dims
 
@@ -68,9 +68,13 @@ class RegionLowering:
         self.kernel.ops.append(call.op.name)
         spec = KERNELS.get(call.op.name)
         if spec is not None:
-            out = self.temp(dims(out_ty), str(out_ty.dtype))
-            self.kernel.stages.append(spec.build(self, call, out))
-            return kir.Load(out)
+            if isinstance(out_ty, relax.TupleType):  # split: one buffer per field
+                out = tuple(self.temp(dims(t), str(t.dtype)) for t in out_ty.fields)
+            else:
+                out = self.temp(dims(out_ty), str(out_ty.dtype))
+            stages = spec.build(self, call, out)
+            self.kernel.stages.extend(stages if isinstance(stages, (list, tuple)) else [stages])
+            return tuple(kir.Load(o) for o in out) if isinstance(out, tuple) else kir.Load(out)
         name = RELAX_OPS[call.op.name]
         operands = call.args[:1] if name == "clip" else call.args
         args = tuple(self.value(a) for a in operands)
@@ -123,6 +127,8 @@ class RegionLowering:
         for shape, stores in by_shape.items():
             self.kernel.stages.append(kir.Elementwise(shape, tuple(stores)))
         fuse_epilogues(self.kernel)
+        for rewrite in PASSES:
+            rewrite(self.kernel)
         return self.kernel, self.arg_names
 
 

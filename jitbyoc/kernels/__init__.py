@@ -22,10 +22,13 @@ class KernelSpec:
     relax: str
     arity: int
     check: Callable  # (call) -> str | None: why jitbyoc leaves the call to TVM
-    build: Callable  # (fe, call, out: Buffer) -> KernelStage
+    build: Callable  # (fe, call, out) -> KernelStage or a list of them; out is a Buffer,
+    #                  or a tuple of Buffers when the call returns a tuple (split)
 
 
 KERNELS: dict[str, KernelSpec] = {}
+# kernel-level rewrites run after lowering and epilogue fusion, in order: (kernel) -> None
+PASSES: list[Callable] = []
 
 
 def register(relax: str, arity: int, check: Callable):

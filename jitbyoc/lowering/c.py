@@ -158,6 +158,14 @@ class Ctx:
             off = f"({off}) * {self.dim(d)} + {'0' if broadcast and d == 1 else p}"
         return off
 
+    def unravel(self, flat: str, dims) -> list:
+        """Row-major indices of ``flat`` in ``dims``."""
+        out = []
+        for d in reversed(dims):
+            out.append(f"(({flat}) % {self.dim(d)})")
+            flat = f"(({flat}) / {self.dim(d)})"
+        return out[::-1]
+
     def parallel_for(self, count: str, body, extra=()) -> None:
         """Mirror of :meth:`jitbyoc.lowering.llvm.Ctx.parallel_for`."""
         k = len(self.functions)

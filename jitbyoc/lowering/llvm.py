@@ -159,6 +159,14 @@ class Ctx:
             values = evaluate(self.em, [stage.epilogue], load, acc)
             self.store(out, offset, values[id(stage.epilogue)])
 
+    def unravel(self, flat, dims) -> list:
+        """Row-major indices of ``flat`` in ``dims``."""
+        out = []
+        for d in reversed(dims):
+            out.append(self.b.srem(flat, self.dim(d)))
+            flat = self.b.sdiv(flat, self.dim(d))
+        return out[::-1]
+
     def offset(self, shape, pos, broadcast=False) -> ir.Value:
         """Row-major offset of ``pos`` in ``shape``; with ``broadcast``, size-1 dims read 0."""
         off = ir.Constant(I64, 0)
