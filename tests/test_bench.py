@@ -1,0 +1,190 @@
+"""The benchmark harness: its timing/statistics code with fake clocks, and one real
+``python -m bench --quick`` run whose outputs must agree with each other."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench import models, report
+from bench.timing import Stats, max_errors, speedup, time_alternating, timed
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class FakeClock:
+    """A clock that only moves when a fake workload says so."""
+
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def fake_workloads(clock: FakeClock, costs: dict[str, list[float]], log: list[str]):
+    """Callables that advance ``clock`` by their next cost and log their name."""
+    def make(name):
+        queue = list(costs[name])
+
+        def run():
+            log.append(name)
+            clock.now += queue.pop(0)
+            return name
+
+        return run
+
+    return {name: make(name) for name in costs}
+
+
+def test_stats_median_min_max():
+    assert Stats.of([3.0, 1.0, 2.0]) == Stats(2.0, 1.0, 3.0, 3)
+    assert Stats.of([4.0, 1.0, 2.0, 3.0]) == Stats(2.5, 1.0, 4.0, 4)
+    assert Stats.of([0.5]) == Stats(0.5, 0.5, 0.5, 1)
+    with pytest.raises(ValueError):
+        Stats.of([])
+
+
+def test_timed_uses_the_clock():
+    clock = FakeClock()
+    log: list[str] = []
+    fn = fake_workloads(clock, {"a": [0.25]}, log)["a"]
+    assert timed(fn, clock) == ("a", 0.25)
+
+
+def test_alternation_order_and_warmup_excluded():
+    clock = FakeClock()
+    log: list[str] = []
+    # first calls are very slow (compilation, allocation): they must not be in the samples
+    costs = {"tvm": [50.0, 40.0, 3.0, 1.0, 2.0], "jitbyoc": [60.0, 30.0, 0.5, 0.25, 1.5]}
+    samples = time_alternating(fake_workloads(clock, costs, log), repeat=3, warmup=2, clock=clock)
+    assert log == ["tvm", "jitbyoc"] * 5
+    assert samples == {"tvm": [3.0, 1.0, 2.0], "jitbyoc": [0.5, 0.25, 1.5]}
+    tvm, jit = Stats.of(samples["tvm"]), Stats.of(samples["jitbyoc"])
+    assert (jit.median, jit.min, jit.max) == (0.5, 0.25, 1.5)
+    assert speedup(tvm, jit) == pytest.approx(4.0)
+
+
+def test_alternation_with_peers_keeps_mapping_order():
+    clock = FakeClock()
+    log: list[str] = []
+    costs = {name: [1.0] * 3 for name in ("tvm", "jitbyoc", "torch", "onnxruntime")}
+    time_alternating(fake_workloads(clock, costs, log), repeat=2, warmup=1, clock=clock)
+    assert log == ["tvm", "jitbyoc", "torch", "onnxruntime"] * 3
+
+
+@pytest.mark.parametrize("repeat, warmup", [(0, 1), (1, 0)])
+def test_alternation_rejects_empty_rounds(repeat, warmup):
+    with pytest.raises(ValueError):
+        time_alternating({"a": lambda: None}, repeat=repeat, warmup=warmup)
+
+
+def test_max_errors():
+    ref = [np.array([[1.0, -4.0], [0.0, 2.0]], dtype="float32"), np.array([10.0])]
+    out = [np.array([[1.0, -4.5], [0.0, 2.0]], dtype="float32"), np.array([10.25])]
+    abs_err, rel_err = max_errors(out, ref)
+    assert abs_err == 0.5
+    assert rel_err == 0.5 / 10.0  # normwise: divided by max|ref| over all outputs
+    assert max_errors(ref, ref) == (0.0, 0.0)
+    assert math.isnan(max_errors([np.array([np.nan, 1.0])], [np.array([1.0, 1.0])])[0])
+    with pytest.raises(ValueError):
+        max_errors([np.zeros(3)], [np.zeros(4)])
+
+
+def test_fmt_ms():
+    assert report.fmt_ms(None) == "-"
+    assert report.fmt_ms(1.8) == "1800"
+    assert report.fmt_ms(0.0123) == "12.3"
+    assert report.fmt_ms(0.00123) == "1.23"
+    assert report.fmt_ms(0.0000123) == "0.012"
+
+
+def test_select():
+    quick = [e.name for e in models.select(None, quick=True)]
+    full = [e.name for e in models.select(None, quick=False)]
+    assert "seeds_10x10" in quick and set(quick) < set(full)
+    assert [e.name for e in models.select(["mlp", "seeds_10x10"], quick=True)] == ["mlp", "seeds_10x10"]
+    with pytest.raises(KeyError, match="known"):
+        models.select(["no_such_model"], quick=False)
+
+
+def test_seeds_model_matches_numpy():
+    import tvm
+    from tvm import relax
+
+    import jitbyoc
+
+    case = models.seeds_10x10()
+    x0, x1, x2, x3 = case.inputs
+    with jitbyoc.disable():
+        ex = tvm.compile(case.mod, target="llvm")
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](*map(tvm.runtime.tensor, case.inputs))
+    np.testing.assert_allclose(got.numpy(), (x0 + x1 - x2) * x3, rtol=1e-6)
+
+
+# ---- the slow one: a real quick run -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    pytest.importorskip("tqdm", reason="the harness needs the bench extra: pip install '.[bench]'")
+    pytest.importorskip("matplotlib", reason="the harness needs the bench extra")
+    out = tmp_path_factory.mktemp("bench")
+    proc = subprocess.run([sys.executable, "-m", "bench", "--quick", "--out", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=110)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, proc.stdout
+
+
+def _table_models(stdout: str) -> list[str]:
+    lines = stdout.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("---"))
+    end = next(i for i, ln in enumerate(lines) if ln.startswith("speedup ="))
+    return [ln.split()[0] for ln in lines[start + 1:end]]
+
+
+@pytest.mark.slow
+def test_quick_outputs_agree(quick_run):
+    out, stdout = quick_run
+    data = json.loads((out / "results.json").read_text())
+    with (out / "results.csv").open() as f:
+        csv_rows = list(csv.DictReader(f))
+    names = [r["model"] for r in data["rows"]]
+    assert names and names == [r["model"] for r in csv_rows] == _table_models(stdout)
+    assert (out / "speedup.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for s in data["skipped"]:
+        assert f"SKIPPED {s['model']}: " in stdout
+    assert data["machine"]["cpu"] and data["machine"]["cpu"] in stdout
+    for row, crow in zip(data["rows"], csv_rows):
+        for key in ("speedup", "tvm_median_s", "jitbyoc_median_s", "max_rel_err", "offload_share"):
+            assert float(crow[key]) == pytest.approx(row[key], rel=1e-12)
+
+
+@pytest.mark.slow
+def test_quick_numbers_are_consistent(quick_run):
+    out, _ = quick_run
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    for r in rows:
+        assert r["speedup"] == pytest.approx(r["tvm_median_s"] / r["jitbyoc_median_s"])
+        for who in ("tvm", "jitbyoc"):
+            assert 0 < r[f"{who}_min_s"] <= r[f"{who}_median_s"] <= r[f"{who}_max_s"]
+        for key in ("build_cold_tvm_s", "build_cold_jitbyoc_s", "build_warm_tvm_s",
+                    "build_warm_jitbyoc_s"):
+            assert r[key] > 0
+        assert math.isfinite(r["max_abs_err"]) and 0 <= r["max_rel_err"] < 1e-3 and r["ok"]
+        assert r["offload_share"] == pytest.approx(r["offloaded_ops"] / r["total_ops"])
+        for peer in ("torch", "onnxruntime"):
+            if r[f"{peer}_median_s"] is not None:
+                assert r[f"{peer}_vs_tvm"] == pytest.approx(r["tvm_median_s"] / r[f"{peer}_median_s"])
+                assert r[f"{peer}_max_rel_err"] < 1e-3
+    by_name = {r["model"]: r for r in rows}
+    assert by_name["seeds_10x10"]["offload_share"] == 1.0 and by_name["seeds_10x10"]["regions"] == 1
+    # matmul stays with TVM until the kernels land; either way the model must run correctly
+    assert "mlp" in by_name and by_name["mlp"]["total_ops"] == 6
