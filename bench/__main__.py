@@ -1,0 +1,121 @@
+"""``python -m bench``: jitbyoc against TVM's default build (and torch/onnxruntime if installed).
+
+Nothing here imports TVM at module level: ``--threads`` must set ``TVM_NUM_THREADS``
+before TVM starts its thread pool.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+log = logging.getLogger("bench")
+DEFAULT_OUT = Path(__file__).resolve().parent / "results"
+QUICK_REPEAT_CAP = 10
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="the smoke suite (under 2 minutes)")
+    p.add_argument("--model", action="append", metavar="NAME",
+                   help="run only this model (repeatable); see --list")
+    p.add_argument("--list", action="store_true", help="list the models and exit")
+    p.add_argument("--repeat", type=int, metavar="N", help="timed runs per candidate "
+                   "(default: per model, few for heavy models)")
+    p.add_argument("--warmup", type=int, default=1, metavar="N", help="untimed rounds first")
+    p.add_argument("--threads", type=int, metavar="N",
+                   help="TVM_NUM_THREADS, torch and onnxruntime threads")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, metavar="DIR",
+                   help=f"where results.json/.csv and speedup.png go (default {DEFAULT_OUT})")
+    p.add_argument("--no-peers", action="store_true", help="skip torch and onnxruntime")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging (tracebacks)")
+    return p.parse_args(argv)
+
+
+def run_suite(args, entries, tqdm) -> tuple[list[dict], list[dict]]:
+    from .run import measure
+
+    rows, skipped = [], []
+    with tempfile.TemporaryDirectory(prefix="jitbyoc-bench-") as workdir:
+        bar = tqdm(entries, desc="bench", unit="model", file=sys.stderr)
+        for entry in bar:
+            bar.set_postfix_str(entry.name)
+            repeat = args.repeat or entry.repeat
+            if args.quick and not args.repeat:
+                repeat = min(repeat, QUICK_REPEAT_CAP)
+            got = measure(entry, repeat, args.warmup, workdir, args.threads, not args.no_peers)
+            if isinstance(got, dict):
+                rows.append(got)
+            else:
+                log.warning("skipped %s: %s", entry.name, got.reason)
+                skipped.append({"model": entry.name, "reason": got.reason})
+    return rows, skipped
+
+
+def write_outputs(args, rows, skipped, machine, seconds) -> list[Path]:
+    from . import report
+    from .run import TOLERANCE, columns
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    settings = {"quick": args.quick, "models": args.model, "repeat": args.repeat,
+                "warmup": args.warmup, "threads": args.threads, "peers": not args.no_peers,
+                "tolerance": TOLERANCE, "timer": "time.perf_counter around one call, "
+                "alternating tvm, jitbyoc, peers; after warm-up rounds"}
+    payload = {"machine": machine, "settings": settings, "total_seconds": seconds,
+               "columns": columns(), "rows": rows, "skipped": skipped}
+    paths = [args.out / "results.json", args.out / "results.csv"]
+    report.write_json(paths[0], payload)
+    report.write_csv(paths[1], rows, columns())
+    plot = args.out / "speedup.png"
+    if rows and report.plot_speedups(plot, rows, report.format_machine(machine)):
+        paths.append(plot)
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(levelname)s %(name)s: %(message)s")
+    if not args.verbose:  # jitbyoc logs every build at INFO; the table says it all
+        logging.getLogger("jitbyoc").setLevel(logging.WARNING)
+    if args.threads:
+        os.environ["TVM_NUM_THREADS"] = str(args.threads)  # before TVM creates its pool
+    try:
+        from tqdm import tqdm
+        from tqdm.contrib.logging import logging_redirect_tqdm
+    except ImportError:
+        log.error("the harness needs tqdm and matplotlib: pip install 'jitbyoc[bench]'")
+        return 2
+    from . import models, peers, report, run
+
+    if args.list:
+        print("\n".join(f"{e.name:22s} {'quick ' if e.quick else '      '}{e.description}"
+                        for e in models.ZOO.values()))
+        return 0
+    try:
+        entries = models.select(args.model, args.quick)
+    except KeyError as err:
+        log.error("%s", err.args[0])
+        return 2
+    peers.set_torch_threads(args.threads)
+    machine = run.machine_info(args.threads)
+    print(report.format_machine(machine), flush=True)
+    start = time.perf_counter()
+    with logging_redirect_tqdm():
+        run.warm_process()
+        rows, skipped = run_suite(args, entries, tqdm)
+    seconds = time.perf_counter() - start
+    print(report.format_table(rows, skipped))
+    paths = write_outputs(args, rows, skipped, machine, seconds)
+    print(f"{len(rows)} models measured, {len(skipped)} skipped in {seconds:.1f} s; "
+          f"wrote {', '.join(str(p) for p in paths)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

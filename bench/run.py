@@ -1,0 +1,203 @@
+"""Measure one model: build it both ways, check jitbyoc against TVM, time everything.
+
+Builds: TVM default is ``jitbyoc.disable(); tvm.compile(mod, target="llvm")``; jitbyoc is
+the same call inside ``with jitbyoc.enabled()``. "Cold" is the first build of the model in
+this process, "warm" the second (jitbyoc may hit its own caches; TVM has none). Before the
+suite, :func:`warm_process` builds an unrelated tiny model both ways, so one-time process
+costs (LLVM initialization, lazy imports) are not charged to the first model.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import platform
+import sys
+
+import numpy as np
+import tvm
+from tvm import relax
+
+import jitbyoc
+
+from . import peers as peers_mod
+from .models import Case, Entry, Skip, from_forward
+from .timing import Stats, max_errors, speedup, time_alternating, timed
+
+log = logging.getLogger(__name__)
+TOLERANCE = 1e-3  # max normwise relative error of jitbyoc vs TVM before a row is flagged
+CANDIDATES = ("tvm", "jitbyoc") + peers_mod.NAMES
+
+
+def columns() -> list[str]:
+    """Every key of a result row, in table/CSV order (missing values are None)."""
+    cols = ["model", "description", "offloaded_ops", "total_ops", "offload_share", "regions",
+            "left_to_tvm", "build_cold_tvm_s", "build_cold_jitbyoc_s", "build_warm_tvm_s",
+            "build_warm_jitbyoc_s", "repeat"]
+    for who in CANDIDATES:
+        cols += [f"{who}_median_s", f"{who}_min_s", f"{who}_max_s"]
+    cols += ["speedup", "max_abs_err", "max_rel_err", "ok"]
+    for who in peers_mod.NAMES:
+        cols += [f"{who}_vs_tvm", f"{who}_max_abs_err", f"{who}_max_rel_err"]
+    return cols + ["notes"]
+
+
+def compile_both(mod: tvm.IRModule) -> dict:
+    """Cold then warm builds, TVM default and jitbyoc; the executables and the report."""
+    def tvm_build():
+        jitbyoc.disable()
+        return tvm.compile(mod, target="llvm")
+
+    def jit_build():
+        with jitbyoc.enabled():
+            return tvm.compile(mod, target="llvm"), jitbyoc.last_report()
+
+    ex_tvm, cold_tvm = timed(tvm_build)
+    (ex_jit, report), cold_jit = timed(jit_build)
+    _, warm_tvm = timed(tvm_build)
+    _, warm_jit = timed(jit_build)
+    return {"ex_tvm": ex_tvm, "ex_jit": ex_jit, "report": report,
+            "build_cold_tvm_s": cold_tvm, "build_cold_jitbyoc_s": cold_jit,
+            "build_warm_tvm_s": warm_tvm, "build_warm_jitbyoc_s": warm_jit}
+
+
+def vm_runner(ex, inputs: list[np.ndarray]):
+    """A zero-argument callable running ``main`` on its own copy of ``inputs``."""
+    fn = relax.VirtualMachine(ex, tvm.cpu())["main"]
+    args = [tvm.runtime.tensor(np.array(a)) for a in inputs]
+    return lambda: fn(*args)
+
+
+def offload_fields(report) -> dict:
+    left = collections.Counter(f.op.removeprefix("relax.") for f in report.fallbacks)
+    return {"offloaded_ops": report.offloaded_ops, "total_ops": report.total_ops,
+            "offload_share": report.offloaded_share, "regions": len(report.regions),
+            "left_to_tvm": " ".join(f"{op}x{n}" for op, n in sorted(left.items())) or None}
+
+
+def _failure(entry: Entry, stage: str, err: Exception) -> Skip:
+    log.warning("%s: %s failed", entry.name, stage, exc_info=log.isEnabledFor(logging.DEBUG))
+    first = (str(err).strip().splitlines() or [""])[0][:160]
+    return Skip(f"{stage} failed: {type(err).__name__}: {first}")
+
+
+def prepare(entry: Entry) -> tuple[Case, dict, dict] | Skip:
+    """Make the model, build it both ways, run each build once and compare the outputs.
+
+    Returns the case, the builds (see :func:`compile_both`) and the check (``runners``,
+    ``ref`` outputs of TVM default, ``max_abs_err``, ``max_rel_err``), or a Skip.
+    """
+    try:
+        case = entry.make()
+    except Exception as err:
+        return _failure(entry, "making the model", err)
+    if isinstance(case, Skip):
+        return case
+    try:
+        built = compile_both(case.mod)
+    except Exception as err:
+        return _failure(entry, "build", err)
+    runners = {"tvm": vm_runner(built["ex_tvm"], case.inputs),
+               "jitbyoc": vm_runner(built["ex_jit"], case.inputs)}
+    try:  # these first calls are not timed: time_alternating warms up again anyway
+        ref = peers_mod.as_numpy(runners["tvm"]())
+        abs_err, rel_err = max_errors(peers_mod.as_numpy(runners["jitbyoc"]()), ref)
+    except Exception as err:
+        return _failure(entry, "run", err)
+    return case, built, {"runners": runners, "ref": ref, "max_abs_err": abs_err,
+                         "max_rel_err": rel_err}
+
+
+def make_row(entry: Entry, repeat: int, built: dict, check: dict, stats: dict[str, Stats],
+             peers: list, notes: list[str]) -> dict:
+    """One flat result row (keys: :func:`columns`)."""
+    row = dict.fromkeys(columns())
+    rel_err = check["max_rel_err"]
+    row.update(model=entry.name, description=entry.description, repeat=repeat,
+               max_abs_err=check["max_abs_err"], max_rel_err=rel_err,
+               ok=bool(rel_err <= TOLERANCE), speedup=speedup(stats["tvm"], stats["jitbyoc"]),
+               **offload_fields(built["report"]))
+    row.update({k: v for k, v in built.items() if k.startswith("build_")})
+    for who, st in stats.items():
+        row.update({f"{who}_median_s": st.median, f"{who}_min_s": st.min, f"{who}_max_s": st.max})
+    for p in peers:
+        p_abs, p_rel = max_errors(p.outputs, check["ref"])
+        row.update({f"{p.name}_vs_tvm": speedup(stats["tvm"], stats[p.name]),
+                    f"{p.name}_max_abs_err": p_abs, f"{p.name}_max_rel_err": p_rel})
+    if not row["ok"]:
+        notes.insert(0, f"MISMATCH: jitbyoc rel err {rel_err:.2e} > {TOLERANCE:g}")
+        log.warning("%s: %s", entry.name, notes[0])
+    row["notes"] = "; ".join(notes) or None
+    return row
+
+
+def measure(entry: Entry, repeat: int, warmup: int, workdir: str,
+            threads: int | None, with_peers: bool = True) -> dict | Skip:
+    """Build, check and time one model; a result row, or a :class:`Skip` saying why not.
+
+    Parameters
+    ----------
+    entry : Entry
+        The zoo entry.
+    repeat, warmup : int
+        Timed and untimed alternating rounds (see :func:`bench.timing.time_alternating`).
+    workdir : str
+        Where peers may write files (the ONNX export).
+    threads : int or None
+        onnxruntime's intra-op threads (TVM and torch are set process-wide).
+    with_peers : bool
+        Also run torch and onnxruntime when installed.
+    """
+    got = prepare(entry)
+    if isinstance(got, Skip):
+        return got
+    case, built, check = got
+    peers, notes = peers_mod.make_peers(case, workdir, entry.name, threads) if with_peers \
+        else ([], ["peers off (--no-peers)"])
+    runners = dict(check["runners"], **{p.name: p.run for p in peers})
+    samples = time_alternating(runners, repeat, warmup)
+    stats = {k: Stats.of(v) for k, v in samples.items()}
+    return make_row(entry, repeat, built, check, stats, peers, notes)
+
+
+def warm_process() -> None:
+    """Build and run an unrelated tiny model both ways (see the module docstring)."""
+    x = np.linspace(-1, 1, 15, dtype="float32").reshape(3, 5)
+    case: Case = from_forward(lambda o, a: o.abs(o.neg(a)), {"warm": x})
+    built = compile_both(case.mod)
+    for ex in (built["ex_tvm"], built["ex_jit"]):
+        vm_runner(ex, case.inputs)()
+
+
+def machine_info(threads: int | None) -> dict:
+    """The machine and software the numbers were taken on."""
+    import llvmlite
+    import llvmlite.binding as llvm
+
+    info = {"cpu": llvm.get_host_cpu_name(), "cpu_model": _cpu_model(),
+            "cores": os.cpu_count(), "threads": threads,
+            "TVM_NUM_THREADS": os.environ.get("TVM_NUM_THREADS"),
+            "loadavg": _loadavg(), "platform": platform.platform(),
+            "python": sys.version.split()[0],
+            "tvm": tvm.__version__, "llvmlite": llvmlite.__version__, "numpy": np.__version__,
+            "jitbyoc": jitbyoc.__version__}
+    info.update({p: peers_mod.version(p) for p in ("torch", "onnx", "onnxruntime")})
+    return info
+
+
+def _cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
+            return next(names, None)
+    except OSError:
+        return platform.processor() or None
+
+
+def _loadavg() -> list[float] | None:
+    """1/5/15-minute load: other work on the machine shows up here (and in the noise)."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
