@@ -9,12 +9,13 @@ that TVM loads in process. No C compiler is involved.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
 
 import tvm
-from . import jit, kir, runtime
+from . import cache, jit, kir, runtime
 from .frontend import lower_region
 from .lowering import c as c_renderer
 from .lowering.llvm import emit_llvm
@@ -60,23 +61,43 @@ class Region:
         return c_renderer.emit_c(self.kernel, self.arg_names)
 
 
-def compile_regions(functions) -> tuple[list[Region], tvm.runtime.Module | None]:
-    """Lower, optimize and load ``functions``; one runtime module for all of them."""
+_STATUS = threading.local()
+
+
+def last_cache_status() -> dict[str, str]:
+    """symbol -> "memory", "disk" (cache hits) or "compiled", for this thread's last build."""
+    return dict(getattr(_STATUS, "status", {}))
+
+
+def compile_regions(functions) -> tvm.runtime.Module | None:
+    """Assembly for every region (from the cache, or lowered, optimized and compiled now),
+    loaded as one runtime module."""
     t0 = time.perf_counter()
-    regions: dict[str, Region] = {}
+    asm: dict[str, str] = {}
+    status: dict[str, str] = {}
     for func in functions:
         symbol = str(func.attrs["global_symbol"])
-        if symbol not in regions:  # equal content, equal symbol: compile once
-            regions[symbol] = Region.from_function(func)
-    if not regions:
-        return [], None
-    module = runtime.tvm_module({sym: r.asm for sym, r in regions.items()})
-    log.info("jitbyoc: compiled %d regions in %.1f ms", len(regions), 1e3 * (time.perf_counter() - t0))
-    return list(regions.values()), module
+        if symbol in asm:  # equal content, equal symbol: compile once
+            continue
+        k = cache.key(symbol)
+        asm[symbol], status[symbol] = cache.get(k)
+        if asm[symbol] is None:
+            asm[symbol], status[symbol] = Region.from_function(func).asm, "compiled"
+            cache.put(k, asm[symbol])
+    _STATUS.status = status
+    if not asm:
+        return None
+    t1 = time.perf_counter()
+    module = runtime.tvm_module(asm)
+    compiled = sum(v == "compiled" for v in status.values())
+    log.info("jitbyoc: %d regions (%d compiled, %d from cache) in %.1f ms, %.1f ms of it loading into TVM",
+             len(asm), compiled, len(asm) - compiled, 1e3 * (time.perf_counter() - t0),
+             1e3 * (time.perf_counter() - t1))
+    return module
 
 
 def _codegen(functions, options, constant_names):
-    _, module = compile_regions(list(functions))
+    module = compile_regions(list(functions))
     return [module] if module is not None else []
 
 

@@ -10,9 +10,8 @@ code behind it.
 
 from __future__ import annotations
 
-import hashlib
-
 import tvm
+import tvm_ffi
 from tvm import relax
 from tvm.relax.backend.pattern_registry import get_patterns_with_prefix
 from tvm.relax.transform import FuseOpsByPattern
@@ -22,9 +21,12 @@ from .patterns import PREFIX
 
 
 def content_symbol(func: relax.Function) -> str:
-    """``jitbyoc_<ops>_<hash>``: a stable name for a region, made from its content."""
-    text = func.without_attr("global_symbol").script(show_meta=True)
-    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    """``jitbyoc_<ops>_<hash>``: a stable name for a region, made from its content.
+
+    The hash is TVM's structural hash (names of variables do not count; shapes, dtypes,
+    attributes and op order do), stable across processes, so it also keys the disk cache.
+    """
+    digest = f"{tvm_ffi.structural_hash(func.without_attr('global_symbol')):016x}"
     ops = []
     relax.analysis.post_order_visit(
         func.body, lambda e: ops.append(e.attrs["Composite"].removeprefix(PREFIX + "."))

@@ -147,7 +147,14 @@ def report(mod: tvm.IRModule) -> Report:
 
 
 def record(original: tvm.IRModule, partitioned: tvm.IRModule) -> None:
-    _LAST.report = build_report(partitioned)
+    from .codegen import last_cache_status
+
+    rep = build_report(partitioned)
+    status = last_cache_status()
+    for r in rep.regions:
+        r.cache = {"memory": "cache hit (memory)", "disk": "cache hit (disk)"}.get(status.get(r.symbol, ""),
+                                                                                status.get(r.symbol, ""))
+    _LAST.report = rep
 
 
 def last_report() -> Report | None:
