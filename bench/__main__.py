@@ -65,7 +65,7 @@ def write_outputs(args, rows, skipped, machine, seconds) -> list[Path]:
     settings = {"quick": args.quick, "models": args.model, "repeat": args.repeat,
                 "warmup": args.warmup, "threads": args.threads, "peers": not args.no_peers,
                 "tolerance": TOLERANCE, "timer": "time.perf_counter around one call, "
-                "alternating tvm, jitbyoc, peers; after warm-up rounds"}
+                "alternating tvm, jitbyoc; then peers alternating among themselves; after warm-up rounds"}
     payload = {"machine": machine, "settings": settings, "total_seconds": seconds,
                "columns": columns(), "rows": rows, "skipped": skipped}
     paths = [args.out / "results.json", args.out / "results.csv"]

@@ -155,8 +155,9 @@ def measure(entry: Entry, repeat: int, warmup: int, workdir: str,
     case, built, check = got
     peers, notes = peers_mod.make_peers(case, workdir, entry.name, threads) if with_peers \
         else ([], ["peers off (--no-peers)"])
-    runners = dict(check["runners"], **{p.name: p.run for p in peers})
-    samples = time_alternating(runners, repeat, warmup)
+    samples = time_alternating(check["runners"], repeat, warmup)
+    if peers:  # separately: their thread pools spin after a call and would slow the next slot
+        samples.update(time_alternating({p.name: p.run for p in peers}, repeat, warmup))
     stats = {k: Stats.of(v) for k, v in samples.items()}
     return make_row(entry, repeat, built, check, stats, peers, notes)
 

@@ -4,8 +4,10 @@ Every timing in the harness is wall time from one clock (``time.perf_counter`` u
 test passes a fake one) around one call. Run time is measured by :func:`time_alternating`:
 ``warmup`` untimed rounds first (the first call of a VM function may allocate or JIT;
 that is never counted as run time), then ``repeat`` timed rounds in which the candidates
-take turns in a fixed order (tvm, jitbyoc, peers..., tvm, jitbyoc, ...), so slow drift of
-a noisy machine hits all of them alike.
+take turns in a fixed order (tvm, jitbyoc, tvm, jitbyoc, ...), so slow drift of a noisy
+machine hits both alike. The harness times the peers (torch, onnxruntime) in a second
+alternating loop of their own: their worker threads keep spinning after a call returns,
+which on a small machine would slow whichever candidate comes next.
 """
 
 from __future__ import annotations
