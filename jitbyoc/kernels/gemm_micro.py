@@ -1,0 +1,191 @@
+"""LLVM building blocks of the GEMM engine (:mod:`.gemm`): the register-blocked
+microkernel, vector masks, and the in-register transposes used to pack panels.
+
+Everything works on explicit ``<VL x T>`` vectors (VL = 64 bytes / element size, one
+AVX-512 register) so the code does not depend on the loop vectorizer.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from ..dtypes import dtype as lookup_dtype
+from ..lowering.loops import I64
+
+I1, I32 = ir.IntType(1), ir.IntType(32)
+PTR = ir.PointerType()
+VECTOR_BYTES = 64
+
+
+def lanes(dt: str) -> int:
+    return VECTOR_BYTES // lookup_dtype(dt).nbytes
+
+
+def vtype(dt: str) -> ir.VectorType:
+    return ir.VectorType(lookup_dtype(dt).ir, lanes(dt))
+
+
+def _intrinsic(module, name, ret, args):
+    return module.globals.get(name) or ir.Function(module, ir.FunctionType(ret, args), name)
+
+
+def _suffix(dt: str) -> str:
+    return f"v{lanes(dt)}f{lookup_dtype(dt).bits}"
+
+
+def splat(b: ir.IRBuilder, value, n: int):
+    vt = ir.VectorType(value.type, n)
+    v = b.insert_element(ir.Constant(vt, ir.Undefined), value, I32(0))
+    return b.shuffle_vector(v, ir.Constant(vt, ir.Undefined), ir.Constant(ir.VectorType(I32, n), [0] * n))
+
+
+def lane_mask(b: ir.IRBuilder, limit, n: int):
+    """``<n x i1>``: lane ``l`` is set when ``l < limit`` (an i64 value or int)."""
+    if isinstance(limit, int):
+        return ir.Constant(ir.VectorType(I1, n), [int(l < limit) for l in range(n)])
+    lim = b.trunc(b.select(b.icmp_signed("<", limit, I64(n)), limit, I64(n)), I32)
+    return b.icmp_signed("<", ir.Constant(ir.VectorType(I32, n), list(range(n))), splat(b, lim, n))
+
+
+def vload(b, ptr, dt, mask=None):
+    """A vector at ``ptr``; with ``mask``, unset lanes read 0 and touch no memory."""
+    vt = vtype(dt)
+    if mask is None:
+        return b.load(ptr, typ=vt, align=lookup_dtype(dt).nbytes)
+    fn = _intrinsic(b.module, f"llvm.masked.load.{_suffix(dt)}.p0", vt,
+                    [PTR, I32, ir.VectorType(I1, vt.count), vt])
+    return b.call(fn, [ptr, I32(lookup_dtype(dt).nbytes), mask, ir.Constant(vt, None)])
+
+
+def vstore(b, value, ptr, dt, mask=None):
+    if mask is None:
+        b.store(value, ptr, align=lookup_dtype(dt).nbytes)
+        return
+    vt = vtype(dt)
+    fn = _intrinsic(b.module, f"llvm.masked.store.{_suffix(dt)}.p0", ir.VoidType(),
+                    [vt, PTR, I32, ir.VectorType(I1, vt.count)])
+    b.call(fn, [value, ptr, I32(lookup_dtype(dt).nbytes), mask])
+
+
+def gep(b, ptr, offset, dt):
+    off = I64(offset) if isinstance(offset, int) else offset
+    return b.gep(ptr, [off], source_etype=lookup_dtype(dt).ir, inbounds=True)
+
+
+def transpose(b: ir.IRBuilder, rows: list) -> list:
+    """Transpose a VL x VL block held as VL row vectors (VL a power of two).
+
+    Stage ``d`` swaps bit ``d`` of the row index with bit ``d`` of the lane index between
+    rows ``i`` and ``i + d``; after every bit has been swapped the block is transposed.
+    Each step is one two-source shuffle (``vpermt2ps`` / ``vunpck*`` / ``vshuf*``)."""
+    n = len(rows)
+    rows = list(rows)
+    d = n // 2
+    while d:
+        lo = ir.Constant(ir.VectorType(I32, n), [l if not l & d else n + l - d for l in range(n)])
+        hi = ir.Constant(ir.VectorType(I32, n), [l + d if not l & d else n + l for l in range(n)])
+        for i in range(n):
+            if not i & d:
+                a, c = rows[i], rows[i + d]
+                rows[i], rows[i + d] = b.shuffle_vector(a, c, lo), b.shuffle_vector(a, c, hi)
+        d //= 2
+    return rows
+
+
+def microkernel(module: ir.Module, dt: str, mr: int, nv: int, unroll: int) -> ir.Function:
+    """``micro(ap, bp, kc, c, ldc, mv, nv, accumulate)``: the ``mr x nv*VL`` tile
+    ``C (+)= Ap^T Bp`` over ``kc`` steps, ``Ap`` an ``kc x mr`` and ``Bp`` a ``kc x nv*VL``
+    packed panel; only the ``mv x nv`` corner is stored (edge tiles). The accumulators live
+    in registers as loop-carried values; the k loop is unrolled ``unroll`` times."""
+    vl, name = lanes(dt), f"jitbyoc_gemm_{dt}_{mr}x{nv}_u{unroll}"
+    if name in module.globals:
+        return module.globals[name]
+    vt, et = vtype(dt), lookup_dtype(dt).ir
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, PTR, I64, PTR, I64, I64, I64, I1]), name)
+    fn.linkage = "internal"
+    ap, bp, kc, c, ldc, mvalid, nvalid, accumulate = fn.args
+    for p in (ap, bp, c):
+        p.add_attribute("noalias")
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    fma = _intrinsic(module, f"llvm.fma.{_suffix(dt)}", vt, [vt, vt, vt])
+    nr = nv * vl
+
+    def step(k, accs):
+        bvec = [vload(b, gep(b, bp, b.add(b.mul(k, I64(nr)), I64(j * vl)), dt), dt) for j in range(nv)]
+        out = list(accs)
+        for i in range(mr):
+            a = splat(b, b.load(gep(b, ap, b.add(b.mul(k, I64(mr)), I64(i)), dt), typ=et), vl)
+            for j in range(nv):
+                out[i * nv + j] = b.call(fma, [a, bvec[j], accs[i * nv + j]])
+        return out
+
+    zero = [ir.Constant(vt, None)] * (mr * nv)
+    main = b.sdiv(kc, I64(unroll))
+
+    def unrolled(k, accs):
+        base = b.mul(k, I64(unroll))
+        for u in range(unroll):
+            accs = step(b.add(base, I64(u)), accs)
+        return accs
+
+    accs = _carry_loop(b, I64(0), main, zero, unrolled, "ku")
+    accs = _carry_loop(b, b.mul(main, I64(unroll)), kc, accs, step, "kr")
+    _store_tile(b, dt, accs, c, ldc, mvalid, nvalid, accumulate, mr, nv)
+    b.ret_void()
+    return fn
+
+
+def _carry_loop(b, start, stop, init, body, name):
+    """``for k in [start, stop)``: ``values = body(k, values)``; returns the final values."""
+    pre = b.block
+    cond, loop, end = (b.append_basic_block(f"{name}.{s}") for s in ("cond", "body", "end"))
+    b.branch(cond)
+    b.position_at_end(cond)
+    k = b.phi(I64, name=name)
+    k.add_incoming(start, pre)
+    phis = []
+    for v in init:
+        p = b.phi(v.type)
+        p.add_incoming(v, pre)
+        phis.append(p)
+    b.cbranch(b.icmp_signed("<", k, stop), loop, end)
+    b.position_at_end(loop)
+    new = body(k, phis)
+    k.add_incoming(b.add(k, I64(1), flags=["nsw"]), b.block)
+    for p, v in zip(phis, new):
+        p.add_incoming(v, b.block)
+    b.branch(cond)
+    b.position_at_end(end)
+    return phis
+
+
+def _store_tile(b, dt, accs, c, ldc, mvalid, nvalid, accumulate, mr, nv):
+    """``C (+)= acc``: unmasked for a full tile; per row and masked per vector at edges."""
+    vl = lanes(dt)
+    full = b.and_(b.icmp_signed("==", mvalid, I64(mr)), b.icmp_signed("==", nvalid, I64(nv * vl)))
+    with b.if_else(full, likely=True) as (then, otherwise):
+        with then:
+            _rows(b, dt, accs, c, ldc, accumulate, mr, nv, [None] * nv, None)
+        with otherwise:
+            masks = [lane_mask(b, b.sub(nvalid, I64(j * vl)), vl) for j in range(nv)]
+            _rows(b, dt, accs, c, ldc, accumulate, mr, nv, masks, mvalid)
+
+
+def _rows(b, dt, accs, c, ldc, accumulate, mr, nv, masks, mvalid):
+    vl = lanes(dt)
+    for i in range(mr):
+        def row(i=i):
+            ptrs = [gep(b, c, b.add(b.mul(I64(i), ldc), I64(j * vl)), dt) for j in range(nv)]
+            with b.if_else(accumulate) as (then, otherwise):
+                with then:
+                    for j, p in enumerate(ptrs):
+                        old = vload(b, p, dt, masks[j])
+                        vstore(b, b.fadd(old, accs[i * nv + j]), p, dt, masks[j])
+                with otherwise:
+                    for j, p in enumerate(ptrs):
+                        vstore(b, accs[i * nv + j], p, dt, masks[j])
+        if mvalid is None:
+            row()
+        else:
+            with b.if_then(b.icmp_signed("<", I64(i), mvalid)):
+                row()
