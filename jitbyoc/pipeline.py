@@ -4,7 +4,9 @@
 ``tvm.relax.pipeline.PIPELINE_MAP`` at build time. :func:`enable` wraps the ``"default"``
 and ``"default_build"`` entries so they offload first; :func:`disable` puts the originals
 back. The switch is process-wide (every thread's builds see it), like TVM's own pipeline
-registry; the ``"jitbyoc"`` pipeline offloads whatever the switch says.
+registry; the ``"jitbyoc"`` pipeline offloads whatever the switch says. Builds through
+these pipelines are serialized by :data:`BUILD_LOCK`, which makes concurrent
+``tvm.compile`` calls safe while jitbyoc is enabled (TVM's own pipeline alone is not).
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ from . import report as report_mod
 from .partition import partition_for_jitbyoc, regions
 
 _LOCK = threading.Lock()
+# TVM's Relax passes are not thread-safe (BlockBuilder keeps a class-level stack;
+# LegalizeOps enters a process-global TE tag scope), so builds through our pipeline
+# take turns here; running the built VMs concurrently is unaffected.
+BUILD_LOCK = threading.RLock()
 _ORIGINALS: dict = {}
 HOOKED = ("default", "default_build")
 
@@ -58,7 +64,8 @@ def _wrap(make_pipeline):
 
         @tvm.transform.module_pass(opt_level=0, name="jitbyoc.offload")
         def _offload_then_tvm(mod, _ctx):
-            return inner(offload(mod) if _offload_here() else mod)
+            with BUILD_LOCK:
+                return inner(offload(mod) if _offload_here() else mod)
 
         return _offload_then_tvm
 

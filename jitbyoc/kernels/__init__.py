@@ -11,6 +11,8 @@ its epilogue afterwards (see :func:`jitbyoc.frontend.fuse_epilogues`).
 from __future__ import annotations
 
 import importlib
+import logging
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
@@ -23,7 +25,9 @@ class KernelSpec:
     arity: int
     check: Callable  # (call) -> str | None: why jitbyoc leaves the call to TVM
     build: Callable  # (fe, call, out) -> KernelStage or a list of them; out is a Buffer,
-    #                  or a tuple of Buffers when the call returns a tuple (split)
+    #                  or a tuple of Buffers when the call returns a tuple (split). A builder
+    #                  may instead return the value itself (a kir node, e.g. a Load of a view,
+    #                  or a tuple of nodes); then ``out`` is dropped
 
 
 KERNELS: dict[str, KernelSpec] = {}
@@ -39,11 +43,24 @@ def register(relax: str, arity: int, check: Callable):
     return wrap
 
 
+FAILED: dict[str, str] = {}  # kernel module -> why it could not be imported
+
+
 def load_all() -> dict[str, KernelSpec]:
+    """Import every kernel module once. One that fails to import is logged and skipped,
+    so its ops stay with TVM instead of breaking every build."""
     for name in KERNEL_MODULES:
+        module = f"{__name__}.{name}"
+        if module in sys.modules or name in FAILED:
+            continue
         try:
-            importlib.import_module(f"{__name__}.{name}")
+            importlib.import_module(module)
         except ModuleNotFoundError as err:
-            if err.name != f"{__name__}.{name}":
-                raise
+            if err.name != module:
+                FAILED[name] = f"{type(err).__name__}: {err}"
+        except Exception as err:  # noqa: BLE001 - a broken kernel must not break the rest
+            FAILED[name] = f"{type(err).__name__}: {err}"
+        if name in FAILED:
+            logging.getLogger("jitbyoc").error("jitbyoc: kernel module %s failed to import (%s); "
+                                               "its ops stay with TVM", name, FAILED[name])
     return KERNELS
