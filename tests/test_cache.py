@@ -1,0 +1,206 @@
+"""The compile cache (memory and disk), build lifetime and thread safety."""
+
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+import jitbyoc
+from jitbyoc import cache
+from tests import models
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def fresh_cache(tmp_path):
+    cache.configure(path=tmp_path / "cache", enabled=True)
+    cache.clear_memory()
+    yield tmp_path / "cache"
+    cache.configure(path=tmp_path / "unused", enabled=True)
+    cache.clear_memory()
+
+
+def build_status(mod):
+    with jitbyoc.enabled():
+        ex = tvm.compile(mod, target="llvm")
+    return ex, [r.cache for r in jitbyoc.last_report().regions]
+
+
+def entries(root):
+    return sorted(root.glob("*/*.s"))
+
+
+def test_memory_then_disk_hits(fresh_cache):
+    _, first = build_status(models.Branchy)
+    assert first == ["compiled", "compiled"]
+    _, second = build_status(models.Branchy)
+    assert second == ["cache hit (memory)"] * 2
+    cache.clear_memory()
+    ex, third = build_status(models.Branchy)
+    assert third == ["cache hit (disk)"] * 2
+    a, b = np.ones((4, 8), "float32"), np.full(8, 2, "float32")
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](
+        tvm.runtime.tensor(np.array(True)), tvm.runtime.tensor(a), tvm.runtime.tensor(b))
+    np.testing.assert_array_equal(out.numpy(), 3)
+
+
+def test_changed_layer_recompiles_only_its_region(fresh_cache):
+    build_status(models.AddReluSmall)
+    _, status = build_status(models.AddReluLarge)  # another shape: another region
+    assert status == ["compiled"]
+    _, status = build_status(models.AddReluSmallOtherConst)  # same content as AddReluSmall
+    assert status == ["cache hit (memory)"]
+
+
+def test_entries_are_private_and_checked(fresh_cache):
+    build_status(models.SeedExample)
+    (entry,) = entries(fresh_cache)
+    assert not entry.stat().st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    assert not entry.parent.stat().st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    assert entry.read_bytes().startswith(cache.MAGIC)
+    assert not [p for p in entry.parent.iterdir() if p.name.startswith(".tmp-")]
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "empty"])
+def test_corrupt_entry_is_ignored_and_rewritten(fresh_cache, damage):
+    build_status(models.SeedExample)
+    (entry,) = entries(fresh_cache)
+    good = entry.read_bytes()
+    bad = {"truncate": good[: len(good) // 2], "flip": good[:-10] + b"X" + good[-9:], "empty": b""}[damage]
+    entry.write_bytes(bad)
+    cache.clear_memory()
+    ex, status = build_status(models.SeedExample)
+    assert status == ["compiled"]
+    assert entry.read_bytes() == good
+    args = [np.full((10, 10), k, "float32") for k in (1, 2, 3, 4)]
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](*map(tvm.runtime.tensor, args)).numpy()
+    np.testing.assert_array_equal(out, (1 + 2 - 3) * 4)
+
+
+def test_size_bound_evicts_least_recently_used(fresh_cache):
+    for mod in (models.SeedExample, models.AddReluSmall, models.AddReluLarge):
+        build_status(mod)
+    sizes = {p: p.stat().st_size for p in entries(fresh_cache)}
+    assert len(sizes) == 3
+    oldest = min(sizes, key=lambda p: p.stat().st_mtime)
+    os.utime(oldest, (1, 1))
+    cache.configure(max_bytes=sum(sizes.values()) - 1)
+    try:
+        cache.clear_memory()
+        build_status(models.Symbolic)  # a fourth entry forces eviction
+    finally:
+        cache.configure(max_bytes=256 << 20)
+    left = entries(fresh_cache)
+    assert oldest not in left
+    assert sum(p.stat().st_size for p in left) <= sum(sizes.values()) - 1
+
+
+def test_disabled_cache_writes_nothing(fresh_cache):
+    cache.configure(enabled=False)
+    try:
+        build_status(models.SeedExample)
+    finally:
+        cache.configure(enabled=True)
+    assert entries(fresh_cache) == []
+
+
+REUSE = textwrap.dedent("""
+    import jitbyoc, tvm
+    from tests import models
+    jitbyoc.enable()
+    tvm.compile(models.Branchy, target="llvm")
+    print(sorted(r.cache for r in jitbyoc.last_report().regions))
+""")
+
+
+def test_disk_cache_is_reused_across_processes_and_follows_env(tmp_path):
+    env = dict(os.environ, JITBYOC_CACHE_DIR=str(tmp_path / "c"), PYTHONPATH=ROOT)
+    runs = [subprocess.run([sys.executable, "-c", REUSE], env=env, cwd=ROOT, capture_output=True,
+                           text=True, check=True).stdout.strip() for _ in range(2)]
+    assert runs == ["['compiled', 'compiled']", "['cache hit (disk)', 'cache hit (disk)']"]
+    env["JITBYOC_CACHE"] = "0"
+    off = subprocess.run([sys.executable, "-c", REUSE], env=env, cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout.strip()
+    assert off == "['compiled', 'compiled']"
+
+
+def test_default_location_follows_xdg(monkeypatch, tmp_path):
+    monkeypatch.setattr(cache.SETTINGS, "path", None)
+    monkeypatch.delenv("JITBYOC_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert cache.SETTINGS.directory() == tmp_path / "jitbyoc"
+
+
+def _model(k: int):
+    bb = relax.BlockBuilder()
+    a = relax.Var("a", relax.TensorType((k + 3, 16), "float32"))
+    with bb.function("main", [a]):
+        with bb.dataflow():
+            x = bb.emit(relax.op.nn.relu(relax.op.add(a, relax.const(float(k), "float32"))))
+            y = bb.emit(relax.op.cumsum(x, axis=1))  # stays with TVM: its passes run too
+            gv = bb.emit_output(relax.op.multiply(y, relax.const(2.0, "float32")))
+        bb.emit_func_output(gv)
+    return bb.get()
+
+
+def test_eight_threads_build_and_run_concurrently():
+    mods = {k: _model(k) for k in range(8)}  # BlockBuilder itself is not thread-safe
+    errors = []
+
+    def work(k):
+        try:
+            for _ in range(3):
+                ex = tvm.compile(mods[k], target="llvm")
+                a = np.random.default_rng(k).standard_normal((k + 3, 16)).astype("float32")
+                out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(a)).numpy()
+                np.testing.assert_allclose(out, np.cumsum(np.maximum(a + k, 0), axis=1) * 2,
+                                           rtol=1e-5, atol=1e-5)
+        except Exception as err:  # collected and asserted below, in the main thread
+            errors.append(f"model {k}: {type(err).__name__}: {err}")
+
+    with jitbyoc.enabled():
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+    assert not any(t.is_alive() for t in threads), "a build deadlocked"
+    assert errors == []
+
+
+LIFETIME = textwrap.dedent("""
+    import os, numpy as np, tvm
+    from tvm import relax
+    import jitbyoc
+    from tests import models
+    def rss_mb():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    jitbyoc.enable()
+    args = [tvm.runtime.tensor(np.full((10, 10), k, "float32")) for k in (1, 2, 3, 4)]
+    for i in range(1000):
+        ex = tvm.compile(models.SeedExample, target="llvm")
+        out = relax.VirtualMachine(ex, tvm.cpu())["main"](*args).numpy()
+        assert (out == 0).all()
+        if i == 20:
+            base = rss_mb()
+    print(rss_mb() - base)
+""")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs /proc to read resident memory")
+def test_thousand_rebuilds_keep_memory_bounded():
+    env = dict(os.environ, PYTHONPATH=ROOT, JITBYOC_CACHE="0")
+    out = subprocess.run([sys.executable, "-c", LIFETIME], env=env, cwd=ROOT, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    growth = float(out.stdout.strip().splitlines()[-1])
+    assert growth < 50, f"resident memory grew by {growth:.1f} MB over 980 rebuilds"
