@@ -12,6 +12,7 @@ these pipelines are serialized by :data:`BUILD_LOCK`, which makes concurrent
 from __future__ import annotations
 
 import threading
+import time
 
 import tvm
 from tvm import relax, tirx
@@ -52,9 +53,12 @@ def _with_anchor(mod: tvm.IRModule) -> tvm.IRModule:
 
 def offload(mod: tvm.IRModule) -> tvm.IRModule:
     """Partition ``mod`` and compile its regions; the rest is left for TVM."""
+    t0 = time.perf_counter()
     part = partition_for_jitbyoc(mod)
+    t1 = time.perf_counter()
     out = relax.transform.RunCodegen()(part)
-    report_mod.record(mod, part)
+    t2 = time.perf_counter()
+    report_mod.record(mod, part, {"partition_s": t1 - t0, "codegen_s": t2 - t1})
     return _with_anchor(out) if regions(part) else out
 
 

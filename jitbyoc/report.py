@@ -46,6 +46,7 @@ class Fallback:
 class Report:
     regions: list[RegionInfo] = field(default_factory=list)
     fallbacks: list[Fallback] = field(default_factory=list)
+    timings: dict = field(default_factory=dict)  # jitbyoc's share of a build, in seconds
 
     @property
     def offloaded_ops(self) -> int:
@@ -62,6 +63,9 @@ class Report:
     def __str__(self) -> str:
         lines = [f"jitbyoc offload report: {self.offloaded_ops}/{self.total_ops} ops offloaded "
                  f"in {len(self.regions)} regions"]
+        if self.timings:
+            lines[0] += " (" + ", ".join(f"{k.removesuffix('_s')} {v * 1e3:.1f} ms"
+                                         for k, v in self.timings.items()) + ")"
         for r in self.regions:
             cache = f" [{r.cache}]" if r.cache else ""
             lines.append(f"  region {r.symbol}{cache}")
@@ -146,7 +150,7 @@ def report(mod: tvm.IRModule) -> Report:
     return build_report(part)
 
 
-def record(original: tvm.IRModule, partitioned: tvm.IRModule) -> None:
+def record(original: tvm.IRModule, partitioned: tvm.IRModule, timings: dict | None = None) -> None:
     from .codegen import last_cache_status
 
     rep = build_report(partitioned)
@@ -154,6 +158,7 @@ def record(original: tvm.IRModule, partitioned: tvm.IRModule) -> None:
     for r in rep.regions:
         r.cache = {"memory": "cache hit (memory)", "disk": "cache hit (disk)"}.get(status.get(r.symbol, ""),
                                                                                 status.get(r.symbol, ""))
+    rep.timings = dict(timings or {})
     _LAST.report = rep
 
 

@@ -1,0 +1,124 @@
+"""``python -m bench.latency``: how fast jitbyoc builds, cold and warm, against TVM's default.
+
+For each model (default: ResNet-18 and the encoder block), in one process:
+
+* TVM default: ``tvm.compile`` with jitbyoc disabled (median of ``--repeat``);
+* cold: jitbyoc enabled, empty compile cache (memory and a fresh disk directory);
+* warm: the same model again (every region a cache hit);
+* one layer changed: the first ``relu`` of the model becomes ``gelu`` (or, with no relu,
+  the first ``gelu`` becomes ``relu``); only the regions holding it should compile.
+
+Each jitbyoc build is split into jitbyoc's own time (partitioning + code generation,
+from ``jitbyoc.last_report().timings``) and the rest, which is TVM's own work:
+legalizing and compiling what stays with TVM, and its Relax VM pipeline.
+Targets (issue 5): cold total <= TVM default; warm jitbyoc time <= 50 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+
+import tvm
+from tvm import relax
+from tvm.relax.expr_functor import PyExprMutator, mutator
+
+import jitbyoc
+from jitbyoc import cache
+
+from .models import ZOO
+
+
+@mutator
+class _SwapFirst(PyExprMutator):
+    """Replace the first call of op ``src`` with op ``dst`` (same operands)."""
+
+    def __init__(self, mod, src: str, dst: str):
+        super().__init__(mod)
+        self.src, self.dst, self.done = tvm.ir.Op.get(src), tvm.ir.Op.get(dst), False
+
+    def visit_call_(self, call):
+        call = super().visit_call_(call)
+        if not self.done and isinstance(call.op, tvm.ir.Op) and call.op.same_as(self.src):
+            self.done = True
+            return relax.Call(self.dst, call.args)
+        return call
+
+
+def change_one_layer(mod: tvm.IRModule) -> tvm.IRModule:
+    for src, dst in (("relax.nn.relu", "relax.nn.gelu"), ("relax.nn.gelu", "relax.nn.relu")):
+        swap = _SwapFirst(mod, src, dst)
+        func = swap.visit_expr(mod["main"])
+        if swap.done:
+            out = mod.shallow_copy() if hasattr(mod, "shallow_copy") else tvm.IRModule(mod.functions)
+            out["main"] = func
+            return relax.transform.Normalize()(out)
+    raise ValueError("model has no relu or gelu to change")
+
+
+def _timed_build(mod) -> tuple[float, dict]:
+    t0 = time.perf_counter()
+    tvm.compile(mod, target="llvm")
+    total = time.perf_counter() - t0
+    rep = jitbyoc.last_report() if jitbyoc.is_enabled() else None
+    return total, {"timings": dict(rep.timings) if rep else {},
+                   "status": [r.cache for r in rep.regions] if rep else []}
+
+
+def measure(name: str, repeat: int) -> dict:
+    mod = ZOO[name].make().mod
+    jitbyoc.disable()
+    tvm_default = statistics.median(_timed_build(mod)[0] for _ in range(repeat))
+    with tempfile.TemporaryDirectory() as tmp, jitbyoc.enabled():
+        cache.configure(path=tmp)
+        cache.clear_memory()
+        cold, cold_info = _timed_build(mod)
+        warm_runs = [_timed_build(mod) for _ in range(repeat)]
+        changed, changed_info = _timed_build(change_one_layer(mod))
+    jit_time = lambda info: sum(info["timings"].values())  # noqa: E731
+    warm, warm_info = sorted(warm_runs, key=lambda r: r[0])[len(warm_runs) // 2]
+    return {
+        "model": name,
+        "tvm_default_s": tvm_default,
+        "cold_total_s": cold, "cold_jitbyoc_s": jit_time(cold_info), "cold_tvm_s": cold - jit_time(cold_info),
+        "cold_timings": cold_info["timings"],
+        "warm_total_s": warm, "warm_jitbyoc_s": jit_time(warm_info), "warm_tvm_s": warm - jit_time(warm_info),
+        "regions": len(cold_info["status"]),
+        "changed_regions_compiled": sum(s == "compiled" for s in changed_info["status"]),
+        "changed_total_s": changed, "changed_jitbyoc_s": jit_time(changed_info),
+    }
+
+
+def table(rows: list[dict]) -> str:
+    head = ("| model | TVM default build | jitbyoc cold (jitbyoc + TVM) | warm rebuild (jitbyoc + TVM) "
+            "| one layer changed: regions compiled | \n|---|---|---|---|---|")
+    ms = lambda s: f"{s * 1e3:.0f} ms"  # noqa: E731
+    lines = [head]
+    for r in rows:
+        lines.append(f"| {r['model']} | {ms(r['tvm_default_s'])} | {ms(r['cold_total_s'])} "
+                     f"({ms(r['cold_jitbyoc_s'])} + {ms(r['cold_tvm_s'])}) | {ms(r['warm_total_s'])} "
+                     f"({ms(r['warm_jitbyoc_s'])} + {ms(r['warm_tvm_s'])}) | "
+                     f"{r['changed_regions_compiled']} of {r['regions']} ({ms(r['changed_jitbyoc_s'])}) |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.latency", description=__doc__.splitlines()[0])
+    p.add_argument("--model", action="append", help="zoo model (repeatable)")
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--json", help="also write the rows to this file")
+    args = p.parse_args(argv)
+    rows = [measure(name, args.repeat) for name in args.model or ["resnet18", "transformer_block"]]
+    print(table(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
