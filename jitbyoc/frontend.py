@@ -37,6 +37,7 @@ class RegionLowering:
         self.local: dict = {}
         self.kernel = kir.Kernel(symbol, [], [])
         self.arg_names: list[str] = []
+        self.n_temps = 0  # temps are named by a counter: builders may drop theirs
 
     # ---- values ------------------------------------------------------------------------------
     def value(self, expr):
@@ -49,7 +50,8 @@ class RegionLowering:
         raise LoweringError(f"{self.symbol}: cannot lower operand {type(expr).__name__}")
 
     def temp(self, shape, dtype: str) -> kir.Buffer:
-        buf = kir.Buffer(f"tmp{len(self.kernel.temps)}", tuple(shape), dtype)
+        buf = kir.Buffer(f"tmp{self.n_temps}", tuple(shape), dtype)
+        self.n_temps += 1
         self.kernel.temps.append(buf)
         return buf
 
@@ -72,8 +74,12 @@ class RegionLowering:
                 out = tuple(self.temp(dims(t), str(t.dtype)) for t in out_ty.fields)
             else:
                 out = self.temp(dims(out_ty), str(out_ty.dtype))
-            stages = spec.build(self, call, out)
-            self.kernel.stages.extend(stages if isinstance(stages, (list, tuple)) else [stages])
+            built = spec.build(self, call, out)
+            if _is_value(built):  # a view or an elementwise expression: no stage, no temp
+                for o in (out if isinstance(out, tuple) else (out,)):
+                    self.kernel.temps.remove(o)
+                return built
+            self.kernel.stages.extend(built if isinstance(built, (list, tuple)) else [built])
             return tuple(kir.Load(o) for o in out) if isinstance(out, tuple) else kir.Load(out)
         name = RELAX_OPS[call.op.name]
         operands = call.args[:1] if name == "clip" else call.args
@@ -175,11 +181,22 @@ def _sole_kernel_input(kernel: kir.Kernel, stage: kir.Elementwise, index: int):
     producer = producers[0]
     if any(tmp in kir.stage_reads(s) for s in kernel.stages if s is not stage):
         return None
+    if any(b.base == tmp for b in reads):  # read through a view: the epilogue can't see it
+        return None
     made_after = {b for s in kernel.stages[kernel.stages.index(producer):index]
                   for b in kir.stage_writes(s)}
     if any(b in made_after and b != tmp for b in reads):
         return None
     return producer
+
+
+def _is_value(built) -> bool:
+    """Whether a builder returned the op's value (a node, or a tuple of nodes) rather than
+    stages: ops that only re-index (reshape as a view) or are elementwise math
+    (inference batch_norm) need no stage of their own."""
+    if isinstance(built, tuple) and built:
+        return all(_is_value(v) for v in built)
+    return isinstance(built, (kir.Load, kir.Const, kir.Op))
 
 
 def lower_region(func: relax.Function) -> tuple[kir.Kernel, list[str]]:

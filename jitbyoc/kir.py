@@ -17,13 +17,30 @@ Dim = Union[int, str]
 
 @dataclass(frozen=True)
 class Buffer:
+    """A row-major array. With ``base`` set it is a *view*: the same elements as ``base``
+    (same count and order) under another shape, sharing its memory; renderers address
+    ``base``, so a view is never allocated, passed or freed (see :func:`view`)."""
     name: str
     shape: tuple[Dim, ...]
     dtype: str
+    base: "Buffer | None" = None
 
     @property
     def ndim(self) -> int:
         return len(self.shape)
+
+    @property
+    def storage(self) -> "Buffer":
+        """The buffer that owns the memory: ``base`` for a view, else itself."""
+        return self if self.base is None else self.base
+
+
+def view(buf: Buffer, shape) -> Buffer:
+    """``buf`` reshaped without a copy (a view of its storage; views never nest)."""
+    root = buf.storage
+    if tuple(shape) == root.shape:
+        return root
+    return Buffer(f"{root.name}_view", tuple(shape), root.dtype, base=root)
 
 
 @dataclass(frozen=True, eq=False)
@@ -132,9 +149,9 @@ def walk(roots):
 
 
 def stage_reads(stage) -> list[Buffer]:
-    if isinstance(stage, Elementwise):
-        return loads([n for _, n in stage.stores])
-    return stage.reads()
+    """Buffers ``stage`` reads, plus the storage behind any view among them."""
+    reads = loads([n for _, n in stage.stores]) if isinstance(stage, Elementwise) else stage.reads()
+    return list(dict.fromkeys(reads + [b.base for b in reads if b.base is not None]))
 
 
 def stage_writes(stage) -> list[Buffer]:

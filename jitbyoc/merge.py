@@ -2,9 +2,11 @@
 
 TVM's ``MergeCompositeFunctions`` cannot see through ``If`` (its graph partitioner has
 no rule for it), so jitbyoc merges itself. Walking each dataflow block in order, composite
-calls join an open region; any other binding that does not depend on the open region is
-moved ahead of it, and one that does closes the region first. Every region therefore
-takes its inputs from before it and hands its outputs to what follows: no cycles.
+calls join an open region, and so do projections (``t[i]``) of a tuple the region made
+(batch_norm, split), wherever they stand in the block; any other binding that does not
+depend on the open region is moved ahead of it, and one that does closes the region
+first. Every region therefore takes its inputs from before it and hands its outputs to
+what follows: no cycles, and no tuple-typed outputs.
 """
 
 from __future__ import annotations
@@ -37,11 +39,14 @@ class _Merger:
         out, region = [], []
         bindings = list(block.bindings)
         for k, b in enumerate(bindings):
-            if self.is_composite_call(b.value):
+            if b is None:  # a projection already moved into a region
+                continue
+            if self.is_composite_call(b.value) or self.is_projection(b.value, region):
                 region.append(b)
                 continue
             if region and self.uses(b.value, region):
-                out += self.outline(region, bindings[k:])
+                self.take_projections(region, bindings, k)
+                out += self.outline(region, [r for r in bindings[k:] if r is not None])
                 region = []
             out.append(self.binding(b))
         if region:
@@ -57,6 +62,19 @@ class _Merger:
         return isinstance(value, relax.Call) and value.op in self.composites
 
     @staticmethod
+    def is_projection(value, region) -> bool:
+        return isinstance(value, relax.TupleGetItem) and any(
+            value.tuple_value.same_as(b.var) for b in region)
+
+    def take_projections(self, region, bindings, start) -> None:
+        """Move later projections of the region's tuples into it (they depend on nothing
+        else), so a tuple never has to leave a region."""
+        for j in range(start, len(bindings)):
+            if bindings[j] is not None and self.is_projection(bindings[j].value, region):
+                region.append(bindings[j])
+                bindings[j] = None
+
+    @staticmethod
     def uses(value, region) -> bool:
         defined = {b.var for b in region}
         return any(v in defined for v in relax.analysis.free_vars(value))
@@ -66,7 +84,7 @@ class _Merger:
         defined = {b.var for b in region}
         inputs: list = []
         for b in region:
-            for a in b.value.args:
+            for a in getattr(b.value, "args", ()):
                 if a not in defined and a not in inputs:
                     inputs.append(a)
         later = set()
@@ -74,19 +92,41 @@ class _Merger:
             later.update(relax.analysis.free_vars(b.value))
         outputs = [b.var for b in region
                    if not isinstance(b.var, relax.DataflowVar) or b.var in later]
+        region, outputs, rebuilt = self.flatten_tuples(region, outputs)
         gv = self.bb.add_func(self.region_function(region, inputs, outputs), f"{CODEGEN}_region")
         call = relax.Call(gv, inputs)
         if len(outputs) == 1:
-            return [relax.VarBinding(outputs[0], call)]
+            return [relax.VarBinding(outputs[0], call)] + rebuilt
         tup = relax.DataflowVar("region_out", TupleType([o.ty for o in outputs]))
         return [relax.VarBinding(tup, call)] + [
-            relax.VarBinding(o, relax.TupleGetItem(tup, k)) for k, o in enumerate(outputs)]
+            relax.VarBinding(o, relax.TupleGetItem(tup, k)) for k, o in enumerate(outputs)] + rebuilt
+
+    @staticmethod
+    def flatten_tuples(region, outputs):
+        """A tuple a region must hand out leaves as its fields and is rebuilt after the
+        call: a region's outputs are tensors."""
+        region, flat, rebuilt = list(region), [], []
+        for o in outputs:
+            if not isinstance(o.ty, TupleType):
+                flat.append(o)
+                continue
+            fields = [relax.DataflowVar(f"{o.name}_{k}", t) for k, t in enumerate(o.ty.fields)]
+            region += [relax.VarBinding(f, relax.TupleGetItem(o, k)) for k, f in enumerate(fields)]
+            flat += fields
+            rebuilt.append(relax.VarBinding(o, relax.Tuple(fields)))
+        return region, flat, rebuilt
 
     def region_function(self, region, inputs, outputs) -> relax.Function:
         params = [relax.Var(getattr(a, "name", None) or f"const{k}", a.ty) for k, a in enumerate(inputs)]
         remap = dict(zip(inputs, params))
         bindings = []
         for b in region:
+            if isinstance(b.value, relax.TupleGetItem):
+                var = relax.Var(b.var.name, b.var.ty)
+                bindings.append(relax.VarBinding(var, relax.TupleGetItem(
+                    remap[b.value.tuple_value], b.value.index)))
+                remap[b.var] = var
+                continue
             comp = self.composites[b.value.op]
             fvar = relax.Var(b.value.op.name_hint, comp.ty)
             bindings.append(relax.VarBinding(fvar, copy_with_new_vars(comp)))

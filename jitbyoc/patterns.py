@@ -163,7 +163,9 @@ def composite_patterns() -> list[tuple]:
 def patterns() -> list[tuple]:
     out = []
     for relax_name, (arity, _) in checks().items():
-        pat = is_op(relax_name)(*[wildcard() for _ in range(arity)])
+        # arity is the least operand count: optional trailing operands (strided_slice's
+        # strides) match too
+        pat = is_op(relax_name)(*[wildcard() for _ in range(arity)], varg_default_wildcard=True)
         out.append((f"{PREFIX}.{relax_name.removeprefix('relax.')}", pat, {}, _check))
     return out + composite_patterns()
 

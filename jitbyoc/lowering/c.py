@@ -150,7 +150,7 @@ class Ctx:
         return product(dims)
 
     def element(self, buf: kir.Buffer, offset: str) -> str:
-        return f"{buf.name}[{offset}]"
+        return f"{buf.storage.name}[{offset}]"  # a view addresses its base
 
     def offset(self, shape, pos, broadcast=False) -> str:
         off = "0"

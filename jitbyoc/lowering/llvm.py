@@ -94,8 +94,8 @@ class Ctx:
         return product(self.b, dims, self.syms)
 
     def element(self, buf: kir.Buffer, offset) -> ir.Value:
-        """Pointer to element ``offset`` (i64) of ``buf``."""
-        return self.b.gep(self.ptrs[buf], [offset], source_etype=lookup_dtype(buf.dtype).storage_ir,
+        """Pointer to element ``offset`` (i64) of ``buf`` (a view addresses its base)."""
+        return self.b.gep(self.ptrs[buf.storage], [offset], source_etype=lookup_dtype(buf.dtype).storage_ir,
                           inbounds=True)
 
     def load(self, buf: kir.Buffer, offset) -> ir.Value:
