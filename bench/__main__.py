@@ -33,6 +33,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, metavar="DIR",
                    help=f"where results.json/.csv and speedup.png go (default {DEFAULT_OUT})")
     p.add_argument("--no-peers", action="store_true", help="skip torch and onnxruntime")
+    p.add_argument("--keep-cache", action="store_true", help="use jitbyoc's own disk cache "
+                   "(default: an empty temporary one, so cold builds are cold)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging (tracebacks)")
     return p.parse_args(argv)
 
@@ -64,8 +66,9 @@ def write_outputs(args, rows, skipped, machine, seconds) -> list[Path]:
     args.out.mkdir(parents=True, exist_ok=True)
     settings = {"quick": args.quick, "models": args.model, "repeat": args.repeat,
                 "warmup": args.warmup, "threads": args.threads, "peers": not args.no_peers,
-                "tolerance": TOLERANCE, "timer": "time.perf_counter around one call, "
-                "alternating tvm, jitbyoc; then peers alternating among themselves; after warm-up rounds"}
+                "jitbyoc_disk_cache": "user's" if args.keep_cache else "empty temporary",
+                "tolerance": TOLERANCE, "timer": "time.perf_counter around one call; tvm and "
+                "jitbyoc alternating, then the peers alternating; after warm-up rounds"}
     payload = {"machine": machine, "settings": settings, "total_seconds": seconds,
                "columns": columns(), "rows": rows, "skipped": skipped}
     paths = [args.out / "results.json", args.out / "results.csv"]
@@ -79,10 +82,20 @@ def write_outputs(args, rows, skipped, machine, seconds) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.keep_cache:
+        return bench(args)
+    with tempfile.TemporaryDirectory(prefix="jitbyoc-bench-cache-") as cache:
+        os.environ["JITBYOC_CACHE_DIR"] = cache  # read by jitbyoc at build time
+        return bench(args)
+
+
+def bench(args: argparse.Namespace) -> int:
+    """Run the suite ``args`` describe; print the table and write the files."""
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(levelname)s %(name)s: %(message)s")
     if not args.verbose:  # jitbyoc logs every build at INFO; the table says it all
         logging.getLogger("jitbyoc").setLevel(logging.WARNING)
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
     if args.threads:
         os.environ["TVM_NUM_THREADS"] = str(args.threads)  # before TVM creates its pool
     try:

@@ -67,6 +67,9 @@ def format_table(rows: list[dict], skipped: list[dict]) -> str:
     lines.append("speedup = TVM default median / jitbyoc median; rel err = max|jitbyoc - tvm| "
                  "/ max|tvm|; '!' = rel err above tolerance")
     for r in rows:
+        if r.get("cold_cache_hits"):
+            lines.append(f"  {r['model']}: cold jitbyoc build took {r['cold_cache_hits']} "
+                         "region(s) from the compile cache")
         if r.get("left_to_tvm"):
             lines.append(f"  {r['model']}: left to TVM: {r['left_to_tvm']}")
         if r.get("notes"):
