@@ -235,8 +235,169 @@ def box_epilogue(stage, has_m: bool = True, has_n: bool = True) -> Callable:
     """An engine epilogue applying ``stage.epilogue`` to the block's box of ``stage.out``,
     an output shaped ``(*batch, [M], [N])`` (``has_m``/``has_n`` False: that dim dropped)."""
     def apply(ctx, b, m0, mc, n0, nc):
-        unit = 1 if isinstance(m0, ir.Value) or isinstance(m0, int) else "1"
         origin = list(b) + ([m0] if has_m else []) + ([n0] if has_n else [])
-        extent = [unit] * len(b) + ([mc] if has_m else []) + ([nc] if has_n else [])
+        extent = [1] * len(b) + ([mc] if has_m else []) + ([nc] if has_n else [])
         ctx.epilogue(stage, origin, extent)
     return apply if stage.epilogue is not None else None
+
+
+def _ceil_div(b, x, y):
+    return b.sdiv(b.add(x, b.sub(y, I64(1))), y)
+
+
+def _min(b, x, y):
+    return b.select(b.icmp_signed("<", x, y), x, y)
+
+
+@dataclass
+class Gemm:
+    """One (batched) matrix product; see the module docstring for the contract."""
+    m: Dim
+    n: Dim
+    k: Dim
+    a: Operand
+    b: Operand
+    c: Output
+    dtype: str = "float32"
+    batch: tuple = ()
+    epilogue: Callable | None = None
+    blocking: Blocking = field(default=None)
+
+    def __post_init__(self):
+        self.blocking = self.blocking or BLOCKING[self.dtype]
+
+    @property
+    def nr(self) -> int:
+        return self.blocking.nv * mk.lanes(self.dtype)
+
+    def serial(self) -> bool:
+        dims = (self.m, self.n, self.k) + tuple(self.batch)
+        return all(isinstance(d, int) for d in dims) and \
+            reduce(lambda x, y: x * y, dims, 1) < SERIAL_MAX_MACS
+
+    # ---- LLVM ----------------------------------------------------------------------------------
+    def emit_llvm(self, ctx) -> None:
+        """Emit the product at ``ctx``'s insertion point (runs its own ``parallel_for``)."""
+        b, blk = ctx.b, self.blocking
+        m, n = ctx.dim(self.m), ctx.dim(self.n)
+        # split the larger side so the smaller operand is the one every task packs again
+        split_n = b.icmp_signed(">=", n, m)
+        parts = b.select(split_n, _ceil_div(b, n, I64(self.nr)), _ceil_div(b, m, I64(blk.mr)))
+        count = b.mul(ctx.product(self.batch), parts)
+        extra = [b.zext(split_n, I64), parts]
+        if self.serial():
+            self._task(ctx, I64(0), count, extra)
+        else:
+            ctx.parallel_for(count, self._task, extra)
+
+    def _task(self, c, lo, hi, extra) -> None:
+        """Tasks own a range of ``batch x parts``; each part is a full Goto loop nest."""
+        b, blk, dt = c.b, self.blocking, self.dtype
+        split_n, parts = b.trunc(extra[0], ir.IntType(1)), extra[1]
+        m, n, k = c.dim(self.m), c.dim(self.n), c.dim(self.k)
+        kblocks = b.select(b.icmp_signed(">", k, I64(0)), _ceil_div(b, k, I64(blk.kc)), I64(1))
+        kcb = _ceil_div(b, k, kblocks)
+        mcap = _min(b, I64(blk.mc), b.mul(_ceil_div(b, m, I64(blk.mr)), I64(blk.mr)))
+        ncap = _min(b, I64(blk.nc), b.mul(_ceil_div(b, n, I64(self.nr)), I64(self.nr)))
+        ap = self._alloc(c, b.mul(mcap, kcb))
+        bp = self._alloc(c, b.mul(ncap, kcb))
+        with for_range(b, _ceil_div(b, hi, parts), "gb", start=b.sdiv(lo, parts)) as item:
+            base = b.mul(item, parts)
+            p_lo = b.sub(b.select(b.icmp_signed(">", lo, base), lo, base), base)
+            p_hi = b.sub(_min(b, hi, b.add(base, parts)), base)
+            rows = (_min(b, b.mul(p_lo, I64(blk.mr)), m), _min(b, b.mul(p_hi, I64(blk.mr)), m))
+            cols = (_min(b, b.mul(p_lo, I64(self.nr)), n), _min(b, b.mul(p_hi, I64(self.nr)), n))
+            m_lo, m_hi = b.select(split_n, I64(0), rows[0]), b.select(split_n, m, rows[1])
+            n_lo, n_hi = b.select(split_n, cols[0], I64(0)), b.select(split_n, cols[1], n)
+            bidx = c.unravel(item, self.batch) if self.batch else []
+            self._blocks(c, bidx, (m_lo, m_hi), (n_lo, n_hi), (kblocks, kcb), ap, bp)
+        self._free(c, bp)
+        self._free(c, ap)
+
+    def _blocks(self, c, bidx, mrange, nrange, kplan, ap, bp) -> None:
+        b, blk = c.b, self.blocking
+        k = c.dim(self.k)
+        kblocks, kcb = kplan
+        mb = _ceil_div(b, b.sub(mrange[1], mrange[0]), I64(blk.mc))
+        mcb = b.mul(_ceil_div(b, _ceil_div(b, b.sub(mrange[1], mrange[0]), mb), I64(blk.mr)), I64(blk.mr))
+        with for_range(b, mb, "gi") as ib:
+            ic = b.add(mrange[0], b.mul(ib, mcb))
+            mc = _min(b, mcb, b.sub(mrange[1], ic))
+            with for_range(b, kblocks, "gp") as pb:
+                pc = b.mul(pb, kcb)
+                kc = _min(b, kcb, b.sub(k, pc))
+                self._pack(c, self.a, ap, bidx, ic, mc, pc, kc, blk.mr)
+                last = b.icmp_signed("==", pb, b.sub(kblocks, I64(1)))
+                self._columns(c, bidx, (ic, mc), (pc, kc, last), nrange, ap, bp)
+
+    def _columns(self, c, bidx, mblock, kblock, nrange, ap, bp) -> None:
+        b, blk, dt = c.b, self.blocking, self.dtype
+        (ic, mc), (pc, kc, last) = mblock, kblock
+        nb = _ceil_div(b, b.sub(nrange[1], nrange[0]), I64(blk.nc))
+        ncb = b.mul(_ceil_div(b, _ceil_div(b, b.sub(nrange[1], nrange[0]), nb), I64(self.nr)), I64(self.nr))
+        micro = mk.microkernel(c.module, dt, blk.mr, blk.nv, blk.unroll)
+        ldc = c.product(_dims(self.c.row))
+        accumulate = b.icmp_signed(">", pc, I64(0))
+        with for_range(b, nb, "gj") as jb:
+            jc = b.add(nrange[0], b.mul(jb, ncb))
+            nc = _min(b, ncb, b.sub(nrange[1], jc))
+            self._pack(c, self.b, bp, bidx, jc, nc, pc, kc, self.nr)
+            with for_range(b, _ceil_div(b, mc, I64(blk.mr)), "gr") as ir_:
+                i0 = b.mul(ir_, I64(blk.mr))
+                mv = _min(b, I64(blk.mr), b.sub(mc, i0))
+                apanel = mk.gep(b, ap, b.mul(i0, kc), dt)
+                with for_range(b, _ceil_div(b, nc, I64(self.nr)), "gc") as jr:
+                    j0 = b.mul(jr, I64(self.nr))
+                    out = c.element(self.c.buf, self.c.offset_llvm(c, bidx, b.add(ic, i0), b.add(jc, j0)))
+                    b.call(micro, [apanel, mk.gep(b, bp, b.mul(j0, kc), dt), kc, out, ldc, mv,
+                                   _min(b, I64(self.nr), b.sub(nc, j0)), accumulate])
+                if self.epilogue is not None:
+                    with b.if_then(last):
+                        self.epilogue(c, bidx, b.add(ic, i0), mv, jc, nc)
+
+    def _pack(self, c, operand, dst, bidx, x0, nx, k0, kc, width) -> None:
+        b = c.b
+        with for_range(b, _ceil_div(b, nx, I64(width)), "gq") as q:
+            r0 = b.mul(q, I64(width))
+            operand.pack_llvm(c, mk.gep(b, dst, b.mul(r0, kc), self.dtype), bidx, b.add(x0, r0),
+                              _min(b, I64(width), b.sub(nx, r0)), k0, kc, width)
+
+    def _alloc(self, c, elements):
+        d = lookup_dtype(self.dtype)
+        from ..lowering.llvm import declare
+        alloc = declare(c.module, "TVMBackendAllocWorkspace", mk.PTR, [mk.I32, mk.I32, I64, mk.I32, mk.I32])
+        nbytes = c.b.add(c.b.mul(elements, I64(d.nbytes)), I64(mk.VECTOR_BYTES))
+        ptr = c.b.call(alloc, [mk.I32(1), mk.I32(0), nbytes, mk.I32(d.dl_code), mk.I32(d.bits)])
+        with c.b.if_then(c.b.icmp_unsigned("==", c.b.ptrtoint(ptr, I64), I64(0)), likely=False):
+            c.b.ret(mk.I32(-1))  # TVM's allocator has set the error
+        return ptr
+
+    def _free(self, c, ptr) -> None:
+        from ..lowering.llvm import declare
+        free = declare(c.module, "TVMBackendFreeWorkspace", mk.I32, [mk.I32, mk.I32, mk.PTR])
+        c.b.call(free, [mk.I32(1), mk.I32(0), ptr])
+
+    # ---- C -------------------------------------------------------------------------------------
+    def emit_c(self, ctx) -> None:
+        """A plain nest with the same contract: rows in parallel, ``k`` summed in order."""
+        rows = f"({ctx.product(self.batch)}) * ({ctx.dim(self.m)})"
+        if self.serial():
+            self._c_rows(ctx, "0", rows, ())
+        else:
+            ctx.parallel_for(rows, self._c_rows)
+
+    def _c_rows(self, c, lo, hi, _extra) -> None:
+        m, n, k = c.dim(self.m), c.dim(self.n), c.dim(self.k)
+        ctype = lookup_dtype(self.dtype).c
+        with c.loop("gr", hi, lo):
+            bidx = c.unravel(f"(gr / {m})", self.batch) if self.batch else []
+            i = f"(gr % {m})"
+            with c.block(f"for (int64_t gj0 = 0; gj0 < {n}; gj0 += {C_COLUMN_BLOCK})"):
+                c.line(f"const int64_t gjn = {n} - gj0 < {C_COLUMN_BLOCK} ? {n} - gj0 : {C_COLUMN_BLOCK};")
+                with c.loop("gj", "gj0 + gjn", "gj0"):
+                    c.line(f"{ctype} acc = 0;")
+                    with c.loop("gk", k):
+                        c.line(f"acc += {self.a.element_c(c, bidx, i, 'gk')} * {self.b.element_c(c, bidx, 'gj', 'gk')};")
+                    c.line(f"{c.element(self.c.buf, self.c.offset_c(c, bidx, i, 'gj'))} = acc;")
+                if self.epilogue is not None:
+                    self.epilogue(c, bidx, i, "1", "gj0", "gjn")

@@ -1,0 +1,140 @@
+"""``relax.matmul`` on the packed GEMM engine (:mod:`.gemm`), with fused epilogues.
+
+Every form the frontends produce: 2-D, batched (any rank), NumPy-broadcast batch dims
+(``(B, M, K) x (K, N)``, ``(1, M, K) x (B, K, N)``), 1-D operands (``(K,) x (K, N)`` is a
+``1 x N`` product whose unit row is dropped, and so on), symbolic sizes read at run time,
+float32 and float64. A transposed operand is read in place: ``MatMul.perms[i]`` says
+operand ``i`` is ``permute_dims(inputs[i], perms[i])``, and :func:`fold_permutes` (a
+kernel pass) points the matmul at the permute's source instead of its temporary, so
+``linear`` (``permute_dims(w)`` then ``matmul``) packs ``w`` directly with in-register
+transposes. Bias add and activation fold into the epilogue (``matmul+add+relu``...).
+
+Accuracy. Each output is a sum of K products. TVM's default build sums ``k`` in order
+with a multiply and an add (two roundings per step); the LLVM rendering sums ``k`` in
+order within blocks of at most ``gemm.KC`` with fused multiply-adds, then adds the block
+sums; the C rendering (``-ffp-contract=off``) matches TVM's order. Either order's error
+is at most ``gamma_K * (|A| @ |B|)`` with ``gamma_K = K*u/(1-K*u)`` (Higham, *Accuracy
+and Stability*, 3.1), so two renderings differ by at most ``2 * gamma_K * (|A| @ |B|)``
+elementwise. The tests check exactly that bound (``u = eps/2`` of the dtype) plus the
+epilogue's own error (one rounding for the bias add, the op table's ulp bound for the
+activation, propagated through its Lipschitz constant). In practice errors are near
+``sqrt(K) * u`` relative, far inside the bound.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import kir
+from ..patterns import broadcast_problem, dims, tensor_problem
+from . import PASSES, register
+from .gemm import Gemm, Output, Strided, box_epilogue
+
+DTYPES = ("float32", "float64")
+
+
+def _strides(shape) -> list[tuple]:
+    """Row-major strides of ``shape``, each a tuple of dims (their product)."""
+    return [tuple(shape[j + 1:]) for j in range(len(shape))]
+
+
+@dataclass(eq=False)
+class MatMul(kir.KernelStage):
+    perms: tuple = (None, None)  # operand i is permute_dims(inputs[i], perms[i]); None: as is
+
+    def operand(self, i: int):
+        """(logical shape, stride of each logical dim) of operand ``i``."""
+        buf, perm = self.inputs[i], self.perms[i]
+        perm = range(buf.ndim) if perm is None else perm
+        strides = _strides(buf.shape)
+        return [buf.shape[p] for p in perm], [strides[p] for p in perm]
+
+    def gemm(self) -> Gemm:
+        (ashape, astr), (bshape, bstr) = self.operand(0), self.operand(1)
+        has_m, has_n = len(ashape) > 1, len(bshape) > 1
+        k = ashape[-1]
+        m, n = (ashape[-2] if has_m else 1), (bshape[-1] if has_n else 1)
+        out = self.out.shape
+        batch = out[:len(out) - has_m - has_n]
+
+        def batch_strides(shape, strides):
+            lead = len(shape) - 2
+            pairs = [(shape[j], strides[j]) for j in range(max(lead, 0))]
+            pairs = [(1, 0)] * (len(batch) - len(pairs)) + pairs
+            return tuple(0 if d == 1 else s for d, s in pairs)
+
+        a = Strided(self.inputs[0], batch_strides(ashape, astr), astr[-2] if has_m else 0, astr[-1])
+        b = Strided(self.inputs[1], batch_strides(bshape, bstr), bstr[-1] if has_n else 0,
+                    bstr[-2] if has_n else bstr[-1])
+        ostr = _strides(out)
+        c = Output(self.out, tuple(ostr[:len(batch)]), out[-1:] if has_n else 1)
+        return Gemm(m, n, k, a, b, c, self.out.dtype, tuple(batch),
+                    box_epilogue(self, has_m, has_n))
+
+    def emit_llvm(self, ctx) -> None:
+        self.gemm().emit_llvm(ctx)
+
+    def emit_c(self, ctx) -> None:
+        self.gemm().emit_c(ctx)
+
+    @staticmethod
+    def reference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return np.matmul(a, b)
+
+
+def _check(call) -> str | None:
+    x, y = call.args
+    for operand in (x, y, call):
+        problem = tensor_problem(operand.ty, DTYPES)
+        if problem:
+            return f"relax.matmul: {problem}"
+    if len({str(x.ty.dtype), str(y.ty.dtype), str(call.ty.dtype)}) != 1:
+        return (f"relax.matmul: mixed dtypes {x.ty.dtype} x {y.ty.dtype} -> {call.ty.dtype} "
+                f"(only same-dtype products)")
+    xs, ys, out = dims(x.ty), dims(y.ty), dims(call.ty)
+    if not xs or not ys:
+        return "relax.matmul: rank-0 operand"
+    k_y = ys[-2] if len(ys) > 1 else ys[0]
+    if xs[-1] != k_y:
+        return f"relax.matmul: cannot prove reduction dims equal ({xs[-1]} vs {k_y})"
+    batch = out[:len(out) - (len(xs) > 1) - (len(ys) > 1)]
+    for shape in (xs[:-2], ys[:-2]):
+        problem = broadcast_problem(shape, batch)
+        if problem:
+            return f"relax.matmul: batch dims: {problem}"
+    return None
+
+
+@register("relax.matmul", 2, _check)
+def _build(fe, call, out):
+    return MatMul((fe.buffer(call.args[0]), fe.buffer(call.args[1])), out)
+
+
+def fold_permutes(kernel: kir.Kernel) -> None:
+    """Make a matmul read ``x`` through strides where it read ``permute_dims(x)``'s fresh
+    temporary, and drop the permute when nothing else reads its result (``linear``'s
+    weight transpose then costs nothing: the packer transposes in registers)."""
+    try:
+        from .layout import Permute
+    except ImportError:  # no layout kernels: permutes stay with TVM, nothing to fold
+        return
+    for stage in [s for s in kernel.stages if isinstance(s, MatMul)]:
+        for i, buf in enumerate(stage.inputs):
+            producer = next((s for s in kernel.stages if isinstance(s, Permute) and s.out == buf
+                             and s.epilogue is None), None)
+            if producer is None or buf not in kernel.temps:
+                continue
+            perm = range(buf.ndim) if stage.perms[i] is None else stage.perms[i]
+            perms = list(stage.perms)
+            perms[i] = tuple(producer.axes[p] for p in perm)
+            inputs = list(stage.inputs)
+            inputs[i] = producer.inputs[0]
+            stage.inputs, stage.perms = tuple(inputs), tuple(perms)
+            if not any(buf in kir.stage_reads(s) for s in kernel.stages):
+                kernel.stages.remove(producer)
+                kernel.temps.remove(buf)
+
+
+PASSES.append(fold_permutes)
