@@ -35,7 +35,8 @@ CANDIDATES = ("tvm", "jitbyoc") + peers_mod.NAMES
 
 def columns() -> list[str]:
     """Every key of a result row, in table/CSV order (missing values are None)."""
-    cols = ["model", "description", "offloaded_ops", "total_ops", "offload_share", "regions",
+    cols = ["model", "description", "model_ops", "offloaded_ops", "total_ops", "offload_share",
+            "regions",
             "cold_cache_hits", "left_to_tvm", "build_cold_tvm_s", "build_cold_jitbyoc_s",
             "build_warm_tvm_s", "build_warm_jitbyoc_s", "repeat"]
     for who in CANDIDATES:
@@ -70,6 +71,16 @@ def vm_runner(ex, inputs: list[np.ndarray]):
     fn = relax.VirtualMachine(ex, tvm.cpu())["main"]
     args = [tvm.runtime.tensor(np.array(a)) for a in inputs]
     return lambda: fn(*args)
+
+
+def count_ops(mod: tvm.IRModule) -> int:
+    """Calls of Relax operators in ``mod``'s Relax functions: a check on the report's count."""
+    calls = []
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func.body, lambda e: calls.append(1) if isinstance(
+                e, relax.Call) and isinstance(e.op, tvm.ir.Op) else None)
+    return len(calls)
 
 
 def offload_fields(report) -> dict:
@@ -112,6 +123,7 @@ def prepare(entry: Entry) -> tuple[Case, dict, dict] | Skip:
         abs_err, rel_err = max_errors(peers_mod.as_numpy(runners["jitbyoc"]()), ref)
     except Exception as err:
         return _failure(entry, "run", err)
+    built["model_ops"] = count_ops(case.mod)
     return case, built, {"runners": runners, "ref": ref, "max_abs_err": abs_err,
                          "max_rel_err": rel_err}
 
@@ -126,6 +138,10 @@ def make_row(entry: Entry, repeat: int, built: dict, check: dict, stats: dict[st
                ok=bool(rel_err <= TOLERANCE), speedup=speedup(stats["tvm"], stats["jitbyoc"]),
                **offload_fields(built["report"]))
     row.update({k: v for k, v in built.items() if k.startswith("build_")})
+    row["model_ops"] = built["model_ops"]
+    if row["total_ops"] != row["model_ops"]:
+        notes.append(f"jitbyoc's report counts {row['total_ops']} ops, the model has "
+                     f"{row['model_ops']}")
     for who, st in stats.items():
         row.update({f"{who}_median_s": st.median, f"{who}_min_s": st.min, f"{who}_max_s": st.max})
     for p in peers:

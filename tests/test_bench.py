@@ -188,5 +188,5 @@ def test_quick_numbers_are_consistent(quick_run):
                 assert r[f"{peer}_max_rel_err"] < 1e-3
     by_name = {r["model"]: r for r in rows}
     assert by_name["seeds_10x10"]["offload_share"] == 1.0 and by_name["seeds_10x10"]["regions"] == 1
-    # matmul stays with TVM until the kernels land; either way the model must run correctly
-    assert "mlp" in by_name and by_name["mlp"]["total_ops"] == 6
+    # 3 matmul + 3 add + 2 relu, whichever of them jitbyoc takes
+    assert by_name["mlp"]["model_ops"] == 8 and by_name["mlp"]["offloaded_ops"] > 0
