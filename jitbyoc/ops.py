@@ -133,12 +133,15 @@ def _np_erf(x):
 
 
 def _np_gelu(x):
-    return (0.5 * x * (1 + _np_erf(x / np.sqrt(x.dtype.type(2))))).astype(x.dtype)
+    # x/2 * erfc(-x/sqrt2): 1 + erf(x/sqrt2) cancels for x << 0
+    erfc = np.vectorize(math.erfc, otypes=[x.dtype])(-x / np.sqrt(x.dtype.type(2))) if x.size else x
+    return (0.5 * x * erfc).astype(x.dtype)
 
 
 def _np_gelu_tanh(x):
+    # 0.5*x*(1 + tanh(u)) as x * sigmoid(2u): 1 + tanh(u) cancels for x << 0
     k = np.sqrt(2 / np.pi).astype(x.dtype)
-    return (0.5 * x * (1 + np.tanh(k * (x + 0.044715 * x ** 3)))).astype(x.dtype)
+    return (x * _np_sigmoid(2 * k * (x + 0.044715 * x ** 3))).astype(x.dtype)
 
 
 def _np_sigmoid(x):
@@ -197,15 +200,18 @@ OPS: dict[str, OpDef] = {
                       relax="relax.clip"),
     # transcendental: one expansion, rendered identically by both renderers
     "exp":      OpDef(1, np.exp, F, expand=vecmath.exp, relax="relax.exp", ulp=2),
+    "expm1":    OpDef(1, np.expm1, F, expand=vecmath.expm1, ulp=3),
     "log":      OpDef(1, np.log, F, expand=vecmath.log, relax="relax.log", ulp=2),
     "tanh":     OpDef(1, np.tanh, F, expand=vecmath.tanh, relax="relax.tanh", ulp=4),
     "sigmoid":  OpDef(1, _np_sigmoid, F, expand=vecmath.sigmoid, relax="relax.sigmoid", ulp=4),
     "erf":      OpDef(1, _np_erf, F, expand=vecmath.erf, relax="relax.erf", ulp=4),
     "gelu":     OpDef(1, _np_gelu, F, expand=vecmath.gelu, relax="relax.nn.gelu", ulp=8),
-    "gelu_tanh": OpDef(1, _np_gelu_tanh, F, expand=vecmath.gelu_tanh, relax="relax.nn.gelu_tanh", ulp=8),
+    "gelu_tanh": OpDef(1, _np_gelu_tanh, F, expand=vecmath.gelu_tanh, relax="relax.nn.gelu_tanh",
+                       ulp=8),  # for x >= -1.5; see vecmath
     "silu":     OpDef(1, lambda x: (x * _np_sigmoid(x)).astype(x.dtype), F, expand=vecmath.silu,
                       relax="relax.nn.silu", ulp=8),
-    "power":    OpDef(2, np.power, F, expand=vecmath.power, relax="relax.power", ulp=64),
+    "power":    OpDef(2, np.power, F, expand=vecmath.power, relax="relax.power",
+                      ulp=64),  # for |y*ln|x|| <= 31; see vecmath
     # primitives for the expansions
     "select":   OpDef(3, np.where, NB, lambda b, dt, c, x, y: b.select(c, x, y), "({0} ? {1} : {2})"),
     "bitcast":  OpDef(1, None, F | I, _bitcast_llvm, _bitcast_c, out=_BITCAST.__getitem__),
