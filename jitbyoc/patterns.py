@@ -87,6 +87,9 @@ def elementwise_problem(call) -> str | None:
         problem = tensor_problem(arg.ty, allowed)
         if problem:
             return f"{call.op.name}: {problem}"
+    mixed = {str(a.ty.dtype) for k, a in enumerate(operands) if not (name == "where" and k == 0)}
+    if len(mixed) > 1:  # Relax lets comparisons mix dtypes; the rules take one
+        return f"{call.op.name}: operands have different dtypes {sorted(mixed)}"
     problem = tensor_problem(out, DTYPES)
     if problem:
         return f"{call.op.name} result: {problem}"
