@@ -1,13 +1,188 @@
-"""Shared test setup."""
+"""Shared test helpers: build a model with BlockBuilder, compile it with TVM's default
+pipeline and with jitbyoc, run both, and compare (exactly, bit for bit, or in ulps)."""
 
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
 import pytest
+import tvm
+from tvm import relax
 
-from jitbyoc import cache
+import jitbyoc
+from jitbyoc import codegen, kir, runtime
+from jitbyoc.ops import OPS
+
+RELAX_ROWS = sorted(name for name, row in OPS.items() if row.relax)
+# everything jitbyoc stores, in the order the tests walk them
+DTYPES = ("float32", "float64", "int32", "int64", "bool")
 
 
-@pytest.fixture(autouse=True, scope="session")
-def isolated_compile_cache(tmp_path_factory):
-    """Every test session gets its own, empty disk cache, never the user's."""
-    cache.configure(path=tmp_path_factory.mktemp("jitbyoc-cache"))
-    cache.clear_memory()
-    yield
+# ---- models ---------------------------------------------------------------------------
+
+def build_model(params: dict, body) -> tvm.IRModule:
+    """``main(**params)`` whose dataflow block is ``body(bb, *vars)``.
+
+    ``params`` maps a name to ``(shape, dtype)``; a str in a shape is a symbolic size,
+    shared by every parameter that names it. ``body`` emits with ``bb.emit`` and returns
+    the output (a var, or a list of vars for a tuple output).
+    """
+    syms: dict[str, tvm.ir.expr.Var] = {}
+
+    def dim(d):
+        return syms.setdefault(d, tvm.ir.expr.Var(d, "int64")) if isinstance(d, str) else d
+
+    args = [relax.Var(name, relax.TensorType([dim(d) for d in shape], dtype))
+            for name, (shape, dtype) in params.items()]
+    bb = relax.BlockBuilder()
+    with bb.function("main", args):
+        with bb.dataflow():
+            out = body(bb, *args)
+            gv = bb.emit_output(relax.Tuple(out) if isinstance(out, list) else out)
+        bb.emit_func_output(gv)
+    return bb.get()
+
+
+def relax_call(name: str, args, attrs: dict | None = None) -> relax.Expr:
+    """Row ``name`` of the op table as a Relax call; ``attrs`` are the row's keyword
+    attributes (``to`` for astype, ``lo``/``hi`` for clip), passed positionally."""
+    fn = relax.op
+    for part in OPS[name].relax.split(".")[1:]:
+        fn = getattr(fn, part)
+    return fn(*args, *(attrs or {}).values())
+
+
+# ---- building and running --------------------------------------------------------------
+
+@dataclass
+class Builds:
+    tvm: relax.VirtualMachine | None  # None where TVM's own build fails
+    jit: relax.VirtualMachine
+    report: jitbyoc.Report
+
+    def run(self, *arrays) -> tuple:
+        return run(self.tvm, *arrays) if self.tvm else None, run(self.jit, *arrays)
+
+
+def build_tvm(mod: tvm.IRModule) -> relax.VirtualMachine:
+    with jitbyoc.disable():
+        return relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+
+
+def build_both(mod: tvm.IRModule, tvm_builds: bool = True) -> Builds:
+    """``mod`` built by TVM's default pipeline (unless ``tvm_builds`` is False) and by
+    jitbyoc, with jitbyoc's offload report."""
+    ref = build_tvm(mod) if tvm_builds else None
+    with jitbyoc.enabled():
+        ours = tvm.compile(mod, target="llvm")
+        rep = jitbyoc.last_report()
+    return Builds(ref, relax.VirtualMachine(ours, tvm.cpu()), rep)
+
+
+def run(vm: relax.VirtualMachine, *arrays):
+    out = vm["main"](*[tvm.runtime.tensor(np.asarray(a, order="C")) for a in arrays])
+    if isinstance(out, tvm.runtime.Tensor):
+        return out.numpy()
+    return [o.numpy() for o in out]
+
+
+def jit_kernel(kernel: kir.Kernel, arg_names: list[str]):
+    """Compile ``kernel`` the way a build does (no Relax involved) and return
+    ``f(*inputs) -> outputs``; every buffer must be 1-D with the symbolic size "n"."""
+    region = codegen.Region(kernel.name, kernel, arg_names)
+    fn = runtime.tvm_module({kernel.name: region.asm})[kernel.name]
+
+    def call(*arrays):
+        outs = [tvm.runtime.tensor(np.empty(len(arrays[0]), b.dtype)) for b in kernel.outputs]
+        fn(*[tvm.runtime.tensor(np.asarray(a, order="C")) for a in arrays], *outs)
+        return [o.numpy() for o in outs]
+    return call
+
+
+def one_op_kernel(name: str, dtype: str, attrs: dict | None = None) -> kir.Kernel:
+    """Row ``name`` applied to 1-D inputs of symbolic length "n"."""
+    row = OPS[name]
+    attrs = attrs or {}
+    ins = [kir.Buffer(f"in{i}", ("n",), dtype) for i in range(row.arity)]
+    out = kir.Buffer("out0", ("n",), row.result_dtype(dtype, attrs))
+    node = kir.Op(name, tuple(kir.Load(b) for b in ins), dtype, out.dtype, tuple(sorted(attrs.items())))
+    return kir.Kernel(f"test_{name}_{dtype}", ins, [out], [kir.Elementwise(("n",), ((out, node),))])
+
+
+# ---- comparing -------------------------------------------------------------------------
+
+def assert_bits_equal(got: np.ndarray, want: np.ndarray, what: str = ""):
+    """Same dtype, shape and bytes (so -0.0 != 0.0 and NaN payloads count)."""
+    assert got.dtype == want.dtype and got.shape == want.shape, (what, got.dtype, got.shape, want.dtype, want.shape)
+    bad = got.view(np.uint8).reshape(got.shape + (-1,)) != want.view(np.uint8).reshape(want.shape + (-1,))
+    bad = bad.any(axis=-1) if got.ndim or bad.ndim > 1 else bad.any()
+    if np.any(bad):
+        idx = np.argwhere(np.atleast_1d(bad))[:5]
+        g, w = np.atleast_1d(got), np.atleast_1d(want)
+        pytest.fail(f"{what}: {int(np.sum(bad))} elements differ bit-wise; first at "
+                    f"{idx.tolist()}: got {g[tuple(idx.T)]} want {w[tuple(idx.T)]}")
+
+
+def ulp_error(got, exact, dtype: str) -> np.ndarray:
+    """|got - exact| in ulps of ``dtype`` at ``exact``; 0 where both are the same NaN or
+    infinity, inf where only one is. ``exact`` is a float64 array, or a pair (hi, lo) of
+    float64 arrays whose sum is the exact value (for float64 results)."""
+    hi, lo = exact if isinstance(exact, tuple) else (exact, 0.0)
+    hi = np.atleast_1d(np.asarray(hi, np.float64))
+    got = np.atleast_1d(np.asarray(got, np.float64))
+    fi = np.finfo(dtype)
+    with np.errstate(invalid="ignore", over="ignore"):
+        spacing = np.spacing(np.maximum(np.abs(hi), fi.tiny).astype(dtype)).astype(np.float64)
+        err = np.abs((got - hi) - lo) / spacing  # got - hi is exact when they are close
+    with np.errstate(over="ignore"):
+        rounded = hi.astype(dtype).astype(np.float64)  # exact values past the range are inf
+    special = ~np.isfinite(got) | ~np.isfinite(rounded)
+    same = (np.isnan(got) & np.isnan(rounded)) | (got == rounded)
+    err[special] = np.where(same[special], 0, np.inf)
+    return err
+
+
+SQRT_2_PI = math.sqrt(2 / math.pi)
+
+
+def documented_ulp(name: str, *xs) -> np.ndarray:
+    """The bound vecmath's docstring states for row ``name`` at these inputs: the row's
+    ``ulp``, except for the two bounds that grow with the input."""
+    xs = np.broadcast_arrays(*[np.asarray(x, np.float64) for x in xs])
+    if name == "power":
+        x, y = xs
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.nan_to_num(2 * (1 + np.abs(y * np.log(np.abs(x)))), nan=np.inf)
+    if name == "gelu_tanh":
+        x = xs[0]
+        return np.maximum(OPS[name].ulp, 3 * np.abs(2 * SQRT_2_PI * (x + 0.044715 * x ** 3)))
+    return np.full(xs[0].shape, float(OPS[name].ulp))
+
+
+def assert_within_ulp(got, exact, dtype: str, ulp: float, x=None, near_zero: bool = False,
+                      what: str = ""):
+    """``got`` is within ``ulp`` ulps of ``exact`` (see :func:`ulp_error`), with the two
+    allowances vecmath's docstring states: with ``near_zero``, an absolute error of ``ulp``
+    ulps of 1 is also fine; results below tiny*max(1, |x|) may be flushed (absolute error
+    below that)."""
+    fi = np.finfo(dtype)
+    hi = np.atleast_1d(np.asarray(exact[0] if isinstance(exact, tuple) else exact, np.float64))
+    got = np.atleast_1d(got)
+    err = ulp_error(got, exact, dtype)
+    ulp = np.broadcast_to(np.asarray(ulp, np.float64), err.shape)
+    with np.errstate(invalid="ignore"):
+        diff = np.abs(np.asarray(got, np.float64) - hi)
+        ok = err <= ulp
+        if near_zero:
+            ok |= diff <= ulp * float(fi.eps)
+        if x is not None:
+            floor = float(fi.tiny) * np.maximum(1, np.abs(np.asarray(x, np.float64)))
+            ok |= (np.abs(hi) < floor) & (diff <= floor)
+    if not np.all(ok):
+        i = int(np.argmax(np.where(ok, -1.0, np.nan_to_num(err, nan=np.inf))))
+        at = f" at x={np.ravel(x)[i]!r}" if x is not None else ""
+        pytest.fail(f"{what}: {int(np.sum(~ok))} of {ok.size} results exceed their ulp bound; "
+                    f"worst {float(np.ravel(err)[i]):.4g} ulp (bound {float(np.ravel(ulp)[i]):g})"
+                    f"{at}: got {np.ravel(got)[i]!r}, exact {np.ravel(hi)[i]!r}")
