@@ -12,12 +12,20 @@ import tvm
 from tvm import relax
 
 import jitbyoc
-from jitbyoc import codegen, kir, runtime
+from jitbyoc import cache, codegen, kir, runtime
 from jitbyoc.ops import OPS
 
 RELAX_ROWS = sorted(name for name, row in OPS.items() if row.relax)
 # everything jitbyoc stores, in the order the tests walk them
 DTYPES = ("float32", "float64", "int32", "int64", "bool")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def isolated_compile_cache(tmp_path_factory):
+    """Every test session gets its own, empty disk cache, never the user's."""
+    cache.configure(path=tmp_path_factory.mktemp("jitbyoc-cache"))
+    cache.clear_memory()
+    yield
 
 
 # ---- models ---------------------------------------------------------------------------
