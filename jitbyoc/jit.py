@@ -42,22 +42,26 @@ def data_layout() -> str:
     return str(target_machine().target_data)
 
 
+def _optimized(ir_text: str, speed_level: int) -> llvm.ModuleRef:
+    """Parse, verify and optimize at O``speed_level`` for the host CPU (hold LOCK)."""
+    mod = llvm.parse_assembly(ir_text)
+    mod.verify()
+    pto = llvm.create_pipeline_tuning_options(speed_level=speed_level)
+    pto.loop_vectorization = pto.slp_vectorization = speed_level >= 2
+    pto.loop_unrolling = True
+    pb = llvm.create_pass_builder(target_machine(), pto)
+    pb.getModulePassManager().run(mod, pb)
+    return mod
+
+
 def optimize(ir_text: str, speed_level: int = 3) -> str:
-    """Parse, verify and optimize at O``speed_level`` for the host CPU; returns IR text."""
+    """Optimized IR text, for inspection."""
     with LOCK:
-        tm = target_machine()
-        mod = llvm.parse_assembly(ir_text)
-        mod.verify()
-        pto = llvm.create_pipeline_tuning_options(speed_level=speed_level)
-        pto.loop_vectorization = pto.slp_vectorization = speed_level >= 2
-        pto.loop_unrolling = True
-        pb = llvm.create_pass_builder(tm, pto)
-        pb.getModulePassManager().run(mod, pb)
-        mod.verify()
-        return str(mod)
+        return str(_optimized(ir_text, speed_level))
 
 
-def assembly(ir_text: str) -> str:
+def compile_to_assembly(ir_text: str, speed_level: int = 3) -> str:
+    """IR text -> host assembly in one pass (no text round trip of the optimized IR)."""
     with LOCK:
-        return target_machine().emit_assembly(llvm.parse_assembly(ir_text))
+        return target_machine().emit_assembly(_optimized(ir_text, speed_level))
 
