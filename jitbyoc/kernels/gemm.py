@@ -16,8 +16,9 @@ API
              epilogue=box_epilogue(stage, keep))              # or your own callable
     g.emit_llvm(ctx)   # in the stage's emit_llvm; g.emit_c(ctx) in its emit_c
 
-* Dims (``m``, ``n``, ``k``, entries of ``batch``) are ints or symbolic names, as in
-  :mod:`jitbyoc.kir`. ``batch`` is the shape of the batch space (``()`` for one matrix);
+* Dims (entries of ``batch``) are ints or symbolic names, as in :mod:`jitbyoc.kir`;
+  ``m``, ``n``, ``k`` are dims or tuples of dims (their product: e.g. batch dims folded
+  into the rows when B is shared by every batch item). ``batch`` is the shape of the batch space (``()`` for one matrix);
   the engine walks it in row-major order and hands operands, output and epilogue ``b``,
   the tuple of per-dim batch indices (i64 values; C: ``int64_t`` expressions).
 * **Operands.** A and B are both seen as a panel source ``X(b, x, k)``: for A, ``x`` is the
@@ -44,7 +45,8 @@ API
   for every finished block ``C[b, m0:m0+mc, n0:n0+nc]``, right after its last update while
   it is hot in cache; values are i64 (LLVM) or C expressions. :func:`box_epilogue` maps the
   block to the ``ctx.epilogue(stage, origin, extent)`` box of a ``(*batch, M, N)`` output
-  (dims of size 1 dropped, as in a 1-D matmul operand, are skipped). ``None``: no epilogue.
+  (dims of size 1 dropped, as in a 1-D matmul operand, are skipped); :func:`rows_epilogue`
+  does it row by row when ``m`` is several output dims folded. ``None``: no epilogue.
 * **Threads.** ``emit_llvm`` / ``emit_c`` run ``ctx.parallel_for`` themselves (so never
   call them from inside one) over ``batch x parts``, a part being a range of MR rows or
   NR columns (the larger of M and N is split, so the smaller operand is the one packed
@@ -241,6 +243,19 @@ def box_epilogue(stage, has_m: bool = True, has_n: bool = True) -> Callable:
     return apply if stage.epilogue is not None else None
 
 
+def rows_epilogue(stage, lead) -> Callable:
+    """An engine epilogue for an output ``(*lead, N)`` whose ``lead`` dims are folded into
+    the GEMM's rows: applies ``stage.epilogue`` to each row of the block."""
+    def apply(ctx, b, m0, mc, n0, nc):
+        if isinstance(mc, str):  # the C rendering
+            with ctx.loop(f"er{len(ctx.lines)}", f"({m0}) + ({mc})", m0) as r:
+                ctx.epilogue(stage, ctx.unravel(r, lead) + [n0], [1] * len(lead) + [nc])
+        else:
+            with for_range(ctx.b, ctx.b.add(m0, mc), "er", start=m0) as r:
+                ctx.epilogue(stage, ctx.unravel(r, lead) + [n0], [1] * len(lead) + [nc])
+    return apply if stage.epilogue is not None else None
+
+
 def _ceil_div(b, x, y):
     return b.sdiv(b.add(x, b.sub(y, I64(1))), y)
 
@@ -252,9 +267,9 @@ def _min(b, x, y):
 @dataclass
 class Gemm:
     """One (batched) matrix product; see the module docstring for the contract."""
-    m: Dim
-    n: Dim
-    k: Dim
+    m: Stride  # a dim, or a tuple of dims (their product: batch dims folded into rows)
+    n: Stride
+    k: Stride
     a: Operand
     b: Operand
     c: Output
@@ -271,7 +286,7 @@ class Gemm:
         return self.blocking.nv * mk.lanes(self.dtype)
 
     def serial(self) -> bool:
-        dims = (self.m, self.n, self.k) + tuple(self.batch)
+        dims = _dims(self.m) + _dims(self.n) + _dims(self.k) + tuple(self.batch)
         return all(isinstance(d, int) for d in dims) and \
             reduce(lambda x, y: x * y, dims, 1) < SERIAL_MAX_MACS
 
@@ -279,7 +294,7 @@ class Gemm:
     def emit_llvm(self, ctx) -> None:
         """Emit the product at ``ctx``'s insertion point (runs its own ``parallel_for``)."""
         b, blk = ctx.b, self.blocking
-        m, n = ctx.dim(self.m), ctx.dim(self.n)
+        m, n = ctx.product(_dims(self.m)), ctx.product(_dims(self.n))
         # split the larger side so the smaller operand is the one every task packs again
         split_n = b.icmp_signed(">=", n, m)
         parts = b.select(split_n, _ceil_div(b, n, I64(self.nr)), _ceil_div(b, m, I64(blk.mr)))
@@ -294,7 +309,7 @@ class Gemm:
         """Tasks own a range of ``batch x parts``; each part is a full Goto loop nest."""
         b, blk, dt = c.b, self.blocking, self.dtype
         split_n, parts = b.trunc(extra[0], ir.IntType(1)), extra[1]
-        m, n, k = c.dim(self.m), c.dim(self.n), c.dim(self.k)
+        m, n, k = c.product(_dims(self.m)), c.product(_dims(self.n)), c.product(_dims(self.k))
         kblocks = b.select(b.icmp_signed(">", k, I64(0)), _ceil_div(b, k, I64(blk.kc)), I64(1))
         kcb = _ceil_div(b, k, kblocks)
         mcap = _min(b, I64(blk.mc), b.mul(_ceil_div(b, m, I64(blk.mr)), I64(blk.mr)))
@@ -316,7 +331,7 @@ class Gemm:
 
     def _blocks(self, c, bidx, mrange, nrange, kplan, ap, bp) -> None:
         b, blk = c.b, self.blocking
-        k = c.dim(self.k)
+        k = c.product(_dims(self.k))
         kblocks, kcb = kplan
         mb = _ceil_div(b, b.sub(mrange[1], mrange[0]), I64(blk.mc))
         mcb = b.mul(_ceil_div(b, _ceil_div(b, b.sub(mrange[1], mrange[0]), mb), I64(blk.mr)), I64(blk.mr))
@@ -335,7 +350,6 @@ class Gemm:
         (ic, mc), (pc, kc, last) = mblock, kblock
         nb = _ceil_div(b, b.sub(nrange[1], nrange[0]), I64(blk.nc))
         ncb = b.mul(_ceil_div(b, _ceil_div(b, b.sub(nrange[1], nrange[0]), nb), I64(self.nr)), I64(self.nr))
-        micro = mk.microkernel(c.module, dt, blk.mr, blk.nv, blk.unroll)
         ldc = c.product(_dims(self.c.row))
         accumulate = b.icmp_signed(">", pc, I64(0))
         with for_range(b, nb, "gj") as jb:
@@ -349,11 +363,39 @@ class Gemm:
                 with for_range(b, _ceil_div(b, nc, I64(self.nr)), "gc") as jr:
                     j0 = b.mul(jr, I64(self.nr))
                     out = c.element(self.c.buf, self.c.offset_llvm(c, bidx, b.add(ic, i0), b.add(jc, j0)))
-                    b.call(micro, [apanel, mk.gep(b, bp, b.mul(j0, kc), dt), kc, out, ldc, mv,
-                                   _min(b, I64(self.nr), b.sub(nc, j0)), accumulate])
+                    self._micro(c, [apanel, mk.gep(b, bp, b.mul(j0, kc), dt), kc, out, ldc, mv,
+                                    _min(b, I64(self.nr), b.sub(nc, j0)), accumulate])
                 if self.epilogue is not None:
                     with b.if_then(last):
                         self.epilogue(c, bidx, b.add(ic, i0), mv, jc, nc)
+
+    def _edges(self, dim, width: int) -> list[int]:
+        """Edge-tile sizes worth a kernel of their own along a side of ``width``: the
+        remainder when the side is static, else 1 (a vector: M=1 inference, N=1)."""
+        dims = _dims(dim)
+        if all(isinstance(d, int) for d in dims):
+            rem = reduce(lambda x, y: x * y, dims, 1) % width
+            return [rem] if rem else []
+        return [1]
+
+    def _micro(self, c, args) -> None:
+        """Call the microkernel sized for this tile: the full one, or for an edge tile the
+        cheapest variant covering it (so M=1 or N=10 does not pay for MR rows / NR columns)."""
+        b, blk, dt, vl = c.b, self.blocking, self.dtype, mk.lanes(self.dtype)
+        mv, nvec = args[5], _ceil_div(b, args[6], I64(vl))
+        rows = sorted({blk.mr, *self._edges(self.m, blk.mr)})
+        cols = sorted({blk.nv, *(-(-e // vl) for e in self._edges(self.n, self.nr))})
+        variants = sorted(((r, v) for r in rows for v in cols), key=lambda rv: rv[0] * rv[1])
+        panels = (blk.mr, self.nr)
+        done = b.append_basic_block("micro.done")
+        for r, v in variants[:-1]:
+            fits = b.and_(b.icmp_signed("<=", mv, I64(r)), b.icmp_signed("<=", nvec, I64(v)))
+            with b.if_then(fits, likely=False):
+                b.call(mk.microkernel(c.module, dt, r, v, blk.unroll, panels), args)
+                b.branch(done)
+        b.call(mk.microkernel(c.module, dt, blk.mr, blk.nv, blk.unroll, panels), args)
+        b.branch(done)
+        b.position_at_end(done)
 
     def _pack(self, c, operand, dst, bidx, x0, nx, k0, kc, width) -> None:
         b = c.b
@@ -380,14 +422,14 @@ class Gemm:
     # ---- C -------------------------------------------------------------------------------------
     def emit_c(self, ctx) -> None:
         """A plain nest with the same contract: rows in parallel, ``k`` summed in order."""
-        rows = f"({ctx.product(self.batch)}) * ({ctx.dim(self.m)})"
+        rows = f"({ctx.product(self.batch)}) * ({ctx.product(_dims(self.m))})"
         if self.serial():
             self._c_rows(ctx, "0", rows, ())
         else:
             ctx.parallel_for(rows, self._c_rows)
 
     def _c_rows(self, c, lo, hi, _extra) -> None:
-        m, n, k = c.dim(self.m), c.dim(self.n), c.dim(self.k)
+        m, n, k = c.product(_dims(self.m)), c.product(_dims(self.n)), c.product(_dims(self.k))
         ctype = lookup_dtype(self.dtype).c
         with c.loop("gr", hi, lo):
             bidx = c.unravel(f"(gr / {m})", self.batch) if self.batch else []

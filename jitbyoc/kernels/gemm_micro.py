@@ -92,12 +92,15 @@ def transpose(b: ir.IRBuilder, rows: list) -> list:
     return rows
 
 
-def microkernel(module: ir.Module, dt: str, mr: int, nv: int, unroll: int) -> ir.Function:
+def microkernel(module: ir.Module, dt: str, mr: int, nv: int, unroll: int,
+                panels: tuple[int, int]) -> ir.Function:
     """``micro(ap, bp, kc, c, ldc, mv, nv, accumulate)``: the ``mr x nv*VL`` tile
-    ``C (+)= Ap^T Bp`` over ``kc`` steps, ``Ap`` an ``kc x mr`` and ``Bp`` a ``kc x nv*VL``
-    packed panel; only the ``mv x nv`` corner is stored (edge tiles). The accumulators live
-    in registers as loop-carried values; the k loop is unrolled ``unroll`` times."""
-    vl, name = lanes(dt), f"jitbyoc_gemm_{dt}_{mr}x{nv}_u{unroll}"
+    ``C (+)= Ap^T Bp`` over ``kc`` steps, ``Ap`` a ``kc x panels[0]`` and ``Bp`` a
+    ``kc x panels[1]`` packed panel of which the first ``mr`` / ``nv*VL`` columns are used
+    (narrow variants serve edge tiles); only the ``mv x nv`` corner is stored. The
+    accumulators live in registers as loop-carried values; k is unrolled ``unroll`` times."""
+    vl = lanes(dt)
+    name = f"jitbyoc_gemm_{dt}_{mr}x{nv}_u{unroll}_{panels[0]}x{panels[1]}"
     if name in module.globals:
         return module.globals[name]
     vt, et = vtype(dt), lookup_dtype(dt).ir
@@ -108,13 +111,13 @@ def microkernel(module: ir.Module, dt: str, mr: int, nv: int, unroll: int) -> ir
         p.add_attribute("noalias")
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     fma = _intrinsic(module, f"llvm.fma.{_suffix(dt)}", vt, [vt, vt, vt])
-    nr = nv * vl
+    awidth, bwidth = panels
 
     def step(k, accs):
-        bvec = [vload(b, gep(b, bp, b.add(b.mul(k, I64(nr)), I64(j * vl)), dt), dt) for j in range(nv)]
+        bvec = [vload(b, gep(b, bp, b.add(b.mul(k, I64(bwidth)), I64(j * vl)), dt), dt) for j in range(nv)]
         out = list(accs)
         for i in range(mr):
-            a = splat(b, b.load(gep(b, ap, b.add(b.mul(k, I64(mr)), I64(i)), dt), typ=et), vl)
+            a = splat(b, b.load(gep(b, ap, b.add(b.mul(k, I64(awidth)), I64(i)), dt), typ=et), vl)
             for j in range(nv):
                 out[i * nv + j] = b.call(fma, [a, bvec[j], accs[i * nv + j]])
         return out

@@ -30,7 +30,7 @@ import numpy as np
 from .. import kir
 from ..patterns import broadcast_problem, dims, tensor_problem
 from . import PASSES, register
-from .gemm import Gemm, Output, Strided, box_epilogue
+from .gemm import Gemm, Output, Strided, box_epilogue, rows_epilogue
 
 DTYPES = ("float32", "float64")
 
@@ -65,9 +65,17 @@ class MatMul(kir.KernelStage):
             pairs = [(1, 0)] * (len(batch) - len(pairs)) + pairs
             return tuple(0 if d == 1 else s for d, s in pairs)
 
+        bbatch = batch_strides(bshape, bstr)
+        b = Strided(self.inputs[1], bbatch, bstr[-1] if has_n else 0, bstr[-2] if has_n else bstr[-1])
+        if batch and has_m and self.perms[0] is None and all(s == 0 for s in bbatch) \
+                and tuple(ashape[:-2]) == tuple(batch):
+            # B is shared by every batch item and A's rows are contiguous across items:
+            # one tall product (linear on (batch, seq, hidden)) packs B once, not per item
+            a = Strided(self.inputs[0], (), astr[-2], astr[-1])
+            c = Output(self.out, (), out[-1:] if has_n else 1)
+            return Gemm(tuple(batch) + (m,), n, k, a, b, c, self.out.dtype, (),
+                        rows_epilogue(self, tuple(out[:-1])))
         a = Strided(self.inputs[0], batch_strides(ashape, astr), astr[-2] if has_m else 0, astr[-1])
-        b = Strided(self.inputs[1], batch_strides(bshape, bstr), bstr[-1] if has_n else 0,
-                    bstr[-2] if has_n else bstr[-1])
         ostr = _strides(out)
         c = Output(self.out, tuple(ostr[:len(batch)]), out[-1:] if has_n else 1)
         return Gemm(m, n, k, a, b, c, self.out.dtype, tuple(batch),

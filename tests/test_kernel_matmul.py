@@ -1,0 +1,254 @@
+"""Differential tests of the matmul kernel (jitbyoc/kernels/matmul.py, on kernels/gemm.py).
+
+Each test puts a grid of independent cases into ONE model, so one TVM build and one
+jitbyoc build cover it. Every output is compared with TVM's default build and with numpy
+(``MatMul.reference``) within the bound documented in matmul.py:
+``2 * gamma_K * (|A| @ |B|)`` (two summation orders, each within ``gamma_K`` of exact).
+"""
+
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+import tvm
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tvm import relax
+
+import jitbyoc
+from jitbyoc.kernels.matmul import MatMul
+
+CC = shutil.which("cc")
+ACTS = {"relu": relax.op.nn.relu, "gelu": relax.op.nn.gelu, "silu": relax.op.nn.silu,
+        "sigmoid": relax.op.sigmoid, "tanh": relax.op.tanh}
+NUMPY_ACTS = {"relu": lambda x: np.maximum(x, 0), "tanh": np.tanh,
+              "sigmoid": lambda x: 1 / (1 + np.exp(-x)), "silu": lambda x: x / (1 + np.exp(-x)),
+              "gelu": lambda x: 0.5 * x * (1 + np.vectorize(__import__("math").erf)(x / np.sqrt(2)))}
+
+
+# ---- models ------------------------------------------------------------------------------------
+
+def case(a, b, dtype="float32", perm_a=None, perm_b=None, bias=None, act=None, linear=False):
+    """One matmul case: operand shapes (before any permute), and what follows it."""
+    return dict(a=a, b=b, dtype=dtype, perm_a=perm_a, perm_b=perm_b, bias=bias, act=act, linear=linear)
+
+
+def model(cases, sym=()):
+    names = {s: tvm.tirx.Var(s, "int64") for s in sym}
+    bb = relax.BlockBuilder()
+    params, emitted = [], []
+    for k, c in enumerate(cases):
+        shapes = [c["a"], c["b"]] + ([c["bias"]] if c["bias"] else [])
+        vs = [relax.Var(f"c{k}_{i}", relax.TensorType([names.get(d, d) for d in s], c["dtype"]))
+              for i, s in enumerate(shapes)]
+        params += vs
+        emitted.append((c, vs))
+    with bb.function("main", params):
+        with bb.dataflow():
+            outs = []
+            for c, vs in emitted:
+                x, w = vs[0], vs[1]
+                if c["linear"]:  # the frontends' linear: permute_dims(w) + matmul (+ bias)
+                    y = bb.emit(relax.op.linear(x, w, vs[2] if c["bias"] else None))
+                else:
+                    if c["perm_a"]:
+                        x = bb.emit(relax.op.permute_dims(x, c["perm_a"]))
+                    if c["perm_b"]:
+                        w = bb.emit(relax.op.permute_dims(w, c["perm_b"]))
+                    y = bb.emit(relax.op.matmul(x, w))
+                    if c["bias"]:
+                        y = bb.emit(relax.op.add(y, vs[2]))
+                if c["act"]:
+                    y = bb.emit(ACTS[c["act"]](y))
+                outs.append(y)
+            out = bb.emit_output(relax.Tuple(outs) if len(outs) > 1 else outs[0])
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def arrays(cases, sizes=None, seed=0):
+    rng, out = np.random.default_rng(seed), []
+    for c in cases:
+        for s in [c["a"], c["b"]] + ([c["bias"]] if c["bias"] else []):
+            out.append(rng.standard_normal([(sizes or {}).get(d, d) for d in s]).astype(c["dtype"]))
+    return out
+
+
+def build(mod, offload):
+    with (jitbyoc.enable() if offload else jitbyoc.disable()):
+        return tvm.compile(mod, target="llvm")
+
+
+def run(ex, args):
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in args])
+    return [out.numpy()] if isinstance(out, tvm.runtime.Tensor) else [o.numpy() for o in out]
+
+
+# ---- the bound ---------------------------------------------------------------------------------
+
+def operands(c, a, b):
+    """The operands as the matmul sees them (after permutes)."""
+    if c["linear"]:
+        return a, np.swapaxes(b, -1, -2) if b.ndim > 1 else b
+    return (np.transpose(a, c["perm_a"]) if c["perm_a"] else a,
+            np.transpose(b, c["perm_b"]) if c["perm_b"] else b)
+
+
+def bound(c, x, w, ref):
+    """``2 gamma_K |A||B|``, then the bias add's rounding and the activation's own error
+    (Lipschitz constant <= 1.13 for these activations; table ulp bound, with an absolute
+    floor of one ulp of 1 for results that underflow relatively)."""
+    eps = np.finfo(c["dtype"]).eps
+    k = x.shape[-1]
+    u = eps / 2
+    gamma = k * u / (1 - k * u)
+    pre = 2 * gamma * np.matmul(np.abs(x).astype("float64"), np.abs(w).astype("float64"))
+    if c["bias"]:
+        pre = pre + 2 * u * (np.abs(np.matmul(x.astype("float64"), w.astype("float64"))) + 1)
+    if c["act"] in (None, "relu"):
+        return pre + 4 * np.finfo(c["dtype"]).tiny
+    return 1.13 * pre + 16 * eps * (np.abs(ref) + 1e-3)
+
+
+def check(cases, args, outs, refs):
+    k = 0
+    for c, got, ref in zip(cases, outs, refs):
+        n = 3 if c["bias"] else 2
+        a, b = args[k:k + n][:2]
+        bias = args[k + 2] if c["bias"] else None
+        k += n
+        x, w = operands(c, a, b)
+        npref = MatMul.reference(x.astype("float64"), w.astype("float64"))
+        if bias is not None:
+            npref = npref + bias
+        if c["act"]:
+            npref = NUMPY_ACTS[c["act"]](npref)
+        tol = bound(c, x, w, npref)
+        assert got.shape == ref.shape == npref.shape, (c, got.shape, ref.shape)
+        for name, other in (("TVM", ref), ("numpy", npref)):
+            err = np.abs(got.astype("float64") - other)
+            assert np.all(err <= tol), f"{c} vs {name}: max err {err.max()}, worst ratio {np.max(err / tol)}"
+
+
+def offload_whole(mod):
+    rep = jitbyoc.report(mod)
+    assert rep.fallbacks == [], str(rep)
+    return rep
+
+
+def differential(cases, sizes=None, sym=()):
+    mod = model(cases, sym)
+    offload_whole(mod)
+    jit_ex, tvm_ex = build(mod, True), build(mod, False)
+    for seed, values in enumerate([sizes] if not isinstance(sizes, list) else sizes):
+        args = arrays(cases, values, seed)
+        check(cases, args, run(jit_ex, args), run(tvm_ex, args))
+    return mod
+
+
+# ---- tests -------------------------------------------------------------------------------------
+
+SHAPES_2D = [(1, 1, 1), (1, 17, 3), (3, 5, 7), (17, 33, 127), (127, 129, 17), (129, 385, 130),
+             (6, 64, 64), (13, 800, 65), (1, 300, 129), (200, 16, 1), (64, 784, 10)]
+
+
+def test_2d_grid_awkward_sizes():
+    """Sizes around 1, the vector width (16), MR, NR and KC (a K of 385 and 800 spans
+    several K blocks)."""
+    differential([case((m, k), (k, n)) for m, k, n in SHAPES_2D])
+
+
+BATCHED = [((2, 17, 33), (2, 33, 40)), ((2, 17, 33), (33, 40)), ((1, 17, 33), (3, 33, 40)),
+           ((3, 17, 33), (1, 33, 40)), ((2, 3, 17, 33), (3, 33, 40)), ((2, 1, 5, 33), (1, 4, 33, 7)),
+           ((4, 5, 6), (6,)), ((6,), (2, 6, 9)), ((33,), (33,)), ((17, 33), (33,)), ((5, 1, 3), (3, 2))]
+
+
+def test_batched_broadcast_and_1d_forms():
+    differential([case(a, b) for a, b in BATCHED])
+
+
+TRANSPOSED = [case((17, 130), (129, 130), perm_b=[1, 0]),
+              case((130, 17), (130, 129), perm_a=[1, 0]),
+              case((130, 17), (129, 130), perm_a=[1, 0], perm_b=[1, 0]),
+              case((2, 3, 17, 64), (2, 3, 20, 64), perm_b=[0, 1, 3, 2]),  # attention's Q K^T
+              case((2, 17, 64), (20, 2, 64), perm_b=[1, 2, 0]),
+              case((3, 33), (40, 33), linear=True)]
+
+
+def test_transposed_operands_are_read_in_place():
+    mod = differential(TRANSPOSED)
+    (region,) = jitbyoc.inspect(mod)
+    matmuls = [s for s in region.kernel.stages if isinstance(s, MatMul)]
+    assert len(matmuls) == len(TRANSPOSED)
+    assert all(s.perms != (None, None) for s in matmuls), "every permute must be folded"
+    assert not any(type(s).__name__ == "Permute" for s in region.kernel.stages)
+
+
+@pytest.mark.parametrize("act", sorted(ACTS))
+def test_linear_bias_activation_fused(act):
+    cases = [case((64, 100), (129, 100), bias=(129,), act=act, linear=True),
+             case((2, 17, 100), (33, 100), bias=(33,), act=act, linear=True),
+             case((3, 5, 7), (3, 7, 9), bias=(5, 9), act=act)]
+    mod = differential(cases)
+    (region,) = jitbyoc.inspect(mod)
+    assert [type(s).__name__ for s in region.kernel.stages] == ["MatMul"] * 3
+    assert all(s.epilogue is not None for s in region.kernel.stages)
+
+
+def test_symbolic_rows_and_batch_read_at_run_time():
+    cases = [case(("n", 33), (33, 40), bias=(40,), act="relu"),
+             case(("n", 5, 33), (33, 17)),
+             case((2, "n", 33), (2, 33, 17)),
+             case(("n", 70), (90, 70), linear=True)]
+    differential(cases, sizes=[{"n": 1}, {"n": 130}], sym=("n",))
+
+
+def test_float64():
+    differential([case((m, k), (k, n), dtype="float64") for m, k, n in SHAPES_2D[:6]]
+                 + [case((2, 17, 33), (40, 33), dtype="float64", bias=(40,), act="sigmoid", linear=True)])
+
+
+@settings(max_examples=8, deadline=None)
+@given(m=st.integers(1, 150), k=st.integers(1, 500), n=st.integers(1, 150), fused=st.booleans())
+def test_random_sizes(m, k, n, fused):
+    differential([case((m, k), (k, n), bias=(n,) if fused else None, act="relu" if fused else None)])
+
+
+@pytest.mark.skipif(CC is None, reason="no C compiler (cc) on PATH")
+def test_c_rendering_agrees_with_llvm(tmp_path):
+    cases = [case((17, 129), (129, 33)), case((2, 17, 33), (40, 33), bias=(40,), act="gelu", linear=True),
+             case((1, 5, 33), (3, 33, 7), bias=(5, 7), act="relu"), case((33,), (2, 33, 5)),
+             case((130, 17), (129, 130), perm_a=[1, 0], perm_b=[1, 0])]
+    mod = model(cases)
+    (region,) = jitbyoc.inspect(mod)
+    args = arrays(cases)
+    by_name = dict(zip([p.name for p in mod["main"].params], args))
+    src, lib = tmp_path / "mm.c", tmp_path / "mm.so"
+    src.write_text(region.c_source)
+    subprocess.run([CC, "-O2", "-ffp-contract=off", "-shared", "-fPIC", str(src), "-o", str(lib)],
+                   check=True, capture_output=True)
+    outs = [tvm.runtime.empty([int(d) for d in b.shape], b.dtype) for b in region.kernel.outputs]
+    ins = [tvm.runtime.tensor(by_name[n]) for n in region.arg_names[:len(region.kernel.inputs)]]
+    tvm.runtime.load_module(str(lib))[region.symbol](*ins, *outs)
+    got_c = [o.numpy() for o in outs]
+    check(cases, args, got_c, run(build(mod, True), args))  # C vs LLVM (and numpy)
+    check(cases, args, got_c, run(build(mod, False), args))  # C vs TVM
+
+
+@pytest.mark.parametrize("dtypes, reason", [
+    (("int32", "int32", None), "dtype int32 not supported"),
+    (("float16", "float16", None), "dtype float16 not supported"),
+    (("float32", "float32", "float64"), "mixed dtypes"),
+])
+def test_unsupported_stays_with_tvm_with_reason(dtypes, reason):
+    bb = relax.BlockBuilder()
+    a = relax.Var("a", relax.TensorType((4, 8), dtypes[0]))
+    b = relax.Var("b", relax.TensorType((8, 3), dtypes[1]))
+    with bb.function("main", [a, b]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.matmul(a, b, out_dtype=dtypes[2]))
+        bb.emit_func_output(out)
+    rep = jitbyoc.report(bb.get())
+    assert [f.op for f in rep.fallbacks] == ["relax.matmul"]
+    assert reason in rep.fallbacks[0].reason
