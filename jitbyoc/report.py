@@ -31,6 +31,7 @@ class RegionInfo:
     inputs: list[str]
     outputs: list[str]
     cache: str = ""
+    calls: int = 1  # identical regions share one function (and one compiled kernel)
 
 
 @dataclass
@@ -50,7 +51,7 @@ class Report:
 
     @property
     def offloaded_ops(self) -> int:
-        return sum(len(r.ops) for r in self.regions)
+        return sum(len(r.ops) * r.calls for r in self.regions)
 
     @property
     def total_ops(self) -> int:
@@ -68,7 +69,8 @@ class Report:
                                          for k, v in self.timings.items()) + ")"
         for r in self.regions:
             cache = f" [{r.cache}]" if r.cache else ""
-            lines.append(f"  region {r.symbol}{cache}")
+            calls = f" x{r.calls}" if r.calls > 1 else ""
+            lines.append(f"  region {r.symbol}{calls}{cache}")
             lines.append(f"    ops:     {', '.join(r.ops)}")
             lines.append(f"    inputs:  {', '.join(r.inputs)}")
             lines.append(f"    outputs: {', '.join(r.outputs)}")
@@ -127,12 +129,27 @@ def _blocks(expr):
         yield from _blocks(expr.false_branch)
 
 
+def _call_counts(mod: tvm.IRModule, targets) -> dict:
+    counts = dict.fromkeys(targets, 0)
+
+    def visit(e):
+        if isinstance(e, relax.Call) and e.op in counts:
+            counts[e.op] += 1
+
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function) and gv not in counts:
+            relax.analysis.post_order_visit(func.body, visit)
+    return counts
+
+
 def build_report(partitioned: tvm.IRModule) -> Report:
     rep = Report()
     offloaded = regions(partitioned)
+    calls = _call_counts(partitioned, offloaded)
     for gv, func in partitioned.functions.items():
         if gv in offloaded:
             rep.regions.append(_region_info(func))
+            rep.regions[-1].calls = max(calls[gv], 1)
         elif isinstance(func, relax.Function) and not (func.attrs and "Codegen" in func.attrs):
             rep.fallbacks.extend(_fallbacks(gv.name_hint, func))
     return rep

@@ -115,3 +115,17 @@ class AddReluSmallOtherConst:
             y = R.nn.relu(x)
             R.output(y)
         return y
+
+
+@tvm.script.ir_module
+class TwinRegions:
+    """Two regions with the same content on either side of an op left to TVM."""
+
+    @R.function
+    def main(a: R.Tensor((4, 16), "float32"), b: R.Tensor((4, 16), "float32")):
+        with R.dataflow():
+            x = R.nn.relu(R.add(a, b))
+            y = R.cumsum(x, axis=1)
+            z = R.nn.relu(R.add(y, b))
+            R.output(z)
+        return z

@@ -250,3 +250,12 @@ def test_mismatched_llvm_majors_fail_clearly(monkeypatch):
     monkeypatch.setattr(llvm, "llvm_version_info", (99, 0, 0))
     with pytest.raises(compat.IncompatibleLLVM, match="LLVM 22 but llvmlite with LLVM 99"):
         compat.check_llvm_majors()
+
+
+def test_identical_regions_are_compiled_once_and_counted_per_call():
+    rep = jitbyoc.report(models.TwinRegions)
+    assert rep.offloaded_ops == 4 and rep.total_ops == 5
+    assert [r.calls for r in rep.regions] == [2]
+    a, b = rand(4, 16), rand(4, 16, seed=1)
+    want = np.maximum(np.cumsum(np.maximum(a + b, 0), axis=1) + b, 0)
+    np.testing.assert_allclose(run(build(models.TwinRegions, True), a, b), want, rtol=1e-5, atol=1e-5)
