@@ -1,0 +1,212 @@
+"""relax.nn.conv2d (NCHW/OIHW) and relax.nn.conv1d (NCW/OIW): any stride, padding,
+dilation and groups, depthwise included, with a fused elementwise epilogue.
+
+LLVM rendering: a direct convolution (:mod:`jitbyoc.kernels.direct_conv`). The input is
+first copied into a zero-padded workspace split into stride phases, so every tap of the
+kernel window reads a *contiguous* run of that workspace; outputs are then computed on a
+flattened pixel grid, ``lanes`` pixels per vector, register-blocked over ``J`` output
+channels x ``V`` vectors, with weights read straight from OIHW as broadcast scalars.
+Threads take (image, group, channel block, row band) tasks; each task applies the
+epilogue to its band while it is in cache. The C rendering is the plain loop nest.
+
+Accuracy: every output is a sum of ``K = Cin/groups * KH * KW`` products accumulated in
+one fixed order (input channel, then kernel row, then kernel column). LLVM uses fused
+multiply-adds, C a multiply then an add, TVM its own order; all three are within the
+worst-case bound ``|err| <= K * eps * sum_i |x_i * w_i|`` of the exact value (eps: unit
+roundoff of the dtype), which is the tolerance the tests use (plus one rounding per
+epilogue op). The padding zeros take part in the sum (0 * w), as in TVM's padded input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from .. import kir
+from ..dtypes import FLOATS
+from ..patterns import dims, tensor_problem
+from . import register
+from .direct_conv import emit_conv, workspace_size
+
+
+@dataclass(frozen=True)
+class ConvGeometry:
+    """Sizes of one convolution; only the batch ``n`` may be symbolic."""
+    n: kir.Dim
+    c: int
+    h: int
+    w: int
+    k: int
+    kh: int
+    kw: int
+    stride: tuple
+    dilation: tuple
+    pad: tuple  # top, left, bottom, right
+    groups: int
+    oh: int
+    ow: int
+
+    @property
+    def cg(self) -> int:
+        return self.c // self.groups
+
+    @property
+    def kg(self) -> int:
+        return self.k // self.groups
+
+    @property
+    def taps(self) -> int:
+        return self.kh * self.kw
+
+    @property
+    def hq(self) -> int:
+        """Rows of one phase plane: every output row plus the window's reach in it."""
+        return self.oh + (self.kh - 1) * self.dilation[0] // self.stride[0]
+
+    @property
+    def wq(self) -> int:
+        return self.ow + (self.kw - 1) * self.dilation[1] // self.stride[1]
+
+    @cached_property
+    def phases(self) -> tuple:
+        """The stride phases (row, column) some tap reads; one plane each."""
+        ph = sorted({i * self.dilation[0] % self.stride[0] for i in range(self.kh)})
+        pw = sorted({j * self.dilation[1] % self.stride[1] for j in range(self.kw)})
+        return tuple(ph), tuple(pw)
+
+    @property
+    def planes(self) -> int:
+        return len(self.phases[0]) * len(self.phases[1])
+
+    @property
+    def plane_size(self) -> int:
+        return self.hq * self.wq
+
+    def tap(self, i: int, j: int) -> int:
+        """Offset of tap (i, j) in a channel's planes relative to the output pixel's."""
+        (sh, sw), (dh, dw), (ph, pw) = self.stride, self.dilation, self.phases
+        plane = ph.index(i * dh % sh) * len(pw) + pw.index(j * dw % sw)
+        return plane * self.plane_size + (i * dh // sh) * self.wq + j * dw // sw
+
+
+def _conv_geometry(call) -> ConvGeometry:
+    x, w, out = (dims(a.ty) for a in (call.args[0], call.args[1], call))
+    a = call.attrs
+    if len(x) == 3:  # conv1d: a conv2d with one row
+        return ConvGeometry(x[0], x[1], 1, x[2], w[0], 1, w[2], (1, int(a.strides[0])),
+                            (1, int(a.dilation[0])), (0, int(a.padding[0]), 0, int(a.padding[1])),
+                            int(a.groups), 1, out[2])
+    return ConvGeometry(x[0], x[1], x[2], x[3], w[0], w[2], w[3],
+                        tuple(int(s) for s in a.strides), tuple(int(d) for d in a.dilation),
+                        tuple(int(p) for p in a.padding), int(a.groups), out[2], out[3])
+
+
+@dataclass(eq=False)
+class Conv2d(kir.KernelStage):
+    """``out = conv(x, w)``; ``work`` is the padded, phase-split copy of ``x``."""
+    geo: ConvGeometry = None
+    work: kir.Buffer = None
+
+    def emit_llvm(self, ctx) -> None:
+        emit_conv(self, ctx)
+
+    # ---- C: the plain loop nest (inspection and export) ----------------------------------------
+    def emit_c(self, ctx) -> None:
+        g = self.geo
+        (x, w), out = self.inputs, self.out
+        (sh, sw), (dh, dw), (pt, pl, _, _) = g.stride, g.dilation, g.pad
+        ctype = "float" if out.dtype == "float32" else "double"
+        with ctx.loop("n", ctx.dim(g.n)), ctx.loop("oc", g.k):
+            ctx.line(f"const int64_t grp = oc / {g.kg};")
+            with ctx.loop("oh", g.oh), ctx.loop("ow", g.ow):
+                ctx.line(f"{ctype} acc = 0;")
+                with ctx.loop("ic", g.cg), ctx.loop("i", g.kh), ctx.loop("j", g.kw):
+                    ctx.line(f"const int64_t ih = oh * {sh} + i * {dh} - {pt};")
+                    ctx.line(f"const int64_t iw = ow * {sw} + j * {dw} - {pl};")
+                    src = f"((n * {g.c} + grp * {g.cg} + ic) * {g.h} + ih) * {g.w} + iw"
+                    ctx.line(f"const {ctype} xv = (ih >= 0 && ih < {g.h} && iw >= 0 && iw < {g.w})"
+                             f" ? {ctx.element(x, src)} : 0;")
+                    ctx.line(f"acc += xv * {ctx.element(w, f'((oc * {g.cg} + ic) * {g.kh} + i) * {g.kw} + j')};")
+                ctx.line(f"{ctx.element(out, f'((n * {g.k} + oc) * {g.oh} + oh) * {g.ow} + ow')} = acc;")
+        ctx.epilogue(self, ["0"] * out.ndim, [ctx.dim(d) for d in out.shape])
+
+    @staticmethod
+    def reference(x: np.ndarray, w: np.ndarray, strides=(1, 1), padding=(0, 0, 0, 0),
+                  dilation=(1, 1), groups: int = 1) -> np.ndarray:
+        """NCHW/OIHW convolution accumulated in float64 (NCW/OIW: 2-tuples, 2-padding)."""
+        if x.ndim == 3:
+            y = Conv2d.reference(x[:, :, None], w[:, :, None], (1, strides[0]),
+                                 (0, padding[0], 0, padding[1]), (1, dilation[0]), groups)
+            return y[:, :, 0]
+        (n, c, h, wd), (k, cg, kh, kw) = x.shape, w.shape
+        (sh, sw), (dh, dw), (pt, pl, pb, pr) = strides, dilation, padding
+        xp = np.zeros((n, c, h + pt + pb, wd + pl + pr))
+        xp[:, :, pt:pt + h, pl:pl + wd] = x
+        oh = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1
+        ow = (wd + pl + pr - dw * (kw - 1) - 1) // sw + 1
+        xg = xp.reshape(n, groups, cg, *xp.shape[2:])
+        wg = w.astype(np.float64).reshape(groups, k // groups, cg, kh, kw)
+        out = np.zeros((n, groups, k // groups, oh, ow))
+        for i in range(kh):
+            for j in range(kw):
+                win = xg[:, :, :, i * dh:i * dh + sh * (oh - 1) + 1:sh, j * dw:j * dw + sw * (ow - 1) + 1:sw]
+                out += np.einsum("ngchw,gkc->ngkhw", win, wg[:, :, :, i, j])
+        return out.reshape(n, k, oh, ow).astype(x.dtype)
+
+
+def _layout_problem(call) -> str | None:
+    a = call.attrs
+    one_d = call.op.name == "relax.nn.conv1d"
+    want = ("NCW", "OIW") if one_d else ("NCHW", "OIHW")
+    got = (str(a.data_layout), str(a.kernel_layout))
+    out_layout = str(a.out_layout) if a.out_layout is not None else got[0]
+    if got != want or out_layout != want[0]:
+        return f"layout {got[0]}/{got[1]}->{out_layout} not supported (only {want[0]}/{want[1]})"
+    return None
+
+
+def _check(call) -> str | None:
+    name = call.op.name
+    x, w = call.args
+    for arg in (x, w, call):
+        problem = tensor_problem(arg.ty, FLOATS)
+        if problem:
+            return f"{name}: {problem}"
+    rank = 3 if name == "relax.nn.conv1d" else 4
+    if len(dims(x.ty)) != rank or len(dims(w.ty)) != rank:
+        return f"{name}: operands are not rank {rank}"
+    if not str(x.ty.dtype) == str(w.ty.dtype) == str(call.ty.dtype):
+        return f"{name}: mixed dtypes {x.ty.dtype}, {w.ty.dtype} -> {call.ty.dtype} (out_dtype) not supported"
+    problem = _layout_problem(call)
+    if problem:
+        return f"{name}: {problem}"
+    if any(isinstance(d, str) for d in dims(x.ty)[1:] + dims(w.ty) + dims(call.ty)[1:]):
+        return f"{name}: only the batch dim may be symbolic"
+    if dims(call.ty)[0] != dims(x.ty)[0]:
+        return f"{name}: output batch differs from input batch"
+    return _geometry_problem(name, _conv_geometry(call), dims(w.ty)[1])
+
+
+def _geometry_problem(name: str, g: ConvGeometry, w_in: int) -> str | None:
+    if g.groups < 1 or g.c % g.groups or g.k % g.groups or w_in != g.cg:
+        return f"{name}: groups={g.groups} does not divide channels {g.c}->{g.k} (weight in={w_in})"
+    if min(g.stride + g.dilation) < 1 or min(g.pad) < 0:
+        return f"{name}: stride/dilation < 1 or negative padding"
+    (sh, sw), (dh, dw), (pt, pl, pb, pr) = g.stride, g.dilation, g.pad
+    want = ((g.h + pt + pb - dh * (g.kh - 1) - 1) // sh + 1, (g.w + pl + pr - dw * (g.kw - 1) - 1) // sw + 1)
+    if want != (g.oh, g.ow) or min(want) < 1:
+        return f"{name}: output {g.oh}x{g.ow} inconsistent with attributes (expected {want[0]}x{want[1]})"
+    return None
+
+
+def _build(fe, call, out):
+    x, w = fe.buffer(call.args[0]), fe.buffer(call.args[1])
+    geo = _conv_geometry(call)
+    work = fe.temp((geo.n, workspace_size(geo, x.dtype)), x.dtype)
+    return Conv2d((x, w), out, geo=geo, work=work)
+
+
+register("relax.nn.conv2d", 2, _check)(_build)
+register("relax.nn.conv1d", 2, _check)(_build)

@@ -1,0 +1,201 @@
+"""conv2d / conv1d kernel: differential against TVM's default build and the float64 numpy
+reference, over a grid of awkward sizes and every attribute (see jitbyoc/kernels/conv2d.py
+for the tolerance: ``K * eps * sum |x * w|`` per output, K = Cin/groups * KH * KW)."""
+
+import numpy as np
+import pytest
+import tvm
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tvm import relax
+
+import jitbyoc
+from jitbyoc.kernels.conv2d import Conv2d
+from tests.spatial_util import CC, build, grid_model, random_inputs, run, run_c
+
+F32 = "float32"
+
+# (x shape, w shape, attrs); attrs use Relax's spelling. Sizes 1, 3, 17, 127, odd spatial
+# sizes, channel counts off multiples of 16, every stride/padding/dilation/groups variant.
+CONV2D = [
+    ((1, 1, 1, 1), (1, 1, 1, 1), {}),
+    ((1, 3, 17, 17), (5, 3, 3, 3), dict(padding=(1, 1, 1, 1))),
+    ((2, 17, 9, 11), (17, 17, 3, 3), dict(padding=(1, 1, 1, 1))),
+    ((1, 8, 13, 7), (20, 8, 1, 1), dict(strides=(2, 2))),
+    ((1, 6, 15, 16), (9, 6, 3, 3), dict(strides=(2, 1), padding=(0, 1, 2, 0))),
+    ((1, 4, 17, 13), (6, 4, 3, 2), dict(dilation=(2, 3), padding=(2, 1, 0, 3))),
+    ((1, 6, 11, 11), (9, 2, 3, 3), dict(strides=(2, 2), padding=(1, 1, 1, 1), groups=3)),
+    ((1, 16, 17, 17), (16, 1, 3, 3), dict(padding=(1, 1, 1, 1), groups=16)),  # depthwise
+    ((1, 24, 14, 15), (24, 1, 5, 5), dict(strides=(2, 2), padding=(2, 2, 2, 2), groups=24)),
+    ((1, 8, 9, 9), (16, 1, 3, 3), dict(padding=(1, 1, 1, 1), groups=8)),  # channel multiplier 2
+    ((1, 3, 23, 23), (64, 3, 7, 7), dict(strides=(2, 2), padding=(3, 3, 3, 3))),  # ResNet stem
+    ((1, 3, 5, 40), (2, 3, 1, 20), dict(strides=(1, 3))),  # wide window: looped columns
+    ((1, 2, 30, 30), (3, 2, 9, 9), dict(strides=(3, 3), dilation=(2, 2))),
+    ((3, 127, 3, 3), (33, 127, 3, 3), dict(padding=(1, 1, 1, 1))),
+    ((1, 5, 3, 3), (4, 5, 3, 3), {}),  # 1x1 output
+    ((1, 4, 6, 6), (4, 4, 2, 2), dict(strides=(4, 4))),  # stride > window: unused phases
+    ((1, 4, 9, 9), (4, 4, 3, 3), dict(strides=(2, 2), dilation=(2, 2))),
+    ((1, 4, 10, 10), (4, 4, 3, 3), dict(strides=(3, 3), dilation=(2, 2), padding=(0, 2, 1, 0))),
+]
+CONV1D = [
+    ((2, 5, 31), (7, 5, 3), dict(strides=2, padding=(1, 2))),
+    ((1, 6, 40), (6, 1, 5), dict(groups=6, dilation=3, padding=(4, 4))),
+    ((1, 3, 64), (4, 3, 25), {}),
+]
+
+
+def conv(bb, x, w, attrs):
+    op = relax.op.nn.conv1d if x.ty.ndim == 3 else relax.op.nn.conv2d
+    return bb.emit(op(x, w, **attrs))
+
+
+def ref_attrs(x_shape, attrs) -> dict:
+    """Relax attrs -> :meth:`Conv2d.reference` keywords (ints broadcast like Relax)."""
+    two = len(x_shape) == 4
+    tup = lambda v, n: tuple(v) if isinstance(v, (tuple, list)) else (v,) * n  # noqa: E731
+    pad = tup(attrs.get("padding", 0), 4 if two else 2)
+    return dict(strides=tup(attrs.get("strides", 1), 2 if two else 1),
+                padding=pad if two or len(pad) == 2 else pad[:2],
+                dilation=tup(attrs.get("dilation", 1), 2 if two else 1), groups=attrs.get("groups", 1))
+
+
+def error_bound(x, w, attrs, dtype=F32):
+    """Twice the worst-case accumulation error (two independently rounded results)."""
+    k = np.prod(w.shape[1:])
+    u = np.finfo(dtype).eps / 2
+    mag = Conv2d.reference(np.abs(x).astype(np.float64), np.abs(w).astype(np.float64), **ref_attrs(x.shape, attrs))
+    return 2 * k * u * mag + np.finfo(dtype).tiny
+
+
+def check(got, x, w, attrs, others=()):
+    ref = Conv2d.reference(x.astype(np.float64), w.astype(np.float64), **ref_attrs(x.shape, attrs))
+    bound = error_bound(x, w, attrs, got.dtype)
+    assert got.shape == ref.shape
+    assert np.all(np.abs(got - ref) <= bound), f"max err {np.abs(got - ref).max()} vs numpy"
+    for other in others:
+        assert np.all(np.abs(got - other) <= bound), f"max err {np.abs(got - other).max()} vs TVM"
+
+
+def cases(grid, dtype=F32):
+    return [([(xs, dtype), (ws, dtype)], attrs) for xs, ws, attrs in grid]
+
+
+def test_grid_matches_tvm_default_and_numpy():
+    cs = cases(CONV2D + CONV1D)
+    mod = grid_model(cs, conv)
+    rep = jitbyoc.report(mod)
+    assert rep.fallbacks == [] and rep.offloaded_ops == len(cs)
+    args = random_inputs(cs)
+    got, ref = run(build(mod, True), args), run(build(mod, False), args)
+    for k, (_, attrs) in enumerate(cs):
+        check(got[k], args[2 * k], args[2 * k + 1], attrs, [ref[k]])
+
+
+def test_float64():
+    cs = cases([((2, 5, 9, 10), (6, 5, 3, 3), dict(strides=(2, 1), padding=(1, 1, 1, 1)))], "float64")
+    args = random_inputs(cs)
+    (got,) = run(build(grid_model(cs, conv), True), args)
+    assert got.dtype == np.float64
+    check(got, *args, cs[0][1])
+
+
+def conv_bias_relu(bb, x, w, b, attrs):
+    bias = bb.emit(relax.op.reshape(b, (1, -1, 1, 1))) if attrs.pop("reshape", False) else b
+    y = bb.emit(relax.op.add(conv(bb, x, w, attrs), bias))
+    return bb.emit(relax.op.nn.relu(y))
+
+
+@pytest.mark.parametrize("bias_shape", [(1, 12, 1, 1), (12,)])
+def test_bias_relu_fused_into_the_conv(bias_shape):
+    attrs = dict(strides=(2, 2), padding=(1, 1, 1, 1), reshape=len(bias_shape) == 1)
+    cs = [([((2, 7, 13, 13), F32), ((12, 7, 3, 3), F32), (bias_shape, F32)], attrs)]
+    mod = grid_model(cs, lambda bb, x, w, b, a: conv_bias_relu(bb, x, w, b, dict(a)))
+    regions = [r for r in jitbyoc.inspect(mod) if "relax.nn.conv2d" in r.kernel.ops]
+    assert len(regions) == 1 and {"relax.add", "relax.nn.relu"} <= set(regions[0].kernel.ops)
+    (stage,) = [s for s in regions[0].kernel.stages if isinstance(s, Conv2d)]
+    assert stage.epilogue is not None, "bias + relu run inside the conv's blocks"
+    args = random_inputs(cs)
+    got, ref = run(build(mod, True), args)[0], run(build(mod, False), args)[0]
+    x, w, b = args
+    want = np.maximum(Conv2d.reference(x, w, (2, 2), (1, 1, 1, 1)) + b.reshape(1, -1, 1, 1), 0)
+    bound = error_bound(x, w, {"strides": (2, 2), "padding": (1, 1, 1, 1)}) + 1e-6 * np.abs(want)
+    assert np.all(np.abs(got - want) <= bound) and np.all(np.abs(got - ref) <= bound)
+
+
+def test_symbolic_batch_two_values():
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((tvm.ir.expr.Var("n", "int64"), 5, 9, 9), F32))
+    w = relax.Var("w", relax.TensorType((6, 5, 3, 3), F32))
+    b = relax.Var("b", relax.TensorType((1, 6, 1, 1), F32))
+    with bb.function("main", [x, w, b]):
+        with bb.dataflow():
+            out = bb.emit_output(conv_bias_relu(bb, x, w, b, dict(padding=(1, 1, 1, 1))))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    assert jitbyoc.report(mod).fallbacks == []
+    ex, ex_ref = build(mod, True), build(mod, False)
+    rng = np.random.default_rng(3)
+    for n in (1, 3):
+        args = [rng.standard_normal(s).astype(F32) for s in ((n, 5, 9, 9), (6, 5, 3, 3), (1, 6, 1, 1))]
+        got, ref = run(ex, args)[0], run(ex_ref, args)[0]
+        assert got.shape == (n, 6, 9, 9)
+        assert np.all(np.abs(got - ref) <= error_bound(args[0], args[1], dict(padding=(1, 1, 1, 1))) + 1e-6)
+
+
+@pytest.mark.skipif(CC is None, reason="no C compiler (cc) to build the C rendering")
+@pytest.mark.parametrize("index", [2, 6, 9, 13, len(CONV2D)])
+def test_c_rendering_agrees_with_llvm(index, tmp_path):
+    grid = CONV2D + CONV1D
+    cs = cases([grid[index]])
+    mod = grid_model(cs, conv)
+    (region,) = jitbyoc.inspect(mod)
+    args = random_inputs(cs, seed=index)
+    llvm_out = run(build(mod, True), args)[0]
+    c_out = run_c(region, dict(zip(region.arg_names, args)), llvm_out.shape, F32, tmp_path)
+    check(c_out, *args, cs[0][1], [llvm_out])
+
+
+@pytest.mark.parametrize("attrs, shapes, reason, runs", [
+    (dict(data_layout="NHWC", kernel_layout="HWIO"), [(1, 9, 9, 4), (3, 3, 4, 8)], "layout", True),
+    (dict(out_layout="NHWC"), [(1, 4, 9, 9), (8, 4, 3, 3)], "layout", False),  # TVM can't either
+    (dict(out_dtype="float64"), [(1, 4, 9, 9), (8, 4, 3, 3)], "out_dtype", True),
+])
+def test_unsupported_stays_with_tvm_with_reason(attrs, shapes, reason, runs):
+    cs = [([(s, F32) for s in shapes], attrs)]
+    mod = grid_model(cs, conv)
+    rep = jitbyoc.report(mod)
+    assert [f.op for f in rep.fallbacks] == ["relax.nn.conv2d"] and reason in rep.fallbacks[0].reason
+    if not runs:
+        return
+    args = random_inputs(cs)
+    np.testing.assert_array_equal(run(build(mod, True), args)[0], run(build(mod, False), args)[0])
+
+
+def test_float16_stays_with_tvm():
+    cs = cases([((1, 4, 9, 9), (8, 4, 3, 3), {})], "float16")
+    rep = jitbyoc.report(grid_model(cs, conv))
+    assert rep.regions == [] and "float16" in rep.fallbacks[0].reason
+
+
+@st.composite
+def conv_configs(draw):
+    groups = draw(st.sampled_from([1, 1, 2, 3]))
+    cin, cout = groups * draw(st.integers(1, 5)), groups * draw(st.integers(1, 7))
+    kh, kw = draw(st.integers(1, 4)), draw(st.integers(1, 4))
+    sh, sw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    dh, dw = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    pad = tuple(draw(st.integers(0, 2)) for _ in range(4))
+    h = draw(st.integers(max(1, dh * (kh - 1) + 1 - pad[0] - pad[2]), 13))
+    w = draw(st.integers(max(1, dw * (kw - 1) + 1 - pad[1] - pad[3]), 13))
+    n = draw(st.integers(1, 2))
+    return (n, cin, h, w), (cout, cin // groups, kh, kw), dict(
+        strides=(sh, sw), dilation=(dh, dw), padding=pad, groups=groups)
+
+
+@settings(max_examples=8, deadline=None)
+@given(conv_configs())
+def test_random_configs_match_numpy(config):
+    cs = cases([config])
+    args = random_inputs(cs)
+    (got,) = run(build(grid_model(cs, conv), True), args)
+    check(got, *args, config[2])
