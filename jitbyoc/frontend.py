@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 
 from tvm import relax
+from tvm.ir.expr import Constant
 
 from . import kir
 from .kernels import KERNELS, PASSES, load_all
@@ -43,7 +44,10 @@ class RegionLowering:
     def value(self, expr):
         if isinstance(expr, relax.Var):
             return self.env[expr]
-        if isinstance(expr, relax.Constant) and expr.data.shape == ():
+        if isinstance(expr, relax.ShapeExpr):
+            return expr  # a non-tensor operand (reshape's target shape): builders read the call
+        if isinstance(expr, Constant) and getattr(expr, "data", None) is not None \
+                and expr.data.shape == ():
             return kir.Const(expr.data.numpy().item(), str(expr.data.dtype))
         if isinstance(expr, relax.Tuple):
             return tuple(self.value(f) for f in expr.fields)

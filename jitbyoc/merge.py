@@ -85,7 +85,10 @@ class _Merger:
         inputs: list = []
         for b in region:
             for a in getattr(b.value, "args", ()):
-                if a not in defined and a not in inputs:
+                # operands become parameters, but a shape (a reshape's
+                # symbolic target) stays inline, defined by the parameters' shapes
+                if a not in defined and a not in inputs and \
+                        not isinstance(a, relax.ShapeExpr):
                     inputs.append(a)
         later = set()
         for b in rest:
@@ -131,7 +134,7 @@ class _Merger:
             fvar = relax.Var(b.value.op.name_hint, comp.ty)
             bindings.append(relax.VarBinding(fvar, copy_with_new_vars(comp)))
             var = relax.Var(b.var.name, b.var.ty)
-            bindings.append(relax.VarBinding(var, relax.Call(fvar, [remap[a] for a in b.value.args])))
+            bindings.append(relax.VarBinding(var, relax.Call(fvar, [remap.get(a, a) for a in b.value.args])))
             remap[b.var] = var
         ret = [remap[o] for o in outputs]
         body = relax.SeqExpr([relax.BindingBlock(bindings)], ret[0] if len(ret) == 1 else relax.Tuple(ret))
