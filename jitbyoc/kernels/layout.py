@@ -1,0 +1,253 @@
+"""Layout ops: reshape and friends as views, permute_dims as a tiled transpose, concat.
+
+reshape, flatten, expand_dims and squeeze move no data: the result is a *view* of its
+operand's storage (:func:`jitbyoc.kir.view`). An operand that is still an unmaterialized
+elementwise expression whose loads all have the operand's own shape is re-indexed instead
+(each load becomes a load of a view), so ``add -> reshape -> multiply`` stays one loop nest.
+
+permute_dims merges output dims that stay adjacent in the input, then either copies rows
+(the innermost dim is unmoved: contiguous reads and writes) or transposes ``TILE x TILE``
+tiles of the two dims that are innermost in the input and in the output, so every cache
+line read or written is used whole while it is hot. Tiles/rows run on TVM's thread pool.
+
+All of these only move elements, so results are exact for every dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from tvm import relax
+
+from .. import kir
+from ..dtypes import ALL
+from ..patterns import dims, tensor_problem
+from . import register
+from .portable import PortableStage, dot, threaded, unravel
+
+TILE = 32
+
+
+def _stride(e, shape, axis):
+    return e.product(shape[axis + 1:])
+
+
+# ---- views ---------------------------------------------------------------------------------------
+
+def reshaped(fe, arg, shape):
+    """The value of Relax expression ``arg`` under ``shape`` (same element count), no copy."""
+    node = fe.value(arg)
+    own = tuple(dims(arg.ty))
+    loads = [n for n in kir.walk([node]) if isinstance(n, kir.Load)]
+    if all(n.buf.shape == own for n in loads):  # no broadcasting: flat indices line up
+        return kir.substitute(node, {n: kir.Load(kir.view(n.buf, shape)) for n in loads})
+    return kir.Load(kir.view(fe.buffer(arg), shape))
+
+
+def _check_view(call) -> str | None:
+    x = call.args[0]
+    for what, ty in (("input", x.ty), ("result", call.ty)):
+        problem = tensor_problem(ty, ALL)
+        if problem:
+            return f"{call.op.name} {what}: {problem}"
+    unknown = {d for d in dims(call.ty) if isinstance(d, str)} - set(dims(x.ty))
+    if unknown:
+        return f"{call.op.name}: result dims {sorted(unknown)} do not appear in the input shape"
+    return None
+
+
+def _build_view(fe, call, out):
+    return reshaped(fe, call.args[0], out.shape)
+
+
+for _name, _arity in (("relax.reshape", 2), ("relax.flatten", 1), ("relax.expand_dims", 1),
+                      ("relax.squeeze", 1)):
+    register(_name, _arity, _check_view)(_build_view)
+
+
+# ---- permute_dims ---------------------------------------------------------------------------------
+
+@dataclass(eq=False)
+class Permute(PortableStage, kir.KernelStage):
+    """``out = permute_dims(inputs[0], axes)``: output dim ``j`` is input dim ``axes[j]``.
+
+    Kernel passes may recognise this stage by its class and fields (``inputs == (x,)``,
+    ``axes``) and fold it into a consumer's indexing."""
+    axes: tuple = ()
+
+    def groups(self) -> list[list[int]]:
+        """Output dims in runs that are also adjacent, in order, in the input. Without an
+        epilogue runs are merged (bigger rows and tiles); with one every dim stands alone,
+        so each row or tile is a box of ``out`` for ``ctx.epilogue``."""
+        out: list[list[int]] = []
+        for j, a in enumerate(self.axes):
+            if self.epilogue is None and out and self.axes[out[-1][-1]] + 1 == a:
+                out[-1].append(j)
+            else:
+                out.append([j])
+        return out
+
+    def plan(self, e, groups):
+        """Extent, input stride and output stride of each group (facade values)."""
+        x, out = self.inputs[0], self.out
+        return ([e.product([out.shape[j] for j in g]) for g in groups],
+                [_stride(e, x.shape, self.axes[g[-1]]) for g in groups],
+                [_stride(e, out.shape, g[-1]) for g in groups])
+
+    def emit(self, e) -> None:
+        groups = self.groups()
+        last_in = next(k for k, g in enumerate(groups) if self.axes[g[-1]] == self.out.ndim - 1)
+        if last_in == len(groups) - 1:
+            self._rows(e, groups)
+        else:
+            self._tiles(e, groups, last_in)
+
+    def _rows(self, e, groups) -> None:
+        """The innermost dim is unmoved: copy whole contiguous rows."""
+        x, out = self.inputs[0], self.out
+
+        def body(e, lo, hi):
+            ext, ins, _ = self.plan(e, groups)
+            n, outer = ext[-1], ext[:-1]
+            with e.loop(hi, lo, "row") as r:
+                idx = unravel(e, r, outer)
+                src, dst = e.let(dot(e, idx, ins)), e.let(e.mul(r, n))
+                with e.loop(n, 0, "k") as k:
+                    e.copy(out, e.add(dst, k), x, e.add(src, k))
+                if self.epilogue is not None:  # groups are single dims here
+                    e.epilogue(self, idx + [0], [1] * len(idx) + [e.dim(out.shape[-1])])
+
+        e.parallel(_prod(e, self.plan(e, groups)[0][:-1]), body, threaded(out.shape))
+
+    def _tiles(self, e, groups, b) -> None:
+        """Transpose TILE x TILE tiles of group ``a`` (innermost in ``out``) and group
+        ``b`` (innermost in the input), for every index of the other groups."""
+        x, out = self.inputs[0], self.out
+        a = len(groups) - 1
+        batch = [k for k in range(len(groups)) if k not in (a, b)]
+
+        def tiling(e):
+            ext, ins, outs = self.plan(e, groups)
+            na, nb = (e.let(e.div(e.add(ext[k], TILE - 1), TILE)) for k in (a, b))
+            return ext, ins, outs, na, nb
+
+        def body(e, lo, hi):
+            ext, ins, outs, na, nb = tiling(e)
+            with e.loop(hi, lo, "tile") as t:
+                ia, rest = e.let(e.rem(t, na)), e.let(e.div(t, na))
+                ib, bi = e.let(e.rem(rest, nb)), e.let(e.div(rest, nb))
+                bidx = unravel(e, bi, [ext[k] for k in batch])
+                src0 = e.let(dot(e, bidx, [ins[k] for k in batch]))
+                dst0 = e.let(dot(e, bidx, [outs[k] for k in batch]))
+                a0, b0 = e.let(e.mul(ia, TILE)), e.let(e.mul(ib, TILE))
+                a1, b1 = e.let(e.min(e.add(a0, TILE), ext[a])), e.let(e.min(e.add(b0, TILE), ext[b]))
+                with e.loop(b1, b0, "jb") as jb:
+                    s, d = e.let(e.add(src0, jb)), e.let(e.add(dst0, e.mul(jb, outs[b])))
+                    with e.loop(a1, a0, "ja") as ja:
+                        e.copy(out, e.add(d, ja), x, e.add(s, e.mul(ja, ins[a])))
+                if self.epilogue is not None:  # groups are single dims here
+                    pos, size = [0] * out.ndim, [1] * out.ndim
+                    for k, i in zip(batch, bidx):
+                        pos[groups[k][0]] = i
+                    pos[groups[a][0]], size[groups[a][0]] = a0, e.sub(a1, a0)
+                    pos[groups[b][0]], size[groups[b][0]] = b0, e.sub(b1, b0)
+                    e.epilogue(self, pos, size)
+
+        ext, _, _, na, nb = tiling(e)
+        e.parallel(e.mul(_prod(e, [ext[k] for k in batch]), e.mul(na, nb)), body,
+                   threaded(out.shape))
+
+    @staticmethod
+    def reference(x: np.ndarray, axes) -> np.ndarray:
+        return np.ascontiguousarray(np.transpose(x, axes))
+
+
+def _prod(e, values):
+    acc = 1
+    for v in values:
+        acc = e.mul(acc, v)
+    return acc
+
+
+def _permute_axes(call) -> tuple:
+    nd = len(dims(call.args[0].ty))
+    axes = call.attrs.axes
+    return tuple(reversed(range(nd))) if axes is None else tuple(int(a) % nd for a in axes)
+
+
+def _check_permute(call) -> str | None:
+    problem = tensor_problem(call.args[0].ty, ALL)
+    if problem:
+        return f"relax.permute_dims: {problem}"
+    if not dims(call.args[0].ty):
+        return "relax.permute_dims: rank-0 input"
+    return None
+
+
+@register("relax.permute_dims", 1, _check_permute)
+def _build_permute(fe, call, out):
+    axes = _permute_axes(call)
+    shape = dims(call.args[0].ty)
+    moved = [a for a in axes if shape[a] != 1]
+    if moved == sorted(moved):  # only unit dims move: the elements keep their order
+        return reshaped(fe, call.args[0], out.shape)
+    return Permute((fe.buffer(call.args[0]),), out, axes=axes)
+
+
+# ---- concat ------------------------------------------------------------------------------------
+
+@dataclass(eq=False)
+class Concat(PortableStage, kir.KernelStage):
+    """``out = concat(inputs, axis)``: each row (an index of the dims before ``axis``)
+    is the inputs' rows one after another."""
+    axis: int = 0
+
+    def emit(self, e) -> None:
+        out, axis = self.out, self.axis
+
+        def body(e, lo, hi):
+            width = e.product(out.shape[axis:])
+            with e.loop(hi, lo, "row") as r:
+                dst = e.let(e.mul(r, width))
+                pos = unravel(e, r, [e.dim(d) for d in out.shape[:axis]])
+                at = 0
+                for x in self.inputs:
+                    n = e.product(x.shape[axis:])
+                    src = e.let(e.mul(r, n))
+                    with e.loop(n, 0, "k") as k:
+                        e.copy(out, e.add(dst, k), x, e.add(src, k))
+                    if self.epilogue is not None:
+                        e.epilogue(self, pos + [at] + [0] * (out.ndim - axis - 1),
+                                   [1] * axis + [e.dim(d) for d in x.shape[axis:]])
+                    dst = e.let(e.add(dst, n))
+                    at = e.let(e.add(at, e.dim(x.shape[axis])))
+
+        e.parallel(e.product(out.shape[:axis]), body, threaded(out.shape) and axis > 0)
+
+    @staticmethod
+    def reference(*xs: np.ndarray, axis: int = 0) -> np.ndarray:
+        return np.concatenate(xs, axis=axis)
+
+
+def _check_concat(call) -> str | None:
+    tup = call.args[0]
+    if not isinstance(tup, relax.Tuple) or not tup.fields:
+        return "relax.concat: operand is not a literal tuple of tensors"
+    if call.attrs.axis is None:
+        return "relax.concat: axis=None (flattening concat) is left to TVM"
+    for t in list(tup.fields) + [call]:
+        problem = tensor_problem(t.ty, ALL)
+        if problem:
+            return f"relax.concat: {problem}"
+    if len({str(t.ty.dtype) for t in tup.fields}) != 1:
+        return "relax.concat: operands of mixed dtypes"
+    if not dims(call.ty):
+        return "relax.concat: rank-0 operands"
+    return None
+
+
+@register("relax.concat", 1, _check_concat)
+def _build_concat(fe, call, out):
+    inputs = tuple(fe.buffer(t) for t in call.args[0].fields)
+    return Concat(inputs, out, axis=int(call.attrs.axis) % out.ndim)

@@ -1,0 +1,310 @@
+"""Write a kernel once, render it twice: one facade over both renderers' ``Ctx``.
+
+The layout, reduction and normalization kernels only need int64 index arithmetic, loops,
+loads and stores, accumulators, table ops and the two shared services (``parallel_for``,
+``epilogue``). :class:`LLVM` offers them over llvmlite values and :class:`C` over C
+expressions with the same method names, so a stage writes ``emit(self, e)`` once and both
+renderings have the same structure by construction. Integers are given as ``int`` or as
+values of the facade.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+from llvmlite import ir
+
+from ..dtypes import dtype as lookup_dtype
+from ..lowering.loops import I64, for_range
+
+# The one place reductions differ from the op table: LLVM must be allowed to reassociate
+# (so sums vectorize), and max/min use llvm.maximum/minimum (NaN-propagating, like numpy).
+IDENTITY = {"sum": 0, "prod": 1, "max": float("-inf"), "min": float("inf")}
+PARALLEL_MIN_ELEMENTS = 1 << 15  # below this a stage runs on the calling thread
+
+
+def threaded(shape) -> bool:
+    """Whether work over ``shape`` is worth TVM's thread pool (symbolic: assume so)."""
+    static = 1
+    for d in shape:
+        if isinstance(d, str):
+            return True
+        static *= d
+    return static >= PARALLEL_MIN_ELEMENTS
+
+
+def unravel(e, flat, extents) -> list:
+    """Row-major indices of ``flat`` (assumed in range) in ``extents`` (facade values)."""
+    out = []
+    for k in range(len(extents) - 1, 0, -1):
+        out.append(e.let(e.rem(flat, extents[k])))
+        flat = e.let(e.div(flat, extents[k]))
+    return ([flat] if extents else []) + out[::-1]
+
+
+def fold(e, kind: str, dt: str, count, value, start=0):
+    """``value(k)`` for k in [start, count) combined by ``kind`` (see :data:`IDENTITY`)."""
+    acc = e.var(dt, e.const(identity(kind, dt), dt))
+    with e.loop(count, start, "k") as k:
+        e.set(acc, e.reduce(kind, dt, e.get(acc), value(k)))
+    return e.get(acc)
+
+
+def dot(e, idx, strides):
+    """``sum(idx[k] * strides[k])`` (facade values)."""
+    acc = 0
+    for i, s in zip(idx, strides):
+        acc = e.add(acc, e.mul(i, s))
+    return acc
+
+
+def identity(kind: str, dt: str):
+    d = lookup_dtype(dt)
+    if d.is_float or kind in ("sum", "prod"):
+        return IDENTITY[kind]
+    return -(1 << (d.bits - 1)) if kind == "max" else (1 << (d.bits - 1)) - 1
+
+
+class LLVM:
+    """The facade over :class:`jitbyoc.lowering.llvm.Ctx`."""
+
+    def __init__(self, ctx):
+        self.ctx, self.b, self.em = ctx, ctx.b, ctx.em
+
+    # ---- int64 index arithmetic ----------------------------------------------------------
+    def i(self, v):
+        return ir.Constant(I64, v) if isinstance(v, int) else v
+
+    def add(self, x, y):
+        return self.b.add(self.i(x), self.i(y), flags=["nsw"])
+
+    def sub(self, x, y):
+        return self.b.sub(self.i(x), self.i(y), flags=["nsw"])
+
+    def mul(self, x, y):
+        return self.b.mul(self.i(x), self.i(y), flags=["nsw"])
+
+    def div(self, x, y):
+        return self.b.sdiv(self.i(x), self.i(y))
+
+    def rem(self, x, y):
+        return self.b.srem(self.i(x), self.i(y))
+
+    def lt(self, x, y):
+        return self.b.icmp_signed("<", self.i(x), self.i(y))
+
+    def eq(self, x, y):
+        return self.b.icmp_signed("==", self.i(x), self.i(y))
+
+    def min(self, x, y):
+        return self.b.select(self.lt(x, y), self.i(x), self.i(y))
+
+    def max(self, x, y):
+        return self.b.select(self.lt(x, y), self.i(y), self.i(x))
+
+    def let(self, v):
+        return self.i(v)
+
+    def dim(self, d):
+        return self.ctx.dim(d)
+
+    def product(self, dims):
+        return self.ctx.product(dims)
+
+    def index(self, v, dt: str):
+        """A loaded integer of dtype ``dt`` as an int64 index."""
+        return self.b.sext(v, I64) if lookup_dtype(dt).bits < 64 else v
+
+    # ---- memory, loops, accumulators -----------------------------------------------------
+    def load(self, buf, off):
+        """The element as a value of its dtype (bool: i1)."""
+        v = self.ctx.load(buf, self.i(off))
+        return self.b.icmp_unsigned("!=", v, ir.Constant(v.type, 0)) if buf.dtype == "bool" else v
+
+    def store(self, buf, off, v) -> None:
+        self.ctx.store(buf, self.i(off), v)
+
+    def copy(self, dst, doff, src, soff) -> None:
+        """Move one element's storage (any dtype, bool included) from ``src`` to ``dst``."""
+        self.b.store(self.ctx.load(src, self.i(soff)), self.ctx.element(dst, self.i(doff)))
+
+    @contextmanager
+    def loop(self, count, start=0, name="i"):
+        with for_range(self.b, self.i(count), name, start=self.i(start)) as k:
+            yield k
+
+    def var(self, dt: str, init):
+        """A mutable scalar of dtype ``dt`` (a stack slot that mem2reg promotes)."""
+        typ = lookup_dtype(dt).ir
+        with self.b.goto_block(self.b.function.entry_basic_block):
+            slot = self.b.alloca(typ)
+        self.b.store(init, slot)
+        return slot
+
+    def get(self, slot):
+        return self.b.load(slot)
+
+    def set(self, slot, v) -> None:
+        self.b.store(v, slot)
+
+    @contextmanager
+    def when(self, cond):
+        with self.b.if_then(cond):
+            yield
+
+    # ---- values ------------------------------------------------------------------------------
+    def op(self, name: str, dt: str, *args, **attrs):
+        return self.em.op(name, dt, *args, **attrs)
+
+    def const(self, value, dt: str):
+        return self.em.const(value, dt)
+
+    def select(self, cond, x, y):
+        return self.b.select(cond, x, y)
+
+    def reduce(self, kind: str, dt: str, acc, x):
+        """``acc <kind> x``, reassociable so LLVM may vectorize the loop it sits in."""
+        d = lookup_dtype(dt)
+        if not d.is_float:
+            if kind in ("sum", "prod"):
+                return (self.b.add if kind == "sum" else self.b.mul)(acc, x)
+            return self.b.select(self.b.icmp_signed(">" if kind == "max" else "<", acc, x), acc, x)
+        if kind in ("sum", "prod"):
+            return (self.b.fadd if kind == "sum" else self.b.fmul)(acc, x, flags=("reassoc",))
+        name = f"llvm.{'maximum' if kind == 'max' else 'minimum'}.f{d.bits}"
+        module = self.b.module
+        fn = module.globals.get(name) or ir.Function(module, ir.FunctionType(d.ir, [d.ir, d.ir]), name)
+        return self.b.call(fn, [acc, x])
+
+    # ---- services ----------------------------------------------------------------------------
+    def parallel(self, count, body, threads: bool) -> None:
+        """``body(e, lo, hi)`` over [0, count): on TVM's thread pool when ``threads``."""
+        if threads:
+            self.ctx.parallel_for(self.i(count), lambda c, lo, hi, _: body(LLVM(c), lo, hi))
+        else:
+            body(self, self.i(0), self.i(count))
+
+    def epilogue(self, stage, origin, extent) -> None:
+        self.ctx.epilogue(stage, [self.i(o) for o in origin], [self.i(x) for x in extent])
+
+
+class C:
+    """The facade over :class:`jitbyoc.lowering.c.Ctx`; values are C expressions."""
+
+    def __init__(self, ctx):
+        self.ctx, self.em = ctx, ctx.em
+
+    def i(self, v) -> str:
+        return f"INT64_C({v})" if isinstance(v, int) else v
+
+    def add(self, x, y):
+        return f"({self.i(x)} + {self.i(y)})"
+
+    def sub(self, x, y):
+        return f"({self.i(x)} - {self.i(y)})"
+
+    def mul(self, x, y):
+        return f"({self.i(x)} * {self.i(y)})"
+
+    def div(self, x, y):
+        return f"({self.i(x)} / {self.i(y)})"
+
+    def rem(self, x, y):
+        return f"({self.i(x)} % {self.i(y)})"
+
+    def lt(self, x, y):
+        return f"({self.i(x)} < {self.i(y)})"
+
+    def eq(self, x, y):
+        return f"({self.i(x)} == {self.i(y)})"
+
+    def min(self, x, y):
+        return f"({self.lt(x, y)} ? {self.i(x)} : {self.i(y)})"
+
+    def max(self, x, y):
+        return f"({self.lt(x, y)} ? {self.i(y)} : {self.i(x)})"
+
+    def let(self, v):
+        return self.ctx.let("int64_t", self.i(v))
+
+    def dim(self, d):
+        return self.ctx.dim(d)
+
+    def product(self, dims):
+        return f"({self.ctx.product(dims)})"
+
+    def index(self, v, dt: str):
+        return f"((int64_t){v})"
+
+    def _name(self, stem: str) -> str:
+        self.ctx.n += 1
+        return f"{stem}{self.ctx.n}"
+
+    def load(self, buf, off):
+        raw = self.ctx.element(buf, self.i(off))
+        return self.ctx.let(lookup_dtype(buf.dtype).c, f"({raw} != 0)" if buf.dtype == "bool" else raw)
+
+    def store(self, buf, off, v) -> None:
+        self.ctx.line(f"{self.ctx.element(buf, self.i(off))} = {v};")
+
+    def copy(self, dst, doff, src, soff) -> None:
+        self.ctx.line(f"{self.ctx.element(dst, self.i(doff))} = {self.ctx.element(src, self.i(soff))};")
+
+    @contextmanager
+    def loop(self, count, start=0, name="i"):
+        var = self._name(name)
+        with self.ctx.loop(var, self.i(count), self.i(start)):
+            yield var
+
+    def var(self, dt: str, init):
+        name = self._name("acc")
+        self.ctx.line(f"{lookup_dtype(dt).c} {name} = {init};")
+        return name
+
+    def get(self, slot):
+        return slot
+
+    def set(self, slot, v) -> None:
+        self.ctx.line(f"{slot} = {v};")
+
+    @contextmanager
+    def when(self, cond):
+        with self.ctx.block(f"if ({cond})"):
+            yield
+
+    def op(self, name: str, dt: str, *args, **attrs):
+        return self.em.op(name, dt, *args, **attrs)
+
+    def const(self, value, dt: str):
+        return self.em.const(value, dt)
+
+    def select(self, cond, x, y):
+        return f"({cond} ? {x} : {y})"
+
+    def reduce(self, kind: str, dt: str, acc, x):
+        """Mirror of :meth:`LLVM.reduce`; max/min keep a NaN, as llvm.maximum does."""
+        if kind in ("sum", "prod"):
+            return f"({acc} {'+' if kind == 'sum' else '*'} {x})"
+        cmp = ">" if kind == "max" else "<"
+        if lookup_dtype(dt).is_float:
+            return f"(({acc} != {acc} || {acc} {cmp} {x}) ? {acc} : {x})"
+        return f"({acc} {cmp} {x} ? {acc} : {x})"
+
+    def parallel(self, count, body, threads: bool) -> None:
+        if threads:
+            self.ctx.parallel_for(self.i(count), lambda c, lo, hi, _: body(C(c), lo, hi))
+        else:
+            body(self, self.i(0), self.i(count))
+
+    def epilogue(self, stage, origin, extent) -> None:
+        self.ctx.epilogue(stage, [self.i(o) for o in origin], [self.i(x) for x in extent])
+
+
+class PortableStage:
+    """Mixin: a :class:`~jitbyoc.kir.KernelStage` that implements ``emit(e)`` once."""
+
+    def emit_llvm(self, ctx) -> None:
+        self.emit(LLVM(ctx))
+
+    def emit_c(self, ctx) -> None:
+        self.emit(C(ctx))

@@ -1,0 +1,214 @@
+"""Index-range copies: strided_slice, split and take (embedding lookup).
+
+strided_slice and each output of split are one :class:`Slice` stage: every output row
+(all dims but the last) starts at a computed input offset and reads with a fixed step, so
+unit-step slices copy contiguous runs. take copies, for every index, the contiguous block
+of ``x`` after ``axis`` (a whole embedding row when ``axis == 0``).
+
+Out-of-range take indices, by ``mode`` (TVM's default build, checked by experiment):
+``clip`` clamps to ``[0, n - 1]`` and ``wrap`` wraps Python-style (``-1`` is the last),
+exactly as TVM does; ``nan`` yields NaN, as TVM does. ``fast`` (TVM's default) does no
+check in TVM, so an out-of-range index reads outside the tensor (garbage or a crash);
+jitbyoc clamps it like ``clip`` instead: identical for every in-range index, and never
+out of bounds. All results are exact (elements are only moved).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from tvm import relax
+from tvm.ir.prim import IntImm
+
+from .. import kir
+from ..dtypes import ALL, FLOATS, INTS
+from ..patterns import dims, tensor_problem
+from . import register
+from .portable import PortableStage, dot, threaded, unravel
+
+TAKE_MODES = ("fast", "clip", "wrap", "nan")
+
+
+@dataclass(eq=False)
+class Slice(PortableStage, kir.KernelStage):
+    """``out[p] = x[begin + p * step]`` per dim (``begin``/``step`` hold one int per dim)."""
+    begin: tuple = ()
+    step: tuple = ()
+
+    def emit(self, e) -> None:
+        x, out = self.inputs[0], self.out
+        rows = out.shape[:-1]
+
+        def body(e, lo, hi):
+            n = e.dim(out.shape[-1])
+            strides = [e.product(x.shape[d + 1:]) for d in range(x.ndim)]
+            first = e.let(dot(e, self.begin, strides))
+            with e.loop(hi, lo, "row") as r:
+                idx = unravel(e, r, [e.dim(d) for d in rows])
+                src = e.let(e.add(first, dot(e, idx, [e.mul(s, t) for s, t in
+                                                      zip(self.step, strides)])))
+                dst = e.let(e.mul(r, n))
+                with e.loop(n, 0, "k") as k:
+                    e.copy(out, e.add(dst, k), x, e.add(src, e.mul(k, self.step[-1])))
+                if self.epilogue is not None:
+                    e.epilogue(self, idx + [0], [1] * len(idx) + [n])
+
+        e.parallel(e.product(rows), body, threaded(out.shape))
+
+    @staticmethod
+    def reference(x: np.ndarray, begin, step, shape) -> np.ndarray:
+        return x[np.ix_(*[b + s * np.arange(n) for b, s, n in zip(begin, step, shape)])]
+
+
+def _ints(expr) -> list[int] | None:
+    """The static ints of a tuple/shape of PrimValues, or None."""
+    values = getattr(expr, "fields", None) or getattr(expr, "values", None) or []
+    out = []
+    for v in values:
+        v = v if isinstance(v, IntImm) else getattr(v, "value", None)  # IntImm or PrimValue
+        if not isinstance(v, IntImm):
+            return None
+        out.append(int(v))
+    return out
+
+
+def _slice_plan(call):
+    """(begin, step) per dim of ``x`` for a strided_slice, or a reason string."""
+    x, axes, begin, end = call.args[:4]
+    shape, out = dims(x.ty), dims(call.ty)
+    parts = [_ints(a) for a in (axes, begin, end)]
+    steps = _ints(call.args[4]) if len(call.args) > 4 else [1] * len(parts[0] or [])
+    if any(p is None for p in parts) or steps is None:
+        return "begin/end/strides are not static integers"
+    first, step = [0] * len(shape), [1] * len(shape)
+    for a, b, e, s in zip(*parts, steps):
+        a %= len(shape)
+        if not isinstance(shape[a], int) or not isinstance(out[a], int) or s == 0:
+            return f"axis {a} is symbolic or has stride 0"
+        rng = range(*slice(b, e, s).indices(shape[a]))
+        if len(rng) != out[a]:
+            return f"axis {a}: cannot reproduce TVM's result length {out[a]}"
+        first[a], step[a] = (rng.start if len(rng) else 0), s
+    return tuple(first), tuple(step)
+
+
+def _check_slice(call) -> str | None:
+    for ty in (call.args[0].ty, call.ty):
+        problem = tensor_problem(ty, ALL)
+        if problem:
+            return f"relax.strided_slice: {problem}"
+    if not dims(call.ty):
+        return "relax.strided_slice: rank-0 input"
+    if 0 in dims(call.ty):
+        return "relax.strided_slice: empty result"
+    plan = _slice_plan(call)
+    return f"relax.strided_slice: {plan}" if isinstance(plan, str) else None
+
+
+@register("relax.strided_slice", 4, _check_slice)
+def _build_slice(fe, call, out):
+    begin, step = _slice_plan(call)
+    return Slice((fe.buffer(call.args[0]),), out, begin=begin, step=step)
+
+
+def _check_split(call) -> str | None:
+    x = call.args[0]
+    problem = tensor_problem(x.ty, ALL)
+    if problem:
+        return f"relax.split: {problem}"
+    if not isinstance(call.ty, relax.TupleType):
+        return "relax.split: result is not a tuple"
+    axis = int(call.attrs.axis) % max(len(dims(x.ty)), 1)
+    for t in call.ty.fields:
+        problem = tensor_problem(t, ALL)
+        if problem:
+            return f"relax.split result: {problem}"
+        if not isinstance(dims(t)[axis], int) or dims(t)[axis] == 0:
+            return "relax.split: sections along the split axis are symbolic or empty"
+    return None
+
+
+@register("relax.split", 1, _check_split)
+def _build_split(fe, call, out):
+    x = fe.buffer(call.args[0])
+    axis = int(call.attrs.axis) % x.ndim
+    stages, at = [], 0
+    for o in out:
+        begin = tuple(at if d == axis else 0 for d in range(x.ndim))
+        stages.append(Slice((x,), o, begin=begin, step=(1,) * x.ndim))
+        at += o.shape[axis]
+    return stages
+
+
+@dataclass(eq=False)
+class Take(PortableStage, kir.KernelStage):
+    """``out = take(inputs[0], inputs[1], axis, mode)``: for every outer index and every
+    index ``i`` in ``inputs[1]``, the block ``x[outer, i, ...]``."""
+    axis: int = 0
+    mode: str = "fast"
+
+    def emit(self, e) -> None:
+        (x, ind), out = self.inputs, self.out
+        outer = x.shape[:self.axis]
+
+        def body(e, lo, hi):
+            n = e.dim(x.shape[self.axis])
+            width, count = e.product(x.shape[self.axis + 1:]), e.product(ind.shape)
+            with e.loop(hi, lo, "row") as r:
+                o, k = e.let(e.div(r, count)), e.let(e.rem(r, count))
+                raw = e.let(e.index(e.load(ind, k), ind.dtype))
+                i = raw
+                if self.mode == "wrap":
+                    i = e.let(e.rem(e.add(e.rem(i, n), n), n))
+                i = e.let(e.max(e.min(i, e.sub(n, 1)), 0))
+                src, dst = e.let(e.mul(e.add(e.mul(o, n), i), width)), e.let(e.mul(r, width))
+                with e.loop(width, 0, "j") as j:
+                    if self.mode == "nan":
+                        v = e.select(e.eq(i, raw), e.load(x, e.add(src, j)),
+                                     e.const(float("nan"), x.dtype))
+                        e.store(out, e.add(dst, j), v)
+                    else:
+                        e.copy(out, e.add(dst, j), x, e.add(src, j))
+                if self.epilogue is not None:
+                    pos = unravel(e, o, [e.dim(d) for d in outer]) + \
+                        unravel(e, k, [e.dim(d) for d in ind.shape])
+                    rest = x.shape[self.axis + 1:]
+                    e.epilogue(self, pos + [0] * len(rest),
+                               [1] * len(pos) + [e.dim(d) for d in rest])
+
+        e.parallel(e.mul(e.product(outer), e.product(ind.shape)), body, threaded(out.shape))
+
+    @staticmethod
+    def reference(x: np.ndarray, indices: np.ndarray, axis: int = 0, mode: str = "fast"):
+        n = x.shape[axis]
+        i = np.mod(indices, n) if mode == "wrap" else np.clip(indices, 0, n - 1)
+        out = np.take(x, i, axis=axis)
+        if mode == "nan":
+            bad = (indices < 0) | (indices >= n)
+            mask = bad.reshape((1,) * axis + bad.shape + (1,) * (x.ndim - axis - 1))
+            out = np.where(mask, np.array(np.nan, x.dtype), out)
+        return out
+
+
+def _check_take(call) -> str | None:
+    x, ind = call.args
+    mode = str(call.attrs.mode)
+    problem = tensor_problem(x.ty, FLOATS if mode == "nan" else ALL) or \
+        tensor_problem(ind.ty, INTS) or tensor_problem(call.ty, ALL)
+    if problem:
+        return f"relax.take: {problem}"
+    if mode not in TAKE_MODES:
+        return f"relax.take: mode {mode!r} (supported: {list(TAKE_MODES)})"
+    if not dims(x.ty) or (call.attrs.axis is None and len(dims(x.ty)) != 1):
+        return "relax.take: axis=None needs a 1-D input"
+    if 0 in dims(x.ty) or 0 in dims(call.ty):
+        return "relax.take: empty input or result"
+    return None
+
+
+@register("relax.take", 2, _check_take)
+def _build_take(fe, call, out):
+    x, ind = fe.buffer(call.args[0]), fe.buffer(call.args[1])
+    axis = 0 if call.attrs.axis is None else int(call.attrs.axis) % x.ndim
+    return Take((x, ind), out, axis=axis, mode=str(call.attrs.mode))
