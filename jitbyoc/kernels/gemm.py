@@ -88,7 +88,7 @@ class Blocking:
     nc: int
 
 
-BLOCKING = {"float32": Blocking(mr=12, nv=2, unroll=4, mc=1020, kc=384, nc=480),
+BLOCKING = {"float32": Blocking(mr=6, nv=4, unroll=4, mc=1020, kc=384, nc=512),
             "float64": Blocking(mr=12, nv=2, unroll=4, mc=516, kc=256, nc=320)}
 KC = BLOCKING["float32"].kc
 SERIAL_MAX_MACS = 1 << 17  # a static problem smaller than this runs on the calling thread
@@ -163,60 +163,20 @@ class Strided(Operand):
     def element_c(self, ctx, b, x, k) -> str:
         return ctx.element(self.buf, _linear_c(ctx, list(zip(b, self.batch)) + [(x, self.x), (k, self.k)]))
 
+    def direct_llvm(self, ctx, b) -> tuple:
+        """``(pointer to X(b, 0, 0), x stride, k stride)``: the engine reads A in place
+        through this instead of packing it (see :func:`.gemm_micro.microkernel`)."""
+        return (ctx.element(self.buf, self.offset_llvm(ctx, b, I64(0), I64(0))),
+                ctx.product(_dims(self.x)), ctx.product(_dims(self.k)))
+
     def pack_llvm(self, ctx, dst, b, x0, nx, k0, kc, width: int) -> None:
+        src = ctx.element(self.buf, self.offset_llvm(ctx, b, x0, k0))
         if _is_one(self.x):
-            self._pack_rows(ctx, dst, b, x0, nx, k0, kc, width)
+            mk.pack_rows(ctx.b, self.dtype, dst, src, ctx.product(_dims(self.k)), nx, kc, width)
         elif _is_one(self.k):
-            self._pack_transposed(ctx, dst, b, x0, nx, k0, kc, width)
+            mk.pack_transposed(ctx.b, self.dtype, dst, src, ctx.product(_dims(self.x)), nx, kc, width)
         else:
             super().pack_llvm(ctx, dst, b, x0, nx, k0, kc, width)
-
-    def _pack_rows(self, ctx, dst, b, x0, nx, k0, kc, width):
-        """Unit stride along ``x``: each k step is a (masked) vector copy."""
-        bld, dt, vl = ctx.b, self.dtype, mk.lanes(self.dtype)
-        groups = range(0, width, vl)
-        loads = [mk.lane_mask(bld, bld.sub(nx, I64(g)), vl) for g in groups]
-        stores = [None if width - g >= vl else mk.lane_mask(bld, width - g, vl) for g in groups]
-        src = ctx.element(self.buf, self.offset_llvm(ctx, b, x0, k0))
-        step = ctx.product(_dims(self.k))
-        with for_range(bld, kc, "pk") as kk:
-            row = bld.gep(src, [bld.mul(kk, step)], source_etype=lookup_dtype(dt).ir)
-            for g, lm, sm in zip(groups, loads, stores):
-                v = mk.vload(bld, mk.gep(bld, row, g, dt), dt, lm)
-                mk.vstore(bld, v, mk.gep(bld, dst, bld.add(bld.mul(kk, I64(width)), I64(g)), dt), dt, sm)
-
-    def _pack_transposed(self, ctx, dst, b, x0, nx, k0, kc, width):
-        """Unit stride along ``k``: load VL x VL blocks as rows and transpose in registers."""
-        bld, vl = ctx.b, mk.lanes(self.dtype)
-        full = bld.sdiv(kc, I64(vl))
-        with for_range(bld, full, "pt") as t:
-            self._transpose_block(ctx, dst, b, x0, nx, k0, bld.mul(t, I64(vl)), I64(vl), width, False)
-        tail = bld.mul(full, I64(vl))
-        with bld.if_then(bld.icmp_signed("<", tail, kc)):
-            self._transpose_block(ctx, dst, b, x0, nx, k0, tail, bld.sub(kc, tail), width, True)
-
-    def _transpose_block(self, ctx, dst, b, x0, nx, k0, kk, krem, width, guarded):
-        bld, dt, vl = ctx.b, self.dtype, mk.lanes(self.dtype)
-        xs = ctx.product(_dims(self.x))
-        src = ctx.element(self.buf, self.offset_llvm(ctx, b, x0, bld.add(k0, kk)))
-        zero = ir.Constant(mk.vtype(dt), None)
-        for g in range(0, width, vl):
-            rows = []
-            for r in range(g, g + vl):
-                if r >= width:
-                    rows.append(zero)
-                    continue
-                limit = bld.select(bld.icmp_signed("<", I64(r), nx), krem, I64(0))
-                ptr = bld.gep(src, [bld.mul(I64(r), xs)], source_etype=lookup_dtype(dt).ir)
-                rows.append(mk.vload(bld, ptr, dt, mk.lane_mask(bld, limit, vl)))
-            store_mask = None if width - g >= vl else mk.lane_mask(bld, width - g, vl)
-            for l, v in enumerate(mk.transpose(bld, rows)):
-                at = mk.gep(bld, dst, bld.add(bld.mul(bld.add(kk, I64(l)), I64(width)), I64(g)), dt)
-                if guarded:
-                    with bld.if_then(bld.icmp_signed("<", I64(l), krem)):
-                        mk.vstore(bld, v, at, dt, store_mask)
-                else:
-                    mk.vstore(bld, v, at, dt, store_mask)
 
 
 @dataclass(frozen=True)
@@ -256,14 +216,6 @@ def rows_epilogue(stage, lead) -> Callable:
     return apply if stage.epilogue is not None else None
 
 
-def _ceil_div(b, x, y):
-    return b.sdiv(b.add(x, b.sub(y, I64(1))), y)
-
-
-def _min(b, x, y):
-    return b.select(b.icmp_signed("<", x, y), x, y)
-
-
 @dataclass
 class Gemm:
     """One (batched) matrix product; see the module docstring for the contract."""
@@ -290,134 +242,10 @@ class Gemm:
         return all(isinstance(d, int) for d in dims) and \
             reduce(lambda x, y: x * y, dims, 1) < SERIAL_MAX_MACS
 
-    # ---- LLVM ----------------------------------------------------------------------------------
     def emit_llvm(self, ctx) -> None:
         """Emit the product at ``ctx``'s insertion point (runs its own ``parallel_for``)."""
-        b, blk = ctx.b, self.blocking
-        m, n = ctx.product(_dims(self.m)), ctx.product(_dims(self.n))
-        # split the larger side so the smaller operand is the one every task packs again
-        split_n = b.icmp_signed(">=", n, m)
-        parts = b.select(split_n, _ceil_div(b, n, I64(self.nr)), _ceil_div(b, m, I64(blk.mr)))
-        count = b.mul(ctx.product(self.batch), parts)
-        extra = [b.zext(split_n, I64), parts]
-        if self.serial():
-            self._task(ctx, I64(0), count, extra)
-        else:
-            ctx.parallel_for(count, self._task, extra)
-
-    def _task(self, c, lo, hi, extra) -> None:
-        """Tasks own a range of ``batch x parts``; each part is a full Goto loop nest."""
-        b, blk, dt = c.b, self.blocking, self.dtype
-        split_n, parts = b.trunc(extra[0], ir.IntType(1)), extra[1]
-        m, n, k = c.product(_dims(self.m)), c.product(_dims(self.n)), c.product(_dims(self.k))
-        kblocks = b.select(b.icmp_signed(">", k, I64(0)), _ceil_div(b, k, I64(blk.kc)), I64(1))
-        kcb = _ceil_div(b, k, kblocks)
-        mcap = _min(b, I64(blk.mc), b.mul(_ceil_div(b, m, I64(blk.mr)), I64(blk.mr)))
-        ncap = _min(b, I64(blk.nc), b.mul(_ceil_div(b, n, I64(self.nr)), I64(self.nr)))
-        ap = self._alloc(c, b.mul(mcap, kcb))
-        bp = self._alloc(c, b.mul(ncap, kcb))
-        with for_range(b, _ceil_div(b, hi, parts), "gb", start=b.sdiv(lo, parts)) as item:
-            base = b.mul(item, parts)
-            p_lo = b.sub(b.select(b.icmp_signed(">", lo, base), lo, base), base)
-            p_hi = b.sub(_min(b, hi, b.add(base, parts)), base)
-            rows = (_min(b, b.mul(p_lo, I64(blk.mr)), m), _min(b, b.mul(p_hi, I64(blk.mr)), m))
-            cols = (_min(b, b.mul(p_lo, I64(self.nr)), n), _min(b, b.mul(p_hi, I64(self.nr)), n))
-            m_lo, m_hi = b.select(split_n, I64(0), rows[0]), b.select(split_n, m, rows[1])
-            n_lo, n_hi = b.select(split_n, cols[0], I64(0)), b.select(split_n, cols[1], n)
-            bidx = c.unravel(item, self.batch) if self.batch else []
-            self._blocks(c, bidx, (m_lo, m_hi), (n_lo, n_hi), (kblocks, kcb), ap, bp)
-        self._free(c, bp)
-        self._free(c, ap)
-
-    def _blocks(self, c, bidx, mrange, nrange, kplan, ap, bp) -> None:
-        b, blk = c.b, self.blocking
-        k = c.product(_dims(self.k))
-        kblocks, kcb = kplan
-        mb = _ceil_div(b, b.sub(mrange[1], mrange[0]), I64(blk.mc))
-        mcb = b.mul(_ceil_div(b, _ceil_div(b, b.sub(mrange[1], mrange[0]), mb), I64(blk.mr)), I64(blk.mr))
-        with for_range(b, mb, "gi") as ib:
-            ic = b.add(mrange[0], b.mul(ib, mcb))
-            mc = _min(b, mcb, b.sub(mrange[1], ic))
-            with for_range(b, kblocks, "gp") as pb:
-                pc = b.mul(pb, kcb)
-                kc = _min(b, kcb, b.sub(k, pc))
-                self._pack(c, self.a, ap, bidx, ic, mc, pc, kc, blk.mr)
-                last = b.icmp_signed("==", pb, b.sub(kblocks, I64(1)))
-                self._columns(c, bidx, (ic, mc), (pc, kc, last), nrange, ap, bp)
-
-    def _columns(self, c, bidx, mblock, kblock, nrange, ap, bp) -> None:
-        b, blk, dt = c.b, self.blocking, self.dtype
-        (ic, mc), (pc, kc, last) = mblock, kblock
-        nb = _ceil_div(b, b.sub(nrange[1], nrange[0]), I64(blk.nc))
-        ncb = b.mul(_ceil_div(b, _ceil_div(b, b.sub(nrange[1], nrange[0]), nb), I64(self.nr)), I64(self.nr))
-        ldc = c.product(_dims(self.c.row))
-        accumulate = b.icmp_signed(">", pc, I64(0))
-        with for_range(b, nb, "gj") as jb:
-            jc = b.add(nrange[0], b.mul(jb, ncb))
-            nc = _min(b, ncb, b.sub(nrange[1], jc))
-            self._pack(c, self.b, bp, bidx, jc, nc, pc, kc, self.nr)
-            with for_range(b, _ceil_div(b, mc, I64(blk.mr)), "gr") as ir_:
-                i0 = b.mul(ir_, I64(blk.mr))
-                mv = _min(b, I64(blk.mr), b.sub(mc, i0))
-                apanel = mk.gep(b, ap, b.mul(i0, kc), dt)
-                with for_range(b, _ceil_div(b, nc, I64(self.nr)), "gc") as jr:
-                    j0 = b.mul(jr, I64(self.nr))
-                    out = c.element(self.c.buf, self.c.offset_llvm(c, bidx, b.add(ic, i0), b.add(jc, j0)))
-                    self._micro(c, [apanel, mk.gep(b, bp, b.mul(j0, kc), dt), kc, out, ldc, mv,
-                                    _min(b, I64(self.nr), b.sub(nc, j0)), accumulate])
-                if self.epilogue is not None:
-                    with b.if_then(last):
-                        self.epilogue(c, bidx, b.add(ic, i0), mv, jc, nc)
-
-    def _edges(self, dim, width: int) -> list[int]:
-        """Edge-tile sizes worth a kernel of their own along a side of ``width``: the
-        remainder when the side is static, else 1 (a vector: M=1 inference, N=1)."""
-        dims = _dims(dim)
-        if all(isinstance(d, int) for d in dims):
-            rem = reduce(lambda x, y: x * y, dims, 1) % width
-            return [rem] if rem else []
-        return [1]
-
-    def _micro(self, c, args) -> None:
-        """Call the microkernel sized for this tile: the full one, or for an edge tile the
-        cheapest variant covering it (so M=1 or N=10 does not pay for MR rows / NR columns)."""
-        b, blk, dt, vl = c.b, self.blocking, self.dtype, mk.lanes(self.dtype)
-        mv, nvec = args[5], _ceil_div(b, args[6], I64(vl))
-        rows = sorted({blk.mr, *self._edges(self.m, blk.mr)})
-        cols = sorted({blk.nv, *(-(-e // vl) for e in self._edges(self.n, self.nr))})
-        variants = sorted(((r, v) for r in rows for v in cols), key=lambda rv: rv[0] * rv[1])
-        panels = (blk.mr, self.nr)
-        done = b.append_basic_block("micro.done")
-        for r, v in variants[:-1]:
-            fits = b.and_(b.icmp_signed("<=", mv, I64(r)), b.icmp_signed("<=", nvec, I64(v)))
-            with b.if_then(fits, likely=False):
-                b.call(mk.microkernel(c.module, dt, r, v, blk.unroll, panels), args)
-                b.branch(done)
-        b.call(mk.microkernel(c.module, dt, blk.mr, blk.nv, blk.unroll, panels), args)
-        b.branch(done)
-        b.position_at_end(done)
-
-    def _pack(self, c, operand, dst, bidx, x0, nx, k0, kc, width) -> None:
-        b = c.b
-        with for_range(b, _ceil_div(b, nx, I64(width)), "gq") as q:
-            r0 = b.mul(q, I64(width))
-            operand.pack_llvm(c, mk.gep(b, dst, b.mul(r0, kc), self.dtype), bidx, b.add(x0, r0),
-                              _min(b, I64(width), b.sub(nx, r0)), k0, kc, width)
-
-    def _alloc(self, c, elements):
-        d = lookup_dtype(self.dtype)
-        from ..lowering.llvm import declare
-        alloc = declare(c.module, "TVMBackendAllocWorkspace", mk.PTR, [mk.I32, mk.I32, I64, mk.I32, mk.I32])
-        nbytes = c.b.add(c.b.mul(elements, I64(d.nbytes)), I64(mk.VECTOR_BYTES))
-        ptr = c.b.call(alloc, [mk.I32(1), mk.I32(0), nbytes, mk.I32(d.dl_code), mk.I32(d.bits)])
-        with c.b.if_then(c.b.icmp_unsigned("==", c.b.ptrtoint(ptr, I64), I64(0)), likely=False):
-            c.b.ret(mk.I32(-1))  # TVM's allocator has set the error
-        return ptr
-
-    def _free(self, c, ptr) -> None:
-        from ..lowering.llvm import declare
-        free = declare(c.module, "TVMBackendFreeWorkspace", mk.I32, [mk.I32, mk.I32, mk.PTR])
-        c.b.call(free, [mk.I32(1), mk.I32(0), ptr])
+        from .gemm_llvm import emit
+        emit(self, ctx)
 
     # ---- C -------------------------------------------------------------------------------------
     def emit_c(self, ctx) -> None:

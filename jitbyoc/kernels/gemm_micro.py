@@ -1,5 +1,6 @@
 """LLVM building blocks of the GEMM engine (:mod:`.gemm`): the register-blocked
-microkernel, vector masks, and the in-register transposes used to pack panels.
+microkernel, vector masks, and panel packers (vector row copies; in-register transposes).
+A custom operand's ``pack_llvm`` may call :func:`pack_rows` / :func:`pack_transposed`.
 
 Everything works on explicit ``<VL x T>`` vectors (VL = 64 bytes / element size, one
 AVX-512 register) so the code does not depend on the loop vectorizer.
@@ -10,7 +11,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from ..dtypes import dtype as lookup_dtype
-from ..lowering.loops import I64
+from ..lowering.loops import I64, for_range
 
 I1, I32 = ir.IntType(1), ir.IntType(32)
 PTR = ir.PointerType()
@@ -92,32 +93,36 @@ def transpose(b: ir.IRBuilder, rows: list) -> list:
     return rows
 
 
-def microkernel(module: ir.Module, dt: str, mr: int, nv: int, unroll: int,
-                panels: tuple[int, int]) -> ir.Function:
-    """``micro(ap, bp, kc, c, ldc, mv, nv, accumulate)``: the ``mr x nv*VL`` tile
-    ``C (+)= Ap^T Bp`` over ``kc`` steps, ``Ap`` a ``kc x panels[0]`` and ``Bp`` a
-    ``kc x panels[1]`` packed panel of which the first ``mr`` / ``nv*VL`` columns are used
-    (narrow variants serve edge tiles); only the ``mv x nv`` corner is stored. The
-    accumulators live in registers as loop-carried values; k is unrolled ``unroll`` times."""
+def microkernel(module: ir.Module, dt: str, mr: int, nv: int, unroll: int, bwidth: int) -> ir.Function:
+    """``micro(a, axs, aks, bp, kc, c, ldc, mv, nvalid, accumulate)``: the ``mr x nv*VL``
+    tile ``C (+)= A Bp`` over ``kc`` steps. ``A[i, k]`` is read in place at ``a + i*axs +
+    k*aks`` (a packed panel is ``axs=1, aks=MR``); rows past ``mv`` re-read row ``mv-1``, so
+    an edge tile never reads outside A. ``Bp`` is a ``kc x bwidth`` packed panel of which
+    the first ``nv*VL`` columns are used (narrow variants serve edge tiles). Only the
+    ``mv x nvalid`` corner is stored. Accumulators live in registers as loop-carried
+    values; k is unrolled ``unroll`` times."""
     vl = lanes(dt)
-    name = f"jitbyoc_gemm_{dt}_{mr}x{nv}_u{unroll}_{panels[0]}x{panels[1]}"
+    name = f"jitbyoc_gemm_{dt}_{mr}x{nv}_u{unroll}_b{bwidth}"
     if name in module.globals:
         return module.globals[name]
     vt, et = vtype(dt), lookup_dtype(dt).ir
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, PTR, I64, PTR, I64, I64, I64, I1]), name)
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64, PTR, I64, PTR, I64, I64, I64, I1]),
+                     name)
     fn.linkage = "internal"
-    ap, bp, kc, c, ldc, mvalid, nvalid, accumulate = fn.args
+    ap, axs, aks, bp, kc, c, ldc, mvalid, nvalid, accumulate = fn.args
     for p in (ap, bp, c):
         p.add_attribute("noalias")
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     fma = _intrinsic(module, f"llvm.fma.{_suffix(dt)}", vt, [vt, vt, vt])
-    awidth, bwidth = panels
+    last = b.sub(mvalid, I64(1))
+    rows = [gep(b, ap, b.mul(b.select(b.icmp_signed("<", I64(i), mvalid), I64(i), last), axs), dt)
+            for i in range(mr)]
 
     def step(k, accs):
         bvec = [vload(b, gep(b, bp, b.add(b.mul(k, I64(bwidth)), I64(j * vl)), dt), dt) for j in range(nv)]
-        out = list(accs)
+        out, koff = list(accs), b.mul(k, aks)
         for i in range(mr):
-            a = splat(b, b.load(gep(b, ap, b.add(b.mul(k, I64(awidth)), I64(i)), dt), typ=et), vl)
+            a = splat(b, b.load(gep(b, rows[i], koff, dt), typ=et), vl)
             for j in range(nv):
                 out[i * nv + j] = b.call(fma, [a, bvec[j], accs[i * nv + j]])
         return out
@@ -192,3 +197,54 @@ def _rows(b, dt, accs, c, ldc, accumulate, mr, nv, masks, mvalid):
         else:
             with b.if_then(b.icmp_signed("<", I64(i), mvalid)):
                 row()
+
+
+def pack_rows(b, dt, dst, src, kstride, nx, kc, width: int) -> None:
+    """Panel from rows that are contiguous along ``x``: ``dst[kk*width + r] =
+    src[kk*kstride + r]`` for ``r < nx``, 0 up to ``width``; one masked vector copy per
+    VL columns per k step."""
+    vl = lanes(dt)
+    groups = range(0, width, vl)
+    loads = [lane_mask(b, b.sub(nx, I64(g)), vl) for g in groups]
+    stores = [None if width - g >= vl else lane_mask(b, width - g, vl) for g in groups]
+    with for_range(b, kc, "pk") as kk:
+        row = gep(b, src, b.mul(kk, kstride), dt)
+        for g, lm, sm in zip(groups, loads, stores):
+            v = vload(b, gep(b, row, g, dt), dt, lm)
+            vstore(b, v, gep(b, dst, b.add(b.mul(kk, I64(width)), I64(g)), dt), dt, sm)
+
+
+def pack_transposed(b, dt, dst, src, xstride, nx, kc, width: int) -> None:
+    """Panel from rows that are contiguous along ``k``: ``dst[kk*width + r] =
+    src[r*xstride + kk]`` (0 for ``r >= nx``), by loading VL x VL blocks as rows and
+    transposing them in registers."""
+    vl = lanes(dt)
+    full = b.sdiv(kc, I64(vl))
+    with for_range(b, full, "pt") as t:
+        _transpose_block(b, dt, dst, src, xstride, nx, b.mul(t, I64(vl)), I64(vl), width, False)
+    tail = b.mul(full, I64(vl))
+    with b.if_then(b.icmp_signed("<", tail, kc)):
+        _transpose_block(b, dt, dst, src, xstride, nx, tail, b.sub(kc, tail), width, True)
+
+
+def _transpose_block(b, dt, dst, src, xstride, nx, kk, krem, width, guarded):
+    vl = lanes(dt)
+    base = gep(b, src, kk, dt)
+    zero = ir.Constant(vtype(dt), None)
+    for g in range(0, width, vl):
+        rows = []
+        for r in range(g, g + vl):
+            if r >= width:
+                rows.append(zero)
+                continue
+            limit = b.select(b.icmp_signed("<", I64(r), nx), krem, I64(0))
+            ptr = b.gep(base, [b.mul(I64(r), xstride)], source_etype=lookup_dtype(dt).ir)
+            rows.append(vload(b, ptr, dt, lane_mask(b, limit, vl)))
+        store_mask = None if width - g >= vl else lane_mask(b, width - g, vl)
+        for l, v in enumerate(transpose(b, rows)):
+            at = gep(b, dst, b.add(b.mul(b.add(kk, I64(l)), I64(width)), I64(g)), dt)
+            if guarded:
+                with b.if_then(b.icmp_signed("<", I64(l), krem)):
+                    vstore(b, v, at, dt, store_mask)
+            else:
+                vstore(b, v, at, dt, store_mask)

@@ -1,0 +1,258 @@
+"""Matmul kernel benchmark: ``python -m bench.kernels_matmul [--threads N] [--repeat N] [--quick]``.
+
+Prints, per case, jitbyoc's median time, GFLOP/s and % of the measured machine peak, and
+same-process median-of-repeats ratios against numpy (OpenBLAS), torch (if installed) and
+TVM's default build. jitbyoc and numpy take turns in one alternating loop (same threads,
+same moment, so a noisy machine hits both alike); torch's spinning pool gets a loop of
+its own. Cases: sgemm 2048^3, a linear layer in torch.export's form (``permute_dims`` +
+``matmul`` + bias), and the MLP 784-1024-1024-10 at batch 64 (matmul+bias+relu).
+
+Peak: an LLVM IR loop of 12 independent ``<16 x float>`` FMA chains (llvmlite MCJIT,
+called through ctypes from ``threads`` Python threads; the GIL is released), best of 5 —
+the FLOP rate the cores sustain at the clock they actually run (for znver4: 32 FLOP per
+cycle per core, one 512-bit FMA per cycle).
+
+Nothing heavy is imported at module level: ``--threads`` must reach TVM_NUM_THREADS and
+OPENBLAS_NUM_THREADS before those libraries start their pools.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.kernels_matmul", description=__doc__.splitlines()[0])
+    p.add_argument("--threads", type=int, default=os.cpu_count(), help="threads for every candidate")
+    p.add_argument("--repeat", type=int, default=15, help="timed rounds (median reported)")
+    p.add_argument("--quick", action="store_true", help="smaller sgemm (1024), fewer rounds")
+    p.add_argument("--tvm", action="store_true", help="also time TVM's default build on sgemm "
+                   "(single-threaded and unscheduled: tens of seconds at 2048)")
+    return p.parse_args(argv)
+
+
+# ---- peak ---------------------------------------------------------------------------------------
+
+def fma_peak(threads: int, iters: int = 20_000_000) -> float:
+    """GFLOP/s of ``threads`` threads each running a loop of independent vector FMAs."""
+    import ctypes
+    import threading
+
+    import llvmlite.binding as llvm
+    from llvmlite import ir
+
+    from jitbyoc import jit
+
+    f32, i64 = ir.FloatType(), ir.IntType(64)
+    vec, chains, unroll = ir.VectorType(f32, 16), 12, 4
+    module = ir.Module(name="peak")
+    module.triple = llvm.get_process_triple()
+    fma = ir.Function(module, ir.FunctionType(vec, [vec, vec, vec]), "llvm.fma.v16f32")
+    fn = ir.Function(module, ir.FunctionType(f32, [i64]), "peak")
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    entry, loop, done = b.block, fn.append_basic_block("loop"), fn.append_basic_block("done")
+    b.branch(loop)
+    b.position_at_end(loop)
+    i = b.phi(i64)
+    i.add_incoming(i64(0), entry)
+    accs = [b.phi(vec) for _ in range(chains)]
+    for k, acc in enumerate(accs):
+        acc.add_incoming(ir.Constant(vec, [float(k)] * 16), entry)
+    x, y = ir.Constant(vec, [1.0000001] * 16), ir.Constant(vec, [0.999999] * 16)
+    cur = list(accs)
+    for _ in range(unroll):
+        cur = [b.call(fma, [c, x, y]) for c in cur]
+    nxt = b.add(i, i64(1))
+    i.add_incoming(nxt, loop)
+    for acc, c in zip(accs, cur):
+        acc.add_incoming(c, loop)
+    b.cbranch(b.icmp_signed("<", nxt, fn.args[0]), loop, done)
+    b.position_at_end(done)
+    total = cur[0]
+    for c in cur[1:]:
+        total = b.fadd(total, c)
+    b.ret(b.extract_element(total, ir.IntType(32)(0)))
+    jit.target_machine()  # initializes LLVM's native target
+    # MCJIT takes ownership of its target machine: give it its own, never jitbyoc's cached one
+    tm = llvm.Target.from_triple(module.triple).create_target_machine(
+        cpu=llvm.get_host_cpu_name(), features=jit.host_features(), opt=3)
+    engine = llvm.create_mcjit_compiler(llvm.parse_assembly(str(module)), tm)
+    engine.finalize_object()
+    peak = ctypes.CFUNCTYPE(ctypes.c_float, ctypes.c_int64)(engine.get_function_address("peak"))
+    rates = []
+    for _ in range(5):
+        workers = [threading.Thread(target=peak, args=(iters,)) for _ in range(threads)]
+        start = time.perf_counter()
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        rates.append(threads * iters * chains * unroll * 32 / (time.perf_counter() - start) / 1e9)
+    return max(rates)
+
+
+# ---- models -------------------------------------------------------------------------------------
+
+def _module(params, body):
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    vs = [relax.Var(name, relax.TensorType(shape, "float32")) for name, shape in params]
+    with bb.function("main", vs):
+        with bb.dataflow():
+            out = bb.emit_output(body(bb, *vs))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def sgemm_case(n: int, rng):
+    from tvm import relax
+
+    a, b = (rng.standard_normal((n, n)).astype("float32") for _ in range(2))
+    mod = _module([("a", (n, n)), ("b", (n, n))], lambda bb, x, y: bb.emit(relax.op.matmul(x, y)))
+    return dict(name=f"sgemm {n}x{n}x{n}", mod=mod, args=[a, b], flops=2 * n ** 3,
+                numpy=lambda: a @ b, torch=lambda t: (lambda: t(a) @ t(b)))
+
+
+def linear_case(m: int, k: int, n: int, rng):
+    """torch.export's linear: permute_dims(w) + matmul + bias (+ relu)."""
+    from tvm import relax
+
+    x, w, bias = (rng.standard_normal(s).astype("float32") for s in ((m, k), (n, k), (n,)))
+    mod = _module([("x", (m, k)), ("w", (n, k)), ("b", (n,))],
+                  lambda bb, xv, wv, bv: bb.emit(relax.op.nn.relu(bb.emit(relax.op.linear(xv, wv, bv)))))
+    return dict(name=f"linear+relu {m}x{k}->{n}", mod=mod, args=[x, w, bias], flops=2 * m * k * n,
+                numpy=lambda: __import__("numpy").maximum(x @ w.T + bias, 0),
+                torch=lambda t: (lambda: __import__("torch").relu(
+                    __import__("torch").nn.functional.linear(t(x), t(w), t(bias)))))
+
+
+def mlp_case(batch: int, rng, sizes=(784, 1024, 1024, 10)):
+    """matmul + bias (+ relu between layers), weights stored (in, out)."""
+    import numpy as np
+    from tvm import relax
+
+    x = rng.standard_normal((batch, sizes[0])).astype("float32")
+    ws = [(rng.standard_normal((i, o)) / np.sqrt(i)).astype("float32") for i, o in zip(sizes, sizes[1:])]
+    bs = [rng.standard_normal(o).astype("float32") for o in sizes[1:]]
+    params = [("x", (batch, sizes[0]))] + [(f"w{j}", w.shape) for j, w in enumerate(ws)] + \
+        [(f"b{j}", b.shape) for j, b in enumerate(bs)]
+
+    def body(bb, xv, *rest):
+        wv, bv = rest[:len(ws)], rest[len(ws):]
+        h = xv
+        for j, (w, b) in enumerate(zip(wv, bv)):
+            h = bb.emit(relax.op.add(bb.emit(relax.op.matmul(h, w)), b))
+            if j < len(ws) - 1:
+                h = bb.emit(relax.op.nn.relu(h))
+        return h
+
+    def numpy_mlp():
+        h = x
+        for j, (w, b) in enumerate(zip(ws, bs)):
+            h = h @ w + b
+            h = np.maximum(h, 0) if j < len(ws) - 1 else h
+        return h
+
+    def torch_mlp(t):
+        import torch
+        tw, tb, tx = [t(w) for w in ws], [t(b) for b in bs], t(x)
+
+        def run():
+            h = tx
+            for j, (w, b) in enumerate(zip(tw, tb)):
+                h = torch.addmm(b, h, w)
+                h = torch.relu(h) if j < len(tw) - 1 else h
+            return h
+        return run
+
+    flops = 2 * batch * sum(i * o for i, o in zip(sizes, sizes[1:]))
+    return dict(name=f"MLP {'-'.join(map(str, sizes))} batch {batch}", mod=_module(params, body),
+                args=[x, *ws, *bs], flops=flops, numpy=numpy_mlp, torch=torch_mlp)
+
+
+# ---- timing -------------------------------------------------------------------------------------
+
+def _vm_function(mod, offload: bool, args):
+    import tvm
+    from tvm import relax
+
+    import jitbyoc
+
+    with (jitbyoc.enable() if offload else jitbyoc.disable()):
+        ex = tvm.compile(mod, target="llvm")
+    f = relax.VirtualMachine(ex, tvm.cpu())["main"]
+    tensors = [tvm.runtime.tensor(a) for a in args]
+    return lambda: f(*tensors)
+
+
+def _torch_run(case):
+    try:
+        import torch
+    except ImportError:
+        return None
+    return case["torch"](torch.from_numpy)
+
+
+def bench_case(case, repeat: int, with_tvm: bool) -> dict:
+    """Median seconds per candidate; jitbyoc is checked against numpy first."""
+    import numpy as np
+
+    from bench.timing import Stats, time_alternating
+
+    jit = _vm_function(case["mod"], True, case["args"])
+    got, want = jit().numpy(), case["numpy"]()
+    err = float(np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-30))
+    samples = time_alternating({"jitbyoc": jit, "numpy": case["numpy"]}, repeat, warmup=2)
+    out = {name: Stats.of(s).median for name, s in samples.items()}
+    torch_run = _torch_run(case)
+    if torch_run is not None:
+        out["torch"] = Stats.of(time_alternating({"torch": torch_run}, repeat, warmup=2)["torch"]).median
+    if with_tvm:
+        tvm_run = _vm_function(case["mod"], False, case["args"])
+        out["tvm"] = Stats.of(time_alternating({"tvm": tvm_run}, max(1, repeat // 5), warmup=1)["tvm"]).median
+    out["relerr"] = err
+    return out
+
+
+def report(case, t: dict, peak: float) -> str:
+    gf = case["flops"] / t["jitbyoc"] / 1e9
+    ratios = "  ".join(f"vs {k} {t[k] / t['jitbyoc']:.2f}x" for k in ("numpy", "torch", "tvm") if k in t)
+    return (f"{case['name']:<34} {t['jitbyoc'] * 1e3:9.3f} ms {gf:7.1f} GFLOP/s {100 * gf / peak:5.1f}% "
+            f"of peak | {ratios} | numpy {case['flops'] / t['numpy'] / 1e9:.1f} GFLOP/s | "
+            f"rel err {t['relerr']:.1e}")
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    os.environ["TVM_NUM_THREADS"] = str(args.threads)
+    os.environ["OPENBLAS_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    if "numpy" in sys.modules:
+        print("note: numpy was imported before --threads applied; OpenBLAS keeps its default pool")
+    import numpy as np
+    try:
+        import torch
+        torch.set_num_threads(args.threads)
+    except ImportError:
+        pass
+    rng = np.random.default_rng(0)
+    n = 1024 if args.quick else 2048
+    repeat = min(args.repeat, 5) if args.quick else args.repeat
+    peak = fma_peak(args.threads)
+    print(f"threads {args.threads}, load average at start {os.getloadavg()[0]:.2f}, "
+          f"measured FMA peak {peak:.1f} GFLOP/s ({peak / args.threads / 32:.2f} GHz x 32 FLOP/cycle "
+          f"x {args.threads} cores); medians of {repeat} alternating rounds")
+    cases = [sgemm_case(n, rng), linear_case(64, 784, 1024, rng), mlp_case(64, rng)]
+    for case in cases:
+        with_tvm = args.tvm or not case["name"].startswith("sgemm")
+        print(report(case, bench_case(case, repeat, with_tvm), peak), flush=True)
+    print(f"load average at end {os.getloadavg()[0]:.2f} (other processes on the machine make "
+          f"every number noisy; compare ratios, which are taken side by side)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,201 @@
+"""The GEMM engine's LLVM driver: threads, cache blocking, packing, microkernel calls.
+
+Work is split along the larger of M and N into *parts* (MR rows or NR columns), parts
+are grouped into about :data:`CHUNKS` chunks per batch item, and every task of TVM's
+pool takes chunks from a shared atomic counter until none is left: on a machine shared
+with other processes a thread that gets less CPU simply takes fewer chunks, where a
+static split would make the whole product wait for it.
+
+Per chunk, the loop nest (outermost first) is: MC rows of A (one block when A is read
+in place), KC of K, NC columns (B packed ``kc x nc``, stays in L2), MR rows (the A
+micro-panel stays in L1), NR columns (B micro-panels stream from L2 through the
+microkernel). A :class:`~.gemm.Strided` A is read in place (no packing: the MR rows of a
+micro-panel stay in L1 across the NR loop either way); other operands are packed.
+"""
+
+from __future__ import annotations
+
+from functools import reduce
+
+from llvmlite import ir
+
+from ..dtypes import dtype as lookup_dtype
+from ..lowering.llvm import declare
+from ..lowering.loops import I64, for_range
+from . import gemm_micro as mk
+
+CHUNKS = 8  # chunks per batch item: enough to even out threads that get unequal CPU
+
+
+def _ceil_div(b, x, y):
+    return b.sdiv(b.add(x, b.sub(y, I64(1))), y)
+
+
+def _min(b, x, y):
+    return b.select(b.icmp_signed("<", x, y), x, y)
+
+
+def _size(ctx, dims) -> ir.Value:
+    return ctx.product(dims if isinstance(dims, tuple) else (dims,))
+
+
+def emit(g, ctx) -> None:
+    """Emit ``g`` (a :class:`~.gemm.Gemm`) at ``ctx``'s insertion point."""
+    b, blk = ctx.b, g.blocking
+    m, n = _size(ctx, g.m), _size(ctx, g.n)
+    # split the larger side: the other operand is then the one each chunk re-reads
+    split_n = b.icmp_signed(">=", n, m)
+    parts = b.select(split_n, _ceil_div(b, n, I64(g.nr)), _ceil_div(b, m, I64(blk.mr)))
+    per_chunk = _ceil_div(b, parts, I64(CHUNKS))
+    with b.goto_block(b.function.entry_basic_block):  # a static alloca, even inside loops
+        counter = b.alloca(I64)
+    b.store(I64(0), counter)
+    extra = [b.zext(split_n, I64), parts, per_chunk, b.ptrtoint(counter, I64)]
+    if g.serial():
+        _task(g, ctx, I64(0), I64(1), extra)
+    else:
+        count = b.mul(ctx.product(g.batch), _ceil_div(b, parts, per_chunk))
+        ctx.parallel_for(count, lambda c, lo, hi, ex: _task(g, c, lo, hi, ex), extra)
+
+
+def _task(g, c, _lo, _hi, extra) -> None:
+    """Take chunks from the shared counter until every chunk is taken."""
+    b, blk = c.b, g.blocking
+    split_n, parts, per_chunk = b.trunc(extra[0], ir.IntType(1)), extra[1], extra[2]
+    counter = b.inttoptr(extra[3], mk.PTR)
+    m, n, k = _size(c, g.m), _size(c, g.n), _size(c, g.k)
+    kblocks = b.select(b.icmp_signed(">", k, I64(0)), _ceil_div(b, k, I64(blk.kc)), I64(1))
+    kcb = _ceil_div(b, k, kblocks)
+    direct = hasattr(g.a, "direct_llvm")
+    mcap = _min(b, I64(blk.mc), b.mul(_ceil_div(b, m, I64(blk.mr)), I64(blk.mr)))
+    ncap = _min(b, I64(blk.nc), b.mul(_ceil_div(b, n, I64(g.nr)), I64(g.nr)))
+    ap = None if direct else _alloc(g, c, b.mul(mcap, kcb))
+    bp = _alloc(g, c, b.mul(ncap, kcb))
+    per_item = _ceil_div(b, parts, per_chunk)
+    total = b.mul(c.product(g.batch), per_item)
+    take, body, done = (b.append_basic_block(f"chunk.{s}") for s in ("take", "body", "done"))
+    b.branch(take)
+    b.position_at_end(take)
+    chunk = b.atomic_rmw("add", counter, I64(1), "monotonic")
+    b.cbranch(b.icmp_signed("<", chunk, total), body, done)
+    b.position_at_end(body)
+    item = b.sdiv(chunk, per_item)
+    p_lo = b.mul(b.srem(chunk, per_item), per_chunk)
+    p_hi = _min(b, b.add(p_lo, per_chunk), parts)
+    rows = (_min(b, b.mul(p_lo, I64(blk.mr)), m), _min(b, b.mul(p_hi, I64(blk.mr)), m))
+    cols = (_min(b, b.mul(p_lo, I64(g.nr)), n), _min(b, b.mul(p_hi, I64(g.nr)), n))
+    mrange = (b.select(split_n, I64(0), rows[0]), b.select(split_n, m, rows[1]))
+    nrange = (b.select(split_n, cols[0], I64(0)), b.select(split_n, cols[1], n))
+    bidx = c.unravel(item, g.batch) if g.batch else []
+    _blocks(g, c, bidx, mrange, nrange, (kblocks, kcb), ap, bp)
+    b.branch(take)
+    b.position_at_end(done)
+    _free(c, bp)
+    if ap is not None:
+        _free(c, ap)
+
+
+def _blocks(g, c, bidx, mrange, nrange, kplan, ap, bp) -> None:
+    b, blk = c.b, g.blocking
+    k = _size(c, g.k)
+    kblocks, kcb = kplan
+    rows = b.sub(mrange[1], mrange[0])
+    # A read in place needs no M blocking: B is then packed once per (KC, NC) block
+    mb = I64(1) if ap is None else _ceil_div(b, rows, I64(blk.mc))
+    mcb = b.mul(_ceil_div(b, _ceil_div(b, rows, mb), I64(blk.mr)), I64(blk.mr))
+    with for_range(b, mb, "gi") as ib:
+        ic = b.add(mrange[0], b.mul(ib, mcb))
+        mc = _min(b, mcb, b.sub(mrange[1], ic))
+        with for_range(b, kblocks, "gp") as pb:
+            pc = b.mul(pb, kcb)
+            kc = _min(b, kcb, b.sub(k, pc))
+            if ap is not None:
+                _pack(g, c, g.a, ap, bidx, ic, mc, pc, kc, blk.mr)
+            last = b.icmp_signed("==", pb, b.sub(kblocks, I64(1)))
+            _columns(g, c, bidx, (ic, mc), (pc, kc, last), nrange, ap, bp)
+
+
+def _columns(g, c, bidx, mblock, kblock, nrange, ap, bp) -> None:
+    b, blk, dt = c.b, g.blocking, g.dtype
+    (ic, mc), (pc, kc, last) = mblock, kblock
+    cols = b.sub(nrange[1], nrange[0])
+    nb = _ceil_div(b, cols, I64(blk.nc))
+    ncb = b.mul(_ceil_div(b, _ceil_div(b, cols, nb), I64(g.nr)), I64(g.nr))
+    ldc = c.product(g.c.row if isinstance(g.c.row, tuple) else (g.c.row,))
+    accumulate = b.icmp_signed(">", pc, I64(0))
+    if ap is None:
+        abase, axs, aks = g.a.direct_llvm(c, bidx)
+        abase = mk.gep(b, abase, b.add(b.mul(ic, axs), b.mul(pc, aks)), dt)
+    with for_range(b, nb, "gj") as jb:
+        jc = b.add(nrange[0], b.mul(jb, ncb))
+        nc = _min(b, ncb, b.sub(nrange[1], jc))
+        _pack(g, c, g.b, bp, bidx, jc, nc, pc, kc, g.nr)
+        with for_range(b, _ceil_div(b, mc, I64(blk.mr)), "gr") as ir_:
+            i0 = b.mul(ir_, I64(blk.mr))
+            mv = _min(b, I64(blk.mr), b.sub(mc, i0))
+            if ap is None:
+                a = (mk.gep(b, abase, b.mul(i0, axs), dt), axs, aks)
+            else:
+                a = (mk.gep(b, ap, b.mul(i0, kc), dt), I64(1), I64(blk.mr))
+            with for_range(b, _ceil_div(b, nc, I64(g.nr)), "gc") as jr:
+                j0 = b.mul(jr, I64(g.nr))
+                out = c.element(g.c.buf, g.c.offset_llvm(c, bidx, b.add(ic, i0), b.add(jc, j0)))
+                _micro(g, c, [*a, mk.gep(b, bp, b.mul(j0, kc), dt), kc, out, ldc, mv,
+                              _min(b, I64(g.nr), b.sub(nc, j0)), accumulate])
+            if g.epilogue is not None:
+                with b.if_then(last):
+                    g.epilogue(c, bidx, b.add(ic, i0), mv, jc, nc)
+
+
+def _edges(dim, width: int) -> list[int]:
+    """Edge-tile sizes worth a kernel of their own along a side of ``width``: the
+    remainder when the side is static, else 1 (a vector: M=1 inference, N=1)."""
+    dims = dim if isinstance(dim, tuple) else (dim,)
+    if all(isinstance(d, int) for d in dims):
+        rem = reduce(lambda x, y: x * y, dims, 1) % width
+        return [rem] if rem else []
+    return [1]
+
+
+def _micro(g, c, args) -> None:
+    """Call the microkernel sized for this tile: the full one, or for an edge tile the
+    cheapest variant covering it (so M=1 or N=10 does not pay for MR rows / NR columns)."""
+    b, blk, dt, vl = c.b, g.blocking, g.dtype, mk.lanes(g.dtype)
+    mv, nvec = args[7], _ceil_div(b, args[8], I64(vl))
+    rows = sorted({blk.mr, *_edges(g.m, blk.mr)})
+    cols = sorted({blk.nv, *(-(-e // vl) for e in _edges(g.n, g.nr))})
+    variants = sorted(((r, v) for r in rows for v in cols), key=lambda rv: rv[0] * rv[1])
+    done = b.append_basic_block("micro.done")
+    for r, v in variants[:-1]:
+        fits = b.and_(b.icmp_signed("<=", mv, I64(r)), b.icmp_signed("<=", nvec, I64(v)))
+        with b.if_then(fits, likely=False):
+            b.call(mk.microkernel(c.module, dt, r, v, blk.unroll, g.nr), args)
+            b.branch(done)
+    b.call(mk.microkernel(c.module, dt, blk.mr, blk.nv, blk.unroll, g.nr), args)
+    b.branch(done)
+    b.position_at_end(done)
+
+
+def _pack(g, c, operand, dst, bidx, x0, nx, k0, kc, width) -> None:
+    """Pack ``nx`` rows (A) or columns (B) from ``x0`` into ``width``-wide panels."""
+    b = c.b
+    with for_range(b, _ceil_div(b, nx, I64(width)), "gq") as q:
+        r0 = b.mul(q, I64(width))
+        operand.pack_llvm(c, mk.gep(b, dst, b.mul(r0, kc), g.dtype), bidx, b.add(x0, r0),
+                          _min(b, I64(width), b.sub(nx, r0)), k0, kc, width)
+
+
+def _alloc(g, c, elements):
+    """A packing buffer from TVM's (per-thread) workspace pool."""
+    d = lookup_dtype(g.dtype)
+    alloc = declare(c.module, "TVMBackendAllocWorkspace", mk.PTR, [mk.I32, mk.I32, I64, mk.I32, mk.I32])
+    nbytes = c.b.add(c.b.mul(elements, I64(d.nbytes)), I64(mk.VECTOR_BYTES))
+    ptr = c.b.call(alloc, [mk.I32(1), mk.I32(0), nbytes, mk.I32(d.dl_code), mk.I32(d.bits)])
+    with c.b.if_then(c.b.icmp_unsigned("==", c.b.ptrtoint(ptr, I64), I64(0)), likely=False):
+        c.b.ret(mk.I32(-1))  # TVM's allocator has set the error
+    return ptr
+
+
+def _free(c, ptr) -> None:
+    free = declare(c.module, "TVMBackendFreeWorkspace", mk.I32, [mk.I32, mk.I32, mk.PTR])
+    c.b.call(free, [mk.I32(1), mk.I32(0), ptr])
