@@ -1,0 +1,195 @@
+"""relax.nn.max_pool2d, relax.nn.avg_pool2d and relax.nn.adaptive_avg_pool2d (NCHW).
+
+Threads take (image, channel) planes. Windowed pooling runs per output row: the row is
+set to the identity, then for each kernel row inside the input and each kernel column it
+is combined with one strided input row over the *static* range of output columns whose
+tap lies inside the input. That loop has no branches, so LLVM vectorizes it (strided
+loads become interleaved loads); edges need no special case. Averages are divided by the
+window count afterwards. Adaptive pooling sums each bin in order (scalar).
+
+Semantics follow TVM's topi: max pools start from the lowest finite value (TVM pads
+with it), averages divide by ``max(count, 1)`` where ``count`` counts the window clipped
+to the input (``count_include_pad=False``) or to the padded input (True), never the
+extra ``ceil_mode`` cells.
+
+Accuracy: max pooling is exact. Every average adds its window in TVM's order (kernel
+row, then column; padding skipped, which only changes the sign of a zero sum) and
+divides once, so results match TVM's default build exactly in both renderings; against
+the float64 numpy reference the error is at most ``count * eps`` relative to the sum of
+magnitudes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import kir
+from ..dtypes import FLOATS
+from ..lowering.loops import I64, for_range
+from ..patterns import dims, tensor_problem
+from . import register
+
+
+@dataclass(eq=False)
+class Pool2d(kir.KernelStage):
+    """``kind``: "max", "avg" or "adaptive" (adaptive average)."""
+    kind: str = "max"
+    size: tuple = (1, 1)
+    stride: tuple = (1, 1)
+    dilation: tuple = (1, 1)
+    pad: tuple = (0, 0, 0, 0)  # top, left, bottom, right
+    include_pad: bool = False
+
+    @property
+    def planes(self):
+        return self.out.shape[:2]
+
+    def counts(self, d: int, o, ops):
+        """Window size along dim ``d`` for output index ``o`` (TVM's divisor factor)."""
+        (x,) = self.inputs
+        s, dl, k, before = self.stride[d], self.dilation[d], self.size[d], self.pad[d]
+        size, after = x.shape[2 + d], self.pad[d + 2]
+        start = ops.sub(ops.mul(o, s), before)
+        last = ops.add(start, (k - 1) * dl)
+        if self.include_pad:
+            return ops.add(ops.div(ops.sub(ops.min(last, size + after - 1), start), dl), 1)
+        skip = ops.max(ops.div(ops.sub(dl - 1, start), dl), 0)
+        return ops.add(ops.div(ops.sub(ops.min(last, size - 1), ops.add(start, ops.mul(skip, dl))), dl), 1)
+
+    def col_range(self, kw: int) -> tuple[int, int]:
+        """Output columns [lo, hi) whose tap ``kw`` lies inside the input."""
+        w, ow = self.inputs[0].shape[3], self.out.shape[3]
+        shift = kw * self.dilation[1] - self.pad[1]
+        lo = max(0, -(shift // self.stride[1])) if shift < 0 else 0
+        hi = min(ow, (w - 1 - shift) // self.stride[1] + 1) if w - 1 - shift >= 0 else 0
+        return lo, max(lo, hi)
+
+    # ---- LLVM ----------------------------------------------------------------------------------
+    def emit_llvm(self, ctx) -> None:
+        from .pool_llvm import emit_pool
+        emit_pool(self, ctx)
+
+    # ---- C -------------------------------------------------------------------------------------
+    def emit_c(self, ctx) -> None:
+        (x,), out, dt = self.inputs, self.out, self.out.dtype
+        _, _, h, w = x.shape
+        _, _, oh, ow = out.shape
+        ctype = "float" if dt == "float32" else "double"
+        with ctx.loop("pl", ctx.product(self.planes)), ctx.loop("oh", oh), ctx.loop("ow", ow):
+            src, dst = f"pl * {h * w}", f"(pl * {oh} + oh) * {ow} + ow"
+            if self.kind == "adaptive":
+                self._c_adaptive(ctx, x, ctype, src)
+            else:
+                self._c_window(ctx, x, ctype, src)
+            ctx.line(f"{ctx.element(out, dst)} = acc;")
+        ctx.epilogue(self, ["0"] * 4, [ctx.dim(d) for d in out.shape])
+
+    def _c_window(self, ctx, x, ctype, src) -> None:
+        _, _, h, w = x.shape
+        (sh, sw), (dh, dw), (pt, pl) = self.stride, self.dilation, self.pad[:2]
+        init = ctx.em.const(np.finfo(np.dtype(x.dtype)).min, x.dtype) if self.kind == "max" else "0"
+        ctx.line(f"{ctype} acc = {init};")
+        with ctx.loop("i", self.size[0]), ctx.loop("j", self.size[1]):
+            ctx.line(f"const int64_t ih = oh * {sh} + i * {dh} - {pt}, iw = ow * {sw} + j * {dw} - {pl};")
+            with ctx.block(f"if (ih >= 0 && ih < {h} && iw >= 0 && iw < {w})"):
+                v = ctx.element(x, f"{src} + ih * {w} + iw")
+                new = ctx.em.op("maximum", x.dtype, "acc", v) if self.kind == "max" else f"acc + {v}"
+                ctx.line(f"acc = {new};")
+        if self.kind == "avg":
+            cnt = f"{self.counts(0, 'oh', _COps)} * {self.counts(1, 'ow', _COps)}"
+            ctx.line(f"acc = acc / ({ctype})({cnt} > 1 ? {cnt} : 1);")
+
+    def _c_adaptive(self, ctx, x, ctype, src) -> None:
+        _, _, h, w = x.shape
+        _, _, oh, ow = self.out.shape
+        ctx.line(f"const int64_t h0 = oh * {h} / {oh}, h1 = ((oh + 1) * {h} + {oh - 1}) / {oh};")
+        ctx.line(f"const int64_t w0 = ow * {w} / {ow}, w1 = ((ow + 1) * {w} + {ow - 1}) / {ow};")
+        ctx.line(f"{ctype} acc = 0;")
+        with ctx.loop("ih", "h1", "h0"), ctx.loop("iw", "w1", "w0"):
+            ctx.line(f"acc = acc + {ctx.element(x, f'{src} + ih * {w} + iw')};")
+        ctx.line(f"acc = acc / ({ctype})((h1 - h0) * (w1 - w0));")
+
+    @staticmethod
+    def reference(x: np.ndarray, kind: str, out_hw, size=(1, 1), stride=(1, 1), dilation=(1, 1),
+                  pad=(0, 0, 0, 0), include_pad=False) -> np.ndarray:
+        """TVM's pooling semantics in float64 (``out_hw`` fixes ceil_mode's extra cells)."""
+        h, w = x.shape[2:]
+        out = np.zeros(x.shape[:2] + tuple(out_hw))
+        for oh in range(out_hw[0]):
+            rows, ch = _ref_window(oh, 0, h, kind, out_hw, size, stride, dilation, pad, include_pad)
+            for ow in range(out_hw[1]):
+                cols, cw = _ref_window(ow, 1, w, kind, out_hw, size, stride, dilation, pad, include_pad)
+                win = x[:, :, rows][:, :, :, cols].astype(np.float64)
+                if kind == "max":
+                    low = np.finfo(x.dtype).min
+                    out[:, :, oh, ow] = np.maximum(win.max(axis=(2, 3)), low) if win.size else low
+                else:
+                    out[:, :, oh, ow] = win.sum(axis=(2, 3)) / max(ch * cw, 1)
+        return out.astype(x.dtype)
+
+
+def _ref_window(o, d, size, kind, out_hw, k, s, dl, pad, include_pad):
+    """Input indices of output ``o`` along dim ``d`` and the window's divisor factor."""
+    if kind == "adaptive":
+        lo, hi = o * size // out_hw[d], -(-(o + 1) * size // out_hw[d])
+        return list(range(lo, hi)), hi - lo
+    start = o * s[d] - pad[d]
+    valid = [i for i in range(start, start + (k[d] - 1) * dl[d] + 1, dl[d]) if 0 <= i < size]
+    if include_pad:
+        return valid, (min(start + (k[d] - 1) * dl[d], size + pad[d + 2] - 1) - start) // dl[d] + 1
+    return valid, len(valid)
+
+
+class _COps:
+    """Integer arithmetic on C expression strings (for :meth:`Pool2d.counts`)."""
+    add = staticmethod(lambda a, b: f"({a} + {b})")
+    sub = staticmethod(lambda a, b: f"({a} - {b})")
+    mul = staticmethod(lambda a, b: f"({a} * {b})")
+    div = staticmethod(lambda a, b: f"({a} / {b})")  # operands are non-negative where it matters
+    min = staticmethod(lambda a, b: f"({a} < {b} ? {a} : {b})")
+    max = staticmethod(lambda a, b: f"({a} > {b} ? {a} : {b})")
+
+
+def _check(call) -> str | None:
+    name = call.op.name
+    x = call.args[0]
+    for arg in (x, call):
+        problem = tensor_problem(arg.ty, FLOATS)
+        if problem:
+            return f"{name}: {problem}"
+    xd, od = dims(x.ty), dims(call.ty)
+    if len(xd) != 4:
+        return f"{name}: input is not rank 4"
+    a = call.attrs
+    layout = (str(a.layout), str(a.out_layout) if a.out_layout is not None else str(a.layout))
+    if layout != ("NCHW", "NCHW"):
+        return f"{name}: layout {layout[0]}->{layout[1]} not supported (only NCHW)"
+    if str(x.ty.dtype) != str(call.ty.dtype):
+        return f"{name}: output dtype {call.ty.dtype} differs from input {x.ty.dtype}"
+    if any(isinstance(d, str) for d in xd[1:] + od[1:]) or od[:2] != xd[:2]:
+        return f"{name}: only the batch dim may be symbolic"
+    if name == "relax.nn.adaptive_avg_pool2d":
+        return None
+    if min(tuple(a.strides) + tuple(a.dilation) + tuple(a.pool_size)) < 1 or min(a.padding) < 0:
+        return f"{name}: pool size/stride/dilation < 1 or negative padding"
+    return None
+
+
+def _builder(kind: str):
+    def build(fe, call, out):
+        x = fe.buffer(call.args[0])
+        if kind == "adaptive":
+            return Pool2d((x,), out, kind=kind)
+        a = call.attrs
+        ints = lambda v: tuple(int(i) for i in v)  # noqa: E731
+        return Pool2d((x,), out, kind=kind, size=ints(a.pool_size), stride=ints(a.strides),
+                      dilation=ints(a.dilation), pad=ints(a.padding),
+                      include_pad=bool(a.count_include_pad))
+    return build
+
+
+register("relax.nn.max_pool2d", 1, _check)(_builder("max"))
+register("relax.nn.avg_pool2d", 1, _check)(_builder("avg"))
+register("relax.nn.adaptive_avg_pool2d", 1, _check)(_builder("adaptive"))

@@ -1,0 +1,138 @@
+"""LLVM rendering of :class:`~jitbyoc.kernels.pool2d.Pool2d`: one (image, channel) plane
+per task step; see the module docstring of :mod:`jitbyoc.kernels.pool2d`."""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+
+from ..dtypes import dtype as lookup_dtype
+from ..lowering.loops import I64, for_range
+
+PARALLEL_MIN_ELEMENTS = 1 << 14  # smaller outputs are pooled on the calling thread
+
+
+class IntOps:
+    """i64 arithmetic for :meth:`Pool2d.counts`; Python ints become constants."""
+
+    def __init__(self, b):
+        self.b = b
+
+    def _v(self, x):
+        return ir.Constant(I64, x) if isinstance(x, int) else x
+
+    def add(self, x, y):
+        return self.b.add(self._v(x), self._v(y))
+
+    def sub(self, x, y):
+        return self.b.sub(self._v(x), self._v(y))
+
+    def mul(self, x, y):
+        return self.b.mul(self._v(x), self._v(y))
+
+    def div(self, x, y):
+        return self.b.sdiv(self._v(x), self._v(y))
+
+    def min(self, x, y):
+        x, y = self._v(x), self._v(y)
+        return self.b.select(self.b.icmp_signed("<", x, y), x, y)
+
+    def max(self, x, y):
+        x, y = self._v(x), self._v(y)
+        return self.b.select(self.b.icmp_signed(">", x, y), x, y)
+
+
+def emit_pool(stage, ctx) -> None:
+    body = _adaptive_planes if stage.kind == "adaptive" else _window_planes
+    planes = ctx.product(stage.planes)
+    static = np.prod([d for d in stage.out.shape if isinstance(d, int)])
+    if static >= PARALLEL_MIN_ELEMENTS or any(isinstance(d, str) for d in stage.out.shape):
+        ctx.parallel_for(planes, lambda c, lo, hi, _: body(stage, c, lo, hi))
+    else:
+        body(stage, ctx, ir.Constant(I64, 0), planes)
+
+
+def _kernel_rows(stage, b, ops, hs):
+    """Kernel rows [lo, hi) whose input row ``hs + kh * dh`` lies inside the input."""
+    h, dh, kh = stage.inputs[0].shape[2], stage.dilation[0], stage.size[0]
+    lo = ops.max(ops.div(ops.sub(dh - 1, hs), dh), 0)
+    below = ops.sub(h - 1, hs)  # negative: the window starts under the input
+    hi = b.select(b.icmp_signed("<", below, I64(0)), I64(0), ops.add(ops.div(below, dh), 1))
+    return lo, ops.min(hi, kh)
+
+
+def _window_planes(stage, c, lo, hi) -> None:
+    b, em, ops = c.b, c.em, IntOps(c.b)
+    (x,), out, dt = stage.inputs, stage.out, stage.out.dtype
+    _, _, h, w = x.shape
+    _, _, oh_n, ow_n = out.shape
+    init = em.const(np.finfo(np.dtype(dt)).min if stage.kind == "max" else 0, dt)
+    with for_range(b, hi, "pl", start=lo) as pl:
+        src, dst = b.mul(pl, I64(h * w)), b.mul(pl, I64(oh_n * ow_n))
+        with for_range(b, I64(oh_n), "oh") as oh:
+            row = b.add(dst, b.mul(oh, I64(ow_n)))
+            with for_range(b, I64(ow_n), "ow") as ow:
+                c.store(out, b.add(row, ow), init)
+            hs = ops.sub(ops.mul(oh, stage.stride[0]), stage.pad[0])
+            k0, k1 = _kernel_rows(stage, b, ops, hs)
+            with for_range(b, k1, "kh", start=k0) as kh:
+                xrow = b.add(src, b.mul(b.add(hs, b.mul(kh, I64(stage.dilation[0]))), I64(w)))
+                for kw in range(stage.size[1]):
+                    _combine_row(stage, c, row, xrow, kw)
+            if stage.kind == "avg":
+                ch = stage.counts(0, oh, ops)
+                with for_range(b, I64(ow_n), "ow") as ow:
+                    cnt = ops.max(b.mul(ch, stage.counts(1, ow, ops)), 1)
+                    at = b.add(row, ow)
+                    c.store(out, at, b.fdiv(c.load(out, at), b.sitofp(cnt, lookup_dtype(dt).ir)))
+        _plane_epilogue(stage, c, pl)
+
+
+def _combine_row(stage, c, row, xrow, kw: int) -> None:
+    """out[row + ow] op= x[xrow + ow * sw + kw * dw - pl] over the columns inside the input."""
+    b, (x,), out = c.b, stage.inputs, stage.out
+    c0, c1 = stage.col_range(kw)
+    if c0 >= c1:
+        return
+    base = b.add(xrow, I64(kw * stage.dilation[1] - stage.pad[1]))
+    with for_range(b, I64(c1), "ow", start=I64(c0)) as ow:
+        v = c.load(x, b.add(base, b.mul(ow, I64(stage.stride[1]))))
+        at = b.add(row, ow)
+        acc = c.load(out, at)
+        new = c.em.op("maximum", out.dtype, acc, v) if stage.kind == "max" else b.fadd(acc, v)
+        c.store(out, at, new)
+
+
+def _adaptive_planes(stage, c, lo, hi) -> None:
+    b = c.b
+    (x,), out, dt = stage.inputs, stage.out, stage.out.dtype
+    _, _, h, w = x.shape
+    _, _, oh_n, ow_n = out.shape
+    fty = lookup_dtype(dt).ir
+    with b.goto_block(b.function.entry_basic_block):
+        acc = b.alloca(fty)
+    with for_range(b, hi, "pl", start=lo) as pl:
+        src = b.mul(pl, I64(h * w))
+        with for_range(b, I64(oh_n), "oh") as oh, for_range(b, I64(ow_n), "ow") as ow:
+            h0, h1 = _bin(b, oh, h, oh_n)
+            w0, w1 = _bin(b, ow, w, ow_n)
+            b.store(ir.Constant(fty, 0.0), acc)
+            with for_range(b, h1, "ih", start=h0) as ih, for_range(b, w1, "iw", start=w0) as iw:
+                v = c.load(x, b.add(src, b.add(b.mul(ih, I64(w)), iw)))
+                b.store(b.fadd(b.load(acc, typ=fty), v), acc)
+            cnt = b.sitofp(b.mul(b.sub(h1, h0), b.sub(w1, w0)), fty)
+            at = b.add(b.mul(pl, I64(oh_n * ow_n)), b.add(b.mul(oh, I64(ow_n)), ow))
+            c.store(out, at, b.fdiv(b.load(acc, typ=fty), cnt))
+        _plane_epilogue(stage, c, pl)
+
+
+def _bin(b, o, size: int, n: int):
+    """Adaptive bin [floor(o*size/n), ceil((o+1)*size/n))."""
+    start = b.sdiv(b.mul(o, I64(size)), I64(n))
+    end = b.sdiv(b.add(b.mul(b.add(o, I64(1)), I64(size)), I64(n - 1)), I64(n))
+    return start, end
+
+
+def _plane_epilogue(stage, c, pl) -> None:
+    n, ch = c.unravel(pl, stage.planes)
+    c.epilogue(stage, [n, ch, I64(0), I64(0)], [1, 1, stage.out.shape[2], stage.out.shape[3]])

@@ -1,0 +1,190 @@
+"""max_pool2d / avg_pool2d / adaptive_avg_pool2d kernels: differential against TVM's
+default build (windowed pooling must match it exactly: same order of adds, one division)
+and the float64 numpy reference, over every window attribute and awkward sizes."""
+
+import itertools
+
+import numpy as np
+import pytest
+import tvm
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tvm import relax
+
+import jitbyoc
+from jitbyoc.kernels.pool2d import Pool2d
+from tests.spatial_util import CC, build, grid_model, random_inputs, run, run_c
+
+F32 = "float32"
+POOLS = {"max": relax.op.nn.max_pool2d, "avg": relax.op.nn.avg_pool2d}
+
+
+def pool(bb, x, attrs):
+    attrs = dict(attrs)
+    kind = attrs.pop("kind")
+    if kind == "adaptive":
+        return bb.emit(relax.op.nn.adaptive_avg_pool2d(x, **attrs))
+    return bb.emit(POOLS[kind](x, **attrs))
+
+
+def reference(x, attrs, out_hw):
+    a = dict(attrs)
+    kind = a.pop("kind")
+    if kind == "adaptive":
+        return Pool2d.reference(x, kind, out_hw)
+    return Pool2d.reference(x, kind, out_hw, a["pool_size"], a.get("strides", (1, 1)),
+                            a.get("dilation", (1, 1)), a.get("padding", (0, 0, 0, 0)),
+                            a.get("count_include_pad", False))
+
+
+def window_grid():
+    """Every combination of padding, stride, ceil_mode and count_include_pad, with input
+    size, window and dilation cycled through them (a full product takes minutes)."""
+    out = []
+    for k, (pad, stride, ceil, include, kind) in enumerate(itertools.product(
+            [(0, 0, 0, 0), (1, 0, 1, 2)], [(1, 1), (2, 3)], [False, True], [False, True], ["max", "avg"])):
+        if kind == "max" and include:
+            continue  # count_include_pad means nothing to max pooling
+        hw = [(7, 8), (17, 3), (5, 5)][k % 3]
+        size, dil = [(2, 2), (3, 1)][k // 3 % 2], [(1, 1), (2, 1)][k // 2 % 2]
+        out.append(((1, 3) + hw, dict(kind=kind, pool_size=size, strides=stride, dilation=dil,
+                                      padding=pad, ceil_mode=ceil, count_include_pad=include)))
+    return out
+
+
+ADAPTIVE = [((2, 17, 7, 7), (1, 1)), ((1, 3, 9, 5), (4, 3)), ((1, 5, 5, 5), (5, 5)),
+            ((1, 1, 3, 7), (2, 5)), ((1, 16, 1, 1), (1, 1)), ((3, 4, 127, 3), (1, 1))]
+RESNET_MAXPOOL = ((1, 64, 112, 112), dict(kind="max", pool_size=(3, 3), strides=(2, 2), padding=(1, 1, 1, 1)))
+# the last window starts just below the input (bottom padding > window): padding only
+BELOW = [((1, 2, 4, 5), dict(kind=kind, pool_size=(2, 1), strides=(2, 1), dilation=(2, 1),
+                              padding=(0, 0, 4, 0), count_include_pad=True))
+         for kind in ("max", "avg")]
+
+
+def all_cases():
+    grid = window_grid() + [(s, dict(kind="adaptive", output_size=o)) for s, o in ADAPTIVE]
+    return [([(s, F32)], a) for s, a in grid + [RESNET_MAXPOOL] + BELOW]
+
+
+def check(got, x, attrs, tvm_out):
+    """Bit-equal to TVM; against numpy exact for max, and within ``(count + 1) * eps``
+    of the mean magnitude for averages (sequential sum of ``count`` terms, one division)."""
+    np.testing.assert_array_equal(got, tvm_out)
+    ref = reference(x, attrs, got.shape[2:])
+    if attrs["kind"] == "max":
+        np.testing.assert_array_equal(got, ref)
+        return
+    count = np.prod(x.shape[2:]) if attrs["kind"] == "adaptive" else np.prod(attrs["pool_size"])
+    bound = (count + 1) * np.finfo(x.dtype).eps * reference(np.abs(x), attrs, got.shape[2:])
+    assert np.all(np.abs(got - ref) <= bound)
+
+
+def test_grid_matches_tvm_default_exactly_and_numpy():
+    cs = all_cases()
+    mod = grid_model(cs, pool)
+    rep = jitbyoc.report(mod)
+    assert rep.fallbacks == [] and rep.offloaded_ops == len(cs)
+    args = random_inputs(cs)
+    got, ref = run(build(mod, True), args), run(build(mod, False), args)
+    for k, (_, attrs) in enumerate(cs):
+        check(got[k], args[k], attrs, ref[k])
+
+
+def test_max_of_infinities_and_all_padding_windows():
+    """TVM pads max pooling with the lowest finite value: -inf inputs and windows that
+    see only padding (ceil_mode) give that value, not -inf."""
+    attrs = dict(kind="max", pool_size=(2, 2), strides=(3, 3), padding=(0, 0, 2, 2), ceil_mode=True)
+    cs = [([((1, 2, 4, 4), F32)], attrs)]
+    x = np.full((1, 2, 4, 4), -np.inf, F32)
+    x[0, 1, 0, 0] = 5.0
+    mod = grid_model(cs, pool)
+    got, ref = run(build(mod, True), [x])[0], run(build(mod, False), [x])[0]
+    np.testing.assert_array_equal(got, ref)
+    assert got[0, 0, 0, 0] == np.finfo(F32).min and got[0, 1, 0, 0] == 5.0
+
+
+def test_float64():
+    cs = [([((2, 3, 9, 10), "float64")], dict(kind="avg", pool_size=(3, 3), strides=(2, 2),
+                                               padding=(1, 1, 1, 1), count_include_pad=True))]
+    args = random_inputs(cs)
+    mod = grid_model(cs, pool)
+    got, ref = run(build(mod, True), args)[0], run(build(mod, False), args)[0]
+    assert got.dtype == np.float64
+    check(got, args[0], cs[0][1], ref)
+
+
+def test_symbolic_batch_two_values():
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((tvm.ir.expr.Var("n", "int64"), 4, 11, 11), F32))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.max_pool2d(x, pool_size=3, strides=2, padding=1))
+            out = bb.emit_output(relax.op.nn.adaptive_avg_pool2d(y, (1, 1)))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    assert jitbyoc.report(mod).fallbacks == []
+    ex, ex_ref = build(mod, True), build(mod, False)
+    for n in (1, 3):
+        x = np.random.default_rng(n).standard_normal((n, 4, 11, 11)).astype(F32)
+        got, ref = run(ex, [x])[0], run(ex_ref, [x])[0]
+        assert got.shape == (n, 4, 1, 1)
+        np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-7)
+
+
+def test_epilogue_is_fused():
+    def make(bb, x, attrs):
+        y = bb.emit(relax.op.nn.avg_pool2d(x, pool_size=2, strides=2))
+        return bb.emit(relax.op.nn.relu(relax.op.add(y, relax.const(-0.25, F32))))
+
+    cs = [([((2, 5, 9, 9), F32)], {})]
+    mod = grid_model(cs, make)
+    (region,) = jitbyoc.inspect(mod)
+    (stage,) = region.kernel.stages
+    assert isinstance(stage, Pool2d) and stage.epilogue is not None
+    args = random_inputs(cs)
+    np.testing.assert_array_equal(run(build(mod, True), args)[0], run(build(mod, False), args)[0])
+
+
+@pytest.mark.skipif(CC is None, reason="no C compiler (cc) to build the C rendering")
+@pytest.mark.parametrize("index", [5, 13, 22, 23, 25, 29, 30, 32])
+def test_c_rendering_matches_llvm_exactly(index, tmp_path):
+    cs = [all_cases()[index]]
+    mod = grid_model(cs, pool)
+    (region,) = jitbyoc.inspect(mod)
+    args = random_inputs(cs, seed=index)
+    llvm_out = run(build(mod, True), args)[0]
+    c_out = run_c(region, {region.arg_names[0]: args[0]}, llvm_out.shape, F32, tmp_path)
+    np.testing.assert_array_equal(c_out, llvm_out)
+
+
+def test_nhwc_stays_with_tvm_with_reason():
+    cs = [([((1, 9, 9, 4), F32)], dict(kind="max", pool_size=(2, 2), layout="NHWC"))]
+    mod = grid_model(cs, pool)
+    rep = jitbyoc.report(mod)
+    assert [f.op for f in rep.fallbacks] == ["relax.nn.max_pool2d"] and "layout" in rep.fallbacks[0].reason
+    args = random_inputs(cs)
+    np.testing.assert_array_equal(run(build(mod, True), args)[0], run(build(mod, False), args)[0])
+
+
+@st.composite
+def pool_configs(draw):
+    kind = draw(st.sampled_from(["max", "avg"]))
+    size = (draw(st.integers(1, 4)), draw(st.integers(1, 4)))
+    dil = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+    pad = tuple(draw(st.integers(0, (size[i % 2] - 1) * dil[i % 2] // 2 + 1)) for i in range(4))
+    hw = tuple(draw(st.integers(max(1, (size[i] - 1) * dil[i] + 1 - pad[i] - pad[i + 2]), 12)) for i in range(2))
+    return (draw(st.integers(1, 2)), draw(st.integers(1, 5))) + hw, dict(
+        kind=kind, pool_size=size, dilation=dil, padding=pad,
+        strides=(draw(st.integers(1, 3)), draw(st.integers(1, 3))),
+        ceil_mode=draw(st.booleans()), count_include_pad=draw(st.booleans()))
+
+
+@settings(max_examples=8, deadline=None)
+@given(pool_configs())
+def test_random_configs_match_numpy(config):
+    shape, attrs = config
+    cs = [([(shape, F32)], attrs)]
+    (x,) = random_inputs(cs)
+    got = run(build(grid_model(cs, pool), True), [x])[0]
+    ref = reference(x, attrs, got.shape[2:])  # float64 inside, result in float32
+    np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)
