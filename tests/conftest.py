@@ -12,20 +12,12 @@ import tvm
 from tvm import relax
 
 import jitbyoc
-from jitbyoc import cache, codegen, kir, runtime
+from jitbyoc import codegen, kir, runtime
 from jitbyoc.ops import OPS
 
 RELAX_ROWS = sorted(name for name, row in OPS.items() if row.relax)
 # everything jitbyoc stores, in the order the tests walk them
 DTYPES = ("float32", "float64", "int32", "int64", "bool")
-
-
-@pytest.fixture(autouse=True, scope="session")
-def isolated_compile_cache(tmp_path_factory):
-    """Every test session gets its own, empty disk cache, never the user's."""
-    cache.configure(path=tmp_path_factory.mktemp("jitbyoc-cache"))
-    cache.clear_memory()
-    yield
 
 
 # ---- models ---------------------------------------------------------------------------
@@ -96,17 +88,21 @@ def run(vm: relax.VirtualMachine, *arrays):
     return [o.numpy() for o in out]
 
 
-def jit_kernel(kernel: kir.Kernel, arg_names: list[str]):
-    """Compile ``kernel`` the way a build does (no Relax involved) and return
-    ``f(*inputs) -> outputs``; every buffer must be 1-D with the symbolic size "n"."""
-    region = codegen.Region(kernel.name, kernel, arg_names)
-    fn = runtime.tvm_module({kernel.name: region.asm})[kernel.name]
+def jit_function(region: codegen.Region):
+    """The packed function jitbyoc's build would run for ``region`` (its machine code,
+    loaded the way a build loads it; no Relax involved)."""
+    return runtime.tvm_module({region.symbol: region.asm})[region.symbol]
 
-    def call(*arrays):
-        outs = [tvm.runtime.tensor(np.empty(len(arrays[0]), b.dtype)) for b in kernel.outputs]
-        fn(*[tvm.runtime.tensor(np.asarray(a, order="C")) for a in arrays], *outs)
-        return [o.numpy() for o in outs]
-    return call
+
+def call_region(fn, kernel: kir.Kernel, inputs) -> list[np.ndarray]:
+    """Call a region's packed function on ``inputs`` with fresh outputs; symbolic sizes
+    are read off the inputs."""
+    sizes = {d: a.shape[i] for b, a in zip(kernel.inputs, inputs)
+             for i, d in enumerate(b.shape) if isinstance(d, str)}
+    outs = [tvm.runtime.tensor(np.zeros([sizes.get(d, d) for d in b.shape], b.dtype))
+            for b in kernel.outputs]
+    fn(*[tvm.runtime.tensor(np.asarray(a, order="C")) for a in inputs], *outs)
+    return [o.numpy() for o in outs]
 
 
 def one_op_kernel(name: str, dtype: str, attrs: dict | None = None) -> kir.Kernel:
@@ -117,6 +113,40 @@ def one_op_kernel(name: str, dtype: str, attrs: dict | None = None) -> kir.Kerne
     out = kir.Buffer("out0", ("n",), row.result_dtype(dtype, attrs))
     node = kir.Op(name, tuple(kir.Load(b) for b in ins), dtype, out.dtype, tuple(sorted(attrs.items())))
     return kir.Kernel(f"test_{name}_{dtype}", ins, [out], [kir.Elementwise(("n",), ((out, node),))])
+
+
+# ---- inputs ----------------------------------------------------------------------------
+
+def sample(name: str, dt: str, k: int, shape, rng) -> np.ndarray:
+    """Inputs for operand ``k`` of row ``name`` (``dt``: the row's operand dtype), inside
+    the op's sensible domain: positive for log/sqrt/rsqrt, nonzero denominators, positive
+    bases for power, halves for floor/ceil, few distinct values for comparisons."""
+    row = OPS[name]
+    if dt == "bool" or (name == "where" and k == 0):
+        return rng.random(shape) < 0.5
+    if dt.startswith("int"):
+        return rng.integers(-3, 4, shape).astype(dt) if row.out == "bool" else \
+            rng.integers(-1000, 1000, shape).astype(dt)
+    if row.out == "bool":
+        x = rng.integers(-3, 4, shape) * 0.5  # so that equal elements happen
+    elif name in ("log", "sqrt", "rsqrt"):
+        x = 10.0 ** rng.uniform(-3, 3, shape)
+    elif name == "divide" and k == 1:
+        x = rng.choice([-1, 1], shape) * 10.0 ** rng.uniform(-2, 2, shape)
+    elif name == "power":
+        x = rng.uniform(0.1, 4, shape) if k == 0 else rng.uniform(-3, 3, shape)
+    elif name in ("floor", "ceil"):
+        x = rng.integers(-20, 20, shape) * 0.25
+    elif name == "astype":
+        x = rng.standard_normal(shape) * 50
+    else:
+        x = rng.standard_normal(shape) * 3
+    return np.asarray(x).astype(dt)
+
+
+def operand_dtype(name: str, dt: str, k: int) -> str:
+    """The dtype of operand ``k`` of row ``name`` applied to ``dt`` (where's condition is bool)."""
+    return "bool" if name == "where" and k == 0 else dt
 
 
 # ---- comparing -------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from tvm import relax
 
 from jitbyoc.ops import OPS
 from tests.conftest import (DTYPES, RELAX_ROWS, assert_within_ulp, build_both, build_model, build_tvm,
-                            documented_ulp, relax_call)
+                            documented_ulp, operand_dtype, relax_call, sample)
 
 # broadcasting cases: (shape of even operands, shape of odd operands); "const" is a rank-0
 # R.const; a case with "n" is run with two values of n
@@ -46,33 +46,6 @@ def attrs_of(name: str, dt: str) -> list[dict]:
     return [{}]
 
 
-def values(name: str, dt: str, k: int, shape, rng) -> np.ndarray:
-    """Inputs for operand ``k`` of row ``name``, inside the op's sensible domain."""
-    if name == "where" and k == 0 or dt == "bool":
-        return rng.random(shape) < 0.5
-    if dt.startswith("int"):
-        if OPS[name].out == "bool":
-            return rng.integers(-3, 4, shape).astype(dt)  # equal elements happen
-        return rng.integers(-1000, 1000, shape).astype(dt)
-    if OPS[name].out == "bool":
-        return (rng.integers(-3, 4, shape) * 0.5).astype(dt)
-    if name in ("log", "sqrt", "rsqrt") or (name == "power" and k == 0):
-        return (10.0 ** rng.uniform(-3, 3, shape) if name != "power" else rng.uniform(0.1, 4, shape)).astype(dt)
-    if name == "divide" and k == 1:
-        return (rng.choice([-1, 1], shape) * 10.0 ** rng.uniform(-2, 2, shape)).astype(dt)
-    if name == "power":
-        return rng.uniform(-3, 3, shape).astype(dt)
-    if name in ("floor", "ceil"):
-        return (rng.integers(-20, 20, shape) * 0.25).astype(dt)  # halves and integers too
-    if name == "astype":
-        return (rng.standard_normal(shape) * 50).astype(dt)
-    return (rng.standard_normal(shape) * 3).astype(dt)
-
-
-def operand_dtype(name: str, dt: str, k: int) -> str:
-    return "bool" if name == "where" and k == 0 else dt
-
-
 def case_shapes(name: str) -> dict[str, list]:
     """Broadcasting case -> the shape of each operand ("const": a rank-0 R.const)."""
     arity = OPS[name].arity
@@ -90,7 +63,7 @@ def model_and_inputs(name: str, dt: str, attrs: dict, cases: dict, rng):
     for c, shapes in cases.items():
         for k, shape in enumerate(shapes):
             if shape == "const":
-                consts[c, k] = np.asarray(values(name, operand_dtype(name, dt, k), k, (), rng))
+                consts[c, k] = np.asarray(sample(name, operand_dtype(name, dt, k), k, (), rng))
             else:
                 params[f"{c}_x{k}"] = (shape, operand_dtype(name, dt, k))
 
@@ -103,7 +76,7 @@ def model_and_inputs(name: str, dt: str, attrs: dict, cases: dict, rng):
         return outs
 
     runs = [{c: [consts[c, k] if (c, k) in consts else
-                 values(name, operand_dtype(name, dt, k), k, tuple(n if d == "n" else d for d in s), rng)
+                 sample(name, operand_dtype(name, dt, k), k, tuple(n if d == "n" else d for d in s), rng)
                  for k, s in enumerate(shapes)]
              for c, shapes in cases.items()}
             for n in N_VALUES]

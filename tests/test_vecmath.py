@@ -17,7 +17,9 @@ import pytest
 
 from jitbyoc import vecmath
 from jitbyoc.ops import OPS
-from tests.conftest import SQRT_2_PI, assert_within_ulp, documented_ulp, jit_kernel, one_op_kernel, ulp_error
+from jitbyoc.codegen import Region
+from tests.conftest import (SQRT_2_PI, assert_within_ulp, call_region, documented_ulp, jit_function,
+                            one_op_kernel, ulp_error)
 
 mpmath.mp.prec = 120
 
@@ -108,7 +110,8 @@ def kernels():
     def get(name, dt):
         if (name, dt) not in cache:
             k = one_op_kernel(name, dt)
-            cache[name, dt] = jit_kernel(k, [b.name for b in k.params])
+            fn = jit_function(Region(k.name, k, [b.name for b in k.params]))
+            cache[name, dt] = lambda *xs, fn=fn, k=k: call_region(fn, k, xs)
         return cache[name, dt]
     return get
 
