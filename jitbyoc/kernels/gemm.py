@@ -18,9 +18,10 @@ API
 
 * Dims (entries of ``batch``) are ints or symbolic names, as in :mod:`jitbyoc.kir`;
   ``m``, ``n``, ``k`` are dims or tuples of dims (their product: e.g. batch dims folded
-  into the rows when B is shared by every batch item). ``batch`` is the shape of the batch space (``()`` for one matrix);
-  the engine walks it in row-major order and hands operands, output and epilogue ``b``,
-  the tuple of per-dim batch indices (i64 values; C: ``int64_t`` expressions).
+  into the rows when B is shared by every batch item). ``batch`` is the shape of the batch
+  space (``()`` for one matrix); the engine walks it in row-major order and hands operands,
+  output and epilogue ``b``, the tuple of per-dim batch indices (i64 values; C: ``int64_t``
+  expressions).
 * **Operands.** A and B are both seen as a panel source ``X(b, x, k)``: for A, ``x`` is the
   row ``m``; for B, ``x`` is the column ``n``. An operand implements
 
@@ -33,7 +34,11 @@ API
     ``x0``/``nx``/``k0``/``kc`` are i64 values. The default (:class:`Operand`) packs element by
     element through ``element_llvm``; :class:`Strided` packs a unit-stride side with vector
     loads and a unit-stride ``k`` with in-register 16x16 transposes. A conv operand can
-    override ``pack_llvm`` to gather im2col panels straight from the image, padding on the fly.
+    override ``pack_llvm`` to gather im2col panels straight from the image, padding on the fly;
+  - optionally ``direct_llvm(ctx, b) -> (ptr, x_stride, k_stride)`` (i64 strides): X is
+    dense in memory at ``ptr + x*x_stride + k*k_stride``. The engine then reads A in place,
+    never packing it, and B too when ``contiguous_x`` is true (``x_stride == 1``), so a
+    row-major B is streamed straight from its rows. :class:`Strided` provides both.
 
   :class:`Strided` covers every dense layout: element ``(b, x, k)`` at
   ``sum(unravel(b)[i] * batch[i]) + x * x_stride + k * k_stride`` of a buffer, strides being
@@ -48,9 +53,13 @@ API
   (dims of size 1 dropped, as in a 1-D matmul operand, are skipped); :func:`rows_epilogue`
   does it row by row when ``m`` is several output dims folded. ``None``: no epilogue.
 * **Threads.** ``emit_llvm`` / ``emit_c`` run ``ctx.parallel_for`` themselves (so never
-  call them from inside one) over ``batch x parts``, a part being a range of MR rows or
-  NR columns (the larger of M and N is split, so the smaller operand is the one packed
-  twice). Packing buffers come from ``TVMBackendAllocWorkspace`` inside each task.
+  call them from inside one). The LLVM rendering splits the larger of M and N into
+  chunks that tasks take from an atomic counter (:mod:`.gemm_llvm`); the C rendering
+  splits rows statically. Packing buffers come from ``TVMBackendAllocWorkspace`` inside
+  each task; static problems under :data:`SERIAL_MAX_MACS` stay on the calling thread.
+* **Layers.** :mod:`.gemm_micro` holds the LLVM pieces a custom operand may reuse
+  (``pack_rows``, ``pack_transposed``, ``transpose``, masked vector loads/stores);
+  :mod:`.gemm_llvm` the driver (blocking, chunks, microkernel dispatch).
 * **Accumulation order.** Per output element, the LLVM rendering sums ``k`` in order
   within blocks of at most :data:`KC` with fused multiply-adds (one rounding each), then
   adds the blocks in order into C; the C rendering sums ``k`` in order with separate
@@ -163,6 +172,11 @@ class Strided(Operand):
     def element_c(self, ctx, b, x, k) -> str:
         return ctx.element(self.buf, _linear_c(ctx, list(zip(b, self.batch)) + [(x, self.x), (k, self.k)]))
 
+    @property
+    def contiguous_x(self) -> bool:
+        """Unit stride along ``x``: as B, rows of the panel can be read in place as vectors."""
+        return _is_one(self.x)
+
     def direct_llvm(self, ctx, b) -> tuple:
         """``(pointer to X(b, 0, 0), x stride, k stride)``: the engine reads A in place
         through this instead of packing it (see :func:`.gemm_micro.microkernel`)."""
@@ -172,9 +186,9 @@ class Strided(Operand):
     def pack_llvm(self, ctx, dst, b, x0, nx, k0, kc, width: int) -> None:
         src = ctx.element(self.buf, self.offset_llvm(ctx, b, x0, k0))
         if _is_one(self.x):
-            mk.pack_rows(ctx.b, self.dtype, dst, src, ctx.product(_dims(self.k)), nx, kc, width)
+            mk.call_packer(ctx.b, "rows", self.dtype, dst, src, ctx.product(_dims(self.k)), nx, kc, width)
         elif _is_one(self.k):
-            mk.pack_transposed(ctx.b, self.dtype, dst, src, ctx.product(_dims(self.x)), nx, kc, width)
+            mk.call_packer(ctx.b, "transposed", self.dtype, dst, src, ctx.product(_dims(self.x)), nx, kc, width)
         else:
             super().pack_llvm(ctx, dst, b, x0, nx, k0, kc, width)
 

@@ -93,23 +93,23 @@ def transpose(b: ir.IRBuilder, rows: list) -> list:
     return rows
 
 
-def microkernel(module: ir.Module, dt: str, mr: int, nv: int, unroll: int, bwidth: int) -> ir.Function:
-    """``micro(a, axs, aks, bp, kc, c, ldc, mv, nvalid, accumulate)``: the ``mr x nv*VL``
-    tile ``C (+)= A Bp`` over ``kc`` steps. ``A[i, k]`` is read in place at ``a + i*axs +
-    k*aks`` (a packed panel is ``axs=1, aks=MR``); rows past ``mv`` re-read row ``mv-1``, so
-    an edge tile never reads outside A. ``Bp`` is a ``kc x bwidth`` packed panel of which
-    the first ``nv*VL`` columns are used (narrow variants serve edge tiles). Only the
-    ``mv x nvalid`` corner is stored. Accumulators live in registers as loop-carried
-    values; k is unrolled ``unroll`` times."""
+def microkernel(module: ir.Module, dt: str, mr: int, nv: int, unroll: int, masked: bool) -> ir.Function:
+    """``micro(a, axs, aks, b, bks, kc, c, ldc, mv, nvalid, accumulate)``: the ``mr x nv*VL``
+    tile ``C (+)= A B`` over ``kc`` steps. ``A[i, k]`` is read at ``a + i*axs + k*aks`` (a
+    packed panel is ``axs=1, aks=MR``); rows past ``mv`` re-read row ``mv-1``, so an edge
+    tile never reads outside A. ``B[k, j]`` is read as vectors at ``b + k*bks + j`` (a
+    packed panel, or B itself when its rows are contiguous); with ``masked`` the lanes past
+    ``nvalid`` are not read (B read in place at an edge). Only the ``mv x nvalid`` corner
+    is stored. Accumulators live in registers as loop-carried values; k is unrolled."""
     vl = lanes(dt)
-    name = f"jitbyoc_gemm_{dt}_{mr}x{nv}_u{unroll}_b{bwidth}"
+    name = f"jitbyoc_gemm_{dt}_{mr}x{nv}_u{unroll}{'_masked' if masked else ''}"
     if name in module.globals:
         return module.globals[name]
     vt, et = vtype(dt), lookup_dtype(dt).ir
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64, PTR, I64, PTR, I64, I64, I64, I1]),
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64, PTR, I64, I64, PTR, I64, I64, I64, I1]),
                      name)
     fn.linkage = "internal"
-    ap, axs, aks, bp, kc, c, ldc, mvalid, nvalid, accumulate = fn.args
+    ap, axs, aks, bp, bks, kc, c, ldc, mvalid, nvalid, accumulate = fn.args
     for p in (ap, bp, c):
         p.add_attribute("noalias")
     b = ir.IRBuilder(fn.append_basic_block("entry"))
@@ -117,9 +117,11 @@ def microkernel(module: ir.Module, dt: str, mr: int, nv: int, unroll: int, bwidt
     last = b.sub(mvalid, I64(1))
     rows = [gep(b, ap, b.mul(b.select(b.icmp_signed("<", I64(i), mvalid), I64(i), last), axs), dt)
             for i in range(mr)]
+    masks = [lane_mask(b, b.sub(nvalid, I64(j * vl)), vl) if masked else None for j in range(nv)]
 
     def step(k, accs):
-        bvec = [vload(b, gep(b, bp, b.add(b.mul(k, I64(bwidth)), I64(j * vl)), dt), dt) for j in range(nv)]
+        brow = gep(b, bp, b.mul(k, bks), dt)
+        bvec = [vload(b, gep(b, brow, j * vl, dt), dt, masks[j]) for j in range(nv)]
         out, koff = list(accs), b.mul(k, aks)
         for i in range(mr):
             a = splat(b, b.load(gep(b, rows[i], koff, dt), typ=et), vl)
@@ -217,34 +219,45 @@ def pack_rows(b, dt, dst, src, kstride, nx, kc, width: int) -> None:
 def pack_transposed(b, dt, dst, src, xstride, nx, kc, width: int) -> None:
     """Panel from rows that are contiguous along ``k``: ``dst[kk*width + r] =
     src[r*xstride + kk]`` (0 for ``r >= nx``), by loading VL x VL blocks as rows and
-    transposing them in registers."""
+    transposing them in registers; the last, partial block is masked, not branched."""
     vl = lanes(dt)
-    full = b.sdiv(kc, I64(vl))
-    with for_range(b, full, "pt") as t:
-        _transpose_block(b, dt, dst, src, xstride, nx, b.mul(t, I64(vl)), I64(vl), width, False)
-    tail = b.mul(full, I64(vl))
-    with b.if_then(b.icmp_signed("<", tail, kc)):
-        _transpose_block(b, dt, dst, src, xstride, nx, tail, b.sub(kc, tail), width, True)
-
-
-def _transpose_block(b, dt, dst, src, xstride, nx, kk, krem, width, guarded):
-    vl = lanes(dt)
-    base = gep(b, src, kk, dt)
     zero = ir.Constant(vtype(dt), None)
-    for g in range(0, width, vl):
-        rows = []
-        for r in range(g, g + vl):
-            if r >= width:
-                rows.append(zero)
-                continue
-            limit = b.select(b.icmp_signed("<", I64(r), nx), krem, I64(0))
-            ptr = b.gep(base, [b.mul(I64(r), xstride)], source_etype=lookup_dtype(dt).ir)
-            rows.append(vload(b, ptr, dt, lane_mask(b, limit, vl)))
-        store_mask = None if width - g >= vl else lane_mask(b, width - g, vl)
-        for l, v in enumerate(transpose(b, rows)):
-            at = gep(b, dst, b.add(b.mul(b.add(kk, I64(l)), I64(width)), I64(g)), dt)
-            if guarded:
-                with b.if_then(b.icmp_signed("<", I64(l), krem)):
-                    vstore(b, v, at, dt, store_mask)
-            else:
-                vstore(b, v, at, dt, store_mask)
+    with for_range(b, _ceil(b, kc, vl), "pt") as t:
+        kk = b.mul(t, I64(vl))
+        krem = b.sub(kc, kk)
+        base = gep(b, src, kk, dt)
+        for g in range(0, width, vl):
+            rows = []
+            for r in range(g, g + vl):
+                if r >= width:
+                    rows.append(zero)
+                    continue
+                limit = b.select(b.icmp_signed("<", I64(r), nx), krem, I64(0))
+                ptr = b.gep(base, [b.mul(I64(r), xstride)], source_etype=lookup_dtype(dt).ir)
+                rows.append(vload(b, ptr, dt, lane_mask(b, limit, vl)))
+            for l, v in enumerate(transpose(b, rows)):
+                at = gep(b, dst, b.add(b.mul(b.add(kk, I64(l)), I64(width)), I64(g)), dt)
+                lanes_ = b.select(b.icmp_signed("<", I64(l), krem), I64(min(vl, width - g)), I64(0))
+                vstore(b, v, at, dt, lane_mask(b, lanes_, vl))
+
+
+def _ceil(b, x, y: int):
+    return b.sdiv(b.add(x, I64(y - 1)), I64(y))
+
+
+def call_packer(b: ir.IRBuilder, kind: str, dt: str, dst, src, stride, nx, kc, width: int) -> None:
+    """Call :func:`pack_rows` (``kind="rows"``) or :func:`pack_transposed`
+    (``"transposed"``) emitted once per module as a function of its own, so a region with
+    many products carries one copy of each packer."""
+    name = f"jitbyoc_pack_{kind}_{dt}_w{width}"
+    fn = b.module.globals.get(name)
+    if fn is None:
+        fn = ir.Function(b.module, ir.FunctionType(ir.VoidType(), [PTR, PTR, I64, I64, I64]), name)
+        fn.linkage = "internal"
+        for p in fn.args[:2]:
+            p.add_attribute("noalias")
+        inner = ir.IRBuilder(fn.append_basic_block("entry"))
+        emit = pack_rows if kind == "rows" else pack_transposed
+        emit(inner, dt, *fn.args, width)
+        inner.ret_void()
+    b.call(fn, [dst, src, stride, nx, kc])
