@@ -316,7 +316,9 @@ def gelu_tanh(e, dt, x):
 
 
 def power(e, dt, x, y):
-    """x**y as exp(y*log|x|), with C's pow rules for negative x, zeros and y == 0."""
+    """x**y as exp(y*log|x|), with C's pow rules for negative x, zeros and y == 0, and
+    exact results for y in (2, 1, -1) (``x*x``, ``x``, ``1/x``), which is what C's correctly
+    rounded pow returns for them, specials included."""
     mag = exp(e, dt, e.op("multiply", dt, y, log(e, dt, e.op("abs", dt, x))))
     y_int = e.op("equal", dt, e.op("floor", dt, y), y)
     half = e.op("multiply", dt, y, e.const(0.5, dt))
@@ -324,4 +326,7 @@ def power(e, dt, x, y):
     neg = _signbit(e, dt, x)
     signed = e.op("select", dt, y_odd, e.op("negative", dt, mag), mag)
     r = e.op("select", dt, neg, e.op("select", dt, y_int, signed, e.const(math.nan, dt)), mag)
+    # exponents models use most, where C's pow is exact and exp(y*log|x|) is not
+    for k, exact in ((2, e.op("multiply", dt, x, x)), (1, x), (-1, e.op("divide", dt, e.const(1, dt), x))):
+        r = e.op("select", dt, e.op("equal", dt, y, e.const(k, dt)), exact, r)
     return e.op("select", dt, e.op("equal", dt, y, e.const(0, dt)), e.const(1, dt), r)

@@ -212,3 +212,19 @@ def test_mixed_operand_dtypes_stay_with_tvm():
     tvm_out, jit_out = builds.run(x)
     np.testing.assert_array_equal(jit_out, tvm_out)
     np.testing.assert_array_equal(jit_out, x == 1)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_power_common_exponents_are_correctly_rounded(dtype):
+    """y in (2, 1, -1) gives x*x, x, 1/x: what a correctly rounded pow returns (TVM's own
+    power is off by an ulp here, so the reference is exact arithmetic, not TVM)."""
+    x = np.concatenate([np.linspace(-50, 50, 61), [0.0, -0.0, np.inf, -np.inf, 1e-30, 3.0]]).astype(dtype)
+    wide = np.longdouble
+    for k in (2.0, 1.0, -1.0):
+        y = np.full_like(x, k)
+        mod = build_model({"x": (x.shape, dtype), "y": (y.shape, dtype)},
+                          lambda bb, xv, yv: bb.emit(relax.op.power(xv, yv)))
+        _, got = build_both(mod, tvm_builds=False).run(x, y)
+        with np.errstate(divide="ignore"):
+            exact = np.power(x.astype(wide), wide(k)).astype(dtype)
+        np.testing.assert_array_equal(got, exact)
