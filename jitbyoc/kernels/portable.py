@@ -237,8 +237,9 @@ class C:
         return f"((int64_t){v})"
 
     def _name(self, stem: str) -> str:
+        """A fresh C name; the underscore keeps it apart from the ctx's ``t<n>`` temporaries."""
         self.ctx.n += 1
-        return f"{stem}{self.ctx.n}"
+        return f"{stem}_{self.ctx.n}"
 
     def load(self, buf, off):
         raw = self.ctx.element(buf, self.i(off))

@@ -1,0 +1,193 @@
+"""Normalizations: layer_norm, rms_norm (kernels) and inference batch_norm (elementwise).
+
+layer_norm and rms_norm normalize over a contiguous block of axes: the tensor is viewed
+as (outer, L, inner) and each of the outer*inner rows is done on its own, split across
+TVM's thread pool, in the order TVM's legalization computes it:
+
+* layer_norm: ``mean = sum(x) / L``; ``var = sum((x - mean)^2) / L`` (two passes, so no
+  cancellation for data far from zero); ``out = (x - mean) * (1 / sqrt(var + eps)) *
+  gamma + beta``.
+* rms_norm: ``out = (1 / sqrt(sum(x^2) / L + eps)) * x * weight``.
+
+Reductions are reassociable (LLVM sums in vector lanes, C in order). With trailing axes
+(inner == 1) each finished row gets the fused epilogue while it is in cache; otherwise the
+epilogue runs once over the output at the end.
+
+batch_norm with ``training=False`` is elementwise math given the moving statistics, so it
+needs no kernel: its value is ``(x - mean) / sqrt(var + eps) * gamma + beta`` (TVM's
+formula, operation for operation) with the per-channel vectors viewed as (C, 1, ..., 1),
+and it fuses with what surrounds it (a conv's epilogue, a following relu). The moving
+mean and variance pass through, as TVM returns them.
+
+Accuracy: for L elements the sums are within ``L * eps`` relative of exact; outputs agree
+with TVM's default build to about ``1e-5`` absolute for standardized data (float32).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import kir
+from ..dtypes import FLOATS
+from ..patterns import dims, tensor_problem
+from . import register
+from .layout import reshaped
+from .portable import PortableStage, fold, threaded, unravel
+
+
+@dataclass(eq=False)
+class RowNorm(PortableStage, kir.KernelStage):
+    """layer_norm (``inputs = (x, gamma, beta)``) or rms_norm (``inputs = (x, weight)``)
+    over dims ``[first, last]`` of ``x``."""
+    first: int = 0
+    last: int = 0
+    epsilon: float = 1e-5
+
+    def split(self):
+        shape = self.out.shape
+        return shape[:self.first], shape[self.first:self.last + 1], shape[self.last + 1:]
+
+    def emit(self, e) -> None:
+        outer, red, inner = self.split()
+        x, dt = self.inputs[0], self.out.dtype
+
+        def body(e, lo, hi):
+            n_in, length = e.product(inner), e.product(red)
+            count = e.op("astype", "int64", length, to=dt)
+            with e.loop(hi, lo, "row") as r:
+                base = e.let(e.add(e.mul(e.div(r, n_in), e.mul(length, n_in)), e.rem(r, n_in)))
+
+                def at(k):
+                    return e.add(base, e.mul(k, n_in))
+
+                self._row(e, at, length, count)
+                if not inner and self.epilogue is not None:
+                    e.epilogue(self, _unravel_all(e, r, outer) + [0] * len(red),
+                               [1] * len(outer) + [e.dim(d) for d in red])
+
+        e.parallel(e.mul(e.product(outer), e.product(inner)), body, threaded(x.shape))
+        if inner and self.epilogue is not None:
+            e.epilogue(self, [0] * self.out.ndim, [e.dim(d) for d in self.out.shape])
+
+    def _row(self, e, at, length, count) -> None:
+        x, out, dt = self.inputs[0], self.out, self.out.dtype
+        eps = e.const(self.epsilon, dt)
+        one = e.const(1, dt)
+        if len(self.inputs) == 2:  # rms_norm
+            ss = fold(e, "sum", dt, length, lambda k: e.op("square", dt, e.load(x, at(k))))
+            scale = e.op("divide", dt, one, e.op("sqrt", dt, e.op("add", dt, e.op(
+                "divide", dt, ss, count), eps)))
+            with e.loop(length, 0, "k") as k:
+                v = e.op("multiply", dt, e.op("multiply", dt, scale, e.load(x, at(k))),
+                         e.load(self.inputs[1], k))
+                e.store(out, at(k), v)
+            return
+        mean = e.op("divide", dt, fold(e, "sum", dt, length, lambda k: e.load(x, at(k))), count)
+        var = e.op("divide", dt, fold(e, "sum", dt, length, lambda k: e.op(
+            "square", dt, e.op("subtract", dt, e.load(x, at(k)), mean))), count)
+        rstd = e.op("divide", dt, one, e.op("sqrt", dt, e.op("add", dt, var, eps)))
+        with e.loop(length, 0, "k") as k:
+            v = e.op("multiply", dt, e.op("subtract", dt, e.load(x, at(k)), mean), rstd)
+            v = e.op("add", dt, e.op("multiply", dt, v, e.load(self.inputs[1], k)),
+                     e.load(self.inputs[2], k))
+            e.store(out, at(k), v)
+
+    @staticmethod
+    def reference(x, *params, axes, epsilon=1e-5) -> np.ndarray:
+        wide = x.astype(np.float64)
+        axes = tuple(axes)
+        if len(params) == 1:  # rms_norm
+            rms = np.sqrt(np.mean(wide * wide, axis=axes, keepdims=True) + epsilon)
+            return (wide / rms * params[0]).astype(x.dtype)
+        mean = wide.mean(axis=axes, keepdims=True)
+        var = ((wide - mean) ** 2).mean(axis=axes, keepdims=True)
+        return ((wide - mean) / np.sqrt(var + epsilon) * params[0] + params[1]).astype(x.dtype)
+
+
+def _unravel_all(e, flat, ds) -> list:
+    return unravel(e, flat, [e.dim(d) for d in ds])
+
+
+def _block(call) -> tuple[int, int] | str:
+    """The normalized axes as a contiguous (first, last) block, or a reason."""
+    nd = len(dims(call.args[0].ty))
+    axes = sorted({int(a) % nd for a in call.attrs.axes})
+    if not axes or axes != list(range(axes[0], axes[-1] + 1)):
+        return f"axes {list(axes)} are not one contiguous block"
+    return axes[0], axes[-1]
+
+
+def _check_rows(call) -> str | None:
+    name = call.op.name
+    x = call.args[0]
+    for t in call.args:
+        problem = tensor_problem(t.ty, FLOATS)
+        if problem:
+            return f"{name}: {problem}"
+        if str(t.ty.dtype) != str(x.ty.dtype):
+            return f"{name}: operands of mixed dtypes"
+    if not dims(x.ty):
+        return f"{name}: rank-0 input"
+    block = _block(call)
+    if isinstance(block, str):
+        return f"{name}: {block}"
+    shape = dims(x.ty)
+    size = [d for d in shape[block[0]:block[1] + 1]]
+    for p in call.args[1:]:
+        if [d for d in dims(p.ty) if d != 1] != [d for d in size if d != 1]:
+            return f"{name}: parameter shape {dims(p.ty)} does not match the normalized dims"
+    if name == "relax.nn.layer_norm" and not (call.attrs.center and call.attrs.scale):
+        return ("relax.nn.layer_norm: center/scale=False is left to TVM (its own lowering "
+                "ignores these flags, so jitbyoc would disagree with it)")
+    return None
+
+
+def _build_rows(fe, call, out):
+    first, last = _block(call)
+    params = tuple(fe.buffer(a) for a in call.args)
+    return RowNorm(params, out, first=first, last=last, epsilon=float(call.attrs.epsilon))
+
+
+register("relax.nn.layer_norm", 3, _check_rows)(_build_rows)
+register("relax.nn.rms_norm", 2, _check_rows)(_build_rows)
+
+
+def _check_batch_norm(call) -> str | None:
+    x = call.args[0]
+    for t in call.args:
+        problem = tensor_problem(t.ty, FLOATS)
+        if problem:
+            return f"relax.nn.batch_norm: {problem}"
+        if str(t.ty.dtype) != str(x.ty.dtype):
+            return "relax.nn.batch_norm: operands of mixed dtypes"
+    if call.attrs.training:
+        return ("relax.nn.batch_norm: training=True (statistics of the batch, with updated "
+                "moving averages) is left to TVM")
+    nd = len(dims(x.ty))
+    if nd == 0 or any(len(dims(t.ty)) != 1 for t in call.args[1:]):
+        return "relax.nn.batch_norm: expects 1-D gamma/beta/mean/var on a ranked input"
+    return None
+
+
+@register("relax.nn.batch_norm", 5, _check_batch_norm)
+def _build_batch_norm(fe, call, out):
+    x, gamma, beta, mean, var = call.args
+    nd = len(dims(x.ty))
+    axis = int(call.attrs.axis) % nd
+    dt = str(x.ty.dtype)
+    shape = (dims(x.ty)[axis],) + (1,) * (nd - axis - 1)  # broadcasts along `axis`
+    m, v = (reshaped(fe, a, shape) for a in (mean, var))
+    eps = kir.Const(float(call.attrs.epsilon), dt)
+    y = _op("divide", dt, _op("subtract", dt, fe.value(x), m),
+            _op("sqrt", dt, _op("add", dt, v, eps)))
+    if call.attrs.scale:
+        y = _op("multiply", dt, y, reshaped(fe, gamma, shape))
+    if call.attrs.center:
+        y = _op("add", dt, y, reshaped(fe, beta, shape))
+    return y, fe.value(mean), fe.value(var)
+
+
+def _op(name, dt, *args):
+    return kir.Op(name, args, dt, dt)

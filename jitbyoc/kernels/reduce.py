@@ -1,0 +1,218 @@
+"""Reductions: sum, prod, max, min, mean, variance, std over any axes.
+
+The input's dims are grouped into runs that are all reduced or all kept (unit dims drop
+out), then one of two loop orders is used:
+
+* the innermost run is reduced ("rows"): every output element folds its elements, the
+  contiguous innermost run in a reassociable loop that LLVM vectorizes; outputs are split
+  across TVM's thread pool.
+* the innermost run is kept ("columns"): for each block of ``BLOCK`` contiguous outputs,
+  every reduced index adds a contiguous slice of the input into the block, which stays
+  in cache; (outer index, block) pairs are split across threads.
+
+mean divides the sum by the element count and variance is two-pass (mean, then the mean
+squared deviation), exactly as TVM's legalization does; std is its square root.
+
+Accuracy: max/min are exact (and NaN-propagating, as numpy's); sum/mean/prod are
+accumulated in the input dtype with reassociation allowed, so LLVM sums in vector lanes
+and C in order. Both are within ``n * eps * sum(|x|)`` of the exact sum (``n`` elements
+reduced), like TVM's sequential sum, so the tests use that bound.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import kir
+from ..dtypes import FLOATS, NUMERIC
+from ..patterns import dims, tensor_problem
+from . import register
+from .portable import PortableStage, dot, fold, identity, threaded, unravel
+
+BLOCK = 256  # outputs per block in the "columns" order: 1 KiB of float32, stays in L1
+FOLD = {"sum": "sum", "prod": "prod", "max": "max", "min": "min", "mean": "sum",
+        "variance": "sum", "std": "sum"}
+TWO_PASS = ("variance", "std")
+
+
+@dataclass(eq=False)
+class Reduce(PortableStage, kir.KernelStage):
+    """``out = <kind>(inputs[0], axes)``; ``out`` has the kept dims in order (with unit
+    dims where ``keepdims`` put them). ``scratch`` (same shape as ``out``) holds the
+    squared deviations of two-pass kinds in the "columns" order."""
+    axes: tuple = ()
+    kind: str = "sum"
+    scratch: kir.Buffer | None = None
+
+    def runs(self) -> list[tuple[bool, list[int]]]:
+        """The input's non-unit dims in runs that are all reduced or all kept."""
+        x = self.inputs[0]
+        runs: list[tuple[bool, list[int]]] = []
+        for d, n in enumerate(x.shape):
+            if n == 1:
+                continue
+            red = d in self.axes
+            if runs and runs[-1][0] == red:
+                runs[-1][1].append(d)
+            else:
+                runs.append((red, [d]))
+        if not any(red for red, _ in runs):  # only unit dims reduced: fold one element
+            runs.append((True, []))
+        return runs
+
+    def groups(self, e):
+        """``(reduced, extent, stride)`` per run, as facade values."""
+        x = self.inputs[0]
+        return [(red, e.product([x.shape[d] for d in ds]),
+                 e.product(x.shape[ds[-1] + 1:]) if ds else 1) for red, ds in self.runs()]
+
+    def count(self, e):
+        return e.product([self.inputs[0].shape[a] for a in self.axes])
+
+    def emit(self, e) -> None:
+        groups = self.groups(e)
+        if groups[-1][0]:
+            self._rows(e, groups)
+        else:
+            self._columns(e, groups)
+
+    def _finish(self, e, total, dt, n):
+        """mean/variance/std from a sum."""
+        if self.kind in ("sum", "prod", "max", "min"):
+            return total
+        value = e.op("divide", dt, total, n)
+        return e.op("sqrt", dt, value) if self.kind == "std" else value
+
+    def _rows(self, e, groups) -> None:
+        x, out, dt = self.inputs[0], self.out, self.out.dtype
+
+        def total(e, base, value, red, inner):
+            """Fold the strided runs (outer loop) of contiguous-run folds (vectorized)."""
+            kind = FOLD[self.kind]
+            acc = e.var(dt, e.const(identity(kind, dt), dt))
+            with e.loop(_prod(e, [g[1] for g in red]), 0, "q") as q:
+                off = e.let(e.add(base, dot(e, unravel(e, q, [g[1] for g in red]),
+                                            [g[2] for g in red])))
+                part = fold(e, kind, dt, inner, lambda k: value(e.add(off, k)))
+                e.set(acc, e.reduce(kind, dt, e.get(acc), part))
+            return e.get(acc)
+
+        def body(e, lo, hi):
+            groups = self.groups(e)
+            kept, red = [g for g in groups if not g[0]], [g for g in groups if g[0]]
+            inner = red.pop()[1]  # the contiguous run
+            n = e.op("astype", "int64", self.count(e), to=dt)
+            with e.loop(hi, lo, "o") as o:
+                base = e.let(dot(e, unravel(e, o, [g[1] for g in kept]), [g[2] for g in kept]))
+                s = total(e, base, lambda i: e.load(x, i), red, inner)
+                if self.kind in TWO_PASS:
+                    mean = e.op("divide", dt, s, n)
+                    s = total(e, base, lambda i: e.op("square", dt, e.op(
+                        "subtract", dt, e.load(x, i), mean)), red, inner)
+                e.store(out, o, self._finish(e, s, dt, n))
+                if self.epilogue is not None:
+                    e.epilogue(self, unravel(e, o, [e.dim(d) for d in out.shape]), [1] * out.ndim)
+
+        e.parallel(_prod(e, [g[1] for g in groups if not g[0]]), body, threaded(x.shape))
+
+    def _columns(self, e, groups) -> None:
+        x, out, dt = self.inputs[0], self.out, self.out.dtype
+        kind = FOLD[self.kind]
+
+        def blocks(e, groups):
+            return e.let(e.div(e.add(groups[-1][1], BLOCK - 1), BLOCK))
+
+        def accumulate(e, acc_buf, base, o0, j0, j1, value, red):
+            with e.loop(j1, j0, "j") as j:
+                e.store(acc_buf, e.add(o0, j), e.const(identity(kind, dt), dt))
+            with e.loop(_prod(e, [g[1] for g in red]), 0, "q") as q:
+                off = e.let(e.add(base, dot(e, unravel(e, q, [g[1] for g in red]),
+                                            [g[2] for g in red])))
+                with e.loop(j1, j0, "j") as j:
+                    at = e.add(o0, j)
+                    e.store(acc_buf, at, e.reduce(kind, dt, e.load(acc_buf, at),
+                                                  value(e.add(off, j), at)))
+
+        def body(e, lo, hi):
+            groups = self.groups(e)
+            width, nblocks = groups[-1][1], blocks(e, groups)
+            kept, red = [g for g in groups[:-1] if not g[0]], [g for g in groups if g[0]]
+            n = e.op("astype", "int64", self.count(e), to=dt)
+            with e.loop(hi, lo, "t") as t:
+                ko, jb = e.let(e.div(t, nblocks)), e.let(e.rem(t, nblocks))
+                base = e.let(dot(e, unravel(e, ko, [g[1] for g in kept]), [g[2] for g in kept]))
+                o0, j0 = e.let(e.mul(ko, width)), e.let(e.mul(jb, BLOCK))
+                j1 = e.let(e.min(e.add(j0, BLOCK), width))
+                accumulate(e, out, base, o0, j0, j1, lambda i, at: e.load(x, i), red)
+                if self.kind in TWO_PASS:
+                    with e.loop(j1, j0, "j") as j:
+                        at = e.add(o0, j)
+                        e.store(out, at, e.op("divide", dt, e.load(out, at), n))
+                    accumulate(e, self.scratch, base, o0, j0, j1, lambda i, at: e.op(
+                        "square", dt, e.op("subtract", dt, e.load(x, i), e.load(out, at))), red)
+                src = self.scratch if self.kind in TWO_PASS else out
+                with e.loop(j1, j0, "j") as j:
+                    at = e.let(e.add(o0, j))
+                    if self.kind not in ("sum", "prod", "max", "min"):
+                        e.store(out, at, self._finish(e, e.load(src, at), dt, n))
+                    if self.epilogue is not None:
+                        e.epilogue(self, unravel(e, at, [e.dim(d) for d in out.shape]),
+                                   [1] * out.ndim)
+
+        kept = [g[1] for g in groups[:-1] if not g[0]]
+        e.parallel(e.mul(_prod(e, kept), blocks(e, groups)), body, threaded(x.shape))
+
+    @staticmethod
+    def reference(x: np.ndarray, axes, kind: str, keepdims: bool = False) -> np.ndarray:
+        fn = {"sum": np.sum, "prod": np.prod, "max": np.max, "min": np.min, "mean": np.mean,
+              "variance": np.var, "std": np.std}[kind]
+        wide = x.astype(np.float64) if x.dtype.kind == "f" else x
+        return np.asarray(fn(wide, axis=tuple(axes), keepdims=keepdims)).astype(x.dtype)
+
+
+def _prod(e, values):
+    acc = 1
+    for v in values:
+        acc = e.mul(acc, v)
+    return acc
+
+
+def _axes(call) -> tuple:
+    nd = len(dims(call.args[0].ty))
+    axis = call.attrs.axis
+    return tuple(range(nd)) if axis is None else tuple(sorted({int(a) % nd for a in axis}))
+
+
+def _checker(kind: str):
+    allowed = FLOATS if kind in ("mean",) + TWO_PASS else NUMERIC
+
+    def check(call) -> str | None:
+        x = call.args[0]
+        problem = tensor_problem(x.ty, allowed) or tensor_problem(call.ty, allowed)
+        if problem:
+            return f"relax.{kind}: {problem}"
+        shape = dims(x.ty)
+        if not shape:
+            return f"relax.{kind}: rank-0 input"
+        if call.attrs.axis is not None and len(call.attrs.axis) == 0:
+            return f"relax.{kind}: an empty axis list is left to TVM"
+        if any(shape[a] == 0 for a in _axes(call)):
+            return f"relax.{kind}: empty reduction (TVM fills the identity)"
+        return None
+    return check
+
+
+def _builder(kind: str):
+    def build(fe, call, out):
+        x = fe.buffer(call.args[0])
+        stage = Reduce((x,), out, axes=_axes(call), kind=kind)
+        if kind in TWO_PASS and not stage.runs()[-1][0]:  # "columns" order needs scratch
+            stage.scratch = fe.temp(out.shape, out.dtype)
+        return stage
+    return build
+
+
+for _kind in FOLD:
+    register(f"relax.{_kind}", 1, _checker(_kind))(_builder(_kind))
