@@ -124,6 +124,18 @@ def _adaptive_planes(stage, c, lo, hi) -> None:
             at = b.add(b.mul(pl, I64(oh_n * ow_n)), b.add(b.mul(oh, I64(ow_n)), ow))
             c.store(out, at, b.fdiv(b.load(acc, typ=fty), cnt))
         _plane_epilogue(stage, c, pl)
+    _no_vectorize(c.module, pl)
+
+
+def _no_vectorize(module, index) -> None:
+    """Tag the loop of ``index`` (a :func:`for_range` phi, after the loop) so LLVM does not
+    vectorize it: across planes it can only gather, which is slower than scalar sums."""
+    flag = module.add_metadata([ir.MetaDataString(module, "llvm.loop.vectorize.enable"),
+                                ir.Constant(ir.IntType(1), 0)])
+    loop_id = module.add_metadata([flag, index.name])  # unique placeholder, then self-reference
+    loop_id.operands = (loop_id, flag)
+    latch = index.incomings[1][1]
+    latch.terminator.set_metadata("llvm.loop", loop_id)
 
 
 def _bin(b, o, size: int, n: int):

@@ -1,0 +1,184 @@
+"""Conv/pool kernel benchmark: ``python -m bench.kernels_conv [--threads N] [--repeat N] [--quick]``.
+
+Prints, per case, jitbyoc's median time (and GFLOP/s for convolutions) with same-process
+median-of-repeats ratios against TVM's default build and torch eager (if installed;
+numpy has no convolution, so it is not a peer here). jitbyoc and TVM take turns in one
+alternating loop; torch's spinning thread pool gets a loop of its own. Cases:
+
+* the target conv: 1x64x56x56, 3x3, pad 1, + bias + relu (one fused jitbyoc region);
+* (without ``--quick``) every distinct conv of ResNet-18, each + bias + relu;
+* max_pool2d 3x3/2 on ResNet-18's stem output, global adaptive_avg_pool2d on 1x512x7x7;
+* ResNet-18, batch 1, 224x224 (``bench.models.resnet18``: BlockBuilder, BN folded).
+
+Nothing heavy is imported at module level: ``--threads`` must reach TVM_NUM_THREADS
+before TVM starts its pool.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+# (name, x shape, w shape, stride, pad): ResNet-18's distinct convolutions
+RESNET_CONVS = [
+    ("stem 7x7/2", (1, 3, 224, 224), (64, 3, 7, 7), 2, 3),
+    ("l1 3x3 64", (1, 64, 56, 56), (64, 64, 3, 3), 1, 1),
+    ("l2 3x3/2 128", (1, 64, 56, 56), (128, 64, 3, 3), 2, 1),
+    ("l2 3x3 128", (1, 128, 28, 28), (128, 128, 3, 3), 1, 1),
+    ("l2 1x1/2 down", (1, 64, 56, 56), (128, 64, 1, 1), 2, 0),
+    ("l3 3x3 256", (1, 256, 14, 14), (256, 256, 3, 3), 1, 1),
+    ("l4 3x3 512", (1, 512, 7, 7), (512, 512, 3, 3), 1, 1),
+]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.kernels_conv", description=__doc__.splitlines()[0])
+    p.add_argument("--threads", type=int, default=os.cpu_count(), help="threads for every candidate")
+    p.add_argument("--repeat", type=int, default=15, help="timed rounds (median reported)")
+    p.add_argument("--quick", action="store_true", help="target conv, pools and ResNet-18 only")
+    return p.parse_args(argv)
+
+
+def conv_case(name, xs, ws, stride, pad, rng):
+    from tvm import relax
+
+    x, w = rng.standard_normal(xs).astype("float32"), (rng.standard_normal(ws) * 0.1).astype("float32")
+    b = rng.standard_normal((1, ws[0], 1, 1)).astype("float32")
+    out = (xs[2] + 2 * pad - ws[2]) // stride + 1
+
+    def body(bb, xv, wv, bv):
+        y = bb.emit(relax.op.nn.conv2d(xv, wv, strides=stride, padding=pad))
+        return bb.emit(relax.op.nn.relu(bb.emit(relax.op.add(y, bv))))
+
+    def torch_run(t):
+        import torch
+        tx, tw, tb = t(x), t(w), t(b.reshape(-1))
+        return lambda: torch.relu(torch.nn.functional.conv2d(tx, tw, tb, stride=stride, padding=pad))
+
+    return dict(name=f"conv {name} +bias+relu", mod=_module([x, w, b], body), args=[x, w, b],
+                flops=2 * ws[0] * ws[1] * ws[2] * ws[3] * out * out, torch=torch_run)
+
+
+def pool_case(kind: str, xs, rng):
+    from tvm import relax
+
+    x = rng.standard_normal(xs).astype("float32")
+    if kind == "max":
+        body = lambda bb, xv: bb.emit(relax.op.nn.max_pool2d(xv, 3, 2, 1))  # noqa: E731
+        torch_run = lambda t: (lambda tx: lambda: __import__("torch").nn.functional.max_pool2d(tx, 3, 2, 1))(t(x))  # noqa: E731
+    else:
+        body = lambda bb, xv: bb.emit(relax.op.nn.adaptive_avg_pool2d(xv, (1, 1)))  # noqa: E731
+        torch_run = lambda t: (lambda tx: lambda: __import__("torch").nn.functional.adaptive_avg_pool2d(tx, 1))(t(x))  # noqa: E731
+    label = "max_pool2d 3x3/2" if kind == "max" else "global adaptive_avg_pool2d"
+    return dict(name=f"{label} {'x'.join(map(str, xs))}", mod=_module([x], body), args=[x],
+                flops=0, torch=torch_run)
+
+
+def resnet_case():
+    from bench.models import resnet18
+
+    case = resnet18()
+    return dict(name="ResNet-18 batch 1", mod=case.mod, args=case.inputs, flops=3.64e9,
+                torch=lambda t: (lambda m, a: lambda: m(*a))(case.torch_module, [t(v) for v in case.inputs])
+                if case.torch_module is not None else None, repeat=5)
+
+
+def _module(arrays, body):
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    vs = [relax.Var(f"p{k}", relax.TensorType(a.shape, "float32")) for k, a in enumerate(arrays)]
+    with bb.function("main", vs):
+        with bb.dataflow():
+            out = bb.emit_output(body(bb, *vs))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _vm_function(mod, offload: bool, args):
+    import tvm
+    from tvm import relax
+
+    import jitbyoc
+
+    with (jitbyoc.enable() if offload else jitbyoc.disable()):
+        ex = tvm.compile(mod, target="llvm")
+    f = relax.VirtualMachine(ex, tvm.cpu())["main"]
+    tensors = [tvm.runtime.tensor(a) for a in args]
+    return lambda: f(*tensors)
+
+
+def _times(fns: dict, repeat: int) -> dict:
+    """Alternating rounds after one untimed warm-up round; seconds per candidate."""
+    for f in fns.values():
+        f()
+    out = {k: [] for k in fns}
+    for _ in range(repeat):
+        for k, f in fns.items():
+            start = time.perf_counter()
+            f()
+            out[k].append(time.perf_counter() - start)
+    return out
+
+
+def run_case(case, repeat: int) -> dict:
+    import numpy as np
+
+    jit, tvm_default = (_vm_function(case["mod"], off, case["args"]) for off in (True, False))
+    err = float(np.abs(jit().numpy() - tvm_default().numpy()).max())
+    repeat = min(repeat, case.get("repeat", repeat))
+    t = _times({"jitbyoc": jit, "tvm": tvm_default}, repeat)
+    try:
+        import torch
+        torch_fn = case["torch"](torch.from_numpy)
+        if torch_fn is not None:
+            with torch.inference_mode():
+                t.update(_times({"torch": torch_fn}, repeat))
+    except ImportError:
+        pass
+    med = {k: statistics.median(v) for k, v in t.items()}
+    row = dict(name=case["name"], ms=med["jitbyoc"] * 1e3, min_ms=min(t["jitbyoc"]) * 1e3,
+               vs_tvm=med["tvm"] / med["jitbyoc"], err=err)
+    if case["flops"]:
+        row["gflops"] = case["flops"] / med["jitbyoc"] / 1e9
+    if "torch" in med:
+        row["vs_torch"] = med["torch"] / med["jitbyoc"]
+        row["torch_ms"] = med["torch"] * 1e3
+    return row
+
+
+def _print(row: dict) -> None:
+    gf = f"{row['gflops']:7.1f} GF/s" if "gflops" in row else " " * 12
+    torch = f"  x{row['vs_torch']:5.2f} vs torch ({row['torch_ms']:.2f} ms)" if "vs_torch" in row else "  torch n/a"
+    print(f"{row['name']:44s} {row['ms']:9.3f} ms (min {row['min_ms']:.3f}) {gf}  "
+          f"x{row['vs_tvm']:7.1f} vs TVM{torch}  max|err| {row['err']:.1e}", flush=True)
+
+
+def main(argv=None) -> list[dict]:
+    args = parse_args(argv)
+    os.environ["TVM_NUM_THREADS"] = str(args.threads)
+    import numpy as np
+
+    try:
+        import torch
+        torch.set_num_threads(args.threads)
+    except ImportError:
+        pass
+    rng = np.random.default_rng(0)
+    cases = [conv_case("1x64x56x56 3x3 pad 1", (1, 64, 56, 56), (64, 64, 3, 3), 1, 1, rng)]
+    if not args.quick:
+        cases += [conv_case(*spec, rng) for spec in RESNET_CONVS]
+    cases += [pool_case("max", (1, 64, 112, 112), rng), pool_case("avg", (1, 512, 7, 7), rng), resnet_case()]
+    print(f"threads={args.threads} repeat={args.repeat} load={os.getloadavg()[0]:.1f} "
+          "(ratios: median of the other / median of jitbyoc; >1 means jitbyoc is faster)")
+    rows = []
+    for case in cases:
+        rows.append(run_case(case, args.repeat))
+        _print(rows[-1])
+    return rows
+
+
+if __name__ == "__main__":
+    main()
