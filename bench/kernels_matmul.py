@@ -1,11 +1,12 @@
-"""Matmul kernel benchmark: ``python -m bench.kernels_matmul [--threads N] [--repeat N] [--quick]``.
+"""Matmul kernel benchmark: ``python -m bench.kernels_matmul [--threads N] [--rounds N] [--quick]``.
 
 Prints, per case, jitbyoc's median time, GFLOP/s and % of the measured machine peak, and
-same-process median-of-repeats ratios against numpy (OpenBLAS), torch (if installed) and
-TVM's default build. jitbyoc and numpy take turns in one alternating loop (same threads,
-same moment, so a noisy machine hits both alike); torch's spinning pool gets a loop of
-its own. Cases: sgemm 2048^3, a linear layer in torch.export's form (``permute_dims`` +
-``matmul`` + bias), and the MLP 784-1024-1024-10 at batch 64 (matmul+bias+relu).
+same-process, same-thread-count ratios of per-call medians against numpy (OpenBLAS),
+torch (if installed) and TVM's default build. Candidates are timed in blocks that take
+turns, each after a short quiet pause (see :func:`time_blocks`: call-by-call alternation
+on 2 cores measures the previous candidate's still-spinning thread pool instead).
+Cases: sgemm 2048^3, a linear layer in torch.export's form (``permute_dims`` + ``matmul``
++ bias + relu), and the MLP 784-1024-1024-10 at batch 64 (matmul+bias+relu).
 
 Peak: an LLVM IR loop of 12 independent ``<16 x float>`` FMA chains (llvmlite MCJIT,
 called through ctypes from ``threads`` Python threads; the GIL is released), best of 5 —
@@ -28,7 +29,7 @@ import time
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.kernels_matmul", description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="threads for every candidate")
-    p.add_argument("--repeat", type=int, default=15, help="timed rounds (median reported)")
+    p.add_argument("--rounds", type=int, default=6, help="rounds of timed blocks (median of all calls)")
     p.add_argument("--quick", action="store_true", help="smaller sgemm (1024), fewer rounds")
     p.add_argument("--tvm", action="store_true", help="also time TVM's default build on sgemm "
                    "(single-threaded and unscheduled: tens of seconds at 2048)")
@@ -198,23 +199,44 @@ def _torch_run(case):
     return case["torch"](torch.from_numpy)
 
 
-def bench_case(case, repeat: int, with_tvm: bool) -> dict:
-    """Median seconds per candidate; jitbyoc is checked against numpy first."""
-    import numpy as np
+def time_blocks(fns: dict, rounds: int, budget: float = 0.25, settle: float = 0.2) -> dict:
+    """Per-call seconds of each candidate, taken in blocks that take turns.
 
-    from bench.timing import Stats, time_alternating
+    A candidate's thread pool keeps spinning for a while after a call returns (OpenBLAS,
+    TVM, torch alike), which on 2 cores starves whichever candidate runs next; timing
+    call-by-call alternation measures that interference, not the kernels. So each round
+    gives every candidate, in turn, ``settle`` seconds of quiet, one untimed call, then a
+    block of calls worth about ``budget`` seconds, each timed. Round order alternates."""
+    samples = {name: [] for name in fns}
+    names = list(fns)
+    for r in range(rounds):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            time.sleep(settle)
+            fns[name]()
+            start = time.perf_counter()
+            while True:
+                t0 = time.perf_counter()
+                fns[name]()
+                samples[name].append(time.perf_counter() - t0)
+                if time.perf_counter() - start > budget:
+                    break
+    return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def bench_case(case, rounds: int, with_tvm: bool) -> dict:
+    """Median seconds per call per candidate; jitbyoc is checked against numpy first."""
+    import numpy as np
 
     jit = _vm_function(case["mod"], True, case["args"])
     got, want = jit().numpy(), case["numpy"]()
     err = float(np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-30))
-    samples = time_alternating({"jitbyoc": jit, "numpy": case["numpy"]}, repeat, warmup=2)
-    out = {name: Stats.of(s).median for name, s in samples.items()}
+    fns = {"jitbyoc": jit, "numpy": case["numpy"]}
     torch_run = _torch_run(case)
     if torch_run is not None:
-        out["torch"] = Stats.of(time_alternating({"torch": torch_run}, repeat, warmup=2)["torch"]).median
+        fns["torch"] = torch_run
     if with_tvm:
-        tvm_run = _vm_function(case["mod"], False, case["args"])
-        out["tvm"] = Stats.of(time_alternating({"tvm": tvm_run}, max(1, repeat // 5), warmup=1)["tvm"]).median
+        fns["tvm"] = _vm_function(case["mod"], False, case["args"])
+    out = time_blocks(fns, rounds)
     out["relerr"] = err
     return out
 
@@ -241,17 +263,19 @@ def main(argv=None) -> None:
         pass
     rng = np.random.default_rng(0)
     n = 1024 if args.quick else 2048
-    repeat = min(args.repeat, 5) if args.quick else args.repeat
-    peak = fma_peak(args.threads)
-    print(f"threads {args.threads}, load average at start {os.getloadavg()[0]:.2f}, "
-          f"measured FMA peak {peak:.1f} GFLOP/s ({peak / args.threads / 32:.2f} GHz x 32 FLOP/cycle "
-          f"x {args.threads} cores); medians of {repeat} alternating rounds")
+    rounds = min(args.rounds, 2) if args.quick else args.rounds
+    early = fma_peak(args.threads)
+    print(f"threads {args.threads}, load average at start {os.getloadavg()[0]:.2f}; "
+          f"per-call medians over {rounds} rounds of timed blocks", flush=True)
     cases = [sgemm_case(n, rng), linear_case(64, 784, 1024, rng), mlp_case(64, rng)]
-    for case in cases:
-        with_tvm = args.tvm or not case["name"].startswith("sgemm")
-        print(report(case, bench_case(case, repeat, with_tvm), peak), flush=True)
-    print(f"load average at end {os.getloadavg()[0]:.2f} (other processes on the machine make "
-          f"every number noisy; compare ratios, which are taken side by side)")
+    results = [bench_case(c, rounds, args.tvm or not c["name"].startswith("sgemm")) for c in cases]
+    peak = max(early, fma_peak(args.threads))
+    print(f"measured FMA peak {peak:.1f} GFLOP/s = {peak / args.threads / 32:.2f} GHz x 32 FLOP/cycle "
+          f"x {args.threads} cores (best of start and end; lower than nominal when the machine is busy)")
+    for case, t in zip(cases, results):
+        print(report(case, t, peak))
+    print(f"load average at end {os.getloadavg()[0]:.2f}: other processes on the machine make every "
+          f"number noisy; the ratios are taken side by side.")
 
 
 if __name__ == "__main__":

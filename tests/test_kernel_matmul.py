@@ -207,6 +207,19 @@ def test_symbolic_rows_and_batch_read_at_run_time():
     differential(cases, sizes=[{"n": 1}, {"n": 130}], sym=("n",))
 
 
+def test_symbolic_reduction_and_columns():
+    cases = [case(("n", "s"), ("s", 70), bias=(70,), act="relu"), case((3, "s"), ("s", "n")),
+             case(("s",), ("s", "n")), case(("n", 33, "s"), ("n", "s", 5))]
+    mod = differential(cases, sizes=[{"n": 1, "s": 1}, {"n": 67, "s": 130}], sym=("n", "s"))
+    # K = 0 at run time: the sum is empty, so the product is 0 (+ bias). Checked against
+    # numpy only: TVM's default build leaves the output uninitialized for an empty
+    # symbolic reduction (its init sits inside the k loop).
+    args = arrays(cases, {"n": 3, "s": 0})
+    got = run(build(mod, True), args)
+    np.testing.assert_array_equal(got[0], np.maximum(np.broadcast_to(args[2], (3, 70)), 0))
+    assert all(not g.any() for g in got[1:])
+
+
 def test_float64():
     differential([case((m, k), (k, n), dtype="float64") for m, k, n in SHAPES_2D[:6]]
                  + [case((2, 17, 33), (40, 33), dtype="float64", bias=(40,), act="sigmoid", linear=True)])
