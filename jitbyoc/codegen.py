@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -43,7 +44,7 @@ class Region:
 
     @cached_property
     def llvm_ir_optimized(self) -> str:
-        """LLVM IR after O3 for the host CPU."""
+        """LLVM IR after optimization for the host CPU (what the build compiles)."""
         return jit.optimize(self.llvm_ir)
 
     @cached_property
@@ -60,6 +61,12 @@ class Region:
 
 
 _STATUS = threading.local()
+# The last few runtime modules, by the regions they hold: a rebuild of an unchanged model
+# imports the same module (loading one costs TVM tens of ms). Bounded, so dropped builds
+# still free their code.
+_MODULES: OrderedDict = OrderedDict()
+_MODULES_LOCK = threading.Lock()
+MODULE_ENTRIES = 8
 
 
 def last_cache_status() -> dict[str, str]:
@@ -73,11 +80,13 @@ def compile_regions(functions) -> tvm.runtime.Module | None:
     t0 = time.perf_counter()
     asm: dict[str, str] = {}
     status: dict[str, str] = {}
+    keys = []
     for func in functions:
         symbol = str(func.attrs["global_symbol"])
         if symbol in asm:  # equal content, equal symbol: compile once
             continue
         k = cache.key(symbol)
+        keys.append(k)
         asm[symbol], status[symbol] = cache.get(k)
         if asm[symbol] is None:
             asm[symbol], status[symbol] = Region.from_function(func).asm, "compiled"
@@ -86,11 +95,24 @@ def compile_regions(functions) -> tvm.runtime.Module | None:
     if not asm:
         return None
     t1 = time.perf_counter()
-    module = runtime.tvm_module(asm)
+    module = _load(tuple(sorted(keys)), asm)
     compiled = sum(v == "compiled" for v in status.values())
     log.info("jitbyoc: %d regions (%d compiled, %d from cache) in %.1f ms, %.1f ms of it loading into TVM",
              len(asm), compiled, len(asm) - compiled, 1e3 * (time.perf_counter() - t0),
              1e3 * (time.perf_counter() - t1))
+    return module
+
+
+def _load(key: tuple, asm: dict[str, str]) -> tvm.runtime.Module:
+    with _MODULES_LOCK:
+        if key in _MODULES:
+            _MODULES.move_to_end(key)
+            return _MODULES[key]
+    module = runtime.tvm_module(asm)
+    with _MODULES_LOCK:
+        _MODULES[key] = module
+        while len(_MODULES) > MODULE_ENTRIES:
+            _MODULES.popitem(last=False)
     return module
 
 

@@ -1,5 +1,9 @@
 """LLVM IR text in, optimized IR (and assembly) out, for the host CPU.
 
+The default is O2: kernels are written with explicit vectors, and O3 added nothing to
+ResNet-18's run time (39.0 vs 38.8 ms) while costing two thirds more compile time
+(7.9 vs 4.7 s cold); O2 still runs the loop and SLP vectorizers for elementwise nests.
+
 Compiling is kept apart from rendering: this module knows nothing of kernels. llvmlite's
 global context is not thread-safe, so every use of it here holds one lock.
 """
@@ -54,13 +58,13 @@ def _optimized(ir_text: str, speed_level: int) -> llvm.ModuleRef:
     return mod
 
 
-def optimize(ir_text: str, speed_level: int = 3) -> str:
-    """Optimized IR text, for inspection."""
+def optimize(ir_text: str, speed_level: int = 2) -> str:
+    """Optimized IR text, for inspection (the same passes the build runs)."""
     with LOCK:
         return str(_optimized(ir_text, speed_level))
 
 
-def compile_to_assembly(ir_text: str, speed_level: int = 3) -> str:
+def compile_to_assembly(ir_text: str, speed_level: int = 2) -> str:
     """IR text -> host assembly in one pass (no text round trip of the optimized IR)."""
     with LOCK:
         return target_machine().emit_assembly(_optimized(ir_text, speed_level))

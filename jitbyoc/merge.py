@@ -7,6 +7,13 @@ calls join an open region, and so do projections (``t[i]``) of a tuple the regio
 depend on the open region is moved ahead of it, and one that does closes the region
 first. Every region therefore takes its inputs from before it and hands its outputs to
 what follows: no cycles, and no tuple-typed outputs.
+
+A region holds at most one heavy kernel (:data:`jitbyoc.kernels.ANCHOR_OPS`: matmul,
+conv): a second one starts a new region. Elementwise tails still fuse into the kernel
+before them, and layout ops and reductions ride along; but each layer of a network
+becomes its own region, so identical layers share one compiled kernel (their content
+hashes match), the compile cache works per layer, and changing one layer recompiles
+only that layer.
 """
 
 from __future__ import annotations
@@ -19,11 +26,21 @@ from tvm.relax.utils import copy_with_new_vars
 CODEGEN = "jitbyoc"
 
 
+def _has_anchor(func: relax.Function) -> bool:
+    from .kernels import ANCHOR_OPS
+
+    found = []
+    relax.analysis.post_order_visit(func.body, lambda e: found.append(
+        isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) and e.op.name in ANCHOR_OPS))
+    return any(found)
+
+
 class _Merger:
     def __init__(self, mod: tvm.IRModule):
         self.composites = {gv: f for gv, f in mod.functions.items()
                            if isinstance(f, relax.Function) and f.attrs and "Composite" in f.attrs}
         self.bb = relax.BlockBuilder()  # types the new GlobalVars; collects the regions
+        self.anchors = {gv for gv, f in self.composites.items() if _has_anchor(f)}
 
     # ---- walking the function ------------------------------------------------------------
     def expr(self, e):
@@ -41,6 +58,11 @@ class _Merger:
         for k, b in enumerate(bindings):
             if b is None:  # a projection already moved into a region
                 continue
+            if region and b.value.op in self.anchors if self.is_composite_call(b.value) else False:
+                if any(r.value.op in self.anchors for r in region if self.is_composite_call(r.value)):
+                    self.take_projections(region, bindings, k)
+                    out += self.outline(region, [r for r in bindings[k:] if r is not None])
+                    region = []
             if self.is_composite_call(b.value) or self.is_projection(b.value, region):
                 region.append(b)
                 continue

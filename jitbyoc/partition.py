@@ -10,6 +10,9 @@ code behind it.
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
+
 import tvm
 import tvm_ffi
 from tvm import relax
@@ -40,6 +43,11 @@ def regions(mod: tvm.IRModule) -> dict[tvm.ir.GlobalVar, relax.Function]:
             if isinstance(f, relax.Function) and f.attrs and f.attrs.get("Codegen") == PREFIX}
 
 
+_MEMO: OrderedDict = OrderedDict()
+_MEMO_LOCK = threading.Lock()
+MEMO_ENTRIES = 4  # a module can hold its weights as constants: keep few
+
+
 def partition_for_jitbyoc(mod: tvm.IRModule) -> tvm.IRModule:
     """Partition ``mod`` into jitbyoc regions and what stays with TVM.
 
@@ -54,6 +62,20 @@ def partition_for_jitbyoc(mod: tvm.IRModule) -> tvm.IRModule:
         The module with each region outlined into a function carrying
         ``Codegen="jitbyoc"``; ``relax.transform.RunCodegen()`` compiles them.
     """
+    key = tvm_ffi.structural_hash(mod)  # constants' data included
+    with _MEMO_LOCK:
+        if key in _MEMO:  # a rebuild of an unchanged model: partitioning is pure
+            _MEMO.move_to_end(key)
+            return _MEMO[key]
+    out = _partition(mod)
+    with _MEMO_LOCK:
+        _MEMO[key] = out
+        while len(_MEMO) > MEMO_ENTRIES:
+            _MEMO.popitem(last=False)
+    return out
+
+
+def _partition(mod: tvm.IRModule) -> tvm.IRModule:
     patterns = get_patterns_with_prefix(PREFIX)
     mod = FuseOpsByPattern(patterns, bind_constants=False, annotate_codegen=False)(mod)
     mod = merge_regions(mod)

@@ -31,6 +31,9 @@ class KernelSpec:
 
 
 KERNELS: dict[str, KernelSpec] = {}
+# The heavy kernels: a region holds at most one (see jitbyoc/merge.py), so each layer of a
+# network is compiled, cached and shared on its own.
+ANCHOR_OPS = frozenset({"relax.matmul", "relax.nn.conv2d", "relax.nn.conv1d"})
 # kernel-level rewrites run after lowering and epilogue fusion, in order: (kernel) -> None
 PASSES: list[Callable] = []
 
