@@ -15,6 +15,7 @@ from tvm import relax
 import jitbyoc
 from jitbyoc import kir
 from jitbyoc.kernels.layout import Permute
+from jitbyoc.kernels.portable import TRANSPOSE8, TRANSPOSE8_ORDER
 from jitbyoc.kernels.slicing import Take
 from tests.diff_util import both, build, check_c_matches_llvm, inputs, model, one_region, run
 
@@ -115,6 +116,7 @@ def test_permute_dims_large_tiles_threads_and_dtypes():
     exact(got, [np.transpose(a, axes) for a, (_, axes) in zip(arrays, cases)])
     (region,) = jitbyoc.inspect(mod)
     assert "TVMBackendParallelLaunch" in region.llvm_ir
+    assert "shufflevector" in region.llvm_ir, "whole tiles go through the register transpose"
 
 
 @settings(max_examples=12, deadline=None)
@@ -324,3 +326,14 @@ def test_c_rendering_matches_llvm_exactly(tmp_path):
     mod = model(cases, make)
     one_region(mod)
     check_c_matches_llvm(mod, inputs(cases), tmp_path)
+
+
+def test_register_transpose_network_is_a_transpose():
+    """The shuffle rounds of the in-register 8x8 transpose, replayed in numpy."""
+    rows = [np.arange(8) + 10 * k for k in range(8)]
+    for shuffles in TRANSPOSE8:
+        rows = [np.concatenate([rows[a], rows[b]])[list(mask)] for a, b, mask in shuffles]
+    out = np.zeros((8, 8), int)
+    for row, k in zip(rows, TRANSPOSE8_ORDER):
+        out[k] = row
+    np.testing.assert_array_equal(out, (np.arange(8)[:, None] * 10 + np.arange(8)).T)

@@ -78,11 +78,21 @@ class Permute(PortableStage, kir.KernelStage):
 
     def groups(self) -> list[list[int]]:
         """Output dims in runs that are also adjacent, in order, in the input. Without an
-        epilogue runs are merged (bigger rows and tiles); with one every dim stands alone,
-        so each row or tile is a box of ``out`` for ``ctx.epilogue``."""
+        epilogue unit dims drop out and runs are merged (bigger rows and tiles); with one
+        every dim stands alone, so each row or tile is a box of ``out`` for ``ctx.epilogue``."""
+        merge = self.epilogue is None
+        unit = [merge and d == 1 for d in self.inputs[0].shape]
+        real = [j for j, a in enumerate(self.axes) if not unit[a]] or [len(self.axes) - 1]
+
+        def after(a):  # the input dim that follows a in memory, unit dims skipped
+            a += 1
+            while a < len(unit) and unit[a]:
+                a += 1
+            return a
+
         out: list[list[int]] = []
-        for j, a in enumerate(self.axes):
-            if self.epilogue is None and out and self.axes[out[-1][-1]] + 1 == a:
+        for j in real:
+            if merge and out and after(self.axes[out[-1][-1]]) == self.axes[j]:
                 out[-1].append(j)
             else:
                 out.append([j])
@@ -97,7 +107,8 @@ class Permute(PortableStage, kir.KernelStage):
 
     def emit(self, e) -> None:
         groups = self.groups()
-        last_in = next(k for k, g in enumerate(groups) if self.axes[g[-1]] == self.out.ndim - 1)
+        inner = max(self.axes[g[-1]] for g in groups)  # the input's innermost dim left
+        last_in = next(k for k, g in enumerate(groups) if self.axes[g[-1]] == inner)
         if last_in == len(groups) - 1:
             self._rows(e, groups)
         else:
@@ -142,10 +153,12 @@ class Permute(PortableStage, kir.KernelStage):
                 dst0 = e.let(dot(e, bidx, [outs[k] for k in batch]))
                 a0, b0 = e.let(e.mul(ia, TILE)), e.let(e.mul(ib, TILE))
                 a1, b1 = e.let(e.min(e.add(a0, TILE), ext[a])), e.let(e.min(e.add(b0, TILE), ext[b]))
-                with e.loop(b1, b0, "jb") as jb:
-                    s, d = e.let(e.add(src0, jb)), e.let(e.add(dst0, e.mul(jb, outs[b])))
-                    with e.loop(a1, a0, "ja") as ja:
-                        e.copy(out, e.add(d, ja), x, e.add(s, e.mul(ja, ins[a])))
+                edge = e.lt(e.min(e.sub(ext[a], a0), e.sub(ext[b], b0)), TILE)
+                with e.if_else(edge) as (partial, full):
+                    with partial:
+                        self._tile_elements(e, src0, dst0, a0, a1, b0, b1, ins[a], outs[b])
+                    with full:
+                        self._tile_blocks(e, src0, dst0, a0, b0, ins[a], outs[b])
                 if self.epilogue is not None:  # groups are single dims here
                     pos, size = [0] * out.ndim, [1] * out.ndim
                     for k, i in zip(batch, bidx):
@@ -157,6 +170,27 @@ class Permute(PortableStage, kir.KernelStage):
         ext, _, _, na, nb = tiling(e)
         e.parallel(e.mul(_prod(e, [ext[k] for k in batch]), e.mul(na, nb)), body,
                    threaded(out.shape))
+
+    def _tile_elements(self, e, src0, dst0, a0, a1, b0, b1, in_a, out_b) -> None:
+        """An edge tile, element by element: contiguous writes, strided reads."""
+        x, out = self.inputs[0], self.out
+        with e.loop(b1, b0, "jb") as jb:
+            s, d = e.let(e.add(src0, jb)), e.let(e.add(dst0, e.mul(jb, out_b)))
+            with e.loop(a1, a0, "ja") as ja:
+                e.copy(out, e.add(d, ja), x, e.add(s, e.mul(ja, in_a)))
+
+    def _tile_blocks(self, e, src0, dst0, a0, b0, in_a, out_b) -> None:
+        """A whole tile as 8x8 blocks transposed in registers (rows in, rows out), four
+        at a time so that every 64-byte line read or written is used whole at once (rows
+        a power-of-two apart share cache sets and would not survive to a second visit)."""
+        x, out = self.inputs[0], self.out
+        with e.loop(TILE // 16, 0, "kb") as kb:
+            with e.loop(TILE // 16, 0, "ka") as ka:
+                for db, da in ((0, 0), (0, 8), (8, 0), (8, 8)):
+                    jb = e.let(e.add(b0, e.add(e.mul(kb, 16), db)))
+                    ja = e.let(e.add(a0, e.add(e.mul(ka, 16), da)))
+                    e.transpose8(out, e.add(dst0, e.add(e.mul(jb, out_b), ja)), out_b,
+                                 x, e.add(src0, e.add(e.mul(ja, in_a), jb)), in_a)
 
     @staticmethod
     def reference(x: np.ndarray, axes) -> np.ndarray:

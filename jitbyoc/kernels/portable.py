@@ -23,6 +23,23 @@ IDENTITY = {"sum": 0, "prod": 1, "max": float("-inf"), "min": float("inf")}
 PARALLEL_MIN_ELEMENTS = 1 << 15  # below this a stage runs on the calling thread
 
 
+def _round(pairs, lo_mask, hi_mask):
+    """One shuffle round of the 8x8 transpose: rows 2k and 2k+1 of the next round are the
+    low and high interleaves of the pair ``pairs[k]`` of this round's rows."""
+    return [(a, b, mask) for a, b in pairs for mask in (lo_mask, hi_mask)]
+
+
+# 8x8 transpose: interleave single lanes, then lane pairs, then lane quads. Each round
+# lists (row a, row b, shuffle mask) per next-round row; after the last round, row k
+# holds the transposed row TRANSPOSE8_ORDER[k] (checked in tests/test_kernel_layout.py).
+TRANSPOSE8_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)
+TRANSPOSE8 = [
+    _round([(0, 1), (2, 3), (4, 5), (6, 7)], [0, 8, 1, 9, 4, 12, 5, 13], [2, 10, 3, 11, 6, 14, 7, 15]),
+    _round([(0, 2), (1, 3), (4, 6), (5, 7)], [0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15]),
+    _round([(0, 4), (1, 5), (2, 6), (3, 7)], [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15]),
+]
+
+
 def threaded(shape) -> bool:
     """Whether work over ``shape`` is worth TVM's thread pool (symbolic: assume so)."""
     static = 1
@@ -152,6 +169,26 @@ class LLVM:
         with self.b.if_then(cond):
             yield
 
+    @contextmanager
+    def if_else(self, cond):
+        """Yields ``(then, otherwise)`` context managers, as llvmlite's ``if_else``."""
+        with self.b.if_else(cond) as (then, otherwise):
+            yield then, otherwise
+
+    def transpose8(self, dst, doff, dstride, src, soff, sstride) -> None:
+        """``dst[doff + i*dstride + j] = src[soff + j*sstride + i]`` for i, j < 8: eight
+        row loads, three rounds of shuffles, eight row stores (any 8-lane element type)."""
+        elem = lookup_dtype(src.dtype).storage_ir
+        vec, align = ir.VectorType(elem, 8), lookup_dtype(src.dtype).nbytes
+        rows = [self.b.load(self.ctx.element(src, self.add(soff, self.mul(k, sstride))),
+                            typ=vec, align=align) for k in range(8)]
+        for shuffles in TRANSPOSE8:
+            rows = [self.b.shuffle_vector(rows[a], rows[b], ir.Constant(
+                        ir.VectorType(ir.IntType(32), 8), mask)) for a, b, mask in shuffles]
+        for row, k in zip(rows, TRANSPOSE8_ORDER):
+            self.b.store(row, self.ctx.element(dst, self.add(doff, self.mul(k, dstride))),
+                         align=align)
+
     # ---- values ------------------------------------------------------------------------------
     def op(self, name: str, dt: str, *args, **attrs):
         return self.em.op(name, dt, *args, **attrs)
@@ -272,6 +309,17 @@ class C:
     def when(self, cond):
         with self.ctx.block(f"if ({cond})"):
             yield
+
+    @contextmanager
+    def if_else(self, cond):
+        yield self.ctx.block(f"if ({cond})"), self.ctx.block("else")
+
+    def transpose8(self, dst, doff, dstride, src, soff, sstride) -> None:
+        """Mirror of :meth:`LLVM.transpose8` (plain loops)."""
+        with self.loop(8, 0, "ti") as i:
+            with self.loop(8, 0, "tj") as j:
+                self.copy(dst, self.add(doff, self.add(self.mul(i, dstride), j)),
+                          src, self.add(soff, self.add(self.mul(j, sstride), i)))
 
     def op(self, name: str, dt: str, *args, **attrs):
         return self.em.op(name, dt, *args, **attrs)
