@@ -138,11 +138,22 @@ def microkernel(module: ir.Module, dt: str, mr: int, nv: int, unroll: int, maske
             accs = step(b.add(base, I64(u)), accs)
         return accs
 
+    _prefetch_tile(b, dt, c, ldc, mr, nv)
     accs = _carry_loop(b, I64(0), main, zero, unrolled, "ku")
     accs = _carry_loop(b, b.mul(main, I64(unroll)), kc, accs, step, "kr")
     _store_tile(b, dt, accs, c, ldc, mvalid, nvalid, accumulate, mr, nv)
     b.ret_void()
     return fn
+
+
+def _prefetch_tile(b, dt, c, ldc, mr, nv):
+    """Ask for the C tile (for writing) before the k loop, so its read-modify-write at the
+    end does not wait on memory; a prefetch never faults, so edge rows need no guard."""
+    prefetch = _intrinsic(b.module, "llvm.prefetch.p0", ir.VoidType(), [PTR, I32, I32, I32])
+    for i in range(mr):
+        row = gep(b, c, b.mul(I64(i), ldc), dt)
+        for j in range(0, nv * VECTOR_BYTES, 64):
+            b.call(prefetch, [b.gep(row, [I64(j)], source_etype=ir.IntType(8)), I32(1), I32(3), I32(1)])
 
 
 def _carry_loop(b, start, stop, init, body, name):
