@@ -24,7 +24,7 @@ from .. import kir
 from ..dtypes import ALL
 from ..patterns import dims, tensor_problem
 from . import register
-from .portable import PortableStage, dot, threaded, unravel
+from .portable import COPY_MIN_ELEMENTS, PortableStage, dot, threaded, unravel
 
 TILE = 32
 
@@ -129,7 +129,8 @@ class Permute(PortableStage, kir.KernelStage):
                 if self.epilogue is not None:  # groups are single dims here
                     e.epilogue(self, idx + [0], [1] * len(idx) + [e.dim(out.shape[-1])])
 
-        e.parallel(_prod(e, self.plan(e, groups)[0][:-1]), body, threaded(out.shape))
+        e.parallel(_prod(e, self.plan(e, groups)[0][:-1]), body,
+                   threaded(out.shape, COPY_MIN_ELEMENTS))
 
     def _tiles(self, e, groups, b) -> None:
         """Transpose TILE x TILE tiles of group ``a`` (innermost in ``out``) and group
@@ -169,7 +170,7 @@ class Permute(PortableStage, kir.KernelStage):
 
         ext, _, _, na, nb = tiling(e)
         e.parallel(e.mul(_prod(e, [ext[k] for k in batch]), e.mul(na, nb)), body,
-                   threaded(out.shape))
+                   threaded(out.shape, COPY_MIN_ELEMENTS))
 
     def _tile_elements(self, e, src0, dst0, a0, a1, b0, b1, in_a, out_b) -> None:
         """An edge tile, element by element: contiguous writes, strided reads."""
@@ -257,7 +258,8 @@ class Concat(PortableStage, kir.KernelStage):
                     dst = e.let(e.add(dst, n))
                     at = e.let(e.add(at, e.dim(x.shape[axis])))
 
-        e.parallel(e.product(out.shape[:axis]), body, threaded(out.shape) and axis > 0)
+        e.parallel(e.product(out.shape[:axis]), body,
+                   threaded(out.shape, COPY_MIN_ELEMENTS) and axis > 0)
 
     @staticmethod
     def reference(*xs: np.ndarray, axis: int = 0) -> np.ndarray:

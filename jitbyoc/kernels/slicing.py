@@ -25,7 +25,7 @@ from .. import kir
 from ..dtypes import ALL, FLOATS, INTS
 from ..patterns import dims, tensor_problem
 from . import register
-from .portable import PortableStage, dot, threaded, unravel
+from .portable import COPY_MIN_ELEMENTS, PortableStage, dot, threaded, unravel
 
 TAKE_MODES = ("fast", "clip", "wrap", "nan")
 
@@ -54,7 +54,7 @@ class Slice(PortableStage, kir.KernelStage):
                 if self.epilogue is not None:
                     e.epilogue(self, idx + [0], [1] * len(idx) + [n])
 
-        e.parallel(e.product(rows), body, threaded(out.shape))
+        e.parallel(e.product(rows), body, threaded(out.shape, COPY_MIN_ELEMENTS))
 
     @staticmethod
     def reference(x: np.ndarray, begin, step, shape) -> np.ndarray:
@@ -177,7 +177,8 @@ class Take(PortableStage, kir.KernelStage):
                     e.epilogue(self, pos + [0] * len(rest),
                                [1] * len(pos) + [e.dim(d) for d in rest])
 
-        e.parallel(e.mul(e.product(outer), e.product(ind.shape)), body, threaded(out.shape))
+        e.parallel(e.mul(e.product(outer), e.product(ind.shape)), body,
+                   threaded(out.shape, COPY_MIN_ELEMENTS))
 
     @staticmethod
     def reference(x: np.ndarray, indices: np.ndarray, axis: int = 0, mode: str = "fast"):
