@@ -10,7 +10,9 @@ from hypothesis import strategies as st
 from tvm import relax
 
 import jitbyoc
+from jitbyoc import kir, runtime
 from jitbyoc.kernels.conv2d import Conv2d
+from jitbyoc.kernels.conv_plan import Layout, Plan, workspace_size
 from tests.spatial_util import CC, build, grid_model, random_inputs, run, run_c
 
 F32 = "float32"
@@ -175,6 +177,32 @@ def test_float16_stays_with_tvm():
     cs = cases([((1, 4, 9, 9), (8, 4, 3, 3), {})], "float16")
     rep = jitbyoc.report(grid_model(cs, conv))
     assert rep.regions == [] and "float16" in rep.fallbacks[0].reason
+
+
+def run_with_plan(mod, args, layout_dense: bool, lanes: int, j: int, v: int, rows: int):
+    """Run the single conv region of ``mod`` compiled with a forced plan."""
+    (region,) = jitbyoc.inspect(mod)
+    (stage,) = region.kernel.stages
+    plan = Plan(Layout(stage.geo, layout_dense), lanes, j, v, min(rows, stage.geo.oh))
+    work = kir.Buffer(stage.work.name, (stage.geo.n, workspace_size(plan, F32)), F32)
+    region.kernel.temps[region.kernel.temps.index(stage.work)] = work
+    stage.plan, stage.work = plan, work
+    out = tvm.runtime.empty(tuple(stage.out.shape), F32)
+    runtime.tvm_module({region.symbol: region.asm})[region.symbol](
+        *[tvm.runtime.tensor(a) for a in args], out)
+    return out.numpy()
+
+
+@pytest.mark.parametrize("index", [4, 6, 8, 12, len(CONV2D)])
+@pytest.mark.parametrize("plan", [(False, 16, 5, 2, 3), (False, 8, 3, 8, 100), (True, 16, 16, 1, 2),
+                                  (True, 8, 7, 3, 1), (True, 8, 2, 8, 5)])
+def test_every_layout_and_vector_width(index, plan):
+    """Both workspace layouts, 512- and 256-bit vectors, remainder channel blocks, chunks
+    of up to 8 vectors (overrunning into the slack) and row bands of several sizes."""
+    cs = cases([(CONV2D + CONV1D)[index]])
+    args = random_inputs(cs, seed=index)
+    got = run_with_plan(grid_model(cs, conv), args, *plan)
+    check(got, *args, cs[0][1])
 
 
 @st.composite

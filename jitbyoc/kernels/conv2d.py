@@ -1,26 +1,28 @@
 """relax.nn.conv2d (NCHW/OIHW) and relax.nn.conv1d (NCW/OIW): any stride, padding,
 dilation and groups, depthwise included, with a fused elementwise epilogue.
 
-LLVM rendering: a direct convolution (:mod:`jitbyoc.kernels.direct_conv`). The input is
-first copied into a zero-padded workspace split into stride phases, so every tap of the
-kernel window reads a *contiguous* run of that workspace; outputs are then computed on a
-flattened pixel grid, ``lanes`` pixels per vector, register-blocked over ``J`` output
-channels x ``V`` vectors, with weights read straight from OIHW as broadcast scalars.
-Threads take (image, group, channel block, row band) tasks; each task applies the
-epilogue to its band while it is in cache. The C rendering is the plain loop nest.
+LLVM rendering: a direct convolution (:mod:`.direct_conv`). The input is first copied
+into a zero-padded workspace laid out so that every tap of the kernel window reads a
+*contiguous* run of it (:mod:`.conv_plan`: phase planes, or one shifted plane per kernel
+column for small images); outputs are then computed ``lanes`` pixels per vector,
+register-blocked over ``J`` output channels x ``V`` vectors, with weights read straight
+from OIHW as broadcast scalars. Layout, vector width and blocking are chosen per conv by
+a cost model. Threads take (image, group, channel block, row band) tasks; each task
+applies the epilogue to its band while it is in cache. The C rendering is the plain
+loop nest.
 
 Accuracy: every output is a sum of ``K = Cin/groups * KH * KW`` products accumulated in
-one fixed order (input channel, then kernel row, then kernel column). LLVM uses fused
-multiply-adds, C a multiply then an add, TVM its own order; all three are within the
-worst-case bound ``|err| <= K * eps * sum_i |x_i * w_i|`` of the exact value (eps: unit
-roundoff of the dtype), which is the tolerance the tests use (plus one rounding per
-epilogue op). The padding zeros take part in the sum (0 * w), as in TVM's padded input.
+one fixed order per output (LLVM: input channel, then the window's taps grouped by stride
+phase, with fused multiply-adds; C: channel, kernel row, kernel column, multiply then
+add; TVM: its own). Each result is within ``K * u * sum_i |x_i * w_i|`` of the exact sum
+(u: unit roundoff, 2**-24 for float32), so any two agree within twice that: the tests'
+tolerance (plus one rounding per epilogue op). Padding zeros take part in the sum
+(0 * w), as in TVM's padded input.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
 
 import numpy as np
 
@@ -28,7 +30,8 @@ from .. import kir
 from ..dtypes import FLOATS
 from ..patterns import dims, tensor_problem
 from . import register
-from .direct_conv import emit_conv, workspace_size
+from .conv_plan import Plan, choose_plan, workspace_size
+from .direct_conv import emit_conv
 
 
 @dataclass(frozen=True)
@@ -60,36 +63,6 @@ class ConvGeometry:
     def taps(self) -> int:
         return self.kh * self.kw
 
-    @property
-    def hq(self) -> int:
-        """Rows of one phase plane: every output row plus the window's reach in it."""
-        return self.oh + (self.kh - 1) * self.dilation[0] // self.stride[0]
-
-    @property
-    def wq(self) -> int:
-        return self.ow + (self.kw - 1) * self.dilation[1] // self.stride[1]
-
-    @cached_property
-    def phases(self) -> tuple:
-        """The stride phases (row, column) some tap reads; one plane each."""
-        ph = sorted({i * self.dilation[0] % self.stride[0] for i in range(self.kh)})
-        pw = sorted({j * self.dilation[1] % self.stride[1] for j in range(self.kw)})
-        return tuple(ph), tuple(pw)
-
-    @property
-    def planes(self) -> int:
-        return len(self.phases[0]) * len(self.phases[1])
-
-    @property
-    def plane_size(self) -> int:
-        return self.hq * self.wq
-
-    def tap(self, i: int, j: int) -> int:
-        """Offset of tap (i, j) in a channel's planes relative to the output pixel's."""
-        (sh, sw), (dh, dw), (ph, pw) = self.stride, self.dilation, self.phases
-        plane = ph.index(i * dh % sh) * len(pw) + pw.index(j * dw % sw)
-        return plane * self.plane_size + (i * dh // sh) * self.wq + j * dw // sw
-
 
 def _conv_geometry(call) -> ConvGeometry:
     x, w, out = (dims(a.ty) for a in (call.args[0], call.args[1], call))
@@ -105,8 +78,9 @@ def _conv_geometry(call) -> ConvGeometry:
 
 @dataclass(eq=False)
 class Conv2d(kir.KernelStage):
-    """``out = conv(x, w)``; ``work`` is the padded, phase-split copy of ``x``."""
+    """``out = conv(x, w)``; ``work`` holds ``x`` packed as ``plan.layout`` says."""
     geo: ConvGeometry = None
+    plan: Plan = None
     work: kir.Buffer = None
 
     def emit_llvm(self, ctx) -> None:
@@ -204,8 +178,9 @@ def _geometry_problem(name: str, g: ConvGeometry, w_in: int) -> str | None:
 def _build(fe, call, out):
     x, w = fe.buffer(call.args[0]), fe.buffer(call.args[1])
     geo = _conv_geometry(call)
-    work = fe.temp((geo.n, workspace_size(geo, x.dtype)), x.dtype)
-    return Conv2d((x, w), out, geo=geo, work=work)
+    plan = choose_plan(geo, x.dtype)
+    work = fe.temp((geo.n, workspace_size(plan, x.dtype)), x.dtype)
+    return Conv2d((x, w), out, geo=geo, plan=plan, work=work)
 
 
 register("relax.nn.conv2d", 2, _check)(_build)

@@ -1,83 +1,26 @@
 """LLVM rendering of :class:`~jitbyoc.kernels.conv2d.Conv2d`: a direct convolution.
 
-1. *Pack*: each input channel is copied into ``planes`` zero-padded phase planes of
-   ``hq x wq`` (plane (a, b) holds padded pixels ``(s*r + a, s*q + b)``), so tap (i, j) of
-   output pixel p = oh*wq + ow reads plane element ``p + tap(i, j)``: a contiguous run for
-   every tap, whatever the stride, dilation or padding. Columns ``ow >= OW`` of the grid
-   are computed and thrown away (``(wq - OW) / wq`` of the work).
+1. *Pack*: each input channel is copied into the zero-padded planes of the plan's
+   :class:`~.conv_plan.Layout`, so that every tap of the window reads a contiguous run.
 2. *Compute*: a chunk of ``V * lanes`` consecutive grid pixels times ``J`` output
    channels lives in ``J * V`` vector accumulators; per input channel and tap it costs
-   ``V`` vector loads, ``J`` broadcast weights and ``J * V`` FMAs. Finished chunks go
-   through a stack tile into the NCHW output (the tile drops the thrown-away columns).
+   ``V`` vector loads, ``J`` broadcast weights and ``J * V`` FMAs. A finished chunk is
+   stored with masked vector stores (one per output row it touches), and a finished
+   band of rows gets the fused epilogue while it is in cache.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from llvmlite import ir
 
 from ..dtypes import dtype as lookup_dtype
 from ..lowering.loops import I64, for_range
+from .conv_plan import UNROLL_COLUMNS, Plan, workspace_size
 
 I1, I8, I32 = ir.IntType(1), ir.IntType(8), ir.IntType(32)
 PTR = ir.PointerType()
-UNROLL_COLUMNS = 16  # kernel columns unrolled per kernel row; wider windows loop
-MIN_TASKS = 16  # split rows into bands until there are this many tasks (load balance)
-
-
-@dataclass(frozen=True)
-class Plan:
-    lanes: int
-    j: int  # output channels per block
-    v: int  # vectors per chunk
-    rows: int  # output rows per band
-
-    @property
-    def chunk(self) -> int:
-        return self.v * self.lanes
-
-
-def lanes_for(dt: str) -> int:
-    return 512 // lookup_dtype(dt).bits
-
-
-def workspace_size(geo, dt: str) -> int:
-    """Elements of one image's packed input, plus zeroed slack that chunks overrun into."""
-    return geo.c * geo.planes * geo.plane_size + 8 * lanes_for(dt)
-
-
-def _cost(geo, lanes: int, j: int, v: int, rows: int) -> float:
-    """Estimated cycles: FMAs or loads per tap (whichever binds), plus chunk overhead."""
-    bands = math.ceil(geo.oh / rows)
-    span = lambda r: (r - 1) * geo.wq + geo.ow  # noqa: E731  grid pixels of r rows
-    chunks = sum(math.ceil(span(min(rows, geo.oh - b * rows)) / (v * lanes)) for b in range(bands))
-    full, rem = divmod(geo.kg, j)
-    widths = [j] * full + ([rem] if rem else [])
-    per_chunk = [(max(jb * v, v + jb / 3) + 1) * geo.cg * geo.taps + jb * v * lanes / 2 + 30
-                 for jb in widths]
-    # a remainder block is a second copy of the kernel: prefer J that divides Kg
-    return chunks * sum(per_chunk) * (1.03 if rem else 1.0)
-
-
-def choose_plan(geo, dt: str) -> Plan:
-    """The (J, V) blocking with the lowest :func:`_cost` that fits 32 vector registers,
-    and the row bands that give enough tasks to keep the thread pool busy."""
-    lanes = lanes_for(dt)
-    batch = geo.n if isinstance(geo.n, int) else 1
-    best = None
-    for v in range(1, 9):
-        for j in range(1, min(geo.kg, 16) + 1):
-            if (j + 1) * v > 31:
-                continue
-            blocks = batch * geo.groups * math.ceil(geo.kg / j)
-            bands = min(geo.oh, math.ceil(MIN_TASKS / blocks))
-            rows = math.ceil(geo.oh / bands)
-            cost = _cost(geo, lanes, j, v, rows)
-            if best is None or cost < best[0]:
-                best = (cost, Plan(lanes, j, v, rows))
-    return best[1]
 
 
 def _declare(module, name, ret, args):
@@ -109,34 +52,34 @@ def _memset0(c, buf, offset, count: int) -> None:
 # ---- 1. pack ---------------------------------------------------------------------------------
 
 def _pack_channel(stage, c, n, ch) -> None:
-    """Phase planes of channel ``ch`` of image ``n`` (all sizes static but ``n``)."""
-    b, g = c.b, stage.geo
+    """The planes of channel ``ch`` of image ``n`` (all sizes static but ``n``)."""
+    b, g, lay = c.b, stage.geo, stage.plan.layout
     x, work = stage.inputs[0], stage.work
     (sh, sw), (pt, pl, _, _) = g.stride, g.pad
-    img = workspace_size(g, x.dtype)
+    img = workspace_size(stage.plan, x.dtype)
     src = b.mul(b.add(b.mul(n, I64(g.c)), ch), I64(g.h * g.w))
-    dst0 = b.add(b.mul(n, I64(img)), b.mul(ch, I64(g.planes * g.plane_size)))
-    for k, (a, bb) in enumerate((a, bb) for a in g.phases[0] for bb in g.phases[1]):
-        plane = b.add(dst0, I64(k * g.plane_size))
+    dst0 = b.add(b.mul(n, I64(img)), b.mul(ch, I64(lay.channel_size())))
+    for k, (a, bb) in enumerate(lay.plane_sources()):
+        plane = b.add(dst0, I64(k * lay.plane_size))
         # plane row r reads input row sh*r + a - pt; plane column q input column sw*q + bb - pl
-        r_lo, r_hi = _valid_range(g.hq, sh, a - pt, g.h)
-        q_lo, q_hi = _valid_range(g.wq, sw, bb - pl, g.w)
+        r_lo, r_hi = _valid_range(lay.hq, sh, a - pt, g.h)
+        q_lo, q_hi = _valid_range(lay.wq, sw, bb - pl, g.w)
         if r_lo >= r_hi or q_lo >= q_hi:
-            _memset0(c, work, plane, g.plane_size)
+            _memset0(c, work, plane, lay.plane_size)
             continue
-        _memset0(c, work, plane, r_lo * g.wq)
-        _memset0(c, work, b.add(plane, I64(r_hi * g.wq)), (g.hq - r_hi) * g.wq)
+        _memset0(c, work, plane, r_lo * lay.wq)
+        _memset0(c, work, b.add(plane, I64(r_hi * lay.wq)), (lay.hq - r_hi) * lay.wq)
         with for_range(b, I64(r_hi), "r", start=I64(r_lo)) as r:
-            row = b.add(plane, b.mul(r, I64(g.wq)))
+            row = b.add(plane, b.mul(r, I64(lay.wq)))
             _memset0(c, work, row, q_lo)
-            _memset0(c, work, b.add(row, I64(q_hi)), g.wq - q_hi)
+            _memset0(c, work, b.add(row, I64(q_hi)), lay.wq - q_hi)
             srow = b.add(src, b.mul(b.add(b.mul(r, I64(sh)), I64(a - pt)), I64(g.w)))
             with for_range(b, I64(q_hi), "q", start=I64(q_lo)) as q:
                 col = b.add(b.mul(q, I64(sw)), I64(bb - pl))
                 c.store(work, b.add(row, q), c.load(x, b.add(srow, col)))
     last = b.icmp_signed("==", ch, I64(g.c - 1))
     with b.if_then(last):
-        tail = g.c * g.planes * g.plane_size
+        tail = g.c * lay.channel_size()
         _memset0(c, work, b.add(b.mul(n, I64(img)), I64(tail)), img - tail)
 
 
@@ -162,7 +105,7 @@ def _splat(b, scalar, vt):
 
 def _accumulate(stage, c, jn: int, plan: Plan, xoff, woffs, accs) -> None:
     """``accs[j*V + v] = sum over channels and taps`` for the chunk at ``xoff``."""
-    b, g = c.b, stage.geo
+    b, g, lay = c.b, stage.geo, plan.layout
     (x, w), work = stage.inputs, stage.work
     vt = accs[0].allocated_type
     elem = lookup_dtype(x.dtype)
@@ -182,20 +125,21 @@ def _accumulate(stage, c, jn: int, plan: Plan, xoff, woffs, accs) -> None:
             b.store(val, a)
 
     with for_range(b, I64(g.cg), "ic") as ic:
-        xp = c.element(work, b.add(xoff, b.mul(ic, I64(g.planes * g.plane_size))))
+        xp = c.element(work, b.add(xoff, b.mul(ic, I64(lay.channel_size()))))
         wps = [c.element(w, b.add(wo, b.mul(ic, I64(g.taps)))) for wo in woffs]
         for i0, count, step in tap_classes(g.kh, g.stride[0], g.dilation[0]):
             with _maybe_loop(b, count, "ki") as m:
                 i = b.add(I64(i0), b.mul(m, I64(step)))
-                row = b.mul(m, I64(step * g.dilation[0] // g.stride[0] * g.wq))
-                if g.kw <= UNROLL_COLUMNS:
+                row = b.mul(m, I64(step * g.dilation[0] // g.stride[0] * lay.wq))
+                if lay.dense or g.kw <= UNROLL_COLUMNS:
                     for j in range(g.kw):
-                        tap(xp, wps, b.add(b.mul(i, I64(g.kw)), I64(j)), b.add(row, I64(g.tap(i0, j))))
+                        tap(xp, wps, b.add(b.mul(i, I64(g.kw)), I64(j)), b.add(row, I64(lay.tap(i0, j))))
                     continue
+                # grid layout: column phase classes, each one plane, offsets linear
                 for j0, cols, cstep in tap_classes(g.kw, g.stride[1], g.dilation[1]):
                     with _maybe_loop(b, cols, "kj") as q:
                         j = b.add(I64(j0), b.mul(q, I64(cstep)))
-                        off = b.add(row, b.add(I64(g.tap(i0, j0)),
+                        off = b.add(row, b.add(I64(lay.tap(i0, j0)),
                                                b.mul(q, I64(cstep * g.dilation[1] // g.stride[1]))))
                         tap(xp, wps, b.add(b.mul(i, I64(g.kw)), j), off)
 
@@ -220,26 +164,35 @@ class _maybe_loop:
         return self.loop.__exit__(*exc) if self.loop else False
 
 
-def _store_chunk(stage, c, jn: int, plan: Plan, n, oc0, p0, r1, accs, tile) -> None:
-    """Spill the accumulators to ``tile`` and copy the valid pixels of each output row the
-    chunk [p0, p0 + chunk) touches into ``out`` (rows before ``r1``)."""
-    b, g, out = c.b, stage.geo, stage.out
-    vt, span = accs[0].allocated_type, plan.v * plan.lanes
-    for k, a in enumerate(accs):
-        b.store(b.load(a, typ=vt), b.gep(tile, [I64(k)], source_etype=vt))
-    first = b.sdiv(p0, I64(g.wq))
-    last = _smin(b, b.sdiv(b.add(p0, I64(span - 1)), I64(g.wq)), b.sub(r1, I64(1)))
-    with for_range(b, b.add(last, I64(1)), "row", start=first) as row:
-        start = b.mul(row, I64(g.wq))
-        lo = _smax(b, b.sub(p0, start), I64(0))
-        hi = _smin(b, b.sub(b.add(p0, I64(span)), start), I64(g.ow))
-        for j in range(jn):
-            dst = b.mul(b.add(b.mul(b.add(b.mul(n, I64(g.k)), b.add(oc0, I64(j))), I64(g.oh)), row),
-                        I64(g.ow))
-            src = b.add(I64(j * span), b.sub(start, p0))
-            with for_range(b, hi, "col", start=lo) as col:
-                v = b.load(b.gep(tile, [b.add(src, col)], source_etype=vt.element), typ=vt.element)
-                c.store(out, b.add(dst, col), v)
+def _store_chunk(stage, c, jn: int, plan: Plan, n, oc0, p0, r1, accs) -> None:
+    """Store the accumulators of the chunk at grid pixel ``p0`` into ``out``: a vector of
+    grid pixels covers parts of at most ``rows`` output rows; one masked store per row
+    keeps the lanes inside the row (no halo columns) and inside the band (rows < r1)."""
+    b, g, out, lanes = c.b, stage.geo, stage.out, plan.lanes
+    vt = accs[0].allocated_type
+    it = ir.VectorType(I32, lanes)
+    iota = ir.Constant(it, list(range(lanes)))
+    rows = (plan.layout.wq + lanes - 2) // plan.layout.wq + 1
+    bits = 32 if isinstance(vt.element, ir.FloatType) else 64
+    store = _declare(c.module, f"llvm.masked.store.v{lanes}f{bits}.p0", ir.VoidType(),
+                     [vt, PTR, I32, ir.VectorType(I1, lanes)])
+    for v in range(plan.v):
+        q = b.add(p0, I64(v * lanes))
+        row0 = b.sdiv(q, I64(plan.layout.wq))
+        col0 = b.sub(q, b.mul(row0, I64(plan.layout.wq)))
+        for r in range(rows):
+            row, shift = b.add(row0, I64(r)), b.sub(col0, I64(r * plan.layout.wq))
+            cols = b.add(iota, _splat(b, b.trunc(shift, I32), it))
+            inside = b.and_(b.icmp_signed(">=", cols, ir.Constant(it, None)),
+                            b.icmp_signed("<", cols, ir.Constant(it, [g.ow] * lanes)))
+            mask = b.and_(inside, _splat(b, b.icmp_signed("<", row, r1), ir.VectorType(I1, lanes)))
+            for j in range(jn):
+                chan = b.add(b.mul(n, I64(g.k)), b.add(oc0, I64(j)))
+                at = b.add(b.mul(b.add(b.mul(chan, I64(g.oh)), row), I64(g.ow)), shift)
+                # not inbounds: lane 0 may sit before the row; masked-off lanes are never touched
+                ptr = b.gep(c.ptrs[out.storage], [at], source_etype=vt.element)
+                b.call(store, [b.load(accs[j * plan.v + v], typ=vt), ptr,
+                               I32(lookup_dtype(out.dtype).nbytes), mask])
 
 
 def _block(stage, c, jn: int, plan: Plan, n, grp, oc0, band) -> None:
@@ -247,20 +200,19 @@ def _block(stage, c, jn: int, plan: Plan, n, grp, oc0, band) -> None:
     b, g = c.b, stage.geo
     vt = ir.VectorType(lookup_dtype(stage.out.dtype).ir, plan.lanes)
     accs = [_entry_alloca(b, vt) for _ in range(jn * plan.v)]
-    tile = _entry_alloca(b, vt, I64(jn * plan.v))
     r0 = b.mul(band, I64(plan.rows))
     r1 = _smin(b, b.add(r0, I64(plan.rows)), I64(g.oh))
-    pstart = b.mul(r0, I64(g.wq))
-    pend = b.add(b.mul(b.sub(r1, I64(1)), I64(g.wq)), I64(g.ow))
+    pstart = b.mul(r0, I64(plan.layout.wq))
+    pend = b.add(b.mul(b.sub(r1, I64(1)), I64(plan.layout.wq)), I64(g.ow))
     span = plan.v * plan.lanes
     chunks = b.sdiv(b.add(b.sub(pend, pstart), I64(span - 1)), I64(span))
-    xbase = b.add(b.mul(n, I64(workspace_size(g, stage.out.dtype))),
-                  b.mul(grp, I64(g.cg * g.planes * g.plane_size)))
+    xbase = b.add(b.mul(n, I64(workspace_size(plan, stage.out.dtype))),
+                  b.mul(grp, I64(g.cg * plan.layout.channel_size())))
     woffs = [b.mul(b.add(oc0, I64(j)), I64(g.cg * g.taps)) for j in range(jn)]
     with for_range(b, chunks, "chunk") as k:
         p0 = b.add(pstart, b.mul(k, I64(span)))
         _accumulate(stage, c, jn, plan, b.add(xbase, p0), woffs, accs)
-        _store_chunk(stage, c, jn, plan, n, oc0, p0, r1, accs, tile)
+        _store_chunk(stage, c, jn, plan, n, oc0, p0, r1, accs)
     if stage.out.ndim == 3:
         c.epilogue(stage, [n, oc0, I64(0)], [1, jn, g.ow])
     else:
@@ -269,8 +221,7 @@ def _block(stage, c, jn: int, plan: Plan, n, grp, oc0, band) -> None:
 
 def emit_conv(stage, ctx) -> None:
     """Pack the input, then run every (image, group, channel block, band) task."""
-    g = stage.geo
-    plan = choose_plan(g, stage.out.dtype)
+    g, plan = stage.geo, stage.plan
     blocks = math.ceil(g.kg / plan.j)
     bands = math.ceil(g.oh / plan.rows)
     rem = g.kg % plan.j

@@ -1,0 +1,144 @@
+"""How the direct convolution (:mod:`.direct_conv`) lays out its packed input and blocks
+its registers, chosen per convolution at build time by a small cost model.
+
+Layouts of one input channel in the workspace (``planes`` planes of ``hq x wq``):
+
+* *grid*: one zero-padded plane per stride phase (a, b) some tap reads, holding padded
+  pixels ``(s*r + a, s*q + b)``. Output pixel (oh, ow) is grid pixel ``oh*wq + ow`` and
+  tap (i, j) reads plane element ``grid pixel + tap(i, j)``. ``wq`` exceeds OW by the
+  window's reach, so ``(wq - OW) / wq`` of the lanes compute thrown-away halo columns.
+* *dense*: one plane per (row phase, kernel column j), holding the padded input shifted
+  by column j, exactly OW wide: no halo lanes, at ``KW`` times the packing. It wins on
+  small images (7x7: 49 pixels fill 56 of 8-lane vectors, but 64 of the grid's).
+
+Either way every tap reads a contiguous run, whatever the stride, dilation or padding.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..dtypes import dtype as lookup_dtype
+
+UNROLL_COLUMNS = 16  # kernel columns unrolled per kernel row; wider windows loop (grid only)
+MIN_TASKS = 16  # split rows into bands until there are this many tasks (load balance)
+MAX_V = 8  # vectors per chunk; the workspace's slack covers one chunk of full vectors
+
+
+@dataclass(frozen=True)
+class Layout:
+    geo: object  # ConvGeometry
+    dense: bool
+
+    @property
+    def hq(self) -> int:
+        g = self.geo
+        return g.oh + (g.kh - 1) * g.dilation[0] // g.stride[0]
+
+    @property
+    def wq(self) -> int:
+        g = self.geo
+        return g.ow if self.dense else g.ow + (g.kw - 1) * g.dilation[1] // g.stride[1]
+
+    @property
+    def row_phases(self) -> tuple:
+        g = self.geo
+        return tuple(sorted({i * g.dilation[0] % g.stride[0] for i in range(g.kh)}))
+
+    @property
+    def col_sources(self) -> tuple:
+        """Per plane column: the padded input column of plane column 0 (then + stride)."""
+        g = self.geo
+        if self.dense:
+            return tuple(j * g.dilation[1] for j in range(g.kw))
+        return tuple(sorted({j * g.dilation[1] % g.stride[1] for j in range(g.kw)}))
+
+    def plane_sources(self) -> list[tuple[int, int]]:
+        """(row phase, column source) of each plane of a channel, in order."""
+        return [(a, b) for a in self.row_phases for b in self.col_sources]
+
+    @property
+    def planes(self) -> int:
+        return len(self.row_phases) * len(self.col_sources)
+
+    @property
+    def plane_size(self) -> int:
+        return self.hq * self.wq
+
+    def channel_size(self) -> int:
+        return self.planes * self.plane_size
+
+    def tap(self, i: int, j: int) -> int:
+        """Offset of tap (i, j) in a channel's planes relative to the output pixel's."""
+        (sh, sw), (dh, dw) = self.geo.stride, self.geo.dilation
+        row = self.row_phases.index(i * dh % sh)
+        col = j if self.dense else self.col_sources.index(j * dw % sw)
+        shift = 0 if self.dense else j * dw // sw
+        return (row * len(self.col_sources) + col) * self.plane_size + (i * dh // sh) * self.wq + shift
+
+
+@dataclass(frozen=True)
+class Plan:
+    layout: Layout
+    lanes: int
+    j: int  # output channels per block
+    v: int  # vectors per chunk
+    rows: int  # output rows per band
+
+    @property
+    def span(self) -> int:
+        return self.v * self.lanes
+
+
+def max_lanes(dt: str) -> int:
+    return 512 // lookup_dtype(dt).bits
+
+
+def workspace_size(plan: Plan, dt: str) -> int:
+    """Elements of one image's packed input, plus zeroed slack that chunks overrun into."""
+    return plan.layout.geo.c * plan.layout.channel_size() + MAX_V * max_lanes(dt)
+
+
+def cost(plan: Plan, dt: str) -> float:
+    """Estimated cycles of one image: per tap, FMAs or loads, whichever binds (Zen 4 and
+    friends: 512 FMA bits and 512 load bits per cycle, a broadcast load ~2/3 cycle, as
+    measured on ResNet's layers); per chunk the masked stores; plus packing the input."""
+    lay, g, lanes, j, v = plan.layout, plan.layout.geo, plan.lanes, plan.j, plan.v
+    bands = math.ceil(g.oh / plan.rows)
+    span = lambda r: (r - 1) * lay.wq + g.ow  # noqa: E731  grid pixels of r rows
+    chunks = sum(math.ceil(span(min(plan.rows, g.oh - b * plan.rows)) / plan.span) for b in range(bands))
+    full, rem = divmod(g.kg, j)
+    widths = [j] * full + ([rem] if rem else [])
+    bits = lanes * lookup_dtype(dt).bits
+    stores = (lay.wq + lanes - 2) // lay.wq + 1  # rows one vector can touch
+    per_chunk = [(max(jb * v * bits / 512, v * bits / 512 + jb * 0.66) + 0.5) * g.cg * g.taps
+                 + v * stores * (jb + 5) + 20 for jb in widths]
+    pack = g.c * lay.channel_size() * 0.5
+    # every channel block streams the packed input through L2 again (~128 B/cycle with
+    # the compute overlapping it): small J pays for its low reuse
+    stream = len(widths) * g.c * lay.channel_size() * lookup_dtype(dt).nbytes / 128
+    # a remainder block is a second copy of the kernel: prefer J that divides Kg
+    return g.groups * chunks * sum(per_chunk) * (1.03 if rem else 1.0) + pack + stream
+
+
+def choose_plan(geo, dt: str) -> Plan:
+    """The cheapest plan (:func:`cost`) over layouts, vector widths (512 and 256 bits) and
+    register blocks J x V that fit 32 vector registers; row bands give enough tasks to
+    keep the thread pool busy."""
+    batch = geo.n if isinstance(geo.n, int) else 1
+    layouts = [Layout(geo, False)] + ([Layout(geo, True)] if geo.kw <= UNROLL_COLUMNS else [])
+    best = None
+    for layout in layouts:
+        for lanes in (max_lanes(dt), max_lanes(dt) // 2):
+            for v in range(1, MAX_V + 1):
+                for j in range(1, min(geo.kg, 16) + 1):
+                    if (j + 1) * v > 31:
+                        continue
+                    blocks = batch * geo.groups * math.ceil(geo.kg / j)
+                    rows = math.ceil(geo.oh / min(geo.oh, math.ceil(MIN_TASKS / blocks)))
+                    plan = Plan(layout, lanes, j, v, rows)
+                    c = cost(plan, dt)
+                    if best is None or c < best[0]:
+                        best = (c, plan)
+    return best[1]
