@@ -9,7 +9,8 @@ first. Every region therefore takes its inputs from before it and hands its outp
 what follows: no cycles, and no tuple-typed outputs.
 
 A region holds at most one heavy kernel (:data:`jitbyoc.kernels.ANCHOR_OPS`: matmul,
-conv): a second one starts a new region. Elementwise tails still fuse into the kernel
+conv): a second one starts a new region, taking along the open region's bindings that
+are independent of its kernel (a weight's ``permute_dims`` feeds the next layer). Elementwise tails still fuse into the kernel
 before them, and layout ops and reductions ride along; but each layer of a network
 becomes its own region, so identical layers share one compiled kernel (their content
 hashes match), the compile cache works per layer, and changing one layer recompiles
@@ -60,9 +61,11 @@ class _Merger:
                 continue
             if region and b.value.op in self.anchors if self.is_composite_call(b.value) else False:
                 if any(r.value.op in self.anchors for r in region if self.is_composite_call(r.value)):
+                    moved = self.independent(region)
+                    region = [r for r in region if r not in moved]
                     self.take_projections(region, bindings, k)
-                    out += self.outline(region, [r for r in bindings[k:] if r is not None])
-                    region = []
+                    out += self.outline(region, moved + [r for r in bindings[k:] if r is not None])
+                    region = moved
             if self.is_composite_call(b.value) or self.is_projection(b.value, region):
                 region.append(b)
                 continue
@@ -95,6 +98,27 @@ class _Merger:
             if bindings[j] is not None and self.is_projection(bindings[j].value, region):
                 region.append(bindings[j])
                 bindings[j] = None
+
+    def independent(self, region) -> list:
+        """Bindings of ``region`` that neither depend on its heavy kernel nor feed it or
+        anything that does (``permute_dims(w)`` of the *next* linear layer, standing before
+        it): they start the next region instead, next to the kernel that consumes them,
+        which can then fold them (a matmul reads a permuted weight in place)."""
+        free: list = []
+        for b in region:
+            anchor = self.is_composite_call(b.value) and b.value.op in self.anchors
+            bound = {r.var for r in region if r not in free}
+            if not anchor and not isinstance(b.value, relax.TupleGetItem) and not self.uses_vars(b.value, bound):
+                free.append(b)
+        used = set()
+        for b in region:
+            if b not in free:
+                used.update(relax.analysis.free_vars(b.value))
+        return [b for b in free if b.var not in used]
+
+    @staticmethod
+    def uses_vars(value, defined) -> bool:
+        return any(v in defined for v in relax.analysis.free_vars(value))
 
     @staticmethod
     def uses(value, region) -> bool:
