@@ -102,7 +102,8 @@ def microkernel(module: ir.Module, dt: str, mr: int, nv: int, unroll: int, maske
     ``nvalid`` are not read (B read in place at an edge). Only the ``mv x nvalid`` corner
     is stored. Accumulators live in registers as loop-carried values; k is unrolled."""
     vl = lanes(dt)
-    name = f"jitbyoc_gemm_{dt}_{mr}x{nv}_u{unroll}{'_masked' if masked else ''}"
+    # named after the region: regions are assembled together, so local symbols must differ
+    name = f"{module.name}_gemm_{dt}_{mr}x{nv}_u{unroll}{'_masked' if masked else ''}"
     if name in module.globals:
         return module.globals[name]
     vt, et = vtype(dt), lookup_dtype(dt).ir
@@ -260,7 +261,7 @@ def call_packer(b: ir.IRBuilder, kind: str, dt: str, dst, src, stride, nx, kc, w
     """Call :func:`pack_rows` (``kind="rows"``) or :func:`pack_transposed`
     (``"transposed"``) emitted once per module as a function of its own, so a region with
     many products carries one copy of each packer."""
-    name = f"jitbyoc_pack_{kind}_{dt}_w{width}"
+    name = f"{b.module.name}_pack_{kind}_{dt}_w{width}"
     fn = b.module.globals.get(name)
     if fn is None:
         fn = ir.Function(b.module, ir.FunctionType(ir.VoidType(), [PTR, PTR, I64, I64, I64]), name)
