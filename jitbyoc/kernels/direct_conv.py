@@ -230,22 +230,46 @@ def emit_conv(stage, ctx) -> None:
         with for_range(c.b, hi, "t", start=lo) as t:
             _pack_channel(stage, c, c.b.sdiv(t, I64(g.c)), c.b.srem(t, I64(g.c)))
 
-    def tasks(c, lo, hi, _extra):
+    def task(c, t):
         b = c.b
-        with for_range(b, hi, "t", start=lo) as t:
-            band = b.srem(t, I64(bands))
-            rest = b.sdiv(t, I64(bands))
-            blk = b.srem(rest, I64(blocks))
-            rest = b.sdiv(rest, I64(blocks))
-            grp, n = b.srem(rest, I64(g.groups)), b.sdiv(rest, I64(g.groups))
-            oc0 = b.add(b.mul(grp, I64(g.kg)), b.mul(blk, I64(plan.j)))
-            if not rem:
-                _block(stage, c, plan.j, plan, n, grp, oc0, band)
-            else:
-                _tail_or_full(stage, c, rem, plan, n, grp, oc0, band, b.icmp_signed("==", blk, I64(blocks - 1)))
+        band = b.srem(t, I64(bands))
+        rest = b.sdiv(t, I64(bands))
+        blk = b.srem(rest, I64(blocks))
+        rest = b.sdiv(rest, I64(blocks))
+        grp, n = b.srem(rest, I64(g.groups)), b.sdiv(rest, I64(g.groups))
+        oc0 = b.add(b.mul(grp, I64(g.kg)), b.mul(blk, I64(plan.j)))
+        if not rem:
+            _block(stage, c, plan.j, plan, n, grp, oc0, band)
+        else:
+            _tail_or_full(stage, c, rem, plan, n, grp, oc0, band, b.icmp_signed("==", blk, I64(blocks - 1)))
 
     ctx.parallel_for(ctx.product([g.n, g.c]), pack)
-    ctx.parallel_for(ctx.product([g.n, g.groups * blocks * bands]), tasks)
+    _dynamic_for(ctx, ctx.product([g.n, g.groups * blocks * bands]), task)
+
+
+def _dynamic_for(ctx, count, body) -> None:
+    """``body(c, t)`` for every task t in [0, count) on the thread pool, each worker
+    claiming the next task from a shared atomic counter: a worker that the OS preempts
+    (a busy machine) then delays one task, not a fixed share of them."""
+    b = ctx.b
+    with b.goto_block(b.function.entry_basic_block):
+        counter = b.alloca(I64)
+    b.store(I64(0), counter)
+
+    def worker(c, _lo, _hi, extra):
+        cb = c.b
+        shared = cb.inttoptr(extra[0], PTR)
+        claim, work, done = (cb.append_basic_block(f"task.{k}") for k in ("claim", "run", "done"))
+        cb.branch(claim)
+        cb.position_at_end(claim)
+        t = cb.atomic_rmw("add", shared, I64(1), "monotonic")
+        cb.cbranch(cb.icmp_signed("<", t, extra[1]), work, done)
+        cb.position_at_end(work)
+        body(c, t)
+        cb.branch(claim)
+        cb.position_at_end(done)
+
+    ctx.parallel_for(count, worker, extra=[b.ptrtoint(counter, I64), count])
 
 
 def _tail_or_full(stage, c, rem, plan, n, grp, oc0, band, is_tail) -> None:
