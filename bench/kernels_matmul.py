@@ -6,7 +6,8 @@ torch (if installed) and TVM's default build. Candidates are timed in blocks tha
 turns, each after a short quiet pause (see :func:`time_blocks`: call-by-call alternation
 on 2 cores measures the previous candidate's still-spinning thread pool instead).
 Cases: sgemm 2048^3, a linear layer in torch.export's form (``permute_dims`` + ``matmul``
-+ bias + relu), and the MLP 784-1024-1024-10 at batch 64 (matmul+bias+relu).
++ bias + relu), and the MLP 784-1024-1024-10 at batch 64 (matmul+bias+relu), also in
+the linear form.
 
 Peak: an LLVM IR loop of 12 independent ``<16 x float>`` FMA chains (llvmlite MCJIT,
 called through ctypes from ``threads`` Python threads; the GIL is released), best of 5 —
@@ -132,13 +133,16 @@ def linear_case(m: int, k: int, n: int, rng):
                     __import__("torch").nn.functional.linear(t(x), t(w), t(bias)))))
 
 
-def mlp_case(batch: int, rng, sizes=(784, 1024, 1024, 10)):
-    """matmul + bias (+ relu between layers), weights stored (in, out)."""
+def mlp_case(batch: int, rng, sizes=(784, 1024, 1024, 10), linear=False):
+    """matmul + bias (+ relu between layers), weights stored (in, out); with ``linear``,
+    torch.export's form: weights (out, in) through ``relax.op.linear`` (permute_dims)."""
     import numpy as np
     from tvm import relax
 
     x = rng.standard_normal((batch, sizes[0])).astype("float32")
     ws = [(rng.standard_normal((i, o)) / np.sqrt(i)).astype("float32") for i, o in zip(sizes, sizes[1:])]
+    if linear:
+        ws = [np.ascontiguousarray(w.T) for w in ws]
     bs = [rng.standard_normal(o).astype("float32") for o in sizes[1:]]
     params = [("x", (batch, sizes[0]))] + [(f"w{j}", w.shape) for j, w in enumerate(ws)] + \
         [(f"b{j}", b.shape) for j, b in enumerate(bs)]
@@ -147,7 +151,7 @@ def mlp_case(batch: int, rng, sizes=(784, 1024, 1024, 10)):
         wv, bv = rest[:len(ws)], rest[len(ws):]
         h = xv
         for j, (w, b) in enumerate(zip(wv, bv)):
-            h = bb.emit(relax.op.add(bb.emit(relax.op.matmul(h, w)), b))
+            h = bb.emit(relax.op.linear(h, w, b) if linear else relax.op.add(bb.emit(relax.op.matmul(h, w)), b))
             if j < len(ws) - 1:
                 h = bb.emit(relax.op.nn.relu(h))
         return h
@@ -155,7 +159,7 @@ def mlp_case(batch: int, rng, sizes=(784, 1024, 1024, 10)):
     def numpy_mlp():
         h = x
         for j, (w, b) in enumerate(zip(ws, bs)):
-            h = h @ w + b
+            h = (h @ w.T if linear else h @ w) + b
             h = np.maximum(h, 0) if j < len(ws) - 1 else h
         return h
 
@@ -166,13 +170,14 @@ def mlp_case(batch: int, rng, sizes=(784, 1024, 1024, 10)):
         def run():
             h = tx
             for j, (w, b) in enumerate(zip(tw, tb)):
-                h = torch.addmm(b, h, w)
+                h = torch.nn.functional.linear(h, w, b) if linear else torch.addmm(b, h, w)
                 h = torch.relu(h) if j < len(tw) - 1 else h
             return h
         return run
 
     flops = 2 * batch * sum(i * o for i, o in zip(sizes, sizes[1:]))
-    return dict(name=f"MLP {'-'.join(map(str, sizes))} batch {batch}", mod=_module(params, body),
+    form = " (linear)" if linear else ""
+    return dict(name=f"MLP {'-'.join(map(str, sizes))} b{batch}{form}", mod=_module(params, body),
                 args=[x, *ws, *bs], flops=flops, numpy=numpy_mlp, torch=torch_mlp)
 
 
@@ -267,7 +272,8 @@ def main(argv=None) -> None:
     early = fma_peak(args.threads)
     print(f"threads {args.threads}, load average at start {os.getloadavg()[0]:.2f}; "
           f"per-call medians over {rounds} rounds of timed blocks", flush=True)
-    cases = [sgemm_case(n, rng), linear_case(64, 784, 1024, rng), mlp_case(64, rng)]
+    cases = [sgemm_case(n, rng), linear_case(64, 784, 1024, rng), mlp_case(64, rng),
+             mlp_case(64, rng, linear=True)]
     results = [bench_case(c, rounds, args.tvm or not c["name"].startswith("sgemm")) for c in cases]
     peak = max(early, fma_peak(args.threads))
     print(f"measured FMA peak {peak:.1f} GFLOP/s = {peak / args.threads / 32:.2f} GHz x 32 FLOP/cycle "
