@@ -39,10 +39,13 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 # ---- peak ---------------------------------------------------------------------------------------
 
-def fma_peak(threads: int, iters: int = 20_000_000) -> float:
-    """GFLOP/s of ``threads`` threads each running a loop of independent vector FMAs."""
+CHAINS, UNROLL = 12, 4  # independent FMA chains (>= latency 4 x 1 per cycle), unrolled
+
+
+def _peak_loop():
+    """``float peak(int64 n)``: n iterations of CHAINS x UNROLL ``<16 x float>`` FMAs,
+    compiled by llvmlite's MCJIT; returns (callable, engine) (keep the engine alive)."""
     import ctypes
-    import threading
 
     import llvmlite.binding as llvm
     from llvmlite import ir
@@ -50,7 +53,7 @@ def fma_peak(threads: int, iters: int = 20_000_000) -> float:
     from jitbyoc import jit
 
     f32, i64 = ir.FloatType(), ir.IntType(64)
-    vec, chains, unroll = ir.VectorType(f32, 16), 12, 4
+    vec = ir.VectorType(f32, 16)
     module = ir.Module(name="peak")
     module.triple = llvm.get_process_triple()
     fma = ir.Function(module, ir.FunctionType(vec, [vec, vec, vec]), "llvm.fma.v16f32")
@@ -61,21 +64,19 @@ def fma_peak(threads: int, iters: int = 20_000_000) -> float:
     b.position_at_end(loop)
     i = b.phi(i64)
     i.add_incoming(i64(0), entry)
-    accs = [b.phi(vec) for _ in range(chains)]
-    for k, acc in enumerate(accs):
-        acc.add_incoming(ir.Constant(vec, [float(k)] * 16), entry)
-    x, y = ir.Constant(vec, [1.0000001] * 16), ir.Constant(vec, [0.999999] * 16)
+    accs = [b.phi(vec) for _ in range(CHAINS)]
     cur = list(accs)
-    for _ in range(unroll):
-        cur = [b.call(fma, [c, x, y]) for c in cur]
-    nxt = b.add(i, i64(1))
-    i.add_incoming(nxt, loop)
-    for acc, c in zip(accs, cur):
+    for _ in range(UNROLL):
+        cur = [b.call(fma, [c, ir.Constant(vec, [1.0000001] * 16), ir.Constant(vec, [0.999999] * 16)])
+               for c in cur]
+    i.add_incoming(b.add(i, i64(1)), loop)
+    for k, (acc, c) in enumerate(zip(accs, cur)):
+        acc.add_incoming(ir.Constant(vec, [float(k)] * 16), entry)
         acc.add_incoming(c, loop)
-    b.cbranch(b.icmp_signed("<", nxt, fn.args[0]), loop, done)
+    b.cbranch(b.icmp_signed("<", b.add(i, i64(1)), fn.args[0]), loop, done)
     b.position_at_end(done)
     total = cur[0]
-    for c in cur[1:]:
+    for c in cur[1:]:  # every chain must be live, or LLVM deletes it
         total = b.fadd(total, c)
     b.ret(b.extract_element(total, ir.IntType(32)(0)))
     jit.target_machine()  # initializes LLVM's native target
@@ -84,7 +85,15 @@ def fma_peak(threads: int, iters: int = 20_000_000) -> float:
         cpu=llvm.get_host_cpu_name(), features=jit.host_features(), opt=3)
     engine = llvm.create_mcjit_compiler(llvm.parse_assembly(str(module)), tm)
     engine.finalize_object()
-    peak = ctypes.CFUNCTYPE(ctypes.c_float, ctypes.c_int64)(engine.get_function_address("peak"))
+    return ctypes.CFUNCTYPE(ctypes.c_float, ctypes.c_int64)(engine.get_function_address("peak")), engine
+
+
+def fma_peak(threads: int, iters: int = 20_000_000) -> float:
+    """GFLOP/s of ``threads`` threads each running :func:`_peak_loop`, best of 5 (called
+    through ctypes, which releases the GIL)."""
+    import threading
+
+    peak, _engine = _peak_loop()
     rates = []
     for _ in range(5):
         workers = [threading.Thread(target=peak, args=(iters,)) for _ in range(threads)]
@@ -93,7 +102,7 @@ def fma_peak(threads: int, iters: int = 20_000_000) -> float:
             w.start()
         for w in workers:
             w.join()
-        rates.append(threads * iters * chains * unroll * 32 / (time.perf_counter() - start) / 1e9)
+        rates.append(threads * iters * CHAINS * UNROLL * 32 / (time.perf_counter() - start) / 1e9)
     return max(rates)
 
 
@@ -141,19 +150,16 @@ def mlp_case(batch: int, rng, sizes=(784, 1024, 1024, 10), linear=False):
 
     x = rng.standard_normal((batch, sizes[0])).astype("float32")
     ws = [(rng.standard_normal((i, o)) / np.sqrt(i)).astype("float32") for i, o in zip(sizes, sizes[1:])]
-    if linear:
-        ws = [np.ascontiguousarray(w.T) for w in ws]
+    ws = [np.ascontiguousarray(w.T) for w in ws] if linear else ws
     bs = [rng.standard_normal(o).astype("float32") for o in sizes[1:]]
     params = [("x", (batch, sizes[0]))] + [(f"w{j}", w.shape) for j, w in enumerate(ws)] + \
         [(f"b{j}", b.shape) for j, b in enumerate(bs)]
 
     def body(bb, xv, *rest):
-        wv, bv = rest[:len(ws)], rest[len(ws):]
         h = xv
-        for j, (w, b) in enumerate(zip(wv, bv)):
+        for j, (w, b) in enumerate(zip(rest[:len(ws)], rest[len(ws):])):
             h = bb.emit(relax.op.linear(h, w, b) if linear else relax.op.add(bb.emit(relax.op.matmul(h, w)), b))
-            if j < len(ws) - 1:
-                h = bb.emit(relax.op.nn.relu(h))
+            h = bb.emit(relax.op.nn.relu(h)) if j < len(ws) - 1 else h
         return h
 
     def numpy_mlp():
@@ -163,22 +169,22 @@ def mlp_case(batch: int, rng, sizes=(784, 1024, 1024, 10), linear=False):
             h = np.maximum(h, 0) if j < len(ws) - 1 else h
         return h
 
-    def torch_mlp(t):
-        import torch
-        tw, tb, tx = [t(w) for w in ws], [t(b) for b in bs], t(x)
-
-        def run():
-            h = tx
-            for j, (w, b) in enumerate(zip(tw, tb)):
-                h = torch.nn.functional.linear(h, w, b) if linear else torch.addmm(b, h, w)
-                h = torch.relu(h) if j < len(tw) - 1 else h
-            return h
-        return run
-
     flops = 2 * batch * sum(i * o for i, o in zip(sizes, sizes[1:]))
-    form = " (linear)" if linear else ""
-    return dict(name=f"MLP {'-'.join(map(str, sizes))} b{batch}{form}", mod=_module(params, body),
-                args=[x, *ws, *bs], flops=flops, numpy=numpy_mlp, torch=torch_mlp)
+    return dict(name=f"MLP {'-'.join(map(str, sizes))} b{batch}{' (linear)' if linear else ''}",
+                mod=_module(params, body), args=[x, *ws, *bs], flops=flops, numpy=numpy_mlp,
+                torch=lambda t: _torch_mlp([t(w) for w in ws], [t(b) for b in bs], t(x), linear))
+
+
+def _torch_mlp(ws, bs, x, linear: bool):
+    import torch
+
+    def run():
+        h = x
+        for j, (w, b) in enumerate(zip(ws, bs)):
+            h = torch.nn.functional.linear(h, w, b) if linear else torch.addmm(b, h, w)
+            h = torch.relu(h) if j < len(ws) - 1 else h
+        return h
+    return run
 
 
 # ---- timing -------------------------------------------------------------------------------------

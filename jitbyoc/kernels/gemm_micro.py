@@ -106,7 +106,6 @@ def microkernel(module: ir.Module, dt: str, mr: int, nv: int, unroll: int, maske
     name = f"{module.name}_gemm_{dt}_{mr}x{nv}_u{unroll}{'_masked' if masked else ''}"
     if name in module.globals:
         return module.globals[name]
-    vt, et = vtype(dt), lookup_dtype(dt).ir
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64, PTR, I64, I64, PTR, I64, I64, I64, I1]),
                      name)
     fn.linkage = "internal"
@@ -114,23 +113,11 @@ def microkernel(module: ir.Module, dt: str, mr: int, nv: int, unroll: int, maske
     for p in (ap, bp, c):
         p.add_attribute("noalias")
     b = ir.IRBuilder(fn.append_basic_block("entry"))
-    fma = _intrinsic(module, f"llvm.fma.{_suffix(dt)}", vt, [vt, vt, vt])
     last = b.sub(mvalid, I64(1))
     rows = [gep(b, ap, b.mul(b.select(b.icmp_signed("<", I64(i), mvalid), I64(i), last), axs), dt)
             for i in range(mr)]
     masks = [lane_mask(b, b.sub(nvalid, I64(j * vl)), vl) if masked else None for j in range(nv)]
-
-    def step(k, accs):
-        brow = gep(b, bp, b.mul(k, bks), dt)
-        bvec = [vload(b, gep(b, brow, j * vl, dt), dt, masks[j]) for j in range(nv)]
-        out, koff = list(accs), b.mul(k, aks)
-        for i in range(mr):
-            a = splat(b, b.load(gep(b, rows[i], koff, dt), typ=et), vl)
-            for j in range(nv):
-                out[i * nv + j] = b.call(fma, [a, bvec[j], accs[i * nv + j]])
-        return out
-
-    zero = [ir.Constant(vt, None)] * (mr * nv)
+    step = _fma_step(b, dt, rows, aks, bp, bks, masks)
     main = b.sdiv(kc, I64(unroll))
 
     def unrolled(k, accs):
@@ -140,11 +127,30 @@ def microkernel(module: ir.Module, dt: str, mr: int, nv: int, unroll: int, maske
         return accs
 
     _prefetch_tile(b, dt, c, ldc, mr, nv)
-    accs = _carry_loop(b, I64(0), main, zero, unrolled, "ku")
+    accs = _carry_loop(b, I64(0), main, [ir.Constant(vtype(dt), None)] * (mr * nv), unrolled, "ku")
     accs = _carry_loop(b, b.mul(main, I64(unroll)), kc, accs, step, "kr")
     _store_tile(b, dt, accs, c, ldc, mvalid, nvalid, accumulate, mr, nv)
     b.ret_void()
     return fn
+
+
+def _fma_step(b, dt, rows, aks, bp, bks, masks):
+    """One k step as a function of the accumulators: load the B vectors of row k, then
+    per A row broadcast ``A[i, k]`` and FMA it into that row's accumulators."""
+    vl, vt, et = lanes(dt), vtype(dt), lookup_dtype(dt).ir
+    fma = _intrinsic(b.module, f"llvm.fma.{_suffix(dt)}", vt, [vt, vt, vt])
+    nv = len(masks)
+
+    def step(k, accs):
+        brow = gep(b, bp, b.mul(k, bks), dt)
+        bvec = [vload(b, gep(b, brow, j * vl, dt), dt, masks[j]) for j in range(nv)]
+        out, koff = list(accs), b.mul(k, aks)
+        for i, row in enumerate(rows):
+            a = splat(b, b.load(gep(b, row, koff, dt), typ=et), vl)
+            for j in range(nv):
+                out[i * nv + j] = b.call(fma, [a, bvec[j], accs[i * nv + j]])
+        return out
+    return step
 
 
 def _prefetch_tile(b, dt, c, ldc, mr, nv):
