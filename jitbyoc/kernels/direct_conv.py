@@ -131,17 +131,23 @@ def _accumulate(stage, c, jn: int, plan: Plan, xoff, woffs, accs) -> None:
             with _maybe_loop(b, count, "ki") as m:
                 i = b.add(I64(i0), b.mul(m, I64(step)))
                 row = b.mul(m, I64(step * g.dilation[0] // g.stride[0] * lay.wq))
-                if lay.dense or g.kw <= UNROLL_COLUMNS:
-                    for j in range(g.kw):
-                        tap(xp, wps, b.add(b.mul(i, I64(g.kw)), I64(j)), b.add(row, I64(lay.tap(i0, j))))
-                    continue
-                # grid layout: column phase classes, each one plane, offsets linear
-                for j0, cols, cstep in tap_classes(g.kw, g.stride[1], g.dilation[1]):
-                    with _maybe_loop(b, cols, "kj") as q:
-                        j = b.add(I64(j0), b.mul(q, I64(cstep)))
-                        off = b.add(row, b.add(I64(lay.tap(i0, j0)),
-                                               b.mul(q, I64(cstep * g.dilation[1] // g.stride[1]))))
-                        tap(xp, wps, b.add(b.mul(i, I64(g.kw)), j), off)
+                for widx, off in _row_taps(b, g, lay, i, i0, row):
+                    tap(xp, wps, widx, off)
+
+
+def _row_taps(b, g, lay, i, i0: int, row):
+    """(weight index, workspace offset) of the taps of kernel row ``i`` (of class ``i0``,
+    ``row`` its offset within the class): unrolled columns, or column phase classes
+    looped at run time (grid layout with a wide window; each class one plane)."""
+    if lay.dense or g.kw <= UNROLL_COLUMNS:
+        for j in range(g.kw):
+            yield b.add(b.mul(i, I64(g.kw)), I64(j)), b.add(row, I64(lay.tap(i0, j)))
+        return
+    for j0, cols, cstep in tap_classes(g.kw, g.stride[1], g.dilation[1]):
+        with _maybe_loop(b, cols, "kj") as q:
+            j = b.add(I64(j0), b.mul(q, I64(cstep)))
+            shift = b.mul(q, I64(cstep * g.dilation[1] // g.stride[1]))
+            yield b.add(b.mul(i, I64(g.kw)), j), b.add(row, b.add(I64(lay.tap(i0, j0)), shift))
 
 
 def tap_classes(k: int, stride: int, dilation: int) -> list[tuple[int, int, int]]:
@@ -174,6 +180,7 @@ def _store_chunk(stage, c, jn: int, plan: Plan, n, oc0, p0, r1, accs) -> None:
     iota = ir.Constant(it, list(range(lanes)))
     rows = (plan.layout.wq + lanes - 2) // plan.layout.wq + 1
     bits = 32 if isinstance(vt.element, ir.FloatType) else 64
+    # the (value, ptr, i32 align, mask) signature; LLVM 22 upgrades it to an align attribute
     store = _declare(c.module, f"llvm.masked.store.v{lanes}f{bits}.p0", ir.VoidType(),
                      [vt, PTR, I32, ir.VectorType(I1, lanes)])
     for v in range(plan.v):
