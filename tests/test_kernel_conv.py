@@ -157,6 +157,21 @@ def test_c_rendering_agrees_with_llvm(index, tmp_path):
     check(c_out, *args, cs[0][1], [llvm_out])
 
 
+@pytest.mark.skipif(CC is None, reason="no C compiler (cc) to build the C rendering")
+def test_c_rendering_with_fused_bias_relu(tmp_path):
+    attrs = dict(strides=(1, 2), padding=(1, 0, 1, 2), groups=2)
+    cs = [([((2, 6, 9, 11), F32), ((10, 3, 3, 3), F32), ((1, 10, 1, 1), F32)], attrs)]
+    mod = grid_model(cs, lambda bb, x, w, b, a: conv_bias_relu(bb, x, w, b, dict(a)))
+    (region,) = jitbyoc.inspect(mod)
+    assert region.kernel.stages[0].epilogue is not None
+    args = random_inputs(cs, seed=7)
+    llvm_out = run(build(mod, True), args)[0]
+    c_out = run_c(region, dict(zip(region.arg_names, args)), llvm_out.shape, F32, tmp_path)
+    assert (c_out >= 0).all() and (c_out == 0).any() and (c_out > 0).any()
+    bound = error_bound(args[0], args[1], attrs) + 1e-6 * np.abs(llvm_out)
+    assert np.all(np.abs(c_out - llvm_out) <= bound)
+
+
 @pytest.mark.parametrize("attrs, shapes, reason, runs", [
     (dict(data_layout="NHWC", kernel_layout="HWIO"), [(1, 9, 9, 4), (3, 3, 4, 8)], "layout", True),
     (dict(out_layout="NHWC"), [(1, 4, 9, 9), (8, 4, 3, 3)], "layout", False),  # TVM can't either
