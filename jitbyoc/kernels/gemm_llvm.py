@@ -181,8 +181,13 @@ def _micro(g, c, args, in_place: bool) -> None:
     mv, nvalid = args[8], args[9]
     nvec = _ceil_div(b, nvalid, I64(vl))
     rows = sorted({blk.mr, *_edges(g.m, blk.mr)})
-    cols = sorted({blk.nv, *(-(-e // vl) for e in _edges(g.n, g.nr))})
+    col_edges = _edges(g.n, g.nr)
+    cols = sorted({blk.nv, *(-(-e // vl) for e in col_edges)})
     variants = sorted(((r, v) for r in rows for v in cols), key=lambda rv: rv[0] * rv[1])
+    static_m = all(isinstance(d, int) for d in (g.m if isinstance(g.m, tuple) else (g.m,)))
+    if in_place and static_m and not col_edges:
+        # no N edge and every row edge has its kernel: a tile of MR rows is always full
+        variants.remove((blk.mr, blk.nv))
     done = b.append_basic_block("micro.done")
     full = b.and_(b.icmp_signed("==", mv, I64(blk.mr)), b.icmp_signed("==", nvalid, I64(g.nr)))
     with b.if_then(full, likely=True):
