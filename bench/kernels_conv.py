@@ -67,10 +67,14 @@ def pool_case(kind: str, xs, rng):
     x = rng.standard_normal(xs).astype("float32")
     if kind == "max":
         body = lambda bb, xv: bb.emit(relax.op.nn.max_pool2d(xv, 3, 2, 1))  # noqa: E731
-        torch_run = lambda t: (lambda tx: lambda: __import__("torch").nn.functional.max_pool2d(tx, 3, 2, 1))(t(x))  # noqa: E731
     else:
         body = lambda bb, xv: bb.emit(relax.op.nn.adaptive_avg_pool2d(xv, (1, 1)))  # noqa: E731
-        torch_run = lambda t: (lambda tx: lambda: __import__("torch").nn.functional.adaptive_avg_pool2d(tx, 1))(t(x))  # noqa: E731
+
+    def torch_run(t):
+        import torch.nn.functional as F
+        tx = t(x)
+        return (lambda: F.max_pool2d(tx, 3, 2, 1)) if kind == "max" else (lambda: F.adaptive_avg_pool2d(tx, 1))
+
     label = "max_pool2d 3x3/2" if kind == "max" else "global adaptive_avg_pool2d"
     return dict(name=f"{label} {'x'.join(map(str, xs))}", mod=_module([x], body), args=[x],
                 flops=0, torch=torch_run)

@@ -27,7 +27,6 @@ import numpy as np
 
 from .. import kir
 from ..dtypes import FLOATS
-from ..lowering.loops import I64, for_range
 from ..patterns import dims, tensor_problem
 from . import register
 
