@@ -226,7 +226,8 @@ def emit_elementwise(ctx: Ctx, stage: kir.Elementwise) -> None:
         counts = [hi] + [product(ext) for ext in layout.extents[1:]]
         with _nest(c, idx, counts, [lo] + ["0"] * (len(idx) - 1)):
             def address(buf):
-                terms = [f"{i} * ({product(s)})" for i, s in zip(idx, layout.strides[buf]) if s is not None]
+                terms = [i if product(s) == "INT64_C(1)" else f"{i} * ({product(s)})"
+                         for i, s in zip(idx, layout.strides[buf]) if s is not None]
                 return c.element(buf, " + ".join(terms) or "0")
 
             values = evaluate(c.em, roots, address)

@@ -175,6 +175,10 @@ class Ctx:
         return off
 
 
+def _is_one(v) -> bool:
+    return isinstance(v, ir.Constant) and v.constant == 1
+
+
 def emit_elementwise(ctx: Ctx, stage: kir.Elementwise) -> None:
     roots = [node for _, node in stage.stores]
     bufs = kir.loads(roots) + [buf for buf, _ in stage.stores]
@@ -188,12 +192,17 @@ def emit_elementwise(ctx: Ctx, stage: kir.Elementwise) -> None:
             with loop_nest(b, counts[1:], "j") as rest:
                 idx = ([first] if counts else []) + rest
 
-                def address(buf):
-                    off = ir.Constant(I64, 0)
-                    for i, step in zip(idx, steps[buf]):
-                        if step is not None:
-                            off = b.add(off, b.mul(i, step, flags=["nsw"]), flags=["nsw"])
-                    return off
+                offsets: dict = {}
+
+                def address(buf):  # one offset per buffer and point; unit steps need no multiply
+                    if buf not in offsets:
+                        terms = [i if _is_one(step) else b.mul(i, step, flags=["nsw"])
+                                 for i, step in zip(idx, steps[buf]) if step is not None]
+                        off = terms[0] if terms else ir.Constant(I64, 0)
+                        for t in terms[1:]:
+                            off = b.add(off, t, flags=["nsw"])
+                        offsets[buf] = off
+                    return offsets[buf]
 
                 values = evaluate(c.em, roots, lambda buf: c.load(buf, address(buf)))
                 for buf, node in stage.stores:
