@@ -14,7 +14,9 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 from .compat import check_llvm_majors
+from .threads import default_threads
 
+default_threads()
 check_llvm_majors()
 
 from . import codegen, patterns, pipeline  # noqa: E402

@@ -259,3 +259,19 @@ def test_identical_regions_are_compiled_once_and_counted_per_call():
     a, b = rand(4, 16), rand(4, 16, seed=1)
     want = np.maximum(np.cumsum(np.maximum(a + b, 0), axis=1) + b, 0)
     np.testing.assert_allclose(run(build(models.TwinRegions, True), a, b), want, rtol=1e-5, atol=1e-5)
+
+
+THREADS = textwrap.dedent("""
+    import jitbyoc, tvm
+    from jitbyoc.threads import physical_cores
+    print(tvm.get_global_func("runtime.NumThreads")(), physical_cores())
+""")
+
+
+@pytest.mark.parametrize("env, expect", [({"TVM_NUM_THREADS": "1"}, "explicit"), ({}, "cores")])
+def test_thread_pool_size(env, expect):
+    base = {k: v for k, v in os.environ.items() if k != "TVM_NUM_THREADS"}
+    out = subprocess.run([sys.executable, "-c", THREADS], env={**base, **env, "PYTHONPATH": ROOT},
+                         cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    threads, cores = int(out[-2]), int(out[-1])
+    assert threads == (1 if expect == "explicit" else cores)
