@@ -148,6 +148,25 @@ def walk(roots):
     return order
 
 
+def evaluate(em, roots, load, acc=None) -> dict:
+    """Render every node reachable from ``roots`` once, operands first, through a
+    renderer's emitter: ``load(buf)`` reads a Load's raw element, ``em.loaded(raw, dtype)``
+    turns it into a value, ``acc`` stands for :class:`Acc`. Returns ``{id(node): value}``.
+    Both renderers walk expressions through this one function, so they line up."""
+    values = {}
+    for node in walk(roots):
+        if isinstance(node, Load):
+            values[id(node)] = em.loaded(load(node.buf), node.dtype)
+        elif isinstance(node, Const):
+            values[id(node)] = em.const(node.value, node.dtype)
+        elif isinstance(node, Acc):
+            values[id(node)] = acc
+        else:
+            values[id(node)] = em.op(node.op, node.in_dtype, *(values[id(a)] for a in node.args),
+                                     **node.kwargs)
+    return values
+
+
 def stage_reads(stage) -> list[Buffer]:
     """Buffers ``stage`` reads, plus the storage behind any view among them."""
     reads = loads([n for _, n in stage.stores]) if isinstance(stage, Elementwise) else stage.reads()

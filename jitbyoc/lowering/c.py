@@ -76,6 +76,10 @@ class Emitter:
     def const(self, value, dt: str) -> str:
         return c_literal(value, dt)
 
+    def loaded(self, raw: str, dt: str) -> str:
+        """A loaded element (an lvalue) as a named value: bytes of a bool become 0/1."""
+        return self.temp(dt, f"({raw} != 0)" if dt == "bool" else raw)
+
     def op(self, name: str, dt: str, *args, **attrs) -> str:
         row = op_def(name, dt)
         if row.expand is not None:
@@ -94,21 +98,7 @@ def storage_c(dt: str) -> str:
     return "uint8_t" if dt == "bool" else lookup_dtype(dt).c
 
 
-def evaluate(em: Emitter, roots, load, acc=None) -> dict:
-    """C names of every node reachable from ``roots``; ``load(buf)`` is an lvalue string."""
-    values = {}
-    for node in kir.walk(roots):
-        if isinstance(node, kir.Load):
-            raw = load(node.buf)
-            values[id(node)] = em.temp(node.dtype, f"({raw} != 0)" if node.dtype == "bool" else raw)
-        elif isinstance(node, kir.Const):
-            values[id(node)] = em.const(node.value, node.dtype)
-        elif isinstance(node, kir.Acc):
-            values[id(node)] = acc
-        else:
-            values[id(node)] = em.op(node.op, node.in_dtype, *(values[id(a)] for a in node.args),
-                                     **node.kwargs)
-    return values
+evaluate = kir.evaluate
 
 
 class Ctx:

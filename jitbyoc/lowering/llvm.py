@@ -49,6 +49,10 @@ class Emitter:
             return row.expand(self, dt, *args, **attrs)
         return row.llvm(self.b, lookup_dtype(dt), *args, **attrs)
 
+    def loaded(self, raw, dt: str):
+        """A loaded element as a value: bytes of a bool become i1."""
+        return self.b.icmp_unsigned("!=", raw, ir.Constant(I8, 0)) if dt == "bool" else raw
+
 
 def product(b: ir.IRBuilder, dims, syms: dict):
     """The product of ``dims`` (ints and symbolic names) as an i64 value."""
@@ -60,21 +64,7 @@ def product(b: ir.IRBuilder, dims, syms: dict):
     return acc
 
 
-def evaluate(em: Emitter, roots, load, acc=None) -> dict:
-    """Values of every node reachable from ``roots``; ``load(buf)`` reads a Load's element."""
-    b, values = em.b, {}
-    for node in kir.walk(roots):
-        if isinstance(node, kir.Load):
-            v = load(node.buf)
-            values[id(node)] = b.icmp_unsigned("!=", v, ir.Constant(I8, 0)) if node.dtype == "bool" else v
-        elif isinstance(node, kir.Const):
-            values[id(node)] = em.const(node.value, node.dtype)
-        elif isinstance(node, kir.Acc):
-            values[id(node)] = acc
-        else:
-            values[id(node)] = em.op(node.op, node.in_dtype, *(values[id(a)] for a in node.args),
-                                     **node.kwargs)
-    return values
+evaluate = kir.evaluate
 
 
 class Ctx:
