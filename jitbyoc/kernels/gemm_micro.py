@@ -238,14 +238,16 @@ def pack_rows(b, dt, dst, src, kstride, nx, kc, width: int) -> None:
 def pack_transposed(b, dt, dst, src, xstride, nx, kc, width: int) -> None:
     """Panel from rows that are contiguous along ``k``: ``dst[kk*width + r] =
     src[r*xstride + kk]`` (0 for ``r >= nx``), by loading VL x VL blocks as rows and
-    transposing them in registers; the last, partial block is masked, not branched."""
+    transposing them in registers; the last, partial block is masked, not branched.
+    VL rows at a time are walked along k to the end (VL read streams, not ``width``: the
+    hardware prefetcher follows 16 streams, not 64)."""
     vl = lanes(dt)
     zero = ir.Constant(vtype(dt), None)
-    with for_range(b, _ceil(b, kc, vl), "pt") as t:
-        kk = b.mul(t, I64(vl))
-        krem = b.sub(kc, kk)
-        base = gep(b, src, kk, dt)
-        for g in range(0, width, vl):
+    for g in range(0, width, vl):
+        with for_range(b, _ceil(b, kc, vl), "pt") as t:
+            kk = b.mul(t, I64(vl))
+            krem = b.sub(kc, kk)
+            base = gep(b, src, kk, dt)
             rows = []
             for r in range(g, g + vl):
                 if r >= width:
