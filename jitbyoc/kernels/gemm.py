@@ -13,7 +13,7 @@ API
              a=Strided(x, batch=(sx0, sx1), x=K, k=1),        # A[b, m, k] = x[b*.. + m*K + k]
              b=Strided(w, batch=(0, 0), x=1, k=N),            # B[b, k, n] = w[k*N + n]
              c=Output(out, batch=(B1 * M * N, M * N), row=N), # C[b, m, n] = out[.. + m*N + n]
-             epilogue=box_epilogue(stage, keep))              # or your own callable
+             epilogue=box_epilogue(stage))                    # or your own callable
     g.emit_llvm(ctx)   # in the stage's emit_llvm; g.emit_c(ctx) in its emit_c
 
 * Dims (entries of ``batch``) are ints or symbolic names, as in :mod:`jitbyoc.kir`;
@@ -29,7 +29,7 @@ API
     scalar ``X(b, x, k)`` (a padded conv returns 0 outside the image here);
   - optionally ``pack_llvm(ctx, dst, b, x0, nx, k0, kc, width)``: fill the panel
     ``dst[kk * width + r] = X(b, x0 + r, k0 + kk)`` for ``kk < kc``, ``r < nx``, and 0 for
-    ``nx <= r < width``. ``dst`` is an LLVM pointer to ``dtype`` elements, 64-byte aligned;
+    ``nx <= r < width``. ``dst`` is an LLVM pointer to ``dtype`` elements (element-aligned);
     ``width`` is the engine's register-tile size (MR for A, NR for B), ``nx <= width``;
     ``x0``/``nx``/``k0``/``kc`` are i64 values. The default (:class:`Operand`) packs element by
     element through ``element_llvm``; :class:`Strided` packs a unit-stride side with vector
