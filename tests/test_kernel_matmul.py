@@ -6,6 +6,7 @@ jitbyoc build cover it. Every output is compared with TVM's default build and wi
 ``2 * gamma_K * (|A| @ |B|)`` (two summation orders, each within ``gamma_K`` of exact).
 """
 
+import dataclasses
 import shutil
 import subprocess
 
@@ -17,6 +18,8 @@ from hypothesis import strategies as st
 from tvm import relax
 
 import jitbyoc
+from jitbyoc import cache
+from jitbyoc.kernels.gemm import Operand
 from jitbyoc.kernels.matmul import MatMul
 
 CC = shutil.which("cc")
@@ -232,6 +235,46 @@ def test_float64():
 @given(m=st.integers(1, 150), k=st.integers(1, 500), n=st.integers(1, 150), fused=st.booleans())
 def test_random_sizes(m, k, n, fused):
     differential([case((m, k), (k, n), bias=(n,) if fused else None, act="relu" if fused else None)])
+
+
+class Packed(Operand):
+    """An operand without ``direct_llvm``: the engine must pack it (as it packs a conv's
+    im2col), through the wrapped operand's own packers."""
+
+    def __init__(self, inner):
+        self.inner, self.dtype = inner, inner.dtype
+
+    def element_llvm(self, ctx, b, x, k):
+        return self.inner.element_llvm(ctx, b, x, k)
+
+    def element_c(self, ctx, b, x, k):
+        return self.inner.element_c(ctx, b, x, k)
+
+    def pack_llvm(self, *args):
+        self.inner.pack_llvm(*args)
+
+
+class ByElement(Packed):
+    """Packed element by element: the default ``Operand.pack_llvm`` a custom operand gets."""
+    pack_llvm = Operand.pack_llvm
+
+
+@pytest.mark.parametrize("wrap", [Packed, ByElement])
+def test_engine_packs_operands_it_cannot_read_in_place(wrap, monkeypatch):
+    """The GEMM engine's paths for operands other than matmul's (conv reuses them): A
+    packed into MR panels, B packed into NR panels, row copies, transposes and the scalar
+    default, at edges, batched, with an epilogue. Shapes are unique to this test, so no
+    cached build of the usual path can stand in for the patched one."""
+    build_gemm = MatMul.gemm
+    monkeypatch.setattr(MatMul, "gemm", lambda self: dataclasses.replace(
+        build_gemm(self), a=wrap(build_gemm(self).a), b=wrap(build_gemm(self).b)))
+    cache.clear_memory()
+    try:
+        differential([case((23, 397), (397, 71)), case((397, 23), (397, 71), perm_a=[1, 0]),
+                      case((3, 23, 41), (3, 71, 41), perm_b=[0, 2, 1], bias=(23, 71), act="relu"),
+                      case((7,), (7, 5)), case((2, 1, 5, 9), (3, 9, 11))])
+    finally:
+        cache.clear_memory()
 
 
 @pytest.mark.skipif(CC is None, reason="no C compiler (cc) on PATH")
