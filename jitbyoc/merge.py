@@ -111,8 +111,8 @@ class _Merger:
             if not anchor and not isinstance(b.value, relax.TupleGetItem) and not self.uses_vars(b.value, bound):
                 free.append(b)
         used = set()
-        for b in region:
-            if b not in free:
+        for b in reversed(region):  # users before operands: what feeds a staying binding stays
+            if b not in free or b.var in used:
                 used.update(relax.analysis.free_vars(b.value))
         return [b for b in free if b.var not in used]
 
