@@ -339,3 +339,49 @@ def test_register_transpose_network_is_a_transpose():
     for row, k in zip(rows, TRANSPOSE8_ORDER):
         out[k] = row
     np.testing.assert_array_equal(out, (np.arange(8)[:, None] * 10 + np.arange(8)).T)
+
+
+def test_layout_chain_feeding_a_second_heavy_kernel_keeps_its_order():
+    """permute_dims -> broadcast_to -> matmul -> matmul: splitting the region at the second
+    matmul must not move the permute (which feeds the first matmul only through the
+    broadcast) out of the region that needs it."""
+    cases = [([((8, 6), "float32"), ((2, 8, 5), "float32"), ((5, 3), "float32")], None)]
+
+    def make(bb, vs, _):
+        x, w1, w2 = vs
+        b = bb.emit(R.broadcast_to(bb.emit(R.permute_dims(x)), (2, 6, 8)))
+        return bb.emit(R.matmul(bb.emit(R.matmul(b, w1)), w2))
+
+    mod = model(cases, make)
+    arrays = inputs(cases)
+    got, ref = both(mod, arrays)
+    np.testing.assert_allclose(got[0], ref[0], rtol=1e-5, atol=1e-5)
+    want = np.broadcast_to(arrays[0].T, (2, 6, 8)) @ arrays[1] @ arrays[2]
+    np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-5)
+
+
+def test_broadcasts_and_fills_are_values_that_fuse():
+    """broadcast_to/full_like/zeros_like/ones_like: no stage of their own; a kernel that
+    needs the full tensor (permute_dims) gets it materialized, elementwise users do not."""
+    cases = [([((3, 1), "float32"), ((4, 3, 5), "float32")], "bcast"),
+             ([((6, 4), "float32"), ((), "float32")], "fill"),
+             ([((1, 7), "int32")], "kernel"), ([((5, 6), "float32")], "ones")]
+
+    def make(bb, vs, kind):
+        if kind == "bcast":
+            return bb.emit(R.multiply(R.broadcast_to(vs[0], (4, 3, 5)), vs[1]))
+        if kind == "fill":
+            return [bb.emit(R.add(vs[0], R.full_like(vs[0], vs[1]))),
+                    bb.emit(R.full_like(vs[0], vs[1], dtype="int32"))]
+        if kind == "kernel":
+            return bb.emit(R.permute_dims(R.broadcast_to(vs[0], (3, 7))))
+        return [bb.emit(R.add(R.ones_like(vs[0]), vs[0])), bb.emit(R.zeros_like(vs[0], "int64"))]
+
+    mod = model(cases, make)
+    one_region(mod)
+    arrays = inputs(cases)
+    got, ref = both(mod, arrays)
+    exact(got, ref)
+    x, y, f = arrays[0], arrays[1], arrays[3]
+    exact(got[:3], [x * y, arrays[2] + f, np.full((6, 4), f, "float32").astype("int32")])
+    exact(got[3:4], [np.ascontiguousarray(np.broadcast_to(arrays[4], (3, 7)).T)])

@@ -1,9 +1,12 @@
-"""Layout ops: reshape and friends as views, permute_dims as a tiled transpose, concat.
+"""Layout ops: reshape and friends as views, broadcasts and fills as values, permute_dims
+as a tiled transpose, concat.
 
 reshape, flatten, expand_dims and squeeze move no data: the result is a *view* of its
 operand's storage (:func:`jitbyoc.kir.view`). An operand that is still an unmaterialized
 elementwise expression whose loads all have the operand's own shape is re-indexed instead
 (each load becomes a load of a view), so ``add -> reshape -> multiply`` stays one loop nest.
+broadcast_to, full_like, zeros_like and ones_like are values too: loads broadcast wherever
+they are evaluated, so nothing is materialized unless a kernel needs the full tensor.
 
 permute_dims merges output dims that stay adjacent in the input, then either copies rows
 (the innermost dim is unmoved: contiguous reads and writes) or transposes ``TILE x TILE``
@@ -22,7 +25,7 @@ from tvm import relax
 
 from .. import kir
 from ..dtypes import ALL
-from ..patterns import dims, tensor_problem
+from ..patterns import broadcast_problem, dims, tensor_problem
 from . import register
 from .portable import COPY_MIN_ELEMENTS, PortableStage, dot, threaded, unravel
 
@@ -64,6 +67,47 @@ def _build_view(fe, call, out):
 for _name, _arity in (("relax.reshape", 2), ("relax.flatten", 1), ("relax.expand_dims", 1),
                       ("relax.squeeze", 1)):
     register(_name, _arity, _check_view)(_build_view)
+
+
+# ---- broadcasts and fills: values that broadcast where they are used --------------------------
+
+def _check_broadcast(call) -> str | None:
+    name, x = call.op.name, call.args[0]
+    problem = tensor_problem(x.ty, ALL) or tensor_problem(call.ty, ALL)
+    if problem:
+        return f"{name}: {problem}"
+    if name == "relax.full_like":
+        problem = tensor_problem(call.args[1].ty, ALL)
+        if problem or dims(call.args[1].ty):
+            return f"{name}: the fill value is not a scalar tensor ({problem or 'rank > 0'})"
+    if name == "relax.broadcast_to":
+        problem = broadcast_problem(dims(x.ty), dims(call.ty))
+        unknown = {d for d in dims(call.ty) if isinstance(d, str)} - set(dims(x.ty))
+        if problem or unknown:
+            return f"{name}: {problem or f'target dims {sorted(unknown)} are not in the input shape'}"
+    return None
+
+
+@register("relax.broadcast_to", 2, _check_broadcast)
+def _build_broadcast(fe, call, out):
+    # a load broadcasts NumPy-style against whatever shape it is evaluated at, and
+    # fe.buffer() materializes the full shape only for a kernel that needs it
+    return fe.value(call.args[0])
+
+
+def _build_fill(fe, call, out):
+    dt = out.dtype
+    if call.op.name == "relax.full_like":
+        fill = fe.value(call.args[1])
+        if fill.dtype == dt:
+            return fill
+        return kir.Op("astype", (fill,), fill.dtype, dt, (("to", dt),))
+    return kir.Const(0 if call.op.name == "relax.zeros_like" else 1, dt)
+
+
+register("relax.full_like", 2, _check_broadcast)(_build_fill)
+register("relax.zeros_like", 1, _check_broadcast)(_build_fill)
+register("relax.ones_like", 1, _check_broadcast)(_build_fill)
 
 
 # ---- permute_dims ---------------------------------------------------------------------------------
