@@ -33,8 +33,9 @@ from .. import kir
 from ..dtypes import FLOATS
 from ..patterns import dims, tensor_problem
 from . import register
+from .indexing import fold, threaded, unravel
 from .layout import reshaped
-from .portable import PortableStage, fold, threaded, unravel
+from .portable import PortableStage
 
 
 @dataclass(eq=False)

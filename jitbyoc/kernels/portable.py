@@ -17,14 +17,6 @@ from llvmlite import ir
 from ..dtypes import dtype as lookup_dtype
 from ..lowering.loops import I64, for_range
 
-# The one place reductions differ from the op table: LLVM must be allowed to reassociate
-# (so sums vectorize), and max/min use llvm.maximum/minimum (NaN-propagating, like numpy).
-IDENTITY = {"sum": 0, "prod": 1, "max": float("-inf"), "min": float("inf")}
-PARALLEL_MIN_ELEMENTS = 1 << 15  # below this a stage runs on the calling thread
-# Pure copies are bound by memory bandwidth, not arithmetic: measured on 2 cores, a thread
-# pool gains nothing below a few MiB and a launch costs more than a copy that fits in L2.
-COPY_MIN_ELEMENTS = 1 << 18
-
 
 def _round(pairs, lo_mask, hi_mask):
     """One shuffle round of the 8x8 transpose: rows 2k and 2k+1 of the next round are the
@@ -41,48 +33,6 @@ TRANSPOSE8 = [
     _round([(0, 2), (1, 3), (4, 6), (5, 7)], [0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15]),
     _round([(0, 4), (1, 5), (2, 6), (3, 7)], [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15]),
 ]
-
-
-def threaded(shape, minimum: int | None = None) -> bool:
-    """Whether work over ``shape`` is worth TVM's thread pool (symbolic: assume so)."""
-    static = 1
-    for d in shape:
-        if isinstance(d, str):
-            return True
-        static *= d
-    return static >= (PARALLEL_MIN_ELEMENTS if minimum is None else minimum)
-
-
-def unravel(e, flat, extents) -> list:
-    """Row-major indices of ``flat`` (assumed in range) in ``extents`` (facade values)."""
-    out = []
-    for k in range(len(extents) - 1, 0, -1):
-        out.append(e.let(e.rem(flat, extents[k])))
-        flat = e.let(e.div(flat, extents[k]))
-    return ([flat] if extents else []) + out[::-1]
-
-
-def fold(e, kind: str, dt: str, count, value, start=0):
-    """``value(k)`` for k in [start, count) combined by ``kind`` (see :data:`IDENTITY`)."""
-    acc = e.var(dt, e.const(identity(kind, dt), dt))
-    with e.loop(count, start, "k") as k:
-        e.set(acc, e.reduce(kind, dt, e.get(acc), value(k)))
-    return e.get(acc)
-
-
-def dot(e, idx, strides):
-    """``sum(idx[k] * strides[k])`` (facade values)."""
-    acc = 0
-    for i, s in zip(idx, strides):
-        acc = e.add(acc, e.mul(i, s))
-    return acc
-
-
-def identity(kind: str, dt: str):
-    d = lookup_dtype(dt)
-    if d.is_float or kind in ("sum", "prod"):
-        return IDENTITY[kind]
-    return -(1 << (d.bits - 1)) if kind == "max" else (1 << (d.bits - 1)) - 1
 
 
 class LLVM:

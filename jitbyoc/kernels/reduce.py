@@ -29,7 +29,8 @@ from .. import kir
 from ..dtypes import FLOATS, NUMERIC
 from ..patterns import dims, tensor_problem
 from . import register
-from .portable import PortableStage, dot, fold, identity, threaded, unravel
+from .indexing import dot, fold, identity, threaded, unravel
+from .portable import PortableStage
 
 BLOCK = 256  # outputs per block in the "columns" order: 1 KiB of float32, stays in L1
 FOLD = {"sum": "sum", "prod": "prod", "max": "max", "min": "min", "mean": "sum",

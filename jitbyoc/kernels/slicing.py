@@ -1,5 +1,6 @@
-"""Index-range copies: strided_slice, split and take (embedding lookup).
+"""Index-range copies: concat, strided_slice, split and take (embedding lookup).
 
+concat copies, for each index of the dims before its axis, every operand's row in turn.
 strided_slice and each output of split are one :class:`Slice` stage: every output row
 (all dims but the last) starts at a computed input offset and reads with a fixed step, so
 unit-step slices copy contiguous runs. take copies, for every index, the contiguous block
@@ -25,7 +26,8 @@ from .. import kir
 from ..dtypes import ALL, FLOATS, INTS
 from ..patterns import dims, tensor_problem
 from . import register
-from .portable import COPY_MIN_ELEMENTS, PortableStage, dot, threaded, unravel
+from .indexing import COPY_MIN_ELEMENTS, dot, threaded, unravel
+from .portable import PortableStage
 
 TAKE_MODES = ("fast", "clip", "wrap", "nan")
 
@@ -213,3 +215,62 @@ def _build_take(fe, call, out):
     x, ind = fe.buffer(call.args[0]), fe.buffer(call.args[1])
     axis = 0 if call.attrs.axis is None else int(call.attrs.axis) % x.ndim
     return Take((x, ind), out, axis=axis, mode=str(call.attrs.mode))
+
+
+# ---- concat ------------------------------------------------------------------------------------
+
+@dataclass(eq=False)
+class Concat(PortableStage, kir.KernelStage):
+    """``out = concat(inputs, axis)``: each row (an index of the dims before ``axis``)
+    is the inputs' rows one after another."""
+    axis: int = 0
+
+    def emit(self, e) -> None:
+        out, axis = self.out, self.axis
+
+        def body(e, lo, hi):
+            width = e.product(out.shape[axis:])
+            with e.loop(hi, lo, "row") as r:
+                dst = e.let(e.mul(r, width))
+                pos = unravel(e, r, [e.dim(d) for d in out.shape[:axis]])
+                at = 0
+                for x in self.inputs:
+                    n = e.product(x.shape[axis:])
+                    src = e.let(e.mul(r, n))
+                    with e.loop(n, 0, "k") as k:
+                        e.copy(out, e.add(dst, k), x, e.add(src, k))
+                    if self.epilogue is not None:
+                        e.epilogue(self, pos + [at] + [0] * (out.ndim - axis - 1),
+                                   [1] * axis + [e.dim(d) for d in x.shape[axis:]])
+                    dst = e.let(e.add(dst, n))
+                    at = e.let(e.add(at, e.dim(x.shape[axis])))
+
+        e.parallel(e.product(out.shape[:axis]), body,
+                   threaded(out.shape, COPY_MIN_ELEMENTS) and axis > 0)
+
+    @staticmethod
+    def reference(*xs: np.ndarray, axis: int = 0) -> np.ndarray:
+        return np.concatenate(xs, axis=axis)
+
+
+def _check_concat(call) -> str | None:
+    tup = call.args[0]
+    if not isinstance(tup, relax.Tuple) or not tup.fields:
+        return "relax.concat: operand is not a literal tuple of tensors"
+    if call.attrs.axis is None:
+        return "relax.concat: axis=None (flattening concat) is left to TVM"
+    for t in list(tup.fields) + [call]:
+        problem = tensor_problem(t.ty, ALL)
+        if problem:
+            return f"relax.concat: {problem}"
+    if len({str(t.ty.dtype) for t in tup.fields}) != 1:
+        return "relax.concat: operands of mixed dtypes"
+    if not dims(call.ty):
+        return "relax.concat: rank-0 operands"
+    return None
+
+
+@register("relax.concat", 1, _check_concat)
+def _build_concat(fe, call, out):
+    inputs = tuple(fe.buffer(t) for t in call.args[0].fields)
+    return Concat(inputs, out, axis=int(call.attrs.axis) % out.ndim)
