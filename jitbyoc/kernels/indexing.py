@@ -37,10 +37,17 @@ def unravel(e, flat, extents) -> list:
 
 def fold(e, kind: str, dt: str, count, value, start=0):
     """``value(k)`` for k in [start, count) combined by ``kind`` (see :data:`IDENTITY`)."""
-    acc = e.var(dt, e.const(identity(kind, dt), dt))
+    return folds(e, kind, dt, count, [value], start)[0]
+
+
+def folds(e, kind: str, dt: str, count, values, start=0) -> list:
+    """:func:`fold` of several ``values`` in one loop: independent accumulators, so rows
+    folded together stream from memory side by side."""
+    accs = [e.var(dt, e.const(identity(kind, dt), dt)) for _ in values]
     with e.loop(count, start, "k") as k:
-        e.set(acc, e.reduce(kind, dt, e.get(acc), value(k)))
-    return e.get(acc)
+        for acc, value in zip(accs, values):
+            e.set(acc, e.reduce(kind, dt, e.get(acc), value(k)))
+    return [e.get(acc) for acc in accs]
 
 
 def dot(e, idx, strides):

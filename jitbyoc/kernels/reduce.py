@@ -29,9 +29,10 @@ from .. import kir
 from ..dtypes import FLOATS, NUMERIC
 from ..patterns import dims, tensor_problem
 from . import register
-from .indexing import dot, fold, identity, threaded, unravel
+from .indexing import dot, folds, identity, threaded, unravel
 from .portable import PortableStage
 
+ROWS = 4  # outputs reduced together in the "rows" order: four streams from memory
 BLOCK = 256  # outputs per block in the "columns" order: 1 KiB of float32, stays in L1
 FOLD = {"sum": "sum", "prod": "prod", "max": "max", "min": "min", "mean": "sum",
         "variance": "sum", "std": "sum"}
@@ -87,36 +88,50 @@ class Reduce(PortableStage, kir.KernelStage):
         return e.op("sqrt", dt, value) if self.kind == "std" else value
 
     def _rows(self, e, groups) -> None:
-        x, out, dt = self.inputs[0], self.out, self.out.dtype
-
-        def total(e, base, value, red, inner):
-            """Fold the strided runs (outer loop) of contiguous-run folds (vectorized)."""
-            kind = FOLD[self.kind]
-            acc = e.var(dt, e.const(identity(kind, dt), dt))
-            with e.loop(_prod(e, [g[1] for g in red]), 0, "q") as q:
-                off = e.let(e.add(base, dot(e, unravel(e, q, [g[1] for g in red]),
-                                            [g[2] for g in red])))
-                part = fold(e, kind, dt, inner, lambda k: value(e.add(off, k)))
-                e.set(acc, e.reduce(kind, dt, e.get(acc), part))
-            return e.get(acc)
+        x, dt = self.inputs[0], self.out.dtype
 
         def body(e, lo, hi):
             groups = self.groups(e)
             kept, red = [g for g in groups if not g[0]], [g for g in groups if g[0]]
             inner = red.pop()[1]  # the contiguous run
-            n = e.op("astype", "int64", self.count(e), to=dt)
-            with e.loop(hi, lo, "o") as o:
-                base = e.let(dot(e, unravel(e, o, [g[1] for g in kept]), [g[2] for g in kept]))
-                s = total(e, base, lambda i: e.load(x, i), red, inner)
-                if self.kind in TWO_PASS:
-                    mean = e.op("divide", dt, s, n)
-                    s = total(e, base, lambda i: e.op("square", dt, e.op(
-                        "subtract", dt, e.load(x, i), mean)), red, inner)
-                e.store(out, o, self._finish(e, s, dt, n))
-                if self.epilogue is not None:
-                    e.epilogue(self, unravel(e, o, [e.dim(d) for d in out.shape]), [1] * out.ndim)
+            plan = (kept, red, inner, e.op("astype", "int64", self.count(e), to=dt))
+            with e.loop(e.div(e.sub(hi, lo), ROWS), 0, "og") as g:
+                first = e.let(e.add(lo, e.mul(g, ROWS)))
+                self._some_rows(e, [e.let(e.add(first, i)) for i in range(ROWS)], plan)
+            with e.loop(hi, e.sub(hi, e.rem(e.sub(hi, lo), ROWS)), "o") as o:
+                self._some_rows(e, [o], plan)
 
         e.parallel(_prod(e, [g[1] for g in groups if not g[0]]), body, threaded(x.shape))
+
+    def _some_rows(self, e, rows, plan) -> None:
+        """Reduce the outputs ``rows`` together (their input rows stream side by side)."""
+        x, out, dt = self.inputs[0], self.out, self.out.dtype
+        kept, red, inner, n = plan
+        kind = FOLD[self.kind]
+        bases = [e.let(dot(e, unravel(e, o, [g[1] for g in kept]), [g[2] for g in kept]))
+                 for o in rows]
+
+        def totals(value):
+            """Fold the strided runs (outer loop) of contiguous-run folds (vectorized)."""
+            accs = [e.var(dt, e.const(identity(kind, dt), dt)) for _ in rows]
+            with e.loop(_prod(e, [g[1] for g in red]), 0, "q") as q:
+                off = e.let(dot(e, unravel(e, q, [g[1] for g in red]), [g[2] for g in red]))
+                parts = folds(e, kind, dt, inner, [
+                    (lambda k, r=r, b=b: value(r, e.add(e.add(b, off), k)))
+                    for r, b in enumerate(bases)])
+                for acc, part in zip(accs, parts):
+                    e.set(acc, e.reduce(kind, dt, e.get(acc), part))
+            return [e.get(acc) for acc in accs]
+
+        sums = totals(lambda r, i: e.load(x, i))
+        if self.kind in TWO_PASS:
+            means = [e.op("divide", dt, s, n) for s in sums]
+            sums = totals(lambda r, i: e.op("square", dt, e.op("subtract", dt, e.load(x, i),
+                                                                 means[r])))
+        for o, s in zip(rows, sums):
+            e.store(out, o, self._finish(e, s, dt, n))
+            if self.epilogue is not None:
+                e.epilogue(self, unravel(e, o, [e.dim(d) for d in out.shape]), [1] * out.ndim)
 
     def _columns(self, e, groups) -> None:
         x, out, dt = self.inputs[0], self.out, self.out.dtype
