@@ -61,7 +61,24 @@ def _trampoline(symbol: str) -> str:
             f"  ret i32 %r\n}}")
 
 
+_LABEL = re.compile(r"^([A-Za-z_$][\w.$]*):", re.MULTILINE)
+
+
+def _check_labels(asm_by_symbol: dict[str, str]) -> None:
+    """Regions share one object file, so their (non-``.L``) labels must differ. TVM's
+    assembler ends the whole process on a duplicate; fail here with a Python error."""
+    owner: dict[str, str] = {}
+    for symbol, asm in asm_by_symbol.items():
+        for label in set(_LABEL.findall(asm)):
+            if label in owner:
+                raise RuntimeError(f"jitbyoc: regions '{owner[label]}' and '{symbol}' both define "
+                                   f"the assembly label '{label}'; kernels must name helper "
+                                   f"functions after their region")
+            owner[label] = symbol
+
+
 def module_text(asm_by_symbol: dict[str, str]) -> str:
+    _check_labels(asm_by_symbol)
     h = jit.host()
     parts = [f'target triple = "{h["triple"]}"', f'target datalayout = "{jit.data_layout()}"']
     for symbol, asm in asm_by_symbol.items():

@@ -275,3 +275,10 @@ def test_thread_pool_size(env, expect):
                          cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
     threads, cores = int(out[-2]), int(out[-1])
     assert threads == (1 if expect == "explicit" else cores)
+
+
+def test_clashing_labels_fail_in_python_not_in_the_assembler():
+    from jitbyoc import runtime
+    asm = "\t.text\nhelper:\n\tretq\n"
+    with pytest.raises(RuntimeError, match="both define the assembly label 'helper'"):
+        runtime.module_text({"jitbyoc_a_1": asm, "jitbyoc_b_2": asm})
