@@ -20,6 +20,8 @@ import argparse
 import os
 import statistics
 import time
+from .kernel_common import module, vm_function
+from .timing import time_alternating
 
 # (name, x shape, w shape, stride, pad): ResNet-18's distinct convolutions
 RESNET_CONVS = [
@@ -57,7 +59,7 @@ def conv_case(name, xs, ws, stride, pad, rng):
         tx, tw, tb = t(x), t(w), t(b.reshape(-1))
         return lambda: torch.relu(torch.nn.functional.conv2d(tx, tw, tb, stride=stride, padding=pad))
 
-    return dict(name=f"conv {name} +bias+relu", mod=_module([x, w, b], body), args=[x, w, b],
+    return dict(name=f"conv {name} +bias+relu", mod=module([x, w, b], body), args=[x, w, b],
                 flops=2 * ws[0] * ws[1] * ws[2] * ws[3] * out * out, torch=torch_run)
 
 
@@ -76,7 +78,7 @@ def pool_case(kind: str, xs, rng):
         return (lambda: F.max_pool2d(tx, 3, 2, 1)) if kind == "max" else (lambda: F.adaptive_avg_pool2d(tx, 1))
 
     label = "max_pool2d 3x3/2" if kind == "max" else "global adaptive_avg_pool2d"
-    return dict(name=f"{label} {'x'.join(map(str, xs))}", mod=_module([x], body), args=[x],
+    return dict(name=f"{label} {'x'.join(map(str, xs))}", mod=module([x], body), args=[x],
                 flops=0, torch=torch_run)
 
 
@@ -89,57 +91,19 @@ def resnet_case():
                 if case.torch_module is not None else None, repeat=5)
 
 
-def _module(arrays, body):
-    from tvm import relax
-
-    bb = relax.BlockBuilder()
-    vs = [relax.Var(f"p{k}", relax.TensorType(a.shape, "float32")) for k, a in enumerate(arrays)]
-    with bb.function("main", vs):
-        with bb.dataflow():
-            out = bb.emit_output(body(bb, *vs))
-        bb.emit_func_output(out)
-    return bb.get()
-
-
-def _vm_function(mod, offload: bool, args):
-    import tvm
-    from tvm import relax
-
-    import jitbyoc
-
-    with (jitbyoc.enable() if offload else jitbyoc.disable()):
-        ex = tvm.compile(mod, target="llvm")
-    f = relax.VirtualMachine(ex, tvm.cpu())["main"]
-    tensors = [tvm.runtime.tensor(a) for a in args]
-    return lambda: f(*tensors)
-
-
-def _times(fns: dict, repeat: int) -> dict:
-    """Alternating rounds after one untimed warm-up round; seconds per candidate."""
-    for f in fns.values():
-        f()
-    out = {k: [] for k in fns}
-    for _ in range(repeat):
-        for k, f in fns.items():
-            start = time.perf_counter()
-            f()
-            out[k].append(time.perf_counter() - start)
-    return out
-
-
 def run_case(case, repeat: int) -> dict:
     import numpy as np
 
-    jit, tvm_default = (_vm_function(case["mod"], off, case["args"]) for off in (True, False))
+    jit, tvm_default = (vm_function(case["mod"], off, case["args"]) for off in (True, False))
     err = float(np.abs(jit().numpy() - tvm_default().numpy()).max())
     repeat = min(repeat, case.get("repeat", repeat))
-    t = _times({"jitbyoc": jit, "tvm": tvm_default}, repeat)
+    t = time_alternating({"jitbyoc": jit, "tvm": tvm_default}, repeat)
     try:
         import torch
         torch_fn = case["torch"](torch.from_numpy)
         if torch_fn is not None:
             with torch.inference_mode():
-                t.update(_times({"torch": torch_fn}, repeat))
+                t.update(time_alternating({"torch": torch_fn}, repeat))
     except ImportError:
         pass
     med = {k: statistics.median(v) for k, v in t.items()}

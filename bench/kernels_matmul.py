@@ -25,6 +25,7 @@ import os
 import statistics
 import sys
 import time
+from .kernel_common import module, vm_function
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -108,23 +109,11 @@ def fma_peak(threads: int, iters: int = 20_000_000) -> float:
 
 # ---- models -------------------------------------------------------------------------------------
 
-def _module(params, body):
-    from tvm import relax
-
-    bb = relax.BlockBuilder()
-    vs = [relax.Var(name, relax.TensorType(shape, "float32")) for name, shape in params]
-    with bb.function("main", vs):
-        with bb.dataflow():
-            out = bb.emit_output(body(bb, *vs))
-        bb.emit_func_output(out)
-    return bb.get()
-
-
 def sgemm_case(n: int, rng):
     from tvm import relax
 
     a, b = (rng.standard_normal((n, n)).astype("float32") for _ in range(2))
-    mod = _module([("a", (n, n)), ("b", (n, n))], lambda bb, x, y: bb.emit(relax.op.matmul(x, y)))
+    mod = module([("a", (n, n)), ("b", (n, n))], lambda bb, x, y: bb.emit(relax.op.matmul(x, y)))
     return dict(name=f"sgemm {n}x{n}x{n}", mod=mod, args=[a, b], flops=2 * n ** 3,
                 numpy=lambda: a @ b, torch=lambda t: (lambda: t(a) @ t(b)))
 
@@ -134,7 +123,7 @@ def linear_case(m: int, k: int, n: int, rng):
     from tvm import relax
 
     x, w, bias = (rng.standard_normal(s).astype("float32") for s in ((m, k), (n, k), (n,)))
-    mod = _module([("x", (m, k)), ("w", (n, k)), ("b", (n,))],
+    mod = module([("x", (m, k)), ("w", (n, k)), ("b", (n,))],
                   lambda bb, xv, wv, bv: bb.emit(relax.op.nn.relu(bb.emit(relax.op.linear(xv, wv, bv)))))
     return dict(name=f"linear+relu {m}x{k}->{n}", mod=mod, args=[x, w, bias], flops=2 * m * k * n,
                 numpy=lambda: __import__("numpy").maximum(x @ w.T + bias, 0),
@@ -171,7 +160,7 @@ def mlp_case(batch: int, rng, sizes=(784, 1024, 1024, 10), linear=False):
 
     flops = 2 * batch * sum(i * o for i, o in zip(sizes, sizes[1:]))
     return dict(name=f"MLP {'-'.join(map(str, sizes))} b{batch}{' (linear)' if linear else ''}",
-                mod=_module(params, body), args=[x, *ws, *bs], flops=flops, numpy=numpy_mlp,
+                mod=module(params, body), args=[x, *ws, *bs], flops=flops, numpy=numpy_mlp,
                 torch=lambda t: _torch_mlp([t(w) for w in ws], [t(b) for b in bs], t(x), linear))
 
 
@@ -188,19 +177,6 @@ def _torch_mlp(ws, bs, x, linear: bool):
 
 
 # ---- timing -------------------------------------------------------------------------------------
-
-def _vm_function(mod, offload: bool, args):
-    import tvm
-    from tvm import relax
-
-    import jitbyoc
-
-    with (jitbyoc.enable() if offload else jitbyoc.disable()):
-        ex = tvm.compile(mod, target="llvm")
-    f = relax.VirtualMachine(ex, tvm.cpu())["main"]
-    tensors = [tvm.runtime.tensor(a) for a in args]
-    return lambda: f(*tensors)
-
 
 def _torch_run(case):
     try:
@@ -238,7 +214,7 @@ def bench_case(case, rounds: int, with_tvm: bool) -> dict:
     """Median seconds per call per candidate; jitbyoc is checked against numpy first."""
     import numpy as np
 
-    jit = _vm_function(case["mod"], True, case["args"])
+    jit = vm_function(case["mod"], True, case["args"])
     got, want = jit().numpy(), case["numpy"]()
     err = float(np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-30))
     fns = {"jitbyoc": jit, "numpy": case["numpy"]}
@@ -246,7 +222,7 @@ def bench_case(case, rounds: int, with_tvm: bool) -> dict:
     if torch_run is not None:
         fns["torch"] = torch_run
     if with_tvm:
-        fns["tvm"] = _vm_function(case["mod"], False, case["args"])
+        fns["tvm"] = vm_function(case["mod"], False, case["args"])
     out = time_blocks(fns, rounds)
     out["relerr"] = err
     return out

@@ -18,6 +18,8 @@ import argparse
 import os
 import statistics
 import time
+from .kernel_common import module, vm_function
+from .timing import time_alternating
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -108,44 +110,6 @@ def F():  # noqa: N802
     return torch.nn.functional
 
 
-def _module(arrays, body):
-    from tvm import relax
-
-    bb = relax.BlockBuilder()
-    vs = [relax.Var(f"p{k}", relax.TensorType(a.shape, str(a.dtype))) for k, a in enumerate(arrays)]
-    with bb.function("main", vs):
-        with bb.dataflow():
-            out = bb.emit_output(body(bb, *vs))
-        bb.emit_func_output(out)
-    return bb.get()
-
-
-def _vm_function(mod, offload: bool, args):
-    import tvm
-    from tvm import relax
-
-    import jitbyoc
-
-    with (jitbyoc.enable() if offload else jitbyoc.disable()):
-        ex = tvm.compile(mod, target="llvm")
-    f = relax.VirtualMachine(ex, tvm.cpu())["main"]
-    tensors = [tvm.runtime.tensor(a) for a in args]
-    return lambda: f(*tensors)
-
-
-def _times(fns: dict, repeat: int) -> dict:
-    """Alternating rounds after one untimed warm-up round; seconds per candidate."""
-    for f in fns.values():
-        f()
-    out = {k: [] for k in fns}
-    for _ in range(repeat):
-        for k, f in fns.items():
-            start = time.perf_counter()
-            f()
-            out[k].append(time.perf_counter() - start)
-    return out
-
-
 def torch_medians(args) -> list:
     """torch's median seconds per case, measured in a subprocess that never loads TVM;
     Nones without torch."""
@@ -177,7 +141,7 @@ def _torch_only(args) -> None:
     out = []
     for _, arrays, _, _, torch_fn in cases(np.random.default_rng(0)):
         with torch.inference_mode():
-            t = _times({"torch": torch_fn(*[torch.from_numpy(a) for a in arrays])}, args.repeat)
+            t = time_alternating({"torch": torch_fn(*[torch.from_numpy(a) for a in arrays])}, args.repeat)
         out.append(statistics.median(t["torch"]))
     print(json.dumps(out))
 
@@ -186,14 +150,14 @@ def run_case(case, repeat: int, torch_s: float | None = None) -> dict:
     import numpy as np
 
     name, arrays, body, np_fn, _ = case
-    mod = _module(arrays, body)
-    jit, tvm_default = (_vm_function(mod, off, arrays) for off in (True, False))
+    mod = module(arrays, body)
+    jit, tvm_default = (vm_function(mod, off, arrays) for off in (True, False))
     out = jit().numpy()
     err = float(np.abs(out - tvm_default().numpy()).max())
     fns = {"jitbyoc": jit, "tvm": tvm_default}
     if np_fn is not None:
         fns["numpy"] = lambda: np_fn(*arrays)
-    t = _times(fns, repeat)
+    t = time_alternating(fns, repeat)
     med = {k: statistics.median(v) for k, v in t.items()}
     if torch_s is not None:
         med["torch"] = torch_s
