@@ -56,7 +56,7 @@ class RowNorm(PortableStage, kir.KernelStage):
 
         def body(e, lo, hi):
             n_in, length = e.product(inner), e.product(red)
-            count = e.op("astype", "int64", length, to=dt)
+            count = e.as_float(length, dt)
             with e.loop(hi, lo, "row") as r:
                 base = e.let(e.add(e.mul(e.div(r, n_in), e.mul(length, n_in)), e.rem(r, n_in)))
 

@@ -35,30 +35,82 @@ TRANSPOSE8 = [
 ]
 
 
-class LLVM:
+def _is(v, k: int) -> bool:
+    return isinstance(v, int) and v == k
+
+
+class _Ints:
+    """Integer arithmetic shared by both facades: static sizes stay Python ints and fold
+    (so ``x + 0``, ``x * 1`` and products of static dims emit nothing); the rest goes to
+    the renderer's ``_add``/``_sub``/``_mul``/``_div``/``_rem`` (C semantics: truncating)."""
+
+    def add(self, x, y):
+        if isinstance(x, int) and isinstance(y, int):
+            return x + y
+        if _is(x, 0) or _is(y, 0):
+            return y if _is(x, 0) else x
+        return self._add(self.i(x), self.i(y))
+
+    def sub(self, x, y):
+        if isinstance(x, int) and isinstance(y, int):
+            return x - y
+        return x if _is(y, 0) else self._sub(self.i(x), self.i(y))
+
+    def mul(self, x, y):
+        if isinstance(x, int) and isinstance(y, int):
+            return x * y
+        if _is(x, 1) or _is(y, 1):
+            return y if _is(x, 1) else x
+        return self._mul(self.i(x), self.i(y))
+
+    def div(self, x, y):
+        if isinstance(x, int) and isinstance(y, int) and x >= 0 and y > 0:
+            return x // y
+        return x if _is(y, 1) else self._div(self.i(x), self.i(y))
+
+    def rem(self, x, y):
+        if isinstance(x, int) and isinstance(y, int) and x >= 0 and y > 0:
+            return x % y
+        return 0 if _is(y, 1) else self._rem(self.i(x), self.i(y))
+
+    def dim(self, d):
+        return d if isinstance(d, int) else self.ctx.dim(d)
+
+    def product(self, dims):
+        acc = 1
+        for d in dims:
+            acc = self.mul(acc, self.dim(d))
+        return acc
+
+    def as_float(self, v, dt: str):
+        """An int64 count as a ``dt`` value (a constant when static)."""
+        return self.const(v, dt) if isinstance(v, int) else self.op("astype", "int64", v, to=dt)
+
+
+class LLVM(_Ints):
     """The facade over :class:`jitbyoc.lowering.llvm.Ctx`."""
 
     def __init__(self, ctx):
         self.ctx, self.b, self.em = ctx, ctx.b, ctx.em
 
-    # ---- int64 index arithmetic ----------------------------------------------------------
+    # ---- int64 index arithmetic (the folding layer is :class:`_Ints`) ---------------------
     def i(self, v):
         return ir.Constant(I64, v) if isinstance(v, int) else v
 
-    def add(self, x, y):
-        return self.b.add(self.i(x), self.i(y), flags=["nsw"])
+    def _add(self, x, y):
+        return self.b.add(x, y, flags=["nsw"])
 
-    def sub(self, x, y):
-        return self.b.sub(self.i(x), self.i(y), flags=["nsw"])
+    def _sub(self, x, y):
+        return self.b.sub(x, y, flags=["nsw"])
 
-    def mul(self, x, y):
-        return self.b.mul(self.i(x), self.i(y), flags=["nsw"])
+    def _mul(self, x, y):
+        return self.b.mul(x, y, flags=["nsw"])
 
-    def div(self, x, y):
-        return self.b.sdiv(self.i(x), self.i(y))
+    def _div(self, x, y):
+        return self.b.sdiv(x, y)
 
-    def rem(self, x, y):
-        return self.b.srem(self.i(x), self.i(y))
+    def _rem(self, x, y):
+        return self.b.srem(x, y)
 
     def lt(self, x, y):
         return self.b.icmp_signed("<", self.i(x), self.i(y))
@@ -74,12 +126,6 @@ class LLVM:
 
     def let(self, v):
         return self.i(v)
-
-    def dim(self, d):
-        return self.ctx.dim(d)
-
-    def product(self, dims):
-        return self.ctx.product(dims)
 
     def index(self, v, dt: str):
         """A loaded integer of dtype ``dt`` as an int64 index."""
@@ -178,7 +224,7 @@ class LLVM:
         self.ctx.epilogue(stage, [self.i(o) for o in origin], [self.i(x) for x in extent])
 
 
-class C:
+class C(_Ints):
     """The facade over :class:`jitbyoc.lowering.c.Ctx`; values are C expressions."""
 
     def __init__(self, ctx):
@@ -187,20 +233,20 @@ class C:
     def i(self, v) -> str:
         return f"INT64_C({v})" if isinstance(v, int) else v
 
-    def add(self, x, y):
-        return f"({self.i(x)} + {self.i(y)})"
+    def _add(self, x, y):
+        return f"({x} + {y})"
 
-    def sub(self, x, y):
-        return f"({self.i(x)} - {self.i(y)})"
+    def _sub(self, x, y):
+        return f"({x} - {y})"
 
-    def mul(self, x, y):
-        return f"({self.i(x)} * {self.i(y)})"
+    def _mul(self, x, y):
+        return f"({x} * {y})"
 
-    def div(self, x, y):
-        return f"({self.i(x)} / {self.i(y)})"
+    def _div(self, x, y):
+        return f"({x} / {y})"
 
-    def rem(self, x, y):
-        return f"({self.i(x)} % {self.i(y)})"
+    def _rem(self, x, y):
+        return f"({x} % {y})"
 
     def lt(self, x, y):
         return f"({self.i(x)} < {self.i(y)})"
@@ -215,13 +261,7 @@ class C:
         return f"({self.lt(x, y)} ? {self.i(y)} : {self.i(x)})"
 
     def let(self, v):
-        return self.ctx.let("int64_t", self.i(v))
-
-    def dim(self, d):
-        return self.ctx.dim(d)
-
-    def product(self, dims):
-        return f"({self.ctx.product(dims)})"
+        return v if isinstance(v, int) else self.ctx.let("int64_t", v)
 
     def index(self, v, dt: str):
         return f"((int64_t){v})"

@@ -94,7 +94,7 @@ class Reduce(PortableStage, kir.KernelStage):
             groups = self.groups(e)
             kept, red = [g for g in groups if not g[0]], [g for g in groups if g[0]]
             inner = red.pop()[1]  # the contiguous run
-            plan = (kept, red, inner, e.op("astype", "int64", self.count(e), to=dt))
+            plan = (kept, red, inner, e.as_float(self.count(e), dt))
             with e.loop(e.div(e.sub(hi, lo), ROWS), 0, "og") as g:
                 first = e.let(e.add(lo, e.mul(g, ROWS)))
                 self._some_rows(e, [e.let(e.add(first, i)) for i in range(ROWS)], plan)
@@ -155,7 +155,7 @@ class Reduce(PortableStage, kir.KernelStage):
             groups = self.groups(e)
             width, nblocks = groups[-1][1], blocks(e, groups)
             kept, red = [g for g in groups[:-1] if not g[0]], [g for g in groups if g[0]]
-            n = e.op("astype", "int64", self.count(e), to=dt)
+            n = e.as_float(self.count(e), dt)
             with e.loop(hi, lo, "t") as t:
                 ko, jb = e.let(e.div(t, nblocks)), e.let(e.rem(t, nblocks))
                 base = e.let(dot(e, unravel(e, ko, [g[1] for g in kept]), [g[2] for g in kept]))
