@@ -1,8 +1,9 @@
 """Loop and index helpers for kernels written against the :mod:`.portable` facade.
 
 They only call facade methods, so one helper serves both renderers: thread-pool
-thresholds, row-major unravelling, dot products of indices and strides, and folds
-(reductions along a loop) with their identities.
+thresholds, row-major unravelling, dot products of indices and strides, folds
+(reductions along a loop) with their identities, and :class:`Ints`, the integer layer
+both facades share.
 """
 
 from __future__ import annotations
@@ -64,3 +65,55 @@ def identity(kind: str, dt: str):
     if d.is_float or kind in ("sum", "prod"):
         return IDENTITY[kind]
     return -(1 << (d.bits - 1)) if kind == "max" else (1 << (d.bits - 1)) - 1
+
+
+def _is(v, k: int) -> bool:
+    return isinstance(v, int) and v == k
+
+
+class Ints:
+    """Integer arithmetic shared by both facades: static sizes stay Python ints and fold
+    (so ``x + 0``, ``x * 1`` and products of static dims emit nothing); the rest goes to
+    the renderer's ``_add``/``_sub``/``_mul``/``_div``/``_rem`` (C semantics: truncating)."""
+
+    def add(self, x, y):
+        if isinstance(x, int) and isinstance(y, int):
+            return x + y
+        if _is(x, 0) or _is(y, 0):
+            return y if _is(x, 0) else x
+        return self._add(self.i(x), self.i(y))
+
+    def sub(self, x, y):
+        if isinstance(x, int) and isinstance(y, int):
+            return x - y
+        return x if _is(y, 0) else self._sub(self.i(x), self.i(y))
+
+    def mul(self, x, y):
+        if isinstance(x, int) and isinstance(y, int):
+            return x * y
+        if _is(x, 1) or _is(y, 1):
+            return y if _is(x, 1) else x
+        return self._mul(self.i(x), self.i(y))
+
+    def div(self, x, y):
+        if isinstance(x, int) and isinstance(y, int) and x >= 0 and y > 0:
+            return x // y
+        return x if _is(y, 1) else self._div(self.i(x), self.i(y))
+
+    def rem(self, x, y):
+        if isinstance(x, int) and isinstance(y, int) and x >= 0 and y > 0:
+            return x % y
+        return 0 if _is(y, 1) else self._rem(self.i(x), self.i(y))
+
+    def dim(self, d):
+        return d if isinstance(d, int) else self.ctx.dim(d)
+
+    def product(self, dims):
+        acc = 1
+        for d in dims:
+            acc = self.mul(acc, self.dim(d))
+        return acc
+
+    def as_float(self, v, dt: str):
+        """An int64 count as a ``dt`` value (a constant when static)."""
+        return self.const(v, dt) if isinstance(v, int) else self.op("astype", "int64", v, to=dt)

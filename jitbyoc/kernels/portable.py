@@ -16,6 +16,7 @@ from llvmlite import ir
 
 from ..dtypes import dtype as lookup_dtype
 from ..lowering.loops import I64, for_range
+from .indexing import Ints
 
 
 def _round(pairs, lo_mask, hi_mask):
@@ -35,65 +36,13 @@ TRANSPOSE8 = [
 ]
 
 
-def _is(v, k: int) -> bool:
-    return isinstance(v, int) and v == k
-
-
-class _Ints:
-    """Integer arithmetic shared by both facades: static sizes stay Python ints and fold
-    (so ``x + 0``, ``x * 1`` and products of static dims emit nothing); the rest goes to
-    the renderer's ``_add``/``_sub``/``_mul``/``_div``/``_rem`` (C semantics: truncating)."""
-
-    def add(self, x, y):
-        if isinstance(x, int) and isinstance(y, int):
-            return x + y
-        if _is(x, 0) or _is(y, 0):
-            return y if _is(x, 0) else x
-        return self._add(self.i(x), self.i(y))
-
-    def sub(self, x, y):
-        if isinstance(x, int) and isinstance(y, int):
-            return x - y
-        return x if _is(y, 0) else self._sub(self.i(x), self.i(y))
-
-    def mul(self, x, y):
-        if isinstance(x, int) and isinstance(y, int):
-            return x * y
-        if _is(x, 1) or _is(y, 1):
-            return y if _is(x, 1) else x
-        return self._mul(self.i(x), self.i(y))
-
-    def div(self, x, y):
-        if isinstance(x, int) and isinstance(y, int) and x >= 0 and y > 0:
-            return x // y
-        return x if _is(y, 1) else self._div(self.i(x), self.i(y))
-
-    def rem(self, x, y):
-        if isinstance(x, int) and isinstance(y, int) and x >= 0 and y > 0:
-            return x % y
-        return 0 if _is(y, 1) else self._rem(self.i(x), self.i(y))
-
-    def dim(self, d):
-        return d if isinstance(d, int) else self.ctx.dim(d)
-
-    def product(self, dims):
-        acc = 1
-        for d in dims:
-            acc = self.mul(acc, self.dim(d))
-        return acc
-
-    def as_float(self, v, dt: str):
-        """An int64 count as a ``dt`` value (a constant when static)."""
-        return self.const(v, dt) if isinstance(v, int) else self.op("astype", "int64", v, to=dt)
-
-
-class LLVM(_Ints):
+class LLVM(Ints):
     """The facade over :class:`jitbyoc.lowering.llvm.Ctx`."""
 
     def __init__(self, ctx):
         self.ctx, self.b, self.em = ctx, ctx.b, ctx.em
 
-    # ---- int64 index arithmetic (the folding layer is :class:`_Ints`) ---------------------
+    # ---- int64 index arithmetic (folding: :class:`.indexing.Ints`) ---------------------
     def i(self, v):
         return ir.Constant(I64, v) if isinstance(v, int) else v
 
@@ -224,7 +173,7 @@ class LLVM(_Ints):
         self.ctx.epilogue(stage, [self.i(o) for o in origin], [self.i(x) for x in extent])
 
 
-class C(_Ints):
+class C(Ints):
     """The facade over :class:`jitbyoc.lowering.c.Ctx`; values are C expressions."""
 
     def __init__(self, ctx):
