@@ -42,7 +42,8 @@ def _cells(row: dict, peers: list[str]) -> list[str]:
              f"{fmt_ms(row['build_warm_tvm_s'])}/{fmt_ms(row['build_warm_jitbyoc_s'])}",
              *run, f"{row['speedup']:.2f}x" + ("" if row["ok"] else " !"),
              fmt_num(row["max_abs_err"], ".1e"), fmt_num(row["max_rel_err"], ".1e")]
-    return cells + [fmt_ms(row[f"{p}_median_s"]) for p in peers]
+    alone = [fmt_ms(row["jitbyoc_alone_median_s"])] if peers else []
+    return cells + alone + [fmt_ms(row[f"{p}_median_s"]) for p in peers]
 
 
 def format_table(rows: list[dict], skipped: list[dict]) -> str:
@@ -58,7 +59,8 @@ def format_table(rows: list[dict], skipped: list[dict]) -> str:
     peers = [p for p in PEER_LABELS if any(r.get(f"{p}_median_s") is not None for r in rows)]
     head = ["model", "offloaded", "regions", "build cold ms tvm/jit", "build warm ms tvm/jit",
             "tvm run ms (min-max)", "jitbyoc run ms (min-max)", "speedup", "max abs err",
-            "max rel err"] + [f"{PEER_LABELS[p]} ms" for p in peers]
+            "max rel err"] + (["jitbyoc alone ms"] if peers else []) + \
+        [f"{PEER_LABELS[p]} ms" for p in peers]
     body = [_cells(r, peers) for r in rows]
     widths = [max(len(line[i]) for line in [head] + body) for i in range(len(head))]
     fmt = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)  # noqa: E731
@@ -66,6 +68,9 @@ def format_table(rows: list[dict], skipped: list[dict]) -> str:
     lines = [fmt(head), fmt(["-" * w for w in widths])] + [fmt(c) for c in body]
     lines.append("speedup = TVM default median / jitbyoc median; rel err = max|jitbyoc - tvm| "
                  "/ max|tvm|; '!' = rel err above tolerance")
+    if peers:
+        lines.append("tvm and jitbyoc run alternately (the speedup); 'jitbyoc alone' and each peer "
+                     "run in loops of their own, warm, one after another (compare those)")
     for r in rows:
         if r.get("cold_cache_hits"):
             lines.append(f"  {r['model']}: cold jitbyoc build took {r['cold_cache_hits']} "

@@ -30,7 +30,9 @@ from .timing import Stats, max_errors, speedup, time_alternating, timed
 
 log = logging.getLogger(__name__)
 TOLERANCE = 1e-3  # max normwise relative error of jitbyoc vs TVM before a row is flagged
-CANDIDATES = ("tvm", "jitbyoc") + peers_mod.NAMES
+# jitbyoc_alone: jitbyoc timed in a loop of its own, as the peers are (warm caches, no
+# TVM-default run in between): the fair figure to set against torch and onnxruntime
+CANDIDATES = ("tvm", "jitbyoc", "jitbyoc_alone") + peers_mod.NAMES
 
 
 def columns() -> list[str]:
@@ -180,6 +182,7 @@ def measure(entry: Entry, repeat: int, warmup: int, workdir: str,
         else ([], ["peers off (--no-peers)"])
     samples = time_alternating(check["runners"], repeat, warmup)
     if peers:  # separately: their thread pools spin after a call and would slow the next slot
+        samples["jitbyoc_alone"] = time_alternating({"j": check["runners"]["jitbyoc"]}, repeat, warmup)["j"]
         samples.update(time_alternating({p.name: p.run for p in peers}, repeat, warmup))
     stats = {k: Stats.of(v) for k, v in samples.items()}
     return make_row(entry, repeat, built, check, stats, peers, notes)
