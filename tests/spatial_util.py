@@ -5,13 +5,12 @@ jitbyoc, and run one region's C rendering compiled with the system C compiler.""
 from __future__ import annotations
 
 import shutil
-import subprocess
 
 import numpy as np
-import tvm
 from tvm import relax
 
-import jitbyoc
+from tests import diff_util
+from tests.diff_util import build, run  # noqa: F401 - re-exported for the conv/pool tests
 
 CC = shutil.which("cc")
 
@@ -34,32 +33,13 @@ def grid_model(cases, make):
     return bb.get()
 
 
-def build(mod, offload: bool):
-    with (jitbyoc.enable() if offload else jitbyoc.disable()):
-        return tvm.compile(mod, target="llvm")
-
-
-def run(ex, arrays) -> list[np.ndarray]:
-    out = relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in arrays])
-    if isinstance(out, tvm.runtime.Tensor):
-        return [out.numpy()]
-    return [o.numpy() for o in out]
-
-
 def random_inputs(cases, seed: int = 0) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     return [rng.standard_normal(s).astype(d) for shapes, _ in cases for s, d in shapes]
 
 
 def run_c(region, inputs: dict[str, np.ndarray], out_shape, dtype, tmp_path) -> np.ndarray:
-    """Compile ``region.c_source`` as a shared library and call it on ``inputs`` (by the
-    region's argument names); returns its single output."""
-    src, lib = tmp_path / f"{region.symbol}.c", tmp_path / f"{region.symbol}.so"
-    src.write_text(region.c_source)
-    subprocess.run([CC, "-O2", "-ffp-contract=off", "-shared", "-fPIC", str(src), "-o", str(lib)],
-                   check=True, capture_output=True)
-    mod = tvm.runtime.load_module(str(lib))
-    out = tvm.runtime.empty(out_shape, dtype)
-    args = [tvm.runtime.tensor(inputs[n]) for n in region.arg_names[:-1]]
-    mod[region.symbol](*args, out)
-    return out.numpy()
+    """``region``'s C rendering called on ``inputs`` (by argument name); its single output."""
+    (out,) = diff_util.run_c(region, inputs, tmp_path)
+    assert out.shape == tuple(out_shape) and str(out.dtype) == dtype
+    return out
