@@ -64,15 +64,17 @@ def partition_for_jitbyoc(mod: tvm.IRModule) -> tvm.IRModule:
     """
     key = tvm_ffi.structural_hash(mod)  # constants' data included
     with _MEMO_LOCK:
-        if key in _MEMO:  # a rebuild of an unchanged model: partitioning is pure
+        out = _MEMO.get(key)
+        if out is not None:  # a rebuild of an unchanged model: partitioning is pure
             _MEMO.move_to_end(key)
-            return _MEMO[key]
-    out = _partition(mod)
-    with _MEMO_LOCK:
-        _MEMO[key] = out
-        while len(_MEMO) > MEMO_ENTRIES:
-            _MEMO.popitem(last=False)
-    return out
+    if out is None:
+        out = _partition(mod)
+        with _MEMO_LOCK:
+            _MEMO[key] = out
+            while len(_MEMO) > MEMO_ENTRIES:
+                _MEMO.popitem(last=False)
+    # a fresh module each time: a caller that edits it in place must not edit the memo
+    return tvm.IRModule(dict(out.functions), attrs=out.attrs)
 
 
 def _partition(mod: tvm.IRModule) -> tvm.IRModule:

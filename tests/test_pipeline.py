@@ -282,3 +282,11 @@ def test_clashing_labels_fail_in_python_not_in_the_assembler():
     asm = "\t.text\nhelper:\n\tretq\n"
     with pytest.raises(RuntimeError, match="both define the assembly label 'helper'"):
         runtime.module_text({"jitbyoc_a_1": asm, "jitbyoc_b_2": asm})
+
+
+def test_partition_result_can_be_edited_without_affecting_later_builds():
+    first = jitbyoc.partition_for_jitbyoc(models.SeedExample)
+    (gv,) = jitbyoc.regions(first)
+    first[gv] = first[gv].with_attr("global_symbol", "edited")
+    second = jitbyoc.partition_for_jitbyoc(models.SeedExample)
+    assert str(second[gv.name_hint].attrs["global_symbol"]) != "edited"
