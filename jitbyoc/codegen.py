@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 import tvm
-from . import cache, jit, kir, runtime
+from . import cache, compile_pool, jit, kir, runtime
 from .frontend import lower_region
 from .lowering import c as c_renderer
 from .lowering.llvm import emit_llvm
@@ -80,7 +80,7 @@ def compile_regions(functions) -> tvm.runtime.Module | None:
     t0 = time.perf_counter()
     asm: dict[str, str] = {}
     status: dict[str, str] = {}
-    keys = []
+    keys, misses = [], {}
     for func in functions:
         symbol = str(func.attrs["global_symbol"])
         if symbol in asm:  # equal content, equal symbol: compile once
@@ -89,8 +89,8 @@ def compile_regions(functions) -> tvm.runtime.Module | None:
         keys.append(k)
         asm[symbol], status[symbol] = cache.get(k)
         if asm[symbol] is None:
-            asm[symbol], status[symbol] = Region.from_function(func).asm, "compiled"
-            cache.put(k, asm[symbol])
+            misses[symbol] = (k, func)
+    _compile_misses(misses, asm, status)
     _STATUS.status = status
     if not asm:
         return None
@@ -101,6 +101,24 @@ def compile_regions(functions) -> tvm.runtime.Module | None:
              len(asm), compiled, len(asm) - compiled, 1e3 * (time.perf_counter() - t0),
              1e3 * (time.perf_counter() - t1))
     return module
+
+
+def _compile_misses(misses: dict, asm: dict, status: dict) -> None:
+    """Compile the regions the cache did not have: rendered here, one after another, and
+    compiled by the worker pool meanwhile when there are several (else in process)."""
+    workers = compile_pool.pool() if len(misses) > 1 else None
+    pending = {}
+    for symbol, (k, func) in misses.items():
+        region = Region.from_function(func)
+        if workers is None:
+            asm[symbol] = region.asm
+        else:
+            pending[symbol] = workers.submit(region.llvm_ir)
+        status[symbol] = "compiled"
+    for symbol, future in pending.items():
+        asm[symbol] = future.result()
+    for symbol, (k, _) in misses.items():
+        cache.put(k, asm[symbol])
 
 
 def _load(key: tuple, asm: dict[str, str]) -> tvm.runtime.Module:

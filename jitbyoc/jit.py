@@ -16,18 +16,15 @@ from functools import lru_cache
 import llvmlite
 import llvmlite.binding as llvm
 
+from . import compile_worker
+
 LOCK = threading.RLock()
 
 
 @lru_cache(maxsize=None)
 def target_machine() -> llvm.TargetMachine:
     with LOCK:
-        llvm.initialize_native_target()
-        llvm.initialize_native_asmprinter()
-        target = llvm.Target.from_triple(llvm.get_process_triple())
-        return target.create_target_machine(
-            cpu=llvm.get_host_cpu_name(), features=host_features(), opt=3,
-            reloc="pic", codemodel="default")
+        return compile_worker.make_machine(llvm, llvm.get_host_cpu_name(), host_features())
 
 
 @lru_cache(maxsize=None)
@@ -46,26 +43,14 @@ def data_layout() -> str:
     return str(target_machine().target_data)
 
 
-def _optimized(ir_text: str, speed_level: int) -> llvm.ModuleRef:
-    """Parse, verify and optimize at O``speed_level`` for the host CPU (hold LOCK)."""
-    mod = llvm.parse_assembly(ir_text)
-    mod.verify()
-    pto = llvm.create_pipeline_tuning_options(speed_level=speed_level)
-    pto.loop_vectorization = pto.slp_vectorization = speed_level >= 2
-    pto.loop_unrolling = True
-    pb = llvm.create_pass_builder(target_machine(), pto)
-    pb.getModulePassManager().run(mod, pb)
-    return mod
-
-
 def optimize(ir_text: str, speed_level: int = 2) -> str:
     """Optimized IR text, for inspection (the same passes the build runs)."""
     with LOCK:
-        return str(_optimized(ir_text, speed_level))
+        return str(compile_worker.optimized_module(llvm, target_machine(), ir_text, speed_level))
 
 
 def compile_to_assembly(ir_text: str, speed_level: int = 2) -> str:
     """IR text -> host assembly in one pass (no text round trip of the optimized IR)."""
     with LOCK:
-        return target_machine().emit_assembly(_optimized(ir_text, speed_level))
+        return compile_worker.compile_to_assembly(llvm, target_machine(), ir_text, speed_level)
 

@@ -1,0 +1,76 @@
+"""A compile worker: LLVM IR text in, host assembly out, over stdin/stdout.
+
+Run as a script (``python path/to/compile_worker.py``), never imported as part of the
+package: it needs only llvmlite, so it starts in a fraction of a second without TVM.
+llvmlite serializes every LLVM call behind one process-wide lock, so regions can only be
+compiled in parallel in separate processes; :mod:`jitbyoc.compile_pool` runs these.
+
+Protocol: each message is an 8-byte little-endian length and a pickle. Requests are
+``(ir_text, speed_level, cpu, features)``; replies ``(True, asm)`` or ``(False, error)``.
+The compile steps are those of :func:`jitbyoc.jit.compile_to_assembly`.
+"""
+
+import pickle
+import struct
+import sys
+
+
+def _read(stream):
+    head = stream.read(8)
+    if len(head) < 8:
+        return None
+    return pickle.loads(stream.read(struct.unpack("<Q", head)[0]))
+
+
+def _write(stream, obj) -> None:
+    data = pickle.dumps(obj)
+    stream.write(struct.pack("<Q", len(data)) + data)
+    stream.flush()
+
+
+def make_machine(llvm, cpu: str, features: str):
+    """The target machine jitbyoc compiles for (the same in process and in workers)."""
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    target = llvm.Target.from_triple(llvm.get_process_triple())
+    return target.create_target_machine(cpu=cpu, features=features, opt=3, reloc="pic",
+                                        codemodel="default")
+
+
+def optimized_module(llvm, tm, ir_text: str, speed_level: int):
+    """Parse, verify and optimize at O``speed_level`` for ``tm``'s CPU."""
+    mod = llvm.parse_assembly(ir_text)
+    mod.verify()
+    pto = llvm.create_pipeline_tuning_options(speed_level=speed_level)
+    pto.loop_vectorization = pto.slp_vectorization = speed_level >= 2
+    pto.loop_unrolling = True
+    pb = llvm.create_pass_builder(tm, pto)
+    pb.getModulePassManager().run(mod, pb)
+    return mod
+
+
+def compile_to_assembly(llvm, tm, ir_text: str, speed_level: int) -> str:
+    return tm.emit_assembly(optimized_module(llvm, tm, ir_text, speed_level))
+
+
+def main() -> None:
+    import llvmlite.binding as llvm
+
+    machines = {}
+    inp, out = sys.stdin.buffer, sys.stdout.buffer
+    while True:
+        req = _read(inp)
+        if req is None:
+            return
+        ir_text, speed_level, cpu, features = req
+        try:
+            if (cpu, features) not in machines:
+                machines[cpu, features] = make_machine(llvm, cpu, features)
+            reply = (True, compile_to_assembly(llvm, machines[cpu, features], ir_text, speed_level))
+        except Exception as err:  # reported to the parent, which compiles in process instead
+            reply = (False, f"{type(err).__name__}: {err}")
+        _write(out, reply)
+
+
+if __name__ == "__main__":
+    main()
