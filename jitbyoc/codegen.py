@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 
 import tvm
@@ -30,7 +30,6 @@ class Region:
     symbol: str
     kernel: kir.Kernel
     arg_names: list[str]
-    timings: dict = field(default_factory=dict)
 
     @classmethod
     def from_function(cls, func) -> "Region":
@@ -50,10 +49,7 @@ class Region:
     @cached_property
     def asm(self) -> str:
         """Host assembly; this is what runs."""
-        t0 = time.perf_counter()
-        text = jit.compile_to_assembly(self.llvm_ir)
-        self.timings["compile_s"] = time.perf_counter() - t0
-        return text
+        return jit.compile_to_assembly(self.llvm_ir)
 
     @cached_property
     def c_source(self) -> str:

@@ -59,6 +59,14 @@ def dot(e, idx, strides):
     return acc
 
 
+def product(e, values):
+    """``values[0] * values[1] * ...`` (facade values; 1 for none)."""
+    acc = 1
+    for v in values:
+        acc = e.mul(acc, v)
+    return acc
+
+
 def identity(kind: str, dt: str):
     """The value a ``kind`` reduction starts from (the dtype's extreme for integer max/min)."""
     d = lookup_dtype(dt)

@@ -26,7 +26,7 @@ from .. import kir
 from ..dtypes import ALL
 from ..patterns import broadcast_problem, dims, tensor_problem
 from . import register
-from .indexing import COPY_MIN_ELEMENTS, dot, threaded, unravel
+from .indexing import COPY_MIN_ELEMENTS, dot, product, threaded, unravel
 from .portable import PortableStage
 
 TILE = 32
@@ -173,7 +173,7 @@ class Permute(PortableStage, kir.KernelStage):
                 if self.epilogue is not None:  # groups are single dims here
                     e.epilogue(self, idx + [0], [1] * len(idx) + [e.dim(out.shape[-1])])
 
-        e.parallel(_prod(e, self.plan(e, groups)[0][:-1]), body,
+        e.parallel(product(e, self.plan(e, groups)[0][:-1]), body,
                    threaded(out.shape, COPY_MIN_ELEMENTS))
 
     def _tiles(self, e, groups, b) -> None:
@@ -213,7 +213,7 @@ class Permute(PortableStage, kir.KernelStage):
                     e.epilogue(self, pos, size)
 
         ext, _, _, na, nb = tiling(e)
-        e.parallel(e.mul(_prod(e, [ext[k] for k in batch]), e.mul(na, nb)), body,
+        e.parallel(e.mul(product(e, [ext[k] for k in batch]), e.mul(na, nb)), body,
                    threaded(out.shape, COPY_MIN_ELEMENTS))
 
     def _tile_elements(self, e, src0, dst0, a0, a1, b0, b1, in_a, out_b) -> None:
@@ -240,13 +240,6 @@ class Permute(PortableStage, kir.KernelStage):
     @staticmethod
     def reference(x: np.ndarray, axes) -> np.ndarray:
         return np.ascontiguousarray(np.transpose(x, axes))
-
-
-def _prod(e, values):
-    acc = 1
-    for v in values:
-        acc = e.mul(acc, v)
-    return acc
 
 
 def _permute_axes(call) -> tuple:

@@ -120,15 +120,24 @@ def _block(call) -> tuple[int, int] | str:
     return axes[0], axes[-1]
 
 
-def _check_rows(call) -> str | None:
-    name = call.op.name
+def _operands_problem(call) -> str | None:
+    """Every operand a float tensor of the data's dtype, or why not."""
     x = call.args[0]
     for t in call.args:
         problem = tensor_problem(t.ty, FLOATS)
         if problem:
-            return f"{name}: {problem}"
+            return f"{call.op.name}: {problem}"
         if str(t.ty.dtype) != str(x.ty.dtype):
-            return f"{name}: operands of mixed dtypes"
+            return f"{call.op.name}: operands of mixed dtypes"
+    return None
+
+
+def _check_rows(call) -> str | None:
+    name = call.op.name
+    x = call.args[0]
+    problem = _operands_problem(call)
+    if problem:
+        return problem
     if not dims(x.ty):
         return f"{name}: rank-0 input"
     block = _block(call)
@@ -157,12 +166,9 @@ register("relax.nn.rms_norm", 2, _check_rows)(_build_rows)
 
 def _check_batch_norm(call) -> str | None:
     x = call.args[0]
-    for t in call.args:
-        problem = tensor_problem(t.ty, FLOATS)
-        if problem:
-            return f"relax.nn.batch_norm: {problem}"
-        if str(t.ty.dtype) != str(x.ty.dtype):
-            return "relax.nn.batch_norm: operands of mixed dtypes"
+    problem = _operands_problem(call)
+    if problem:
+        return problem
     if call.attrs.training:
         return ("relax.nn.batch_norm: training=True (statistics of the batch, with updated "
                 "moving averages) is left to TVM")

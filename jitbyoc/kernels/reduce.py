@@ -29,7 +29,7 @@ from .. import kir
 from ..dtypes import FLOATS, NUMERIC
 from ..patterns import dims, tensor_problem
 from . import register
-from .indexing import dot, folds, identity, threaded, unravel
+from .indexing import dot, folds, identity, product, threaded, unravel
 from .portable import PortableStage
 
 ROWS = 4  # outputs reduced together in the "rows" order: four streams from memory
@@ -101,7 +101,7 @@ class Reduce(PortableStage, kir.KernelStage):
             with e.loop(hi, e.sub(hi, e.rem(e.sub(hi, lo), ROWS)), "o") as o:
                 self._some_rows(e, [o], plan)
 
-        e.parallel(_prod(e, [g[1] for g in groups if not g[0]]), body, threaded(x.shape))
+        e.parallel(product(e, [g[1] for g in groups if not g[0]]), body, threaded(x.shape))
 
     def _some_rows(self, e, rows, plan) -> None:
         """Reduce the outputs ``rows`` together (their input rows stream side by side)."""
@@ -114,7 +114,7 @@ class Reduce(PortableStage, kir.KernelStage):
         def totals(value):
             """Fold the strided runs (outer loop) of contiguous-run folds (vectorized)."""
             accs = [e.var(dt, e.const(identity(kind, dt), dt)) for _ in rows]
-            with e.loop(_prod(e, [g[1] for g in red]), 0, "q") as q:
+            with e.loop(product(e, [g[1] for g in red]), 0, "q") as q:
                 off = e.let(dot(e, unravel(e, q, [g[1] for g in red]), [g[2] for g in red]))
                 parts = folds(e, kind, dt, inner, [
                     (lambda k, r=r, b=b: value(r, e.add(e.add(b, off), k)))
@@ -143,7 +143,7 @@ class Reduce(PortableStage, kir.KernelStage):
         def accumulate(e, acc_buf, base, o0, j0, j1, value, red):
             with e.loop(j1, j0, "j") as j:
                 e.store(acc_buf, e.add(o0, j), e.const(identity(kind, dt), dt))
-            with e.loop(_prod(e, [g[1] for g in red]), 0, "q") as q:
+            with e.loop(product(e, [g[1] for g in red]), 0, "q") as q:
                 off = e.let(e.add(base, dot(e, unravel(e, q, [g[1] for g in red]),
                                             [g[2] for g in red])))
                 with e.loop(j1, j0, "j") as j:
@@ -178,7 +178,7 @@ class Reduce(PortableStage, kir.KernelStage):
                                    [1] * out.ndim)
 
         kept = [g[1] for g in groups[:-1] if not g[0]]
-        e.parallel(e.mul(_prod(e, kept), blocks(e, groups)), body, threaded(x.shape))
+        e.parallel(e.mul(product(e, kept), blocks(e, groups)), body, threaded(x.shape))
 
     @staticmethod
     def reference(x: np.ndarray, axes, kind: str, keepdims: bool = False) -> np.ndarray:
@@ -186,13 +186,6 @@ class Reduce(PortableStage, kir.KernelStage):
               "variance": np.var, "std": np.std}[kind]
         wide = x.astype(np.float64) if x.dtype.kind == "f" else x
         return np.asarray(fn(wide, axis=tuple(axes), keepdims=keepdims)).astype(x.dtype)
-
-
-def _prod(e, values):
-    acc = 1
-    for v in values:
-        acc = e.mul(acc, v)
-    return acc
 
 
 def _axes(call) -> tuple:
