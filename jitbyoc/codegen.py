@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import tvm
-from . import cache, compile_pool, jit, kir, runtime
+from . import cache, compile_pool, jit, kir, library, runtime
 from .frontend import lower_region
 from .lowering import c as c_renderer
 from .lowering.llvm import emit_llvm
@@ -37,9 +37,18 @@ class Region:
         return cls(kernel.name, kernel, names)
 
     @cached_property
+    def llvm_module(self):
+        return emit_llvm(self.kernel, self.arg_names, jit.host()["triple"], jit.data_layout())
+
+    @cached_property
     def llvm_ir(self) -> str:
         """LLVM IR before optimization."""
-        return str(emit_llvm(self.kernel, self.arg_names, jit.host()["triple"], jit.data_layout()))
+        return str(self.llvm_module)
+
+    @property
+    def engines(self) -> set[str]:
+        """The library engines this region calls (:mod:`jitbyoc.library`)."""
+        return library.used_by(self.llvm_module)
 
     @cached_property
     def llvm_ir_optimized(self) -> str:
@@ -50,6 +59,10 @@ class Region:
     def asm(self) -> str:
         """Host assembly; this is what runs."""
         return jit.compile_to_assembly(self.llvm_ir)
+
+    def load(self) -> tvm.runtime.Module:
+        """This region alone (with the engines it calls) as a runtime module."""
+        return runtime.tvm_module({self.symbol: self.asm}, engine_asm(library.references(self.asm)))
 
     @cached_property
     def c_source(self) -> str:
@@ -66,13 +79,14 @@ MODULE_ENTRIES = 8
 
 
 def last_cache_status() -> dict[str, str]:
-    """symbol -> "memory", "disk" (cache hits) or "compiled", for this thread's last build."""
+    """symbol -> "memory", "disk" (cache hits) or "compiled", for this thread's last build:
+    its regions, and the library engines (``jitbyoc_lib_*``) they call."""
     return dict(getattr(_STATUS, "status", {}))
 
 
 def compile_regions(functions) -> tvm.runtime.Module | None:
-    """Assembly for every region (from the cache, or lowered, optimized and compiled now),
-    loaded as one runtime module."""
+    """Assembly for every region and the engines they call (from the cache, or lowered,
+    optimized and compiled now), loaded as one runtime module."""
     t0 = time.perf_counter()
     asm: dict[str, str] = {}
     status: dict[str, str] = {}
@@ -86,43 +100,81 @@ def compile_regions(functions) -> tvm.runtime.Module | None:
         asm[symbol], status[symbol] = cache.get(k)
         if asm[symbol] is None:
             misses[symbol] = (k, func)
-    _compile_misses(misses, asm, status)
+    engines: dict[str, str] = {}
+    for symbol in sorted(set().union(*(library.references(a) for a in asm.values() if a))):
+        engines[symbol], status[symbol] = cache.get(cache.key(symbol))
+    _compile_misses(misses, asm, engines, status)
     _STATUS.status = status
     if not asm:
         return None
     t1 = time.perf_counter()
-    module = _load(tuple(sorted(keys)), asm)
-    compiled = sum(v == "compiled" for v in status.values())
-    log.info("jitbyoc: %d regions (%d compiled, %d from cache) in %.1f ms, %.1f ms of it loading into TVM",
-             len(asm), compiled, len(asm) - compiled, 1e3 * (time.perf_counter() - t0),
-             1e3 * (time.perf_counter() - t1))
+    module = _load(tuple(sorted(keys)), asm, engines)
+    compiled = sum(v == "compiled" for s, v in status.items() if s in asm)
+    log.info("jitbyoc: %d regions (%d compiled, %d from cache), %d library engines (%d compiled) "
+             "in %.1f ms, %.1f ms of it loading into TVM", len(asm), compiled, len(asm) - compiled,
+             len(engines), sum(status[s] == "compiled" for s in engines),
+             1e3 * (time.perf_counter() - t0), 1e3 * (time.perf_counter() - t1))
     return module
 
 
-def _compile_misses(misses: dict, asm: dict, status: dict) -> None:
-    """Compile the regions the cache did not have: rendered here, one after another, and
-    compiled by the worker pool meanwhile when there are several (else in process)."""
-    workers = compile_pool.pool() if len(misses) > 1 else None
-    pending = {}
+def engine_asm(symbols) -> dict[str, str]:
+    """Assembly of the library engines ``symbols`` (from the cache, or compiled now in
+    process): what a region's assembly needs next to it in a runtime module."""
+    out = {}
+    for e in sorted(symbols):
+        k = cache.key(e)
+        out[e] = cache.get(k)[0]
+        if out[e] is None:
+            out[e] = jit.compile_to_assembly(_engine_ir(e))
+            cache.put(k, out[e])
+    return out
+
+
+def _engine_ir(symbol: str) -> str:
+    return library.ir_text(library.parse(symbol), jit.host()["triple"], jit.data_layout())
+
+
+def _compile_misses(misses: dict, asm: dict, engines: dict, status: dict) -> None:
+    """Compile what the cache did not have: the regions, rendered here one after another,
+    and the engines they call, each submitted as soon as it is known (an engine before
+    the region that first needs it: engines are the large ones). With two or more things
+    to compile, the worker pool compiles them in parallel with the rendering."""
+    jobs: dict[str, tuple] = {}  # symbol -> (cache key, assembly or future)
+    workers = None
+
+    def submit(symbol: str, k: str, text: str) -> None:
+        status[symbol] = "compiled"
+        jobs[symbol] = (k, workers.submit(text) if workers else jit.compile_to_assembly(text))
+
+    missing = [e for e, text in engines.items() if text is None]  # called by cached regions
+    if len(misses) + len(missing) > 1:
+        workers = compile_pool.pool()
+    for e in missing:
+        submit(e, cache.key(e), _engine_ir(e))
     for symbol, (k, func) in misses.items():
         region = Region.from_function(func)
-        if workers is None:
-            asm[symbol] = region.asm
-        else:
-            pending[symbol] = workers.submit(region.llvm_ir)
-        status[symbol] = "compiled"
-    for symbol, future in pending.items():
-        asm[symbol] = future.result()
-    for symbol, (k, _) in misses.items():
-        cache.put(k, asm[symbol])
+        new = []
+        for e in sorted(region.engines - engines.keys()):
+            engines[e], status[e] = cache.get(cache.key(e))
+            if engines[e] is None:
+                new.append(e)
+        if new and workers is None:
+            workers = compile_pool.pool()
+        for e in new:
+            submit(e, cache.key(e), _engine_ir(e))
+        submit(symbol, k, region.llvm_ir)
+    for symbol, (k, result) in jobs.items():
+        text = result.result() if hasattr(result, "result") else result
+        (engines if symbol in engines else asm)[symbol] = text
+        cache.put(k, text)
 
 
-def _load(key: tuple, asm: dict[str, str]) -> tvm.runtime.Module:
+def _load(key: tuple, asm: dict[str, str], engines: dict[str, str]) -> tvm.runtime.Module:
     with _MODULES_LOCK:
         if key in _MODULES:
             _MODULES.move_to_end(key)
             return _MODULES[key]
-    module = runtime.tvm_module(asm)
+    module = runtime.tvm_module(asm, engines)
     with _MODULES_LOCK:
         _MODULES[key] = module
         while len(_MODULES) > MODULE_ENTRIES:

@@ -43,7 +43,7 @@ def optimized_module(llvm, tm, ir_text: str, speed_level: int):
     mod.verify()
     pto = llvm.create_pipeline_tuning_options(speed_level=speed_level)
     pto.loop_vectorization = pto.slp_vectorization = speed_level >= 2
-    pto.loop_unrolling = True
+    pto.loop_unrolling = pto.loop_interleaving = False
     pb = llvm.create_pass_builder(tm, pto)
     pb.getModulePassManager().run(mod, pb)
     return mod

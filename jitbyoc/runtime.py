@@ -20,7 +20,7 @@ import tempfile
 import tvm
 import tvm_ffi
 
-from . import jit
+from . import jit, library
 
 _DROP = (".file", ".ident", ".addrsig", ".globl", '.section\t".note.GNU-stack"')
 
@@ -77,10 +77,20 @@ def _check_labels(asm_by_symbol: dict[str, str]) -> None:
             owner[label] = symbol
 
 
-def module_text(asm_by_symbol: dict[str, str]) -> str:
-    _check_labels(asm_by_symbol)
+def module_text(asm_by_symbol: dict[str, str], engines: dict[str, str] | None = None) -> str:
+    """The module TVM loads: each region's and each library engine's assembly, and a
+    trampoline per region."""
+    engines = engines or {}
+    _check_labels({**asm_by_symbol, **engines})
+    for symbol, asm in asm_by_symbol.items():
+        missing = library.references(asm) - engines.keys()
+        if missing:  # TVM's JIT would resolve the call to address 0
+            raise RuntimeError(f"jitbyoc: region '{symbol}' calls library engines {sorted(missing)} "
+                               f"that are not in the module")
     h = jit.host()
     parts = [f'target triple = "{h["triple"]}"', f'target datalayout = "{jit.data_layout()}"']
+    for symbol, asm in engines.items():
+        parts += _module_asm(symbol, asm)
     for symbol, asm in asm_by_symbol.items():
         parts += _module_asm(symbol, asm)
         parts.append(_trampoline(symbol))
@@ -101,6 +111,6 @@ def load_llvm_module(ir_text: str) -> tvm.runtime.Module:
         os.unlink(path)
 
 
-def tvm_module(asm_by_symbol: dict[str, str]) -> tvm.runtime.Module:
+def tvm_module(asm_by_symbol: dict[str, str], engines: dict[str, str] | None = None) -> tvm.runtime.Module:
     """One TVM runtime module exposing every region's packed function."""
-    return load_llvm_module(module_text(asm_by_symbol))
+    return load_llvm_module(module_text(asm_by_symbol, engines))

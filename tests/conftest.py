@@ -91,7 +91,7 @@ def run(vm: relax.VirtualMachine, *arrays):
 def jit_function(region: codegen.Region):
     """The packed function jitbyoc's build would run for ``region`` (its machine code,
     loaded the way a build loads it; no Relax involved)."""
-    return runtime.tvm_module({region.symbol: region.asm})[region.symbol]
+    return region.load()[region.symbol]
 
 
 def call_region(fn, kernel: kir.Kernel, inputs) -> list[np.ndarray]:

@@ -13,8 +13,9 @@ import tvm
 from tvm import relax
 
 import jitbyoc
-from jitbyoc import cache
+from jitbyoc import cache, codegen, library
 from tests import models
+from tests.conftest import build_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -34,8 +35,47 @@ def build_status(mod):
     return ex, [r.cache for r in jitbyoc.last_report().regions]
 
 
-def entries(root):
-    return sorted(root.glob("*/*.s"))
+def entries(root, engines: bool = False):
+    """Disk entries of regions (with ``engines``: of library engines instead)."""
+    return sorted(p for p in root.glob("*/*.s") if (b"__tvm_ffi_" not in p.read_bytes()) == engines)
+
+
+def matmul_relu(m: int, k: int, n: int) -> tvm.IRModule:
+    return build_model({"x": ((m, k), "float32"), "w": ((k, n), "float32")},
+                       lambda bb, x, w: bb.emit(relax.op.nn.relu(relax.op.matmul(x, w))))
+
+
+def engine_status() -> dict:
+    return {s: v for s, v in codegen.last_cache_status().items() if s.startswith(library.PREFIX)}
+
+
+def test_engines_are_compiled_once_and_shared(fresh_cache):
+    """Two products of different sizes run on one compiled GEMM engine: the second build
+    compiles only its own region; a new process takes both from disk."""
+    rng = np.random.default_rng(0)
+    for step, (m, k, n) in enumerate([(33, 70, 45), (8, 300, 17)]):
+        ex, status = build_status(matmul_relu(m, k, n))
+        assert status == ["compiled"]
+        assert set(engine_status().values()) == ({"compiled"} if step == 0 else {"memory"})
+        x, w = rng.standard_normal((m, k), "float32"), rng.standard_normal((k, n), "float32")
+        out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(w))
+        np.testing.assert_allclose(out.numpy(), np.maximum(x @ w, 0), rtol=1e-4, atol=1e-4)
+    assert len(entries(fresh_cache)) == 2 and entries(fresh_cache, engines=True)
+    cache.clear_memory()
+    build_status(matmul_relu(33, 70, 45))
+    assert set(engine_status().values()) == {"disk"}
+
+
+def test_corrupt_engine_entry_is_rewritten(fresh_cache):
+    build_status(matmul_relu(16, 16, 16))
+    for entry in entries(fresh_cache, engines=True):
+        entry.write_bytes(entry.read_bytes()[:100])
+    cache.clear_memory()
+    ex, _ = build_status(matmul_relu(16, 16, 16))
+    assert set(engine_status().values()) == {"compiled"}
+    x = np.ones((16, 16), "float32")
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(x))
+    np.testing.assert_array_equal(out.numpy(), 16)
 
 
 def test_memory_then_disk_hits(fresh_cache):
@@ -109,7 +149,7 @@ def test_disabled_cache_writes_nothing(fresh_cache):
         build_status(models.SeedExample)
     finally:
         cache.configure(enabled=True)
-    assert entries(fresh_cache) == []
+    assert entries(fresh_cache) == [] and entries(fresh_cache, engines=True) == []
 
 
 REUSE = textwrap.dedent("""

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from tvm import relax
 
 import jitbyoc
-from jitbyoc import kir, runtime
+from jitbyoc import kir
 from jitbyoc.kernels.conv2d import Conv2d
 from jitbyoc.kernels.conv_plan import Layout, Plan, workspace_size
 from tests.spatial_util import CC, build, grid_model, random_inputs, run, run_c
@@ -203,7 +203,7 @@ def run_with_plan(mod, args, layout_dense: bool, lanes: int, j: int, v: int, row
     region.kernel.temps[region.kernel.temps.index(stage.work)] = work
     stage.plan, stage.work = plan, work
     out = tvm.runtime.empty(tuple(stage.out.shape), F32)
-    runtime.tvm_module({region.symbol: region.asm})[region.symbol](
+    region.load()[region.symbol](
         *[tvm.runtime.tensor(a) for a in args], out)
     return out.numpy()
 

@@ -16,7 +16,10 @@ import sys
 from dataclasses import dataclass
 from typing import Callable
 
-KERNEL_MODULES = ("matmul", "conv2d", "pool2d", "softmax", "norm", "reduce", "layout", "slicing")
+from ..lowering import args_engine  # noqa: F401 - registers the argument-check engine
+
+KERNEL_MODULES = ("matmul", "conv2d", "pool2d", "softmax", "norm", "reduce", "layout", "slicing",
+                  "gemm_engine", "conv_engine")  # library engines register themselves, not kernels
 
 
 @dataclass(frozen=True)

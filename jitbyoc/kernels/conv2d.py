@@ -1,7 +1,8 @@
 """relax.nn.conv2d (NCHW/OIHW) and relax.nn.conv1d (NCW/OIW): any stride, padding,
 dilation and groups, depthwise included, with a fused elementwise epilogue.
 
-LLVM rendering: a direct convolution (:mod:`.direct_conv`). The input is first copied
+LLVM rendering: a call of the direct-convolution library engine (:mod:`.conv_engine`,
+compiled once per register block and shared by every layer). The input is first copied
 into a zero-padded workspace laid out so that every tap of the kernel window reads a
 *contiguous* run of it (:mod:`.conv_plan`: phase planes, or one shifted plane per kernel
 column for small images); outputs are then computed ``lanes`` pixels per vector,
@@ -12,8 +13,8 @@ applies the epilogue to its band while it is in cache. The C rendering is the pl
 loop nest.
 
 Accuracy: every output is a sum of ``K = Cin/groups * KH * KW`` products accumulated in
-one fixed order per output (LLVM: input channel, then the window's taps grouped by stride
-phase, with fused multiply-adds; C: channel, kernel row, kernel column, multiply then
+one fixed order per output (LLVM: input channel, then the window's taps in row-major
+order, with fused multiply-adds; C: channel, kernel row, kernel column, multiply then
 add; TVM: its own). Each result is within ``K * u * sum_i |x_i * w_i|`` of the exact sum
 (u: unit roundoff, 2**-24 for float32), so any two agree within twice that: the tests'
 tolerance (plus one rounding per epilogue op). Padding zeros take part in the sum
@@ -31,7 +32,6 @@ from ..dtypes import FLOATS
 from ..patterns import dims, tensor_problem
 from . import register
 from .conv_plan import Plan, choose_plan, workspace_size
-from .direct_conv import emit_conv
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,8 @@ class Conv2d(kir.KernelStage):
     work: kir.Buffer = None
 
     def emit_llvm(self, ctx) -> None:
-        emit_conv(self, ctx)
+        from .conv_engine import call
+        call(self, ctx)
 
     # ---- C: the plain loop nest (inspection and export) ----------------------------------------
     def emit_c(self, ctx) -> None:

@@ -1,4 +1,4 @@
-"""How the direct convolution (:mod:`.direct_conv`) lays out its packed input and blocks
+"""How the direct convolution (:mod:`.conv_engine`) lays out its packed input and blocks
 its registers, chosen per convolution at build time by a small cost model.
 
 Layouts of one input channel in the workspace (``planes`` planes of ``hq x wq``):
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from ..dtypes import dtype as lookup_dtype
 
-UNROLL_COLUMNS = 16  # kernel columns unrolled per kernel row; wider windows loop (grid only)
+DENSE_MAX_KW = 16  # the dense layout copies the input once per kernel column: not for wide windows
 MIN_TASKS = 16  # split rows into bands until there are this many tasks (load balance)
 MAX_V = 8  # vectors per chunk; the workspace's slack covers one chunk of full vectors
 
@@ -91,6 +91,34 @@ class Plan:
         return self.v * self.lanes
 
 
+def tap_table(plan: Plan) -> list[int]:
+    """Per tap (i, j), row-major as in the weights: its offset from the output pixel's."""
+    g = plan.layout.geo
+    return [plan.layout.tap(i, j) for i in range(g.kh) for j in range(g.kw)]
+
+
+def plane_table(plan: Plan) -> list[int]:
+    """Per plane: input row and column of plane element (0, 0) (plane row r then reads
+    input row ``stride*r + shift``), and the valid plane rows and columns [lo, hi)."""
+    lay, g = plan.layout, plan.layout.geo
+    (sh, sw), (pt, pl, _, _) = g.stride, g.pad
+    out = []
+    for a, bb in lay.plane_sources():
+        r_lo, r_hi = _valid_range(lay.hq, sh, a - pt, g.h)
+        q_lo, q_hi = _valid_range(lay.wq, sw, bb - pl, g.w)
+        if r_lo >= r_hi or q_lo >= q_hi:
+            r_lo = r_hi = q_lo = q_hi = 0  # nothing valid: the whole plane is zeroed
+        out += [a - pt, bb - pl, r_lo, r_hi, q_lo, q_hi]
+    return out
+
+
+def _valid_range(count: int, step: int, shift: int, size: int) -> tuple[int, int]:
+    """The indices q in [0, count) with 0 <= step*q + shift < size, as [lo, hi)."""
+    lo = max(0, -(shift // step)) if shift < 0 else 0
+    hi = min(count, (size - 1 - shift) // step + 1) if size - 1 - shift >= 0 else 0
+    return lo, max(lo, hi)
+
+
 def max_lanes(dt: str) -> int:
     return 512 // lookup_dtype(dt).bits
 
@@ -108,18 +136,16 @@ def cost(plan: Plan, dt: str) -> float:
     bands = math.ceil(g.oh / plan.rows)
     span = lambda r: (r - 1) * lay.wq + g.ow  # noqa: E731  grid pixels of r rows
     chunks = sum(math.ceil(span(min(plan.rows, g.oh - b * plan.rows)) / plan.span) for b in range(bands))
-    full, rem = divmod(g.kg, j)
-    widths = [j] * full + ([rem] if rem else [])
+    blocks = math.ceil(g.kg / j)  # a remainder block computes all J channels (stores fewer)
     bits = lanes * lookup_dtype(dt).bits
     stores = (lay.wq + lanes - 2) // lay.wq + 1  # rows one vector can touch
-    per_chunk = [(max(jb * v * bits / 512, v * bits / 512 + jb * 0.66) + 0.5) * g.cg * g.taps
-                 + v * stores * (jb + 5) + 20 for jb in widths]
+    per_chunk = (max(j * v * bits / 512, v * bits / 512 + j * 0.66) + 0.5) * g.cg * g.taps \
+        + v * stores * (j + 5) + 20
     pack = g.c * lay.channel_size() * 0.5
     # every channel block streams the packed input through L2 again (~128 B/cycle with
     # the compute overlapping it): small J pays for its low reuse
-    stream = len(widths) * g.c * lay.channel_size() * lookup_dtype(dt).nbytes / 128
-    # a remainder block is a second copy of the kernel: prefer J that divides Kg
-    return g.groups * chunks * sum(per_chunk) * (1.03 if rem else 1.0) + pack + stream
+    stream = blocks * g.c * lay.channel_size() * lookup_dtype(dt).nbytes / 128
+    return g.groups * chunks * blocks * per_chunk + pack + stream
 
 
 def choose_plan(geo, dt: str) -> Plan:
@@ -127,7 +153,7 @@ def choose_plan(geo, dt: str) -> Plan:
     register blocks J x V that fit 32 vector registers; row bands give enough tasks to
     keep the thread pool busy."""
     batch = geo.n if isinstance(geo.n, int) else 1
-    layouts = [Layout(geo, False)] + ([Layout(geo, True)] if geo.kw <= UNROLL_COLUMNS else [])
+    layouts = [Layout(geo, False)] + ([Layout(geo, True)] if geo.kw <= DENSE_MAX_KW else [])
     best = None
     for layout in layouts:
         for lanes in (max_lanes(dt), max_lanes(dt) // 2):

@@ -113,6 +113,10 @@ def _dims(stride: Stride) -> tuple:
     return stride if isinstance(stride, tuple) else (stride,)
 
 
+def _all_dims(g) -> tuple:
+    return _dims(g.m) + _dims(g.n) + _dims(g.k) + tuple(g.batch)
+
+
 def _is_one(stride: Stride) -> bool:
     return all(isinstance(d, int) for d in _dims(stride)) and \
         reduce(lambda x, y: x * y, _dims(stride), 1) == 1
@@ -256,15 +260,22 @@ class Gemm:
     def nr(self) -> int:
         return self.blocking.nv * mk.lanes(self.dtype)
 
+    def static(self) -> bool:
+        return all(isinstance(d, int) for d in _all_dims(self))
+
     def serial(self) -> bool:
-        dims = _dims(self.m) + _dims(self.n) + _dims(self.k) + tuple(self.batch)
-        return all(isinstance(d, int) for d in dims) and \
-            reduce(lambda x, y: x * y, dims, 1) < SERIAL_MAX_MACS
+        return self.static() and reduce(lambda x, y: x * y, _all_dims(self), 1) < SERIAL_MAX_MACS
 
     def emit_llvm(self, ctx) -> None:
-        """Emit the product at ``ctx``'s insertion point (runs its own ``parallel_for``)."""
-        from .gemm_llvm import emit
-        emit(self, ctx)
+        """Emit the product at ``ctx``'s insertion point (runs its own ``parallel_for``):
+        a call of the shared library engine (:mod:`.gemm_engine`) when the operands are
+        dense, else the driver inline."""
+        from . import gemm_engine
+        if gemm_engine.fits(self):
+            gemm_engine.call(self, ctx)
+        else:
+            from .gemm_llvm import emit
+            emit(self, ctx)
 
     # ---- C -------------------------------------------------------------------------------------
     def emit_c(self, ctx) -> None:

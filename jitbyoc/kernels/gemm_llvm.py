@@ -24,6 +24,7 @@ from ..dtypes import dtype as lookup_dtype
 from ..lowering.llvm import declare
 from ..lowering.loops import I64, for_range
 from . import gemm_micro as mk
+from .gemm import SERIAL_MAX_MACS, _all_dims
 
 CHUNKS = 8  # chunks per batch item: enough to even out threads that get unequal CPU
 
@@ -54,9 +55,13 @@ def emit(g, ctx) -> None:
     extra = [b.zext(split_n, I64), parts, per_chunk, b.ptrtoint(counter, I64)]
     if g.serial():
         _task(g, ctx, I64(0), I64(1), extra)
-    else:
-        count = b.mul(ctx.product(g.batch), _ceil_div(b, parts, per_chunk))
-        ctx.parallel_for(count, lambda c, lo, hi, ex: _task(g, c, lo, hi, ex), extra)
+        return
+    count = b.mul(ctx.product(g.batch), _ceil_div(b, parts, per_chunk))
+    tasks = None
+    if not g.static():  # small at run time: one task, on the calling thread
+        macs = ctx.product(_all_dims(g))
+        tasks = b.select(b.icmp_signed("<", macs, I64(SERIAL_MAX_MACS)), mk.I32(1), mk.I32(0))
+    ctx.parallel_for(count, lambda c, lo, hi, ex: _task(g, c, lo, hi, ex), extra, tasks)
 
 
 def _task(g, c, _lo, _hi, extra) -> None:

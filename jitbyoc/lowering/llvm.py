@@ -96,37 +96,71 @@ class Ctx:
             value = self.b.zext(value, I8)
         self.b.store(value, self.element(buf, offset))
 
+    # ---- closures ------------------------------------------------------------------------------
+    def closure(self, extra=()) -> ir.Value:
+        """This ctx's buffer pointers and sizes, then ``extra`` (i64 values), packed in
+        i64 slots on the stack (valid while the current function runs); read them back
+        with :meth:`reopen`."""
+        b = self.b
+        slots = [b.ptrtoint(self.ptrs[x], I64) for x in self.ptrs] + [self.syms[s] for s in self.syms] + \
+            [self.i64(e) for e in extra]
+        with b.goto_block(b.function.entry_basic_block):  # a static alloca, even inside loops
+            data = b.alloca(I64, size=max(1, len(slots)))
+        for k, v in enumerate(slots):
+            b.store(v, b.gep(data, [I64(k)], source_etype=I64))
+        return data
+
+    def reopen(self, b: ir.IRBuilder, data) -> "Ctx":
+        """The ctx packed by :meth:`closure` at ``data``, for a function emitted with ``b``."""
+        n = len(self.ptrs) + len(self.syms)
+        vals = [b.load(b.gep(data, [I64(k)], source_etype=I64), typ=I64) for k in range(n)]
+        ptrs = {x: b.inttoptr(v, PTR) for x, v in zip(self.ptrs, vals)}
+        syms = dict(zip(self.syms, vals[len(self.ptrs):]))
+        return Ctx(self.module, b, self.name, ptrs, syms)
+
+    def _extra(self, b, data, count: int) -> list:
+        base = len(self.ptrs) + len(self.syms)
+        return [b.load(b.gep(data, [I64(base + k)], source_etype=I64), typ=I64) for k in range(count)]
+
+    def outline(self, kind: str, nargs: int, body) -> tuple[ir.Function, ir.Value]:
+        """An internal ``void fn(ptr env, i64 x nargs)`` whose body is ``body(ctx, args)``
+        (``ctx`` sees this ctx's buffers and sizes through ``env``), and the ``env`` to
+        call it with: how a library engine calls back into its region (epilogues)."""
+        module = self.module
+        fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR] + [I64] * nargs),
+                         f"{self.name}_{kind}{sum(1 for g in module.globals if f'_{kind}' in g)}")
+        fn.linkage = "internal"
+        env = self.closure()
+        cb = ir.IRBuilder(fn.append_basic_block("entry"))
+        child = self.reopen(cb, fn.args[0])
+        body(child, list(fn.args[1:]))
+        cb.ret_void()
+        return fn, env
+
     # ---- threads -------------------------------------------------------------------------------
-    def parallel_for(self, count, body, extra=()) -> None:
+    def parallel_for(self, count, body, extra=(), tasks=None) -> None:
         """Run ``body(ctx, lo, hi, extra)`` over [0, count) split across TVM's thread pool
         (``TVMBackendParallelLaunch``, which honours ``TVM_NUM_THREADS``). ``body`` emits
-        into an outlined function; ``extra`` are i64 values it needs from here."""
+        into an outlined function; ``extra`` are i64 values it needs from here. ``tasks``
+        (an i32 value; default 0, every thread) 1 runs the body on the calling thread."""
         b, module = self.b, self.module
-        bufs, syms = list(self.ptrs), list(self.syms)
-        slots = [b.ptrtoint(self.ptrs[x], I64) for x in bufs] + [self.syms[s] for s in syms] + \
-            [self.i64(count)] + [self.i64(e) for e in extra]
         fn = ir.Function(module, ir.FunctionType(I32, [I32, PTR, PTR]),
                          f"{self.name}_par{sum(1 for g in module.globals if '_par' in g)}")
         fn.linkage = "internal"
-        with b.goto_block(b.function.entry_basic_block):  # a static alloca, even inside loops
-            cdata = b.alloca(I64, size=len(slots))
-        for k, v in enumerate(slots):
-            b.store(v, b.gep(cdata, [I64(k)], source_etype=I64))
+        cdata = self.closure([count] + list(extra))
         launch = declare(module, "TVMBackendParallelLaunch", I32, [PTR, PTR, I32])
-        rc = b.call(launch, [fn, cdata, I32(0)])
+        rc = b.call(launch, [fn, cdata, I32(0) if tasks is None else tasks])
         with b.if_then(b.icmp_signed("!=", rc, I32(0)), likely=False):
             b.ret(I32(-1))
         task, penv, data = fn.args
         cb = ir.IRBuilder(fn.append_basic_block("entry"))
-        vals = [cb.load(cb.gep(data, [I64(k)], source_etype=I64), typ=I64) for k in range(len(slots))]
-        ptrs = {x: cb.inttoptr(v, PTR) for x, v in zip(bufs, vals)}
-        child = Ctx(module, cb, self.name, ptrs, dict(zip(syms, vals[len(bufs):])))
-        n = vals[len(bufs) + len(syms)]
+        child = self.reopen(cb, data)
+        n, *more = self._extra(cb, data, 1 + len(extra))
         num = cb.sext(cb.load(cb.gep(penv, [I64(8)], source_etype=I8), typ=I32), I64)
         t = cb.sext(task, I64)
         lo = cb.sdiv(cb.mul(n, t), num)
         hi = cb.sdiv(cb.mul(n, cb.add(t, I64(1))), num)
-        body(child, lo, hi, vals[len(bufs) + len(syms) + 1:])
+        body(child, lo, hi, more)
         cb.ret(I32(0))
 
     # ---- fused epilogues -------------------------------------------------------------------

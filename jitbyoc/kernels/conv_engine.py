@@ -1,0 +1,266 @@
+"""The direct convolution as a library engine (:mod:`jitbyoc.library`): one compiled
+engine per (dtype, lanes, J, V) serves every convolution planned with that register
+block; sizes, strides and the layout come as run-time values and two tables.
+
+1. *Pack*: each input channel is copied into the zero-padded planes of the plan's
+   :class:`~.conv_plan.Layout` (the *plane table*: per plane the input row/column shift
+   and the valid row/column ranges), so that every tap of the window reads a contiguous
+   run of the workspace (the *tap table*: per tap, its offset from the output pixel).
+2. *Compute*: a chunk of ``V * lanes`` consecutive grid pixels times ``J`` output
+   channels lives in ``J * V`` vector accumulators; per input channel and tap it costs
+   ``V`` vector loads, ``J`` broadcast weights and ``J * V`` FMAs. A finished chunk is
+   stored with masked vector stores (one per output row it touches; channels past the
+   last of a remainder block are masked off: they re-read the last channel's weights),
+   and a finished band of rows is handed to the region's epilogue callback
+   ``epi(env, image, oc0, channels, row0, rows)`` while it is in cache.
+
+Threads take (image, group, channel block, row band) tasks from a shared atomic counter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llvmlite import ir
+
+from .. import kir, library
+from ..dtypes import dtype as lookup_dtype
+from ..lowering.llvm import Ctx, declare
+from ..lowering.loops import I64, for_range
+
+I1, I8, I32 = ir.IntType(1), ir.IntType(8), ir.IntType(32)
+PTR = ir.PointerType()
+CALLBACK = ir.FunctionType(ir.VoidType(), [PTR] + [I64] * 5)
+NAMES = ("x", "w", "work", "out", "n", "c", "h", "wd", "k", "oh", "ow", "groups", "cg", "kg", "taps",
+         "wq", "plane", "chan", "img", "planes", "rows", "sh", "sw", "taptab", "planetab", "epi", "env")
+PLANE_FIELDS = 6  # row shift, column shift, first/last+1 valid plane row, first/last+1 valid column
+
+
+@library.kind
+@dataclass(frozen=True)
+class ConvEngine(library.Engine):
+    kind = "conv"
+    dtype: str
+    lanes: int
+    j: int
+    v: int
+
+    def emit(self, module: ir.Module, fn: ir.Function) -> None:
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        vals = dict(zip(NAMES, library.slots(b, fn.args[0], len(NAMES))))
+        bufs = {x: kir.Buffer(x, (), self.dtype) for x in NAMES[:4]}
+        ctx = Ctx(module, b, self.symbol, {bufs[x]: b.inttoptr(vals[x], PTR) for x in bufs},
+                  {k: v for k, v in vals.items() if k not in bufs})
+        _Emit(self, bufs).run(ctx)
+        b.ret(I32(0))
+
+
+def _smin(b, x, y):
+    return b.select(b.icmp_signed("<", x, y), x, y)
+
+
+def _ceil_div(b, x, y):
+    return b.sdiv(b.add(x, b.sub(y, I64(1))), y)
+
+
+def _splat(b, scalar, vt):
+    undef = ir.Constant(vt, ir.Undefined)
+    one = b.insert_element(undef, scalar, I32(0))
+    return b.shuffle_vector(one, undef, ir.Constant(ir.VectorType(I32, vt.count), None))
+
+
+class _Emit:
+    """The engine's body; ``c.syms`` holds the run-time sizes (see :data:`NAMES`)."""
+
+    def __init__(self, engine: ConvEngine, bufs: dict):
+        self.e, self.bufs = engine, bufs
+        self.elem = lookup_dtype(engine.dtype)
+        self.vt = ir.VectorType(self.elem.ir, engine.lanes)
+
+    def run(self, ctx) -> None:
+        s, b = ctx.syms, ctx.b
+        blocks = _ceil_div(b, s["kg"], I64(self.e.j))
+        bands = _ceil_div(b, s["oh"], s["rows"])
+        ctx.parallel_for(b.mul(s["n"], s["c"]), self.pack)
+        self.dynamic_for(ctx, b.mul(b.mul(s["n"], s["groups"]), b.mul(blocks, bands)), self.task)
+
+    # ---- 1. pack -------------------------------------------------------------------------------
+    def memset0(self, c, offset, count) -> None:
+        fn = declare(c.module, "llvm.memset.p0.i64", ir.VoidType(), [PTR, I8, I64, I1])
+        nbytes = c.b.mul(count, I64(self.elem.nbytes))
+        c.b.call(fn, [c.element(self.bufs["work"], offset), I8(0), nbytes, I1(0)])
+
+    def pack(self, c, lo, hi, _extra) -> None:
+        b, s, work, x = c.b, c.syms, self.bufs["work"], self.bufs["x"]
+        table = b.inttoptr(s["planetab"], PTR)
+        with for_range(b, hi, "t", start=lo) as t:
+            n, ch = b.sdiv(t, s["c"]), b.srem(t, s["c"])
+            src = b.mul(t, b.mul(s["h"], s["wd"]))  # (n * C + ch) * H * W
+            dst0 = b.add(b.mul(n, s["img"]), b.mul(ch, s["chan"]))
+            with for_range(b, s["planes"], "p") as p:
+                rshift, cshift, r_lo, r_hi, q_lo, q_hi = (
+                    b.load(b.gep(table, [b.add(b.mul(p, I64(PLANE_FIELDS)), I64(f))], source_etype=I64), typ=I64)
+                    for f in range(PLANE_FIELDS))
+                plane = b.add(dst0, b.mul(p, s["plane"]))
+                self.memset0(c, plane, b.mul(r_lo, s["wq"]))
+                end = b.mul(r_hi, s["wq"])
+                self.memset0(c, b.add(plane, end), b.sub(s["plane"], end))
+                with for_range(b, r_hi, "r", start=r_lo) as r:
+                    row = b.add(plane, b.mul(r, s["wq"]))
+                    self.memset0(c, row, q_lo)
+                    self.memset0(c, b.add(row, q_hi), b.sub(s["wq"], q_hi))
+                    srow = b.add(src, b.mul(b.add(b.mul(r, s["sh"]), rshift), s["wd"]))
+                    first = b.add(srow, b.add(b.mul(q_lo, s["sw"]), cshift))
+                    with b.if_else(b.icmp_signed("==", s["sw"], I64(1))) as (unit, strided):
+                        with unit:
+                            copy = declare(c.module, "llvm.memcpy.p0.p0.i64", ir.VoidType(), [PTR, PTR, I64, I1])
+                            count = b.mul(b.sub(q_hi, q_lo), I64(self.elem.nbytes))
+                            b.call(copy, [c.element(work, b.add(row, q_lo)), c.element(x, first), count, I1(0)])
+                        with strided:
+                            with for_range(b, q_hi, "q", start=q_lo) as q:
+                                col = b.add(first, b.mul(b.sub(q, q_lo), s["sw"]))
+                                c.store(work, b.add(row, q), c.load(x, col))
+            with b.if_then(b.icmp_signed("==", ch, b.sub(s["c"], I64(1)))):  # zero the slack
+                tail = b.add(b.mul(n, s["img"]), b.mul(s["c"], s["chan"]))
+                self.memset0(c, tail, b.sub(b.add(b.mul(n, s["img"]), s["img"]), tail))
+
+    # ---- 2. compute ----------------------------------------------------------------------------
+    def task(self, c, t) -> None:
+        b, s, e = c.b, c.syms, self.e
+        blocks = _ceil_div(b, s["kg"], I64(e.j))
+        bands = _ceil_div(b, s["oh"], s["rows"])
+        band, rest = b.srem(t, bands), b.sdiv(t, bands)
+        blk, rest = b.srem(rest, blocks), b.sdiv(rest, blocks)
+        grp, n = b.srem(rest, s["groups"]), b.sdiv(rest, s["groups"])
+        oc0 = b.add(b.mul(grp, s["kg"]), b.mul(blk, I64(e.j)))
+        jn = _smin(b, I64(e.j), b.sub(s["kg"], b.mul(blk, I64(e.j))))
+        r0 = b.mul(band, s["rows"])
+        r1 = _smin(b, b.add(r0, s["rows"]), s["oh"])
+        pstart = b.mul(r0, s["wq"])
+        pend = b.add(b.mul(b.sub(r1, I64(1)), s["wq"]), s["ow"])
+        span = I64(e.v * e.lanes)
+        xbase = b.add(b.mul(n, s["img"]), b.mul(grp, b.mul(s["cg"], s["chan"])))
+        ktaps = b.mul(s["cg"], s["taps"])
+        wrows = [b.mul(b.add(oc0, _smin(b, I64(j), b.sub(jn, I64(1)))), ktaps) for j in range(e.j)]
+        with b.goto_block(b.function.entry_basic_block):
+            accs = [b.alloca(self.vt) for _ in range(e.j * e.v)]
+        with for_range(b, _ceil_div(b, b.sub(pend, pstart), span), "chunk") as k:
+            p0 = b.add(pstart, b.mul(k, span))
+            self.accumulate(c, b.add(xbase, p0), wrows, accs)
+            self.store_chunk(c, n, oc0, jn, p0, r1, accs)
+        epi = b.inttoptr(s["epi"], ir.PointerType(CALLBACK))
+        b.call(epi, [b.inttoptr(s["env"], PTR), n, oc0, jn, r0, b.sub(r1, r0)])
+
+    def accumulate(self, c, xoff, wrows, accs) -> None:
+        """``accs[j*V + v] = sum over channels and taps`` for the chunk at ``xoff``."""
+        b, s, e, vt, elem = c.b, c.syms, self.e, self.vt, self.elem
+        fma = declare(c.module, f"llvm.fma.v{e.lanes}f{elem.bits}", vt, [vt, vt, vt])
+        taps = b.inttoptr(s["taptab"], PTR)
+        for a in accs:
+            b.store(ir.Constant(vt, None), a)
+        with for_range(b, s["cg"], "ic") as ic:
+            xp = c.element(self.bufs["work"], b.add(xoff, b.mul(ic, s["chan"])))
+            wps = [c.element(self.bufs["w"], b.add(w, b.mul(ic, s["taps"]))) for w in wrows]
+            with for_range(b, s["taps"], "tap") as t:
+                off = b.load(b.gep(taps, [t], source_etype=I64), typ=I64)
+                vals = [b.load(a, typ=vt) for a in accs]
+                xs = [b.load(b.gep(xp, [b.add(off, I64(v * e.lanes))], source_etype=elem.ir),
+                             typ=vt, align=elem.nbytes) for v in range(e.v)]
+                for j in range(e.j):
+                    wv = _splat(b, b.load(b.gep(wps[j], [t], source_etype=elem.ir), typ=elem.ir), vt)
+                    for v in range(e.v):
+                        vals[j * e.v + v] = b.call(fma, [xs[v], wv, vals[j * e.v + v]])
+                for a, val in zip(accs, vals):
+                    b.store(val, a)
+
+    def store_chunk(self, c, n, oc0, jn, p0, r1, accs) -> None:
+        """Store the chunk at grid pixel ``p0``: a vector of grid pixels covers parts of a
+        few output rows; one masked store per row keeps the lanes inside the row (no halo
+        columns), the band (rows < r1) and the block (channels < jn)."""
+        b, s, e, vt = c.b, c.syms, self.e, self.vt
+        lanes = e.lanes
+        it = ir.VectorType(I32, lanes)
+        iota = ir.Constant(it, list(range(lanes)))
+        touched = b.add(b.sdiv(b.add(s["wq"], I64(lanes - 2)), s["wq"]), I64(1))
+        store = declare(c.module, f"llvm.masked.store.v{lanes}f{self.elem.bits}.p0", ir.VoidType(),
+                        [vt, PTR, I32, ir.VectorType(I1, lanes)])
+        ow = _splat(b, b.trunc(s["ow"], I32), it)
+        for v in range(e.v):
+            q = b.add(p0, I64(v * lanes))
+            row0 = b.sdiv(q, s["wq"])
+            col0 = b.sub(q, b.mul(row0, s["wq"]))
+            with for_range(b, touched, "sr") as r:
+                row, shift = b.add(row0, r), b.sub(col0, b.mul(r, s["wq"]))
+                cols = b.add(iota, _splat(b, b.trunc(shift, I32), it))
+                inside = b.and_(b.icmp_signed(">=", cols, ir.Constant(it, None)), b.icmp_signed("<", cols, ow))
+                inside = b.and_(inside, _splat(b, b.icmp_signed("<", row, r1), ir.VectorType(I1, lanes)))
+                for j in range(e.j):
+                    live = _splat(b, b.icmp_signed("<", I64(j), jn), ir.VectorType(I1, lanes))
+                    chan = b.add(b.mul(n, s["k"]), b.add(oc0, I64(j)))
+                    at = b.add(b.mul(b.add(b.mul(chan, s["oh"]), row), s["ow"]), shift)
+                    # not inbounds: lane 0 may sit before the row; masked-off lanes are never touched
+                    ptr = b.gep(c.ptrs[self.bufs["out"]], [at], source_etype=vt.element)
+                    b.call(store, [b.load(accs[j * e.v + v], typ=vt), ptr, I32(self.elem.nbytes),
+                                   b.and_(inside, live)])
+
+    @staticmethod
+    def dynamic_for(ctx, count, body) -> None:
+        """``body(c, t)`` for every task t in [0, count) on the thread pool, each worker
+        claiming the next task from a shared atomic counter: a worker that the OS preempts
+        (a busy machine) then delays one task, not a fixed share of them."""
+        b = ctx.b
+        with b.goto_block(b.function.entry_basic_block):
+            counter = b.alloca(I64)
+        b.store(I64(0), counter)
+
+        def worker(c, _lo, _hi, extra):
+            cb = c.b
+            shared = cb.inttoptr(extra[0], PTR)
+            claim, work, done = (cb.append_basic_block(f"task.{k}") for k in ("claim", "run", "done"))
+            cb.branch(claim)
+            cb.position_at_end(claim)
+            t = cb.atomic_rmw("add", shared, I64(1), "monotonic")
+            cb.cbranch(cb.icmp_signed("<", t, extra[1]), work, done)
+            cb.position_at_end(work)
+            body(c, t)
+            cb.branch(claim)
+            cb.position_at_end(done)
+
+        ctx.parallel_for(count, worker, extra=[b.ptrtoint(counter, I64), count])
+
+
+# ---- the region's side -----------------------------------------------------------------------
+
+def _table(ctx, kind: str, values: list[int]) -> ir.Value:
+    """A constant i64 array in the region's module, as an i64 address."""
+    ty = ir.ArrayType(I64, max(1, len(values)))
+    g = ir.GlobalVariable(ctx.module, ty, f"{ctx.name}_{kind}{len(ctx.module.globals)}")
+    g.global_constant, g.linkage = True, "private"
+    g.initializer = ir.Constant(ty, values or [0])
+    return ctx.b.ptrtoint(g, I64)
+
+
+def call(stage, ctx) -> None:
+    """Emit the call of ``stage``'s (a :class:`~.conv2d.Conv2d`) engine, with its epilogue
+    outlined into a callback."""
+    from .conv_plan import plane_table, tap_table, workspace_size
+
+    g, plan, out = stage.geo, stage.plan, stage.out
+    engine = ConvEngine(out.dtype, plan.lanes, plan.j, plan.v)
+
+    def epilogue(c, args):
+        n, oc0, jn, r0, rows = args
+        if out.ndim == 3:
+            c.epilogue(stage, [n, oc0, I64(0)], [1, jn, g.ow])
+        else:
+            c.epilogue(stage, [n, oc0, r0, I64(0)], [1, jn, rows, g.ow])
+
+    epi, env = ctx.outline("epi", 5, epilogue)  # empty without an epilogue: the engine calls it
+    lay = plan.layout
+    (x, w), work = stage.inputs, stage.work
+    sizes = [ctx.dim(g.n), g.c, g.h, g.w, g.k, g.oh, g.ow, g.groups, g.cg, g.kg, g.taps, lay.wq,
+             lay.plane_size, lay.channel_size(), workspace_size(plan, out.dtype), lay.planes, plan.rows,
+             g.stride[0], g.stride[1]]
+    ptrs = [ctx.element(buf, I64(0)) for buf in (x, w, work, out)]
+    library.call(ctx, engine, ptrs + sizes + [_table(ctx, "taps", tap_table(plan)),
+                                              _table(ctx, "planes", plane_table(plan)), epi, env])

@@ -1,0 +1,104 @@
+"""The GEMM engine as a library engine (:mod:`jitbyoc.library`): one compiled product per
+(dtype, batch rank, unit-stride side of A, of B), sizes and strides given at run time.
+
+The engine is the same driver as an inline product (:mod:`.gemm_llvm`) emitted with every
+size symbolic; what must be static to pick packers and in-place reads (which stride of
+each operand is 1) is its template. The region passes pointers, sizes, strides, and its
+epilogue as a callback ``epi(env, batch item, m0, mc, n0, nc)`` made with
+:meth:`~jitbyoc.lowering.llvm.Ctx.outline`.
+
+Cost: edge tiles use the symbolic-size microkernel set (full, one row, one vector, and
+masked), where an inline product had one sized to its static remainder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llvmlite import ir
+
+from .. import kir, library
+from ..lowering.llvm import Ctx
+from .gemm import Gemm, Output, Strided, _dims, _is_one
+from .gemm_llvm import emit
+
+I64, PTR = ir.IntType(64), ir.PointerType()
+CALLBACK = ir.FunctionType(ir.VoidType(), [PTR] + [I64] * 5)
+
+
+def _unit(operand: Strided) -> str:
+    """Which stride of ``operand`` is statically 1: "x", "k", or "n" (neither)."""
+    return "x" if _is_one(operand.x) else "k" if _is_one(operand.k) else "n"
+
+
+@library.kind
+@dataclass(frozen=True)
+class GemmEngine(library.Engine):
+    kind = "gemm"
+    dtype: str
+    batch: int
+    a: str  # _unit of A
+    b: str  # _unit of B
+
+    def names(self) -> list[str]:
+        r = range(self.batch)
+        return (["a", "b", "c", "m", "n", "k"] + [f"ab{i}" for i in r] + ["ax", "ak"]
+                + [f"bb{i}" for i in r] + ["bx", "bk"] + [f"cb{i}" for i in r] + ["crow"]
+                + [f"d{i}" for i in r] + ["epi", "env"])
+
+    def emit(self, module: ir.Module, fn: ir.Function) -> None:
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        names = self.names()
+        vals = dict(zip(names, library.slots(b, fn.args[0], len(names))))
+        bufs = {x: kir.Buffer(x, (), self.dtype) for x in "abc"}
+        ctx = Ctx(module, b, self.symbol, {bufs[x]: b.inttoptr(vals[x], PTR) for x in "abc"},
+                  {k: v for k, v in vals.items() if k not in bufs})
+        r = range(self.batch)
+
+        def operand(x: str, unit: str) -> Strided:
+            return Strided(bufs[x], tuple(f"{x}b{i}" for i in r),
+                           1 if unit == "x" else f"{x}x", 1 if unit == "k" else f"{x}k")
+
+        g = Gemm("m", "n", "k", operand("a", self.a), operand("b", self.b),
+                 Output(bufs["c"], tuple(f"cb{i}" for i in r), "crow"), self.dtype,
+                 tuple(f"d{i}" for i in r), _callback)
+        emit(g, ctx)
+        b.ret(ir.Constant(ir.IntType(32), 0))
+
+
+def _callback(ctx, bidx, m0, mc, n0, nc) -> None:
+    """Call the region's epilogue (if any) on a finished block."""
+    b = ctx.b
+    epi = ctx.syms["epi"]
+    with b.if_then(b.icmp_unsigned("!=", epi, I64(0))):
+        flat = I64(0)
+        for i, index in enumerate(bidx):
+            flat = b.add(b.mul(flat, ctx.syms[f"d{i}"]), index)
+        fn = b.inttoptr(epi, ir.PointerType(CALLBACK))
+        b.call(fn, [b.inttoptr(ctx.syms["env"], PTR), flat, m0, mc, n0, nc])
+
+
+def fits(g: Gemm) -> bool:
+    """Whether ``g`` can run on the engine (dense operands, as every matmul has)."""
+    return isinstance(g.a, Strided) and isinstance(g.b, Strided)
+
+
+def call(g: Gemm, ctx) -> None:
+    """Emit a call of the engine for ``g`` at ``ctx``'s insertion point."""
+    engine = GemmEngine(g.dtype, len(g.batch), _unit(g.a), _unit(g.b))
+    size = lambda s: ctx.product(_dims(s))  # noqa: E731
+    if g.epilogue is None:
+        epi, env = I64(0), I64(0)
+    else:
+        def body(c, args):
+            flat, m0, mc, n0, nc = args
+            g.epilogue(c, c.unravel(flat, g.batch) if g.batch else [], m0, mc, n0, nc)
+        epi, env = ctx.outline("epi", 5, body)
+    slots = [ctx.element(g.a.buf, I64(0)), ctx.element(g.b.buf, I64(0)), ctx.element(g.c.buf, I64(0)),
+             size(g.m), size(g.n), size(g.k)]
+    r = len(g.batch)  # an operand may list more batch strides than the product has batch dims
+    slots += [size(s) for s in g.a.batch[:r]] + [size(g.a.x), size(g.a.k)]
+    slots += [size(s) for s in g.b.batch[:r]] + [size(g.b.x), size(g.b.k)]
+    slots += [size(s) for s in g.c.batch[:r]] + [size(g.c.row)]
+    slots += [ctx.dim(d) for d in g.batch] + [epi, env]
+    library.call(ctx, engine, slots)

@@ -1,0 +1,107 @@
+"""Library engines: heavy kernels compiled once per machine and shared by every region.
+
+A convolution or matrix product specialized to one layer's sizes is ~150 KB of LLVM IR
+and ~150 ms of LLVM time; ResNet-18 has 20 of them. A library engine takes its sizes,
+strides and tables at run time, so one compiled engine serves every layer with the same
+*template* (dtype, register blocking): ResNet-18 needs three conv engines and one GEMM.
+A region's own code is then glue: argument checks, fused epilogues (called back by the
+engine through a function pointer, see :meth:`jitbyoc.lowering.llvm.Ctx.outline`), and
+the call.
+
+An engine is a frozen dataclass registered with :func:`kind`; its fields are its
+template, and its symbol ``jitbyoc_lib_<kind>_<field values>`` names it completely, so
+a region's assembly (cached on disk) says which engines it needs (:func:`references`)
+and any process can rebuild them from the name (:func:`parse`). Engines are compiled
+and cached like regions (:mod:`jitbyoc.codegen`) and go into each build's runtime
+module once, next to the regions that call them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import fields
+from typing import ClassVar
+
+from llvmlite import ir
+
+PREFIX = "jitbyoc_lib_"
+KINDS: dict[str, type] = {}
+I32, I64, PTR = ir.IntType(32), ir.IntType(64), ir.PointerType()
+
+
+class Engine:
+    """Base of library engines (subclasses are frozen dataclasses of int/str fields)."""
+    kind: ClassVar[str]
+
+    @property
+    def symbol(self) -> str:
+        return PREFIX + "_".join([self.kind] + [str(getattr(self, f.name)) for f in fields(self)])
+
+    def signature(self) -> ir.FunctionType:
+        """``i32 engine(ptr params)``: params is an array of i64 slots; 0 or -1 (error set)."""
+        return ir.FunctionType(I32, [PTR])
+
+    def emit(self, module: ir.Module, fn: ir.Function) -> None:
+        raise NotImplementedError(f"{type(self).__name__} must define emit")
+
+
+def kind(cls):
+    """Class decorator registering an :class:`Engine` subclass under ``cls.kind``."""
+    assert "_" not in cls.kind, "engine kinds are single words (they are parsed from symbols)"
+    KINDS[cls.kind] = cls
+    return cls
+
+
+def parse(symbol: str) -> Engine:
+    """The engine named ``symbol`` (see :attr:`Engine.symbol`)."""
+    from .kernels import load_all
+
+    load_all()  # engines are defined next to the kernels that use them
+    name, *values = symbol[len(PREFIX):].split("_")
+    cls = KINDS[name]
+    return cls(*[int(v) if f.type in ("int", int) else v for f, v in zip(fields(cls), values)])
+
+
+def use(module: ir.Module, engine: Engine) -> ir.Function:
+    """Declare ``engine`` in a region's module; returns the function to call."""
+    found = module.globals.get(engine.symbol)
+    return found if found is not None else ir.Function(module, engine.signature(), engine.symbol)
+
+
+def call(ctx, engine: Engine, slots: list) -> None:
+    """Call ``engine`` with ``slots`` (i64 values or ints) from ``ctx``; an error return
+    (TVM's error already set) returns -1 from the region at once."""
+    b = ctx.b
+    with b.goto_block(b.function.entry_basic_block):
+        params = b.alloca(I64, size=len(slots))
+    for k, v in enumerate(slots):
+        b.store(ctx.i64(v) if not isinstance(v, ir.Value) or v.type == I64 else b.ptrtoint(v, I64),
+                b.gep(params, [I64(k)], source_etype=I64))
+    rc = b.call(use(ctx.module, engine), [params])
+    with b.if_then(b.icmp_signed("!=", rc, I32(0)), likely=False):
+        b.ret(I32(-1))
+
+
+def slots(b: ir.IRBuilder, params, count: int) -> list:
+    """The first ``count`` i64 slots of an engine's ``params``."""
+    return [b.load(b.gep(params, [I64(k)], source_etype=I64), typ=I64) for k in range(count)]
+
+
+def ir_text(engine: Engine, triple: str, data_layout: str) -> str:
+    module = ir.Module(name=engine.symbol)
+    module.triple, module.data_layout = triple, data_layout
+    engine.emit(module, ir.Function(module, engine.signature(), engine.symbol))
+    return str(module)
+
+
+_REFERENCE = re.compile(re.escape(PREFIX) + r"[A-Za-z0-9_]+")
+
+
+def used_by(module: ir.Module) -> set[str]:
+    """Engines a rendered region module declares."""
+    return {name for name in module.globals if name.startswith(PREFIX)}
+
+
+def references(asm: str) -> set[str]:
+    """Engines a region's assembly calls."""
+    return set(_REFERENCE.findall(asm))
