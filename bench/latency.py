@@ -86,6 +86,7 @@ def _cold(mod, engines_cached: set[str]) -> tuple[float, dict]:
     """A build with an empty compile cache, or one holding only ``engines_cached``."""
     with tempfile.TemporaryDirectory() as tmp:
         cache.configure(path=tmp)
+        _forget()
         codegen.engine_asm(engines_cached)  # compiled into the fresh directory
         _forget()
         return _timed_build(mod)
