@@ -24,6 +24,9 @@ from typing import ClassVar
 
 from llvmlite import ir
 
+from . import kir
+from .lowering.llvm import Ctx, load_slots, pack_slots
+
 PREFIX = "jitbyoc_lib_"
 KINDS: dict[str, type] = {}
 I32, I64, PTR = ir.IntType(32), ir.IntType(64), ir.PointerType()
@@ -72,19 +75,29 @@ def call(ctx, engine: Engine, slots: list) -> None:
     """Call ``engine`` with ``slots`` (i64 values or ints) from ``ctx``; an error return
     (TVM's error already set) returns -1 from the region at once."""
     b = ctx.b
-    with b.goto_block(b.function.entry_basic_block):
-        params = b.alloca(I64, size=len(slots))
-    for k, v in enumerate(slots):
-        b.store(ctx.i64(v) if not isinstance(v, ir.Value) or v.type == I64 else b.ptrtoint(v, I64),
-                b.gep(params, [I64(k)], source_etype=I64))
-    rc = b.call(use(ctx.module, engine), [params])
+    rc = b.call(use(ctx.module, engine), [pack_slots(b, slots)])
     with b.if_then(b.icmp_signed("!=", rc, I32(0)), likely=False):
         b.ret(I32(-1))
 
 
-def slots(b: ir.IRBuilder, params, count: int) -> list:
-    """The first ``count`` i64 slots of an engine's ``params``."""
-    return [b.load(b.gep(params, [I64(k)], source_etype=I64), typ=I64) for k in range(count)]
+def open_params(engine: Engine, module: ir.Module, fn: ir.Function, names, buffers, dtype: str):
+    """The emit context of an ``i32 engine(ptr params)``: slot ``i`` of ``params`` is
+    ``names[i]``; the names in ``buffers`` are pointers to ``dtype`` buffers (returned as
+    ``kir.Buffer`` objects), the rest are sizes (``ctx.syms``)."""
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    vals = dict(zip(names, load_slots(b, fn.args[0], len(names))))
+    bufs = {x: kir.Buffer(x, (), dtype) for x in buffers}
+    ctx = Ctx(module, b, engine.symbol, {bufs[x]: b.inttoptr(vals[x], PTR) for x in bufs},
+              {k: v for k, v in vals.items() if k not in bufs})
+    return ctx, bufs
+
+
+CALLBACK = ir.FunctionType(ir.VoidType(), [PTR] + [I64] * 5)  # made by Ctx.outline("...", 5, body)
+
+
+def call_back(b: ir.IRBuilder, fn, env, args: list) -> None:
+    """Call a region's callback ``fn`` (an i64 address) with its ``env`` and five i64 ``args``."""
+    b.call(b.inttoptr(fn, ir.PointerType(CALLBACK)), [b.inttoptr(env, PTR)] + list(args))
 
 
 def ir_text(engine: Engine, triple: str, data_layout: str) -> str:

@@ -12,7 +12,7 @@ import tvm
 from tvm import relax
 
 import jitbyoc
-from jitbyoc import codegen, kir, runtime
+from jitbyoc import codegen, kir
 from jitbyoc.ops import OPS
 
 RELAX_ROWS = sorted(name for name, row in OPS.items() if row.relax)

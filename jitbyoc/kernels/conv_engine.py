@@ -23,14 +23,15 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
-from .. import kir, library
+from .. import library
 from ..dtypes import dtype as lookup_dtype
-from ..lowering.llvm import Ctx, declare
-from ..lowering.loops import I64, for_range
+from ..lowering.llvm import declare
+from ..lowering.loops import I64, ceil_div, for_range, smin
+from .conv_plan import plane_table, tap_table, workspace_size
+from .gemm_micro import splat
 
 I1, I8, I32 = ir.IntType(1), ir.IntType(8), ir.IntType(32)
 PTR = ir.PointerType()
-CALLBACK = ir.FunctionType(ir.VoidType(), [PTR] + [I64] * 5)
 NAMES = ("x", "w", "work", "out", "n", "c", "h", "wd", "k", "oh", "ow", "groups", "cg", "kg", "taps",
          "wq", "plane", "chan", "img", "planes", "rows", "sh", "sw", "taptab", "planetab", "epi", "env")
 PLANE_FIELDS = 6  # row shift, column shift, first/last+1 valid plane row, first/last+1 valid column
@@ -46,27 +47,9 @@ class ConvEngine(library.Engine):
     v: int
 
     def emit(self, module: ir.Module, fn: ir.Function) -> None:
-        b = ir.IRBuilder(fn.append_basic_block("entry"))
-        vals = dict(zip(NAMES, library.slots(b, fn.args[0], len(NAMES))))
-        bufs = {x: kir.Buffer(x, (), self.dtype) for x in NAMES[:4]}
-        ctx = Ctx(module, b, self.symbol, {bufs[x]: b.inttoptr(vals[x], PTR) for x in bufs},
-                  {k: v for k, v in vals.items() if k not in bufs})
+        ctx, bufs = library.open_params(self, module, fn, NAMES, NAMES[:4], self.dtype)
         _Emit(self, bufs).run(ctx)
-        b.ret(I32(0))
-
-
-def _smin(b, x, y):
-    return b.select(b.icmp_signed("<", x, y), x, y)
-
-
-def _ceil_div(b, x, y):
-    return b.sdiv(b.add(x, b.sub(y, I64(1))), y)
-
-
-def _splat(b, scalar, vt):
-    undef = ir.Constant(vt, ir.Undefined)
-    one = b.insert_element(undef, scalar, I32(0))
-    return b.shuffle_vector(one, undef, ir.Constant(ir.VectorType(I32, vt.count), None))
+        ctx.b.ret(I32(0))
 
 
 class _Emit:
@@ -79,8 +62,8 @@ class _Emit:
 
     def run(self, ctx) -> None:
         s, b = ctx.syms, ctx.b
-        blocks = _ceil_div(b, s["kg"], I64(self.e.j))
-        bands = _ceil_div(b, s["oh"], s["rows"])
+        blocks = ceil_div(b, s["kg"], I64(self.e.j))
+        bands = ceil_div(b, s["oh"], s["rows"])
         ctx.parallel_for(b.mul(s["n"], s["c"]), self.pack)
         self.dynamic_for(ctx, b.mul(b.mul(s["n"], s["groups"]), b.mul(blocks, bands)), self.task)
 
@@ -127,29 +110,28 @@ class _Emit:
     # ---- 2. compute ----------------------------------------------------------------------------
     def task(self, c, t) -> None:
         b, s, e = c.b, c.syms, self.e
-        blocks = _ceil_div(b, s["kg"], I64(e.j))
-        bands = _ceil_div(b, s["oh"], s["rows"])
+        blocks = ceil_div(b, s["kg"], I64(e.j))
+        bands = ceil_div(b, s["oh"], s["rows"])
         band, rest = b.srem(t, bands), b.sdiv(t, bands)
         blk, rest = b.srem(rest, blocks), b.sdiv(rest, blocks)
         grp, n = b.srem(rest, s["groups"]), b.sdiv(rest, s["groups"])
         oc0 = b.add(b.mul(grp, s["kg"]), b.mul(blk, I64(e.j)))
-        jn = _smin(b, I64(e.j), b.sub(s["kg"], b.mul(blk, I64(e.j))))
+        jn = smin(b, I64(e.j), b.sub(s["kg"], b.mul(blk, I64(e.j))))
         r0 = b.mul(band, s["rows"])
-        r1 = _smin(b, b.add(r0, s["rows"]), s["oh"])
+        r1 = smin(b, b.add(r0, s["rows"]), s["oh"])
         pstart = b.mul(r0, s["wq"])
         pend = b.add(b.mul(b.sub(r1, I64(1)), s["wq"]), s["ow"])
         span = I64(e.v * e.lanes)
         xbase = b.add(b.mul(n, s["img"]), b.mul(grp, b.mul(s["cg"], s["chan"])))
         ktaps = b.mul(s["cg"], s["taps"])
-        wrows = [b.mul(b.add(oc0, _smin(b, I64(j), b.sub(jn, I64(1)))), ktaps) for j in range(e.j)]
+        wrows = [b.mul(b.add(oc0, smin(b, I64(j), b.sub(jn, I64(1)))), ktaps) for j in range(e.j)]
         with b.goto_block(b.function.entry_basic_block):
             accs = [b.alloca(self.vt) for _ in range(e.j * e.v)]
-        with for_range(b, _ceil_div(b, b.sub(pend, pstart), span), "chunk") as k:
+        with for_range(b, ceil_div(b, b.sub(pend, pstart), span), "chunk") as k:
             p0 = b.add(pstart, b.mul(k, span))
             self.accumulate(c, b.add(xbase, p0), wrows, accs)
             self.store_chunk(c, n, oc0, jn, p0, r1, accs)
-        epi = b.inttoptr(s["epi"], ir.PointerType(CALLBACK))
-        b.call(epi, [b.inttoptr(s["env"], PTR), n, oc0, jn, r0, b.sub(r1, r0)])
+        library.call_back(b, s["epi"], s["env"], [n, oc0, jn, r0, b.sub(r1, r0)])
 
     def accumulate(self, c, xoff, wrows, accs) -> None:
         """``accs[j*V + v] = sum over channels and taps`` for the chunk at ``xoff``."""
@@ -167,7 +149,7 @@ class _Emit:
                 xs = [b.load(b.gep(xp, [b.add(off, I64(v * e.lanes))], source_etype=elem.ir),
                              typ=vt, align=elem.nbytes) for v in range(e.v)]
                 for j in range(e.j):
-                    wv = _splat(b, b.load(b.gep(wps[j], [t], source_etype=elem.ir), typ=elem.ir), vt)
+                    wv = splat(b, b.load(b.gep(wps[j], [t], source_etype=elem.ir), typ=elem.ir), e.lanes)
                     for v in range(e.v):
                         vals[j * e.v + v] = b.call(fma, [xs[v], wv, vals[j * e.v + v]])
                 for a, val in zip(accs, vals):
@@ -184,18 +166,18 @@ class _Emit:
         touched = b.add(b.sdiv(b.add(s["wq"], I64(lanes - 2)), s["wq"]), I64(1))
         store = declare(c.module, f"llvm.masked.store.v{lanes}f{self.elem.bits}.p0", ir.VoidType(),
                         [vt, PTR, I32, ir.VectorType(I1, lanes)])
-        ow = _splat(b, b.trunc(s["ow"], I32), it)
+        ow = splat(b, b.trunc(s["ow"], I32), lanes)
         for v in range(e.v):
             q = b.add(p0, I64(v * lanes))
             row0 = b.sdiv(q, s["wq"])
             col0 = b.sub(q, b.mul(row0, s["wq"]))
             with for_range(b, touched, "sr") as r:
                 row, shift = b.add(row0, r), b.sub(col0, b.mul(r, s["wq"]))
-                cols = b.add(iota, _splat(b, b.trunc(shift, I32), it))
+                cols = b.add(iota, splat(b, b.trunc(shift, I32), lanes))
                 inside = b.and_(b.icmp_signed(">=", cols, ir.Constant(it, None)), b.icmp_signed("<", cols, ow))
-                inside = b.and_(inside, _splat(b, b.icmp_signed("<", row, r1), ir.VectorType(I1, lanes)))
+                inside = b.and_(inside, splat(b, b.icmp_signed("<", row, r1), lanes))
                 for j in range(e.j):
-                    live = _splat(b, b.icmp_signed("<", I64(j), jn), ir.VectorType(I1, lanes))
+                    live = splat(b, b.icmp_signed("<", I64(j), jn), lanes)
                     chan = b.add(b.mul(n, s["k"]), b.add(oc0, I64(j)))
                     at = b.add(b.mul(b.add(b.mul(chan, s["oh"]), row), s["ow"]), shift)
                     # not inbounds: lane 0 may sit before the row; masked-off lanes are never touched
@@ -243,8 +225,6 @@ def _table(ctx, kind: str, values: list[int]) -> ir.Value:
 def call(stage, ctx) -> None:
     """Emit the call of ``stage``'s (a :class:`~.conv2d.Conv2d`) engine, with its epilogue
     outlined into a callback."""
-    from .conv_plan import plane_table, tap_table, workspace_size
-
     g, plan, out = stage.geo, stage.plan, stage.out
     engine = ConvEngine(out.dtype, plan.lanes, plan.j, plan.v)
 

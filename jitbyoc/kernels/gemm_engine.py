@@ -17,13 +17,11 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
-from .. import kir, library
-from ..lowering.llvm import Ctx
+from .. import library
 from .gemm import Gemm, Output, Strided, _dims, _is_one
 from .gemm_llvm import emit
 
-I64, PTR = ir.IntType(64), ir.PointerType()
-CALLBACK = ir.FunctionType(ir.VoidType(), [PTR] + [I64] * 5)
+I64 = ir.IntType(64)
 
 
 def _unit(operand: Strided) -> str:
@@ -47,12 +45,7 @@ class GemmEngine(library.Engine):
                 + [f"d{i}" for i in r] + ["epi", "env"])
 
     def emit(self, module: ir.Module, fn: ir.Function) -> None:
-        b = ir.IRBuilder(fn.append_basic_block("entry"))
-        names = self.names()
-        vals = dict(zip(names, library.slots(b, fn.args[0], len(names))))
-        bufs = {x: kir.Buffer(x, (), self.dtype) for x in "abc"}
-        ctx = Ctx(module, b, self.symbol, {bufs[x]: b.inttoptr(vals[x], PTR) for x in "abc"},
-                  {k: v for k, v in vals.items() if k not in bufs})
+        ctx, bufs = library.open_params(self, module, fn, self.names(), "abc", self.dtype)
         r = range(self.batch)
 
         def operand(x: str, unit: str) -> Strided:
@@ -63,7 +56,7 @@ class GemmEngine(library.Engine):
                  Output(bufs["c"], tuple(f"cb{i}" for i in r), "crow"), self.dtype,
                  tuple(f"d{i}" for i in r), _callback)
         emit(g, ctx)
-        b.ret(ir.Constant(ir.IntType(32), 0))
+        ctx.b.ret(ir.Constant(ir.IntType(32), 0))
 
 
 def _callback(ctx, bidx, m0, mc, n0, nc) -> None:
@@ -74,8 +67,7 @@ def _callback(ctx, bidx, m0, mc, n0, nc) -> None:
         flat = I64(0)
         for i, index in enumerate(bidx):
             flat = b.add(b.mul(flat, ctx.syms[f"d{i}"]), index)
-        fn = b.inttoptr(epi, ir.PointerType(CALLBACK))
-        b.call(fn, [b.inttoptr(ctx.syms["env"], PTR), flat, m0, mc, n0, nc])
+        library.call_back(b, epi, ctx.syms["env"], [flat, m0, mc, n0, nc])
 
 
 def fits(g: Gemm) -> bool:

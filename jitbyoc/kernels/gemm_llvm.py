@@ -22,19 +22,11 @@ from llvmlite import ir
 
 from ..dtypes import dtype as lookup_dtype
 from ..lowering.llvm import declare
-from ..lowering.loops import I64, for_range
+from ..lowering.loops import I64, ceil_div, for_range, smin
 from . import gemm_micro as mk
 from .gemm import SERIAL_MAX_MACS, _all_dims
 
 CHUNKS = 8  # chunks per batch item: enough to even out threads that get unequal CPU
-
-
-def _ceil_div(b, x, y):
-    return b.sdiv(b.add(x, b.sub(y, I64(1))), y)
-
-
-def _min(b, x, y):
-    return b.select(b.icmp_signed("<", x, y), x, y)
 
 
 def _size(ctx, dims) -> ir.Value:
@@ -47,8 +39,8 @@ def emit(g, ctx) -> None:
     m, n = _size(ctx, g.m), _size(ctx, g.n)
     # split the larger side: the other operand is then the one each chunk re-reads
     split_n = b.icmp_signed(">=", n, m)
-    parts = b.select(split_n, _ceil_div(b, n, I64(g.nr)), _ceil_div(b, m, I64(blk.mr)))
-    per_chunk = _ceil_div(b, parts, I64(CHUNKS))
+    parts = b.select(split_n, ceil_div(b, n, I64(g.nr)), ceil_div(b, m, I64(blk.mr)))
+    per_chunk = ceil_div(b, parts, I64(CHUNKS))
     with b.goto_block(b.function.entry_basic_block):  # a static alloca, even inside loops
         counter = b.alloca(I64)
     b.store(I64(0), counter)
@@ -56,7 +48,7 @@ def emit(g, ctx) -> None:
     if g.serial():
         _task(g, ctx, I64(0), I64(1), extra)
         return
-    count = b.mul(ctx.product(g.batch), _ceil_div(b, parts, per_chunk))
+    count = b.mul(ctx.product(g.batch), ceil_div(b, parts, per_chunk))
     tasks = None
     if not g.static():  # small at run time: one task, on the calling thread
         macs = ctx.product(_all_dims(g))
@@ -70,15 +62,15 @@ def _task(g, c, _lo, _hi, extra) -> None:
     split_n, parts, per_chunk = b.trunc(extra[0], ir.IntType(1)), extra[1], extra[2]
     counter = b.inttoptr(extra[3], mk.PTR)
     m, n, k = _size(c, g.m), _size(c, g.n), _size(c, g.k)
-    kblocks = b.select(b.icmp_signed(">", k, I64(0)), _ceil_div(b, k, I64(blk.kc)), I64(1))
-    kcb = _ceil_div(b, k, kblocks)
+    kblocks = b.select(b.icmp_signed(">", k, I64(0)), ceil_div(b, k, I64(blk.kc)), I64(1))
+    kcb = ceil_div(b, k, kblocks)
     direct = hasattr(g.a, "direct_llvm")
     b_direct = _b_in_place(g)
-    mcap = _min(b, I64(blk.mc), b.mul(_ceil_div(b, m, I64(blk.mr)), I64(blk.mr)))
-    ncap = _min(b, I64(blk.nc), b.mul(_ceil_div(b, n, I64(g.nr)), I64(g.nr)))
+    mcap = smin(b, I64(blk.mc), b.mul(ceil_div(b, m, I64(blk.mr)), I64(blk.mr)))
+    ncap = smin(b, I64(blk.nc), b.mul(ceil_div(b, n, I64(g.nr)), I64(g.nr)))
     ap = None if direct else _alloc(g, c, b.mul(mcap, kcb))
     bp = None if b_direct else _alloc(g, c, b.mul(ncap, kcb))
-    per_item = _ceil_div(b, parts, per_chunk)
+    per_item = ceil_div(b, parts, per_chunk)
     total = b.mul(c.product(g.batch), per_item)
     take, body, done = (b.append_basic_block(f"chunk.{s}") for s in ("take", "body", "done"))
     b.branch(take)
@@ -88,9 +80,9 @@ def _task(g, c, _lo, _hi, extra) -> None:
     b.position_at_end(body)
     item = b.sdiv(chunk, per_item)
     p_lo = b.mul(b.srem(chunk, per_item), per_chunk)
-    p_hi = _min(b, b.add(p_lo, per_chunk), parts)
-    rows = (_min(b, b.mul(p_lo, I64(blk.mr)), m), _min(b, b.mul(p_hi, I64(blk.mr)), m))
-    cols = (_min(b, b.mul(p_lo, I64(g.nr)), n), _min(b, b.mul(p_hi, I64(g.nr)), n))
+    p_hi = smin(b, b.add(p_lo, per_chunk), parts)
+    rows = (smin(b, b.mul(p_lo, I64(blk.mr)), m), smin(b, b.mul(p_hi, I64(blk.mr)), m))
+    cols = (smin(b, b.mul(p_lo, I64(g.nr)), n), smin(b, b.mul(p_hi, I64(g.nr)), n))
     mrange = (b.select(split_n, I64(0), rows[0]), b.select(split_n, m, rows[1]))
     nrange = (b.select(split_n, cols[0], I64(0)), b.select(split_n, cols[1], n))
     bidx = c.unravel(item, g.batch) if g.batch else []
@@ -109,14 +101,14 @@ def _blocks(g, c, bidx, mrange, nrange, kplan, ap, bp) -> None:
     kblocks, kcb = kplan
     rows = b.sub(mrange[1], mrange[0])
     # A read in place needs no M blocking: B is then packed once per (KC, NC) block
-    mb = I64(1) if ap is None else _ceil_div(b, rows, I64(blk.mc))
-    mcb = b.mul(_ceil_div(b, _ceil_div(b, rows, mb), I64(blk.mr)), I64(blk.mr))
+    mb = I64(1) if ap is None else ceil_div(b, rows, I64(blk.mc))
+    mcb = b.mul(ceil_div(b, ceil_div(b, rows, mb), I64(blk.mr)), I64(blk.mr))
     with for_range(b, mb, "gi") as ib:
         ic = b.add(mrange[0], b.mul(ib, mcb))
-        mc = _min(b, mcb, b.sub(mrange[1], ic))
+        mc = smin(b, mcb, b.sub(mrange[1], ic))
         with for_range(b, kblocks, "gp") as pb:
             pc = b.mul(pb, kcb)
-            kc = _min(b, kcb, b.sub(k, pc))
+            kc = smin(b, kcb, b.sub(k, pc))
             if ap is not None:
                 _pack(g, c, g.a, ap, bidx, ic, mc, pc, kc, blk.mr)
             last = b.icmp_signed("==", pb, b.sub(kblocks, I64(1)))
@@ -127,8 +119,8 @@ def _columns(g, c, bidx, mblock, kblock, nrange, ap, bp) -> None:
     b, blk, dt = c.b, g.blocking, g.dtype
     (ic, mc), (pc, kc, last) = mblock, kblock
     cols = b.sub(nrange[1], nrange[0])
-    nb = _ceil_div(b, cols, I64(blk.nc))
-    ncb = b.mul(_ceil_div(b, _ceil_div(b, cols, nb), I64(g.nr)), I64(g.nr))
+    nb = ceil_div(b, cols, I64(blk.nc))
+    ncb = b.mul(ceil_div(b, ceil_div(b, cols, nb), I64(g.nr)), I64(g.nr))
     ldc = c.product(g.c.row if isinstance(g.c.row, tuple) else (g.c.row,))
     accumulate = b.icmp_signed(">", pc, I64(0))
     if ap is None:
@@ -139,22 +131,22 @@ def _columns(g, c, bidx, mblock, kblock, nrange, ap, bp) -> None:
         bbase = mk.gep(b, bbase, b.mul(pc, bks), dt)
     with for_range(b, nb, "gj") as jb:
         jc = b.add(nrange[0], b.mul(jb, ncb))
-        nc = _min(b, ncb, b.sub(nrange[1], jc))
+        nc = smin(b, ncb, b.sub(nrange[1], jc))
         if bp is not None:
             _pack(g, c, g.b, bp, bidx, jc, nc, pc, kc, g.nr)
-        with for_range(b, _ceil_div(b, mc, I64(blk.mr)), "gr") as ir_:
+        with for_range(b, ceil_div(b, mc, I64(blk.mr)), "gr") as ir_:
             i0 = b.mul(ir_, I64(blk.mr))
-            mv = _min(b, I64(blk.mr), b.sub(mc, i0))
+            mv = smin(b, I64(blk.mr), b.sub(mc, i0))
             if ap is None:
                 a = (mk.gep(b, abase, b.mul(i0, axs), dt), axs, aks)
             else:
                 a = (mk.gep(b, ap, b.mul(i0, kc), dt), I64(1), I64(blk.mr))
-            with for_range(b, _ceil_div(b, nc, I64(g.nr)), "gc") as jr:
+            with for_range(b, ceil_div(b, nc, I64(g.nr)), "gc") as jr:
                 j0 = b.mul(jr, I64(g.nr))
                 out = c.element(g.c.buf, g.c.offset_llvm(c, bidx, b.add(ic, i0), b.add(jc, j0)))
                 bt = (mk.gep(b, bp, b.mul(j0, kc), dt), I64(g.nr)) if bp is not None else \
                     (mk.gep(b, bbase, b.add(jc, j0), dt), bks)
-                _micro(g, c, [*a, *bt, kc, out, ldc, mv, _min(b, I64(g.nr), b.sub(nc, j0)), accumulate],
+                _micro(g, c, [*a, *bt, kc, out, ldc, mv, smin(b, I64(g.nr), b.sub(nc, j0)), accumulate],
                        bp is None)
             if g.epilogue is not None:
                 with b.if_then(last):
@@ -184,7 +176,7 @@ def _micro(g, c, args, in_place: bool) -> None:
     B read in place is read with masks at edges (a packed panel is zero-padded)."""
     b, blk, dt, vl = c.b, g.blocking, g.dtype, mk.lanes(g.dtype)
     mv, nvalid = args[8], args[9]
-    nvec = _ceil_div(b, nvalid, I64(vl))
+    nvec = ceil_div(b, nvalid, I64(vl))
     rows = sorted({blk.mr, *_edges(g.m, blk.mr)})
     col_edges = _edges(g.n, g.nr)
     cols = sorted({blk.nv, *(-(-e // vl) for e in col_edges)})
@@ -210,10 +202,10 @@ def _micro(g, c, args, in_place: bool) -> None:
 def _pack(g, c, operand, dst, bidx, x0, nx, k0, kc, width) -> None:
     """Pack ``nx`` rows (A) or columns (B) from ``x0`` into ``width``-wide panels."""
     b = c.b
-    with for_range(b, _ceil_div(b, nx, I64(width)), "gq") as q:
+    with for_range(b, ceil_div(b, nx, I64(width)), "gq") as q:
         r0 = b.mul(q, I64(width))
         operand.pack_llvm(c, mk.gep(b, dst, b.mul(r0, kc), g.dtype), bidx, b.add(x0, r0),
-                          _min(b, I64(width), b.sub(nx, r0)), k0, kc, width)
+                          smin(b, I64(width), b.sub(nx, r0)), k0, kc, width)
 
 
 def _alloc(g, c, elements):

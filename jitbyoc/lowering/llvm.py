@@ -54,6 +54,22 @@ class Emitter:
         return self.b.icmp_unsigned("!=", raw, ir.Constant(I8, 0)) if dt == "bool" else raw
 
 
+def pack_slots(b: ir.IRBuilder, values) -> ir.Value:
+    """``values`` (i64 values, ints or pointers) stored in i64 slots of a static stack
+    array (valid while the current function runs); read back with :func:`load_slots`."""
+    with b.goto_block(b.function.entry_basic_block):  # a static alloca, even inside loops
+        data = b.alloca(I64, size=max(1, len(values)))
+    for k, v in enumerate(values):
+        v = ir.Constant(I64, v) if not isinstance(v, ir.Value) else v if v.type == I64 else b.ptrtoint(v, I64)
+        b.store(v, b.gep(data, [I64(k)], source_etype=I64))
+    return data
+
+
+def load_slots(b: ir.IRBuilder, data, count: int, start: int = 0) -> list:
+    """Slots ``start .. start + count`` of an array made by :func:`pack_slots`."""
+    return [b.load(b.gep(data, [I64(k)], source_etype=I64), typ=I64) for k in range(start, start + count)]
+
+
 def product(b: ir.IRBuilder, dims, syms: dict):
     """The product of ``dims`` (ints and symbolic names) as an i64 value."""
     static = reduce(lambda x, y: x * y, (d for d in dims if isinstance(d, int)), 1)
@@ -101,26 +117,14 @@ class Ctx:
         """This ctx's buffer pointers and sizes, then ``extra`` (i64 values), packed in
         i64 slots on the stack (valid while the current function runs); read them back
         with :meth:`reopen`."""
-        b = self.b
-        slots = [b.ptrtoint(self.ptrs[x], I64) for x in self.ptrs] + [self.syms[s] for s in self.syms] + \
-            [self.i64(e) for e in extra]
-        with b.goto_block(b.function.entry_basic_block):  # a static alloca, even inside loops
-            data = b.alloca(I64, size=max(1, len(slots)))
-        for k, v in enumerate(slots):
-            b.store(v, b.gep(data, [I64(k)], source_etype=I64))
-        return data
+        return pack_slots(self.b, list(self.ptrs.values()) + list(self.syms.values()) + list(extra))
 
     def reopen(self, b: ir.IRBuilder, data) -> "Ctx":
         """The ctx packed by :meth:`closure` at ``data``, for a function emitted with ``b``."""
-        n = len(self.ptrs) + len(self.syms)
-        vals = [b.load(b.gep(data, [I64(k)], source_etype=I64), typ=I64) for k in range(n)]
+        vals = load_slots(b, data, len(self.ptrs) + len(self.syms))
         ptrs = {x: b.inttoptr(v, PTR) for x, v in zip(self.ptrs, vals)}
         syms = dict(zip(self.syms, vals[len(self.ptrs):]))
         return Ctx(self.module, b, self.name, ptrs, syms)
-
-    def _extra(self, b, data, count: int) -> list:
-        base = len(self.ptrs) + len(self.syms)
-        return [b.load(b.gep(data, [I64(base + k)], source_etype=I64), typ=I64) for k in range(count)]
 
     def outline(self, kind: str, nargs: int, body) -> tuple[ir.Function, ir.Value]:
         """An internal ``void fn(ptr env, i64 x nargs)`` whose body is ``body(ctx, args)``
@@ -155,7 +159,7 @@ class Ctx:
         task, penv, data = fn.args
         cb = ir.IRBuilder(fn.append_basic_block("entry"))
         child = self.reopen(cb, data)
-        n, *more = self._extra(cb, data, 1 + len(extra))
+        n, *more = load_slots(cb, data, 1 + len(extra), len(self.ptrs) + len(self.syms))
         num = cb.sext(cb.load(cb.gep(penv, [I64(8)], source_etype=I8), typ=I32), I64)
         t = cb.sext(task, I64)
         lo = cb.sdiv(cb.mul(n, t), num)

@@ -9,6 +9,15 @@ from llvmlite import ir
 I64 = ir.IntType(64)
 
 
+def ceil_div(b: ir.IRBuilder, x, y):
+    """``ceil(x / y)`` of positive i64 values."""
+    return b.sdiv(b.add(x, b.sub(y, ir.Constant(I64, 1))), y)
+
+
+def smin(b: ir.IRBuilder, x, y):
+    return b.select(b.icmp_signed("<", x, y), x, y)
+
+
 @contextmanager
 def for_range(b: ir.IRBuilder, count, name: str = "i", start=None):
     """``for (i = start; i < count; ++i)``; yields ``i`` with the builder in the body."""
