@@ -53,12 +53,12 @@ class Region:
     @cached_property
     def llvm_ir_optimized(self) -> str:
         """LLVM IR after optimization for the host CPU (what the build compiles)."""
-        return jit.optimize(self.llvm_ir)
+        return jit.optimize(self.llvm_ir, jit.GLUE)
 
     @cached_property
     def asm(self) -> str:
         """Host assembly; this is what runs."""
-        return jit.compile_to_assembly(self.llvm_ir)
+        return jit.compile_to_assembly(self.llvm_ir, jit.GLUE)
 
     def load(self) -> tvm.runtime.Module:
         """This region alone (with the engines it calls) as a runtime module."""
@@ -125,7 +125,7 @@ def engine_asm(symbols) -> dict[str, str]:
         k = cache.key(e)
         out[e] = cache.get(k)[0]
         if out[e] is None:
-            out[e] = jit.compile_to_assembly(_engine_ir(e))
+            out[e] = jit.compile_to_assembly(_engine_ir(e), library.parse(e).pipeline)
             cache.put(k, out[e])
     return out
 
@@ -142,15 +142,19 @@ def _compile_misses(misses: dict, asm: dict, engines: dict, status: dict) -> Non
     jobs: dict[str, tuple] = {}  # symbol -> (cache key, assembly or future)
     workers = None
 
-    def submit(symbol: str, k: str, text: str) -> None:
+    def submit(symbol: str, k: str, text: str, pipeline: jit.Pipeline) -> None:
         status[symbol] = "compiled"
-        jobs[symbol] = (k, workers.submit(text) if workers else jit.compile_to_assembly(text))
+        jobs[symbol] = (k, workers.submit(text, pipeline) if workers
+                        else jit.compile_to_assembly(text, pipeline))
+
+    def submit_engine(e: str) -> None:
+        submit(e, cache.key(e), _engine_ir(e), library.parse(e).pipeline)
 
     missing = [e for e, text in engines.items() if text is None]  # called by cached regions
     if len(misses) + len(missing) > 1:
         workers = compile_pool.pool()
     for e in missing:
-        submit(e, cache.key(e), _engine_ir(e))
+        submit_engine(e)
     for symbol, (k, func) in misses.items():
         region = Region.from_function(func)
         new = []
@@ -161,8 +165,8 @@ def _compile_misses(misses: dict, asm: dict, engines: dict, status: dict) -> Non
         if new and workers is None:
             workers = compile_pool.pool()
         for e in new:
-            submit(e, cache.key(e), _engine_ir(e))
-        submit(symbol, k, region.llvm_ir)
+            submit_engine(e)
+        submit(symbol, k, region.llvm_ir, jit.GLUE)
     for symbol, (k, result) in jobs.items():
         text = result.result() if hasattr(result, "result") else result
         (engines if symbol in engines else asm)[symbol] = text

@@ -20,13 +20,12 @@ import queue
 import subprocess
 import sys
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 
 from . import compile_worker, jit
 from .threads import physical_cores
 
 log = logging.getLogger("jitbyoc")
-SPEED_LEVEL = 2
 
 
 class _Worker:
@@ -34,9 +33,9 @@ class _Worker:
         self.proc = subprocess.Popen([sys.executable, "-I", compile_worker.__file__],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE)
 
-    def compile(self, ir_text: str) -> str:
+    def compile(self, ir_text: str, pipeline: jit.Pipeline) -> str:
         h = jit.host()
-        compile_worker._write(self.proc.stdin, (ir_text, SPEED_LEVEL, h["cpu"], h["features"]))
+        compile_worker._write(self.proc.stdin, (ir_text, tuple(pipeline), h["cpu"], h["features"]))
         reply = compile_worker._read(self.proc.stdout)
         if reply is None:
             raise RuntimeError(f"compile worker {self.proc.pid} exited ({self.proc.poll()})")
@@ -54,40 +53,68 @@ class _Worker:
 
 
 class Pool:
+    """``size`` workers, each fed by a thread that takes the largest waiting job first:
+    a build submits its library engines (a few, ~10x a region's size) as it finds them
+    among dozens of regions, and the biggest jobs started last would end the build late."""
+
     def __init__(self, size: int):
         self.size = size
-        self.idle: queue.Queue = queue.Queue()
+        self.jobs: queue.PriorityQueue = queue.PriorityQueue()
         self.workers: list[_Worker] = []
         self.lock = threading.Lock()
-        self.threads = ThreadPoolExecutor(max_workers=size, thread_name_prefix="jitbyoc-compile")
+        self.count = 0
+        self.threads: list[threading.Thread] = []
 
-    def _take(self) -> _Worker:
+    def _serve(self) -> None:
+        worker = None
+        while True:
+            _, _, job = self.jobs.get()
+            if job is None:
+                break
+            ir_text, pipeline, future = job
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                worker = worker or self._start()
+                future.set_result(worker.compile(ir_text, pipeline))
+            except Exception as err:  # noqa: BLE001 - fall back, never fail the build
+                log.warning("jitbyoc: compile worker failed (%s); compiling in process", err)
+                self._drop(worker)
+                worker = None
+                try:
+                    future.set_result(jit.compile_to_assembly(ir_text, pipeline))
+                except Exception as err2:  # noqa: BLE001 - the build reports it
+                    future.set_exception(err2)
+        self._drop(worker)
+
+    def _start(self) -> _Worker:
+        worker = _Worker()
         with self.lock:
-            if self.idle.empty() and len(self.workers) < self.size:
-                self.workers.append(_Worker())
-                return self.workers[-1]
-        return self.idle.get()
+            self.workers.append(worker)
+        return worker
 
-    def _run(self, ir_text: str) -> str:
-        worker = self._take()
-        try:
-            text = worker.compile(ir_text)
-        except Exception as err:  # noqa: BLE001 - fall back, never fail the build
-            log.warning("jitbyoc: compile worker failed (%s); compiling in process", err)
+    def _drop(self, worker: _Worker | None) -> None:
+        if worker is not None:
             worker.close()
             with self.lock:
                 self.workers.remove(worker)
-            return jit.compile_to_assembly(ir_text, SPEED_LEVEL)
-        self.idle.put(worker)
-        return text
 
-    def submit(self, ir_text: str) -> Future:
-        return self.threads.submit(self._run, ir_text)
+    def submit(self, ir_text: str, pipeline: jit.Pipeline = jit.GLUE) -> Future:
+        future: Future = Future()
+        with self.lock:
+            self.count += 1
+            self.jobs.put((-len(ir_text), self.count, (ir_text, pipeline, future)))
+            if len(self.threads) < self.size:
+                self.threads.append(threading.Thread(target=self._serve, daemon=True,
+                                                     name=f"jitbyoc-compile-{len(self.threads)}"))
+                self.threads[-1].start()
+        return future
 
     def close(self) -> None:
-        self.threads.shutdown(wait=False)
-        for w in self.workers:
-            w.close()
+        for i, _ in enumerate(self.threads):
+            self.jobs.put((float("inf"), i, None))
+        for t in self.threads:
+            t.join(timeout=10)
 
 
 _POOL: Pool | None = None

@@ -6,13 +6,25 @@ llvmlite serializes every LLVM call behind one process-wide lock, so regions can
 compiled in parallel in separate processes; :mod:`jitbyoc.compile_pool` runs these.
 
 Protocol: each message is an 8-byte little-endian length and a pickle. Requests are
-``(ir_text, speed_level, cpu, features)``; replies ``(True, asm)`` or ``(False, error)``.
-The compile steps are those of :func:`jitbyoc.jit.compile_to_assembly`.
+``(ir_text, pipeline, cpu, features)`` (``pipeline`` a plain tuple of :class:`Pipeline`);
+replies ``(True, asm)`` or ``(False, error)``. The compile steps are those of
+:func:`jitbyoc.jit.compile_to_assembly`.
 """
 
 import pickle
 import struct
 import sys
+from typing import NamedTuple
+
+
+class Pipeline(NamedTuple):
+    """How a module is optimized and compiled; chosen by what the module is.
+
+    See :data:`jitbyoc.jit.GLUE` (regions) and :attr:`jitbyoc.library.Engine.pipeline`.
+    """
+    speed_level: int = 2  # the O-level of LLVM's default pipeline (1-3)
+    vectorize: bool = True  # the loop and SLP vectorizers
+    lsr: bool = True  # the backend's loop strength reduction
 
 
 def _read(stream):
@@ -37,20 +49,27 @@ def make_machine(llvm, cpu: str, features: str):
                                         codemodel="default")
 
 
-def optimized_module(llvm, tm, ir_text: str, speed_level: int):
-    """Parse, verify and optimize at O``speed_level`` for ``tm``'s CPU."""
+def optimized_module(llvm, tm, ir_text: str, pipeline: Pipeline):
+    """Parse, verify and optimize with ``pipeline`` for ``tm``'s CPU."""
     mod = llvm.parse_assembly(ir_text)
     mod.verify()
-    pto = llvm.create_pipeline_tuning_options(speed_level=speed_level)
-    pto.loop_vectorization = pto.slp_vectorization = speed_level >= 2
+    pto = llvm.create_pipeline_tuning_options(speed_level=pipeline.speed_level)
+    pto.loop_vectorization = pto.slp_vectorization = pipeline.vectorize
     pto.loop_unrolling = pto.loop_interleaving = False
     pb = llvm.create_pass_builder(tm, pto)
     pb.getModulePassManager().run(mod, pb)
     return mod
 
 
-def compile_to_assembly(llvm, tm, ir_text: str, speed_level: int) -> str:
-    return tm.emit_assembly(optimized_module(llvm, tm, ir_text, speed_level))
+_LSR = [True]  # LLVM's -disable-lsr is a process-wide option: set it only when it changes
+
+
+def compile_to_assembly(llvm, tm, ir_text: str, pipeline: Pipeline) -> str:
+    mod = optimized_module(llvm, tm, ir_text, pipeline)
+    if _LSR[0] != pipeline.lsr:
+        llvm.set_option("", f"-disable-lsr={'false' if pipeline.lsr else 'true'}")
+        _LSR[0] = pipeline.lsr
+    return tm.emit_assembly(mod)
 
 
 def main() -> None:
@@ -62,11 +81,11 @@ def main() -> None:
         req = _read(inp)
         if req is None:
             return
-        ir_text, speed_level, cpu, features = req
+        ir_text, pipeline, cpu, features = req
         try:
             if (cpu, features) not in machines:
                 machines[cpu, features] = make_machine(llvm, cpu, features)
-            reply = (True, compile_to_assembly(llvm, machines[cpu, features], ir_text, speed_level))
+            reply = (True, compile_to_assembly(llvm, machines[cpu, features], ir_text, Pipeline(*pipeline)))
         except Exception as err:  # reported to the parent, which compiles in process instead
             reply = (False, f"{type(err).__name__}: {err}")
         _write(out, reply)

@@ -1,8 +1,8 @@
 """LLVM IR text in, optimized IR (and assembly) out, for the host CPU.
 
-The default is O2: kernels are written with explicit vectors, and O3 added nothing to
-ResNet-18's run time (39.0 vs 38.8 ms) while costing two thirds more compile time
-(7.9 vs 4.7 s cold); O2 still runs the loop and SLP vectorizers for elementwise nests.
+How a module is compiled is a :class:`~jitbyoc.compile_worker.Pipeline` chosen by what
+the module is (:data:`GLUE` for regions, each engine kind its own). O3 added nothing
+to ResNet-18's run time (39.0 vs 38.8 ms) while costing two thirds more compile time.
 
 Compiling is kept apart from rendering: this module knows nothing of kernels. llvmlite's
 global context is not thread-safe, so every use of it here holds one lock.
@@ -17,8 +17,13 @@ import llvmlite
 import llvmlite.binding as llvm
 
 from . import compile_worker
+from .compile_worker import Pipeline
 
 LOCK = threading.RLock()
+# Regions: argument checks, engine calls, fused loop nests and epilogues. Their scalar
+# loops need the loop vectorizer (the encoder block runs 2.2x slower without it); O1 and
+# no strength reduction halve their compile time and changed no model's run time.
+GLUE = Pipeline(speed_level=1, vectorize=True, lsr=False)
 
 
 @lru_cache(maxsize=None)
@@ -32,25 +37,32 @@ def host_features() -> str:
     return llvm.get_host_cpu_features().flatten()
 
 
+@lru_cache(maxsize=None)
+def _host() -> tuple:
+    with LOCK:
+        return (("triple", llvm.get_process_triple()), ("cpu", llvm.get_host_cpu_name()),
+                ("features", host_features()), ("llvm", ".".join(map(str, llvm.llvm_version_info))),
+                ("llvmlite", llvmlite.__version__))
+
+
 def host() -> dict:
     """What compiled code is specialized for; part of every cache key."""
-    return {"triple": llvm.get_process_triple(), "cpu": llvm.get_host_cpu_name(),
-            "features": host_features(), "llvm": ".".join(map(str, llvm.llvm_version_info)),
-            "llvmlite": llvmlite.__version__}
+    return dict(_host())
 
 
+@lru_cache(maxsize=None)
 def data_layout() -> str:
     return str(target_machine().target_data)
 
 
-def optimize(ir_text: str, speed_level: int = 2) -> str:
+def optimize(ir_text: str, pipeline: Pipeline = GLUE) -> str:
     """Optimized IR text, for inspection (the same passes the build runs)."""
     with LOCK:
-        return str(compile_worker.optimized_module(llvm, target_machine(), ir_text, speed_level))
+        return str(compile_worker.optimized_module(llvm, target_machine(), ir_text, pipeline))
 
 
-def compile_to_assembly(ir_text: str, speed_level: int = 2) -> str:
+def compile_to_assembly(ir_text: str, pipeline: Pipeline = GLUE) -> str:
     """IR text -> host assembly in one pass (no text round trip of the optimized IR)."""
     with LOCK:
-        return compile_worker.compile_to_assembly(llvm, target_machine(), ir_text, speed_level)
+        return compile_worker.compile_to_assembly(llvm, target_machine(), ir_text, pipeline)
 

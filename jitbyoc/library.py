@@ -3,7 +3,7 @@
 A convolution or matrix product specialized to one layer's sizes is ~150 KB of LLVM IR
 and ~150 ms of LLVM time; ResNet-18 has 20 of them. A library engine takes its sizes,
 strides and tables at run time, so one compiled engine serves every layer with the same
-*template* (dtype, register blocking): ResNet-18 needs three conv engines and one GEMM.
+*template* (dtype, register blocking): ResNet-18 needs two conv engines and one GEMM.
 A region's own code is then glue: argument checks, fused epilogues (called back by the
 engine through a function pointer, see :meth:`jitbyoc.lowering.llvm.Ctx.outline`), and
 the call.
@@ -25,6 +25,7 @@ from typing import ClassVar
 from llvmlite import ir
 
 from . import kir
+from .compile_worker import Pipeline
 from .lowering.llvm import Ctx, load_slots, pack_slots
 
 PREFIX = "jitbyoc_lib_"
@@ -35,6 +36,9 @@ I32, I64, PTR = ir.IntType(32), ir.IntType(64), ir.PointerType()
 class Engine:
     """Base of library engines (subclasses are frozen dataclasses of int/str fields)."""
     kind: ClassVar[str]
+    # Written with explicit vectors and register blocks: the vectorizers find nothing to
+    # do, and O2 or strength reduction changed no model's run time (ResNet-18's convs).
+    pipeline: ClassVar[Pipeline] = Pipeline(speed_level=1, vectorize=False, lsr=False)
 
     @property
     def symbol(self) -> str:

@@ -66,6 +66,28 @@ def test_engines_are_compiled_once_and_shared(fresh_cache):
     assert set(engine_status().values()) == {"disk"}
 
 
+def test_one_gemm_engine_serves_plain_and_batched_products(fresh_cache):
+    """A plain product and a batched one (attention-like: rank-1 and rank-2 batch, one
+    broadcast) call the same engine: a model pays its compile time once."""
+    rng = np.random.default_rng(1)
+    shapes = {"x": ((5, 24), "float32"), "w": ((24, 7), "float32"),
+              "a": ((3, 5, 24), "float32"), "b": ((2, 1, 24, 9), "float32")}
+
+    def body(bb, x, w, a, b):
+        y = bb.emit(relax.op.nn.relu(relax.op.matmul(x, w)))
+        z = bb.emit(relax.op.nn.relu(relax.op.matmul(a, b)))  # (2, 3, 5, 9)
+        return [y, z]
+
+    with jitbyoc.enabled():
+        ex = tvm.compile(build_model(shapes, body), target="llvm")
+    gemm = [s for s in engine_status() if "_gemm_" in s]
+    assert len(gemm) == 1 and len(jitbyoc.last_report().regions) == 2, engine_status()
+    args = {k: rng.standard_normal(v[0], "float32") for k, v in shapes.items()}
+    y, z = relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(v) for v in args.values()])
+    np.testing.assert_allclose(y.numpy(), np.maximum(args["x"] @ args["w"], 0), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(z.numpy(), np.maximum(args["a"] @ args["b"], 0), rtol=1e-4, atol=1e-4)
+
+
 def test_corrupt_engine_entry_is_rewritten(fresh_cache):
     build_status(matmul_relu(16, 16, 16))
     for entry in entries(fresh_cache, engines=True):

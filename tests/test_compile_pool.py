@@ -6,7 +6,7 @@ import tvm
 from tvm import relax
 
 import jitbyoc
-from jitbyoc import cache, codegen, compile_pool, jit
+from jitbyoc import cache, codegen, compile_pool, jit, library
 from tests import models
 
 
@@ -23,6 +23,46 @@ def test_workers_emit_the_same_assembly_as_the_process(pool):
     futures = [pool.submit(r.llvm_ir) for r in regions]
     for r, f in zip(regions, futures):
         assert f.result(timeout=120) == jit.compile_to_assembly(r.llvm_ir)
+
+
+def test_each_job_gets_its_pipeline_in_any_order(pool):
+    """Engines and regions are compiled with different pipelines (strength reduction is
+    a process-wide LLVM option a worker switches per job): whatever a worker compiled
+    before, the result is what the main process makes with the same pipeline."""
+    (region,) = jitbyoc.inspect(models.SeedExample)
+    engines = ["jitbyoc_lib_gemm_float32_4_k_x", "jitbyoc_lib_conv_float32_16_16_1"]
+    jobs = [(region.llvm_ir, jit.GLUE)] + [(codegen._engine_ir(e), library.parse(e).pipeline) for e in engines]
+    assert len({p.lsr for _, p in jobs}) == 2 and len({p for _, p in jobs}) == 3
+    order = jobs + jobs[::-1] + jobs
+    futures = [pool.submit(text, p) for text, p in order]
+    for (text, p), f in zip(order, futures):
+        assert f.result(timeout=120) == jit.compile_to_assembly(text, p)
+
+
+def test_waiting_jobs_run_largest_first(monkeypatch):
+    """Engines (the largest jobs) found late in a build still start before the regions
+    queued ahead of them."""
+    done, gate = [], __import__("threading").Event()
+
+    class FakeWorker:
+        def compile(self, text, pipeline):
+            gate.wait(60)
+            done.append(len(text))
+            return text
+
+        def close(self):
+            pass
+
+    p = compile_pool.Pool(1)
+    monkeypatch.setattr(compile_pool, "_Worker", FakeWorker)
+    first = p.submit("x" * 5)  # taken at once; the rest wait behind it
+    while not first.running():
+        pass
+    futures = [p.submit("x" * n) for n in (10, 300, 20, 4000, 30)]
+    gate.set()
+    assert [f.result(timeout=60) for f in futures] == ["x" * n for n in (10, 300, 20, 4000, 30)]
+    assert done == [5, 4000, 300, 30, 20, 10]
+    p.close()
 
 
 def test_a_dead_worker_falls_back_to_compiling_in_process(pool):
@@ -45,7 +85,7 @@ def test_a_build_with_several_regions_compiles_them_through_the_pool(pool, monke
     codegen._MODULES.clear()
     used = []
     submit = pool.submit
-    monkeypatch.setattr(pool, "submit", lambda text: used.append(text) or submit(text))
+    monkeypatch.setattr(pool, "submit", lambda text, pipeline: used.append(text) or submit(text, pipeline))
     with jitbyoc.enabled():
         ex = tvm.compile(models.Branchy, target="llvm")
     # the two regions, and the argument-check engine they call (compiled once per machine)

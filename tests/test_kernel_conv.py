@@ -11,7 +11,8 @@ from tvm import relax
 
 import jitbyoc
 from jitbyoc import kir
-from jitbyoc.kernels.conv2d import Conv2d
+from jitbyoc.kernels import conv_plan
+from jitbyoc.kernels.conv2d import Conv2d, ConvGeometry
 from jitbyoc.kernels.conv_plan import Layout, Plan, workspace_size
 from tests.spatial_util import CC, build, grid_model, random_inputs, run, run_c
 
@@ -244,3 +245,35 @@ def test_random_configs_match_numpy(config):
     args = random_inputs(cs)
     (got,) = run(build(grid_model(cs, conv), True), args)
     check(got, *args, config[2])
+
+
+@settings(max_examples=60, deadline=None)
+@given(conv_configs(), st.sampled_from([F32, "float64"]))
+def test_plan_prefers_the_engine_menu_within_its_slack(config, dt):
+    """The chosen plan is the cheapest candidate, or a menu block (a shared engine)
+    costing at most MENU_SLACK times that; ResNet-18's eleven distinct layers need two
+    conv engines."""
+    (n, c, h, w), (k, cg, kh, kw), attrs = config
+    sh, sw = attrs["strides"]
+    dh, dw = attrs["dilation"]
+    pt, pl, pb, pr = attrs["padding"]
+    oh, ow = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1, (w + pl + pr - dw * (kw - 1) - 1) // sw + 1
+    geo = ConvGeometry(n, c, h, w, k, kh, kw, (sh, sw), (dh, dw), (pt, pl, pb, pr), attrs["groups"], oh, ow)
+    costs = {p: conv_plan.cost(p, dt) for p in conv_plan.candidates(geo, dt)}
+    chosen, best = conv_plan.choose_plan(geo, dt), min(costs.values())
+    assert costs[chosen] == best or (conv_plan.on_menu(chosen, dt)
+                                     and costs[chosen] <= best * conv_plan.MENU_SLACK)
+    menu = [c for p, c in costs.items() if conv_plan.on_menu(p, dt)]
+    if menu and min(menu) <= best * conv_plan.MENU_SLACK:
+        assert conv_plan.on_menu(chosen, dt)
+
+
+def test_resnet18_layers_share_two_conv_engines():
+    def geo(c, size, k, kh, s):
+        o = (size + 2 * (kh // 2) - kh) // s + 1
+        return ConvGeometry(1, c, size, size, k, kh, kh, (s, s), (1, 1), (kh // 2,) * 4, 1, o, o)
+    layers = [geo(3, 224, 64, 7, 2), geo(64, 56, 64, 3, 1)] + [
+        g for c, size in [(64, 56), (128, 28), (256, 14)]
+        for g in (geo(c, size, 2 * c, 3, 2), geo(c, size, 2 * c, 1, 2), geo(2 * c, size // 2, 2 * c, 3, 1))]
+    blocks = {(p.lanes, p.j, p.v) for p in (conv_plan.choose_plan(g, F32) for g in layers)}
+    assert len(blocks) == 2, blocks

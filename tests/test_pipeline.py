@@ -290,3 +290,22 @@ def test_partition_result_can_be_edited_without_affecting_later_builds():
     first[gv] = first[gv].with_attr("global_symbol", "edited")
     second = jitbyoc.partition_for_jitbyoc(models.SeedExample)
     assert str(second[gv.name_hint].attrs["global_symbol"]) != "edited"
+
+
+@pytest.mark.parametrize("user_gc", [True, False])
+def test_builds_pause_the_cyclic_gc_and_restore_it(monkeypatch, user_gc):
+    """Python's cyclic GC is off while jitbyoc partitions and renders, and afterwards in
+    the state the user left it."""
+    import gc
+
+    from jitbyoc import codegen
+    seen = []
+    compile_regions = codegen.compile_regions
+    monkeypatch.setattr(codegen, "compile_regions", lambda fs: seen.append(gc.isenabled()) or compile_regions(fs))
+    (gc.enable if user_gc else gc.disable)()
+    try:
+        with jitbyoc.enabled():
+            tvm.compile(models.SeedExample, target="llvm")
+        assert seen == [False] and gc.isenabled() == user_gc
+    finally:
+        gc.enable()

@@ -1,5 +1,6 @@
 """The GEMM engine as a library engine (:mod:`jitbyoc.library`): one compiled product per
-(dtype, batch rank, unit-stride side of A, of B), sizes and strides given at run time.
+(dtype, batch rank, unit-stride side of A, of B), sizes and strides given at run time;
+products with up to :data:`BATCH_RANK` batch dims share the rank-``BATCH_RANK`` engine.
 
 The engine is the same driver as an inline product (:mod:`.gemm_llvm`) emitted with every
 size symbolic; what must be static to pick packers and in-place reads (which stride of
@@ -22,6 +23,7 @@ from .gemm import Gemm, Output, Strided, _dims, _is_one
 from .gemm_llvm import emit
 
 I64 = ir.IntType(64)
+BATCH_RANK = 4  # the smallest engine batch rank (see call)
 
 
 def _unit(operand: Strided) -> str:
@@ -33,6 +35,8 @@ def _unit(operand: Strided) -> str:
 @dataclass(frozen=True)
 class GemmEngine(library.Engine):
     kind = "gemm"
+    # the driver's packed-panel addressing needs strength reduction (2x slower without)
+    pipeline = library.Pipeline(speed_level=1, vectorize=False, lsr=True)
     dtype: str
     batch: int
     a: str  # _unit of A
@@ -76,8 +80,13 @@ def fits(g: Gemm) -> bool:
 
 
 def call(g: Gemm, ctx) -> None:
-    """Emit a call of the engine for ``g`` at ``ctx``'s insertion point."""
-    engine = GemmEngine(g.dtype, len(g.batch), _unit(g.a), _unit(g.b))
+    """Emit a call of the engine for ``g`` at ``ctx``'s insertion point. Products with
+    fewer than :data:`BATCH_RANK` batch dims call the rank-``BATCH_RANK`` engine with
+    leading dims of size 1 (stride 0): one engine serves plain, batched and attention
+    products alike, so a model pays its compile time once."""
+    r = len(g.batch)  # an operand may list more batch strides than the product has batch dims
+    pad = [I64(0)] * (max(r, BATCH_RANK) - r)
+    engine = GemmEngine(g.dtype, r + len(pad), _unit(g.a), _unit(g.b))
     size = lambda s: ctx.product(_dims(s))  # noqa: E731
     if g.epilogue is None:
         epi, env = I64(0), I64(0)
@@ -88,9 +97,8 @@ def call(g: Gemm, ctx) -> None:
         epi, env = ctx.outline("epi", 5, body)
     slots = [ctx.element(g.a.buf, I64(0)), ctx.element(g.b.buf, I64(0)), ctx.element(g.c.buf, I64(0)),
              size(g.m), size(g.n), size(g.k)]
-    r = len(g.batch)  # an operand may list more batch strides than the product has batch dims
-    slots += [size(s) for s in g.a.batch[:r]] + [size(g.a.x), size(g.a.k)]
-    slots += [size(s) for s in g.b.batch[:r]] + [size(g.b.x), size(g.b.k)]
-    slots += [size(s) for s in g.c.batch[:r]] + [size(g.c.row)]
-    slots += [ctx.dim(d) for d in g.batch] + [epi, env]
+    slots += pad + [size(s) for s in g.a.batch[:r]] + [size(g.a.x), size(g.a.k)]
+    slots += pad + [size(s) for s in g.b.batch[:r]] + [size(g.b.x), size(g.b.k)]
+    slots += pad + [size(s) for s in g.c.batch[:r]] + [size(g.c.row)]
+    slots += [I64(1)] * len(pad) + [ctx.dim(d) for d in g.batch] + [epi, env]
     library.call(ctx, engine, slots)
