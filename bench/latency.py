@@ -2,7 +2,7 @@
 
 For each model (default: ResNet-18 and the encoder block), in one process:
 
-* TVM default: ``tvm.compile`` with jitbyoc disabled (median of ``--repeat``);
+* TVM default: ``tvm.compile`` with jitbyoc disabled;
 * cold, empty cache: jitbyoc enabled, nothing compiled before (memory and a fresh disk
   directory; the compile workers already run): the library engines the model needs are
   compiled too;
@@ -16,6 +16,9 @@ For each model (default: ResNet-18 and the encoder block), in one process:
 Each jitbyoc build is split into jitbyoc's own time (partitioning + code generation,
 from ``jitbyoc.last_report().timings``) and the rest, which is TVM's own work:
 legalizing and compiling what stays with TVM, and its Relax VM pipeline.
+The TVM default and the two cold builds are taken in turn, ``--repeat`` rounds after an
+untimed warm-up round; the table gives medians, and each cold build's median ratio to the
+TVM build of its own round (robust to a machine whose speed drifts between rounds).
 Targets (issue 5): cold total <= TVM default; warm jitbyoc time <= 50 ms.
 """
 
@@ -97,28 +100,40 @@ def _median(runs: list[tuple[float, dict]]) -> tuple[float, dict]:
 
 
 def measure(name: str, repeat: int) -> dict:
+    """Rounds of (TVM default, cold empty, cold engines cached) builds, taken in turn so
+    that a noisy machine slows each kind alike; medians, and medians of each round's
+    ratios to its TVM build."""
     mod = ZOO[name].make().mod
-    jitbyoc.disable()
-    tvm_default = statistics.median(_timed_build(mod)[0] for _ in range(repeat))
     saved = cache.SETTINGS.path
+    with jitbyoc.disable():
+        _timed_build(mod)  # untimed warm-up of TVM's own lazy initialization
     with jitbyoc.enabled():
-        cold, cold_info = _median([_cold(mod, set()) for _ in range(repeat)])
+        _cold(mod, set())  # warm-up; tells which engines the model needs
         engines = {s for s in codegen.last_cache_status() if s.startswith(library.PREFIX)}
-        model, model_info = _median([_cold(mod, engines) for _ in range(repeat)])
-        with tempfile.TemporaryDirectory() as tmp:
-            cache.configure(path=tmp)
-            _timed_build(mod)
-            warm, warm_info = _median([_timed_build(mod) for _ in range(repeat)])
-            changed, changed_info = _timed_build(change_one_layer(mod))
+    rounds = []
+    for _ in range(repeat):
+        with jitbyoc.disable():
+            base = _timed_build(mod)[0]
+        with jitbyoc.enabled():
+            rounds.append((base, _cold(mod, set()), _cold(mod, engines)))
+    with jitbyoc.enabled(), tempfile.TemporaryDirectory() as tmp:
+        cache.configure(path=tmp)
+        _timed_build(mod)
+        warm, warm_info = _median([_timed_build(mod) for _ in range(repeat)])
+        changed, changed_info = _timed_build(change_one_layer(mod))
     cache.SETTINGS.path = saved
+    cold, cold_info = _median([r[1] for r in rounds])
+    model, model_info = _median([r[2] for r in rounds])
     jit_time = lambda info: sum(info["timings"].values())  # noqa: E731
     return {
         "model": name,
-        "tvm_default_s": tvm_default,
+        "tvm_default_s": statistics.median(r[0] for r in rounds),
         "cold_total_s": cold, "cold_jitbyoc_s": jit_time(cold_info), "cold_tvm_s": cold - jit_time(cold_info),
+        "cold_ratio": statistics.median(r[1][0] / r[0] for r in rounds),
         "cold_timings": cold_info["timings"], "engines": sorted(engines),
         "cold_model_total_s": model, "cold_model_jitbyoc_s": jit_time(model_info),
         "cold_model_tvm_s": model - jit_time(model_info),
+        "cold_model_ratio": statistics.median(r[2][0] / r[0] for r in rounds),
         "warm_total_s": warm, "warm_jitbyoc_s": jit_time(warm_info), "warm_tvm_s": warm - jit_time(warm_info),
         "regions": len(cold_info["status"]),
         "changed_regions_compiled": sum(s == "compiled" for s in changed_info["status"]),
@@ -132,9 +147,10 @@ def table(rows: list[dict]) -> str:
             "| one layer changed: regions compiled |\n|---|---|---|---|---|---|")
     ms = lambda s: f"{s * 1e3:.0f} ms"  # noqa: E731
     both = lambda r, k: f"{ms(r[k + '_total_s'])} ({ms(r[k + '_jitbyoc_s'])} + {ms(r[k + '_tvm_s'])})"  # noqa: E731
+    ratio = lambda r, k: f"{both(r, k)}, {r[k + '_ratio']:.2f}x TVM"  # noqa: E731
     lines = [head]
     for r in rows:
-        lines.append(f"| {r['model']} | {ms(r['tvm_default_s'])} | {both(r, 'cold')} | {both(r, 'cold_model')} | "
+        lines.append(f"| {r['model']} | {ms(r['tvm_default_s'])} | {ratio(r, 'cold')} | {ratio(r, 'cold_model')} | "
                      f"{both(r, 'warm')} | {r['changed_regions_compiled']} of {r['regions']} "
                      f"({ms(r['changed_jitbyoc_s'])}) |")
     return "\n".join(lines)
