@@ -125,13 +125,15 @@ def engine_asm(symbols) -> dict[str, str]:
         k = cache.key(e)
         out[e] = cache.get(k)[0]
         if out[e] is None:
-            out[e] = jit.compile_to_assembly(_engine_ir(e), library.parse(e).pipeline)
+            out[e] = jit.compile_to_assembly(*_engine_job(e))
             cache.put(k, out[e])
     return out
 
 
-def _engine_ir(symbol: str) -> str:
-    return library.ir_text(library.parse(symbol), jit.host()["triple"], jit.data_layout())
+def _engine_job(symbol: str) -> tuple[str, jit.Pipeline]:
+    """The IR of the engine ``symbol`` and the pipeline it is compiled with."""
+    engine = library.parse(symbol)
+    return library.ir_text(engine, jit.host()["triple"], jit.data_layout()), engine.pipeline
 
 
 def _compile_misses(misses: dict, asm: dict, engines: dict, status: dict) -> None:
@@ -148,7 +150,7 @@ def _compile_misses(misses: dict, asm: dict, engines: dict, status: dict) -> Non
                         else jit.compile_to_assembly(text, pipeline))
 
     def submit_engine(e: str) -> None:
-        submit(e, cache.key(e), _engine_ir(e), library.parse(e).pipeline)
+        submit(e, cache.key(e), *_engine_job(e))
 
     missing = [e for e, text in engines.items() if text is None]  # called by cached regions
     if len(misses) + len(missing) > 1:

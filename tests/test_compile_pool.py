@@ -6,7 +6,7 @@ import tvm
 from tvm import relax
 
 import jitbyoc
-from jitbyoc import cache, codegen, compile_pool, jit, library
+from jitbyoc import cache, codegen, compile_pool, jit
 from tests import models
 
 
@@ -31,7 +31,7 @@ def test_each_job_gets_its_pipeline_in_any_order(pool):
     before, the result is what the main process makes with the same pipeline."""
     (region,) = jitbyoc.inspect(models.SeedExample)
     engines = ["jitbyoc_lib_gemm_float32_4_k_x", "jitbyoc_lib_conv_float32_16_16_1"]
-    jobs = [(region.llvm_ir, jit.GLUE)] + [(codegen._engine_ir(e), library.parse(e).pipeline) for e in engines]
+    jobs = [(region.llvm_ir, jit.GLUE)] + [codegen._engine_job(e) for e in engines]
     assert len({p.lsr for _, p in jobs}) == 2 and len({p for _, p in jobs}) == 3
     order = jobs + jobs[::-1] + jobs
     futures = [pool.submit(text, p) for text, p in order]
