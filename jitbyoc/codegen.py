@@ -46,6 +46,12 @@ class Region:
         return str(self.llvm_module)
 
     @property
+    def pipeline(self) -> jit.Pipeline:
+        """How this region is optimized: without the loop vectorizer when its loops are
+        all explicit vectors."""
+        return jit.GLUE if self.llvm_module.needs_loop_vectorizer else jit.GLUE_VECTORS
+
+    @property
     def engines(self) -> set[str]:
         """The library engines this region calls (:mod:`jitbyoc.library`)."""
         return library.used_by(self.llvm_module)
@@ -53,12 +59,12 @@ class Region:
     @cached_property
     def llvm_ir_optimized(self) -> str:
         """LLVM IR after optimization for the host CPU (what the build compiles)."""
-        return jit.optimize(self.llvm_ir, jit.GLUE)
+        return jit.optimize(self.llvm_ir, self.pipeline)
 
     @cached_property
     def asm(self) -> str:
         """Host assembly; this is what runs."""
-        return jit.compile_to_assembly(self.llvm_ir, jit.GLUE)
+        return jit.compile_to_assembly(self.llvm_ir, self.pipeline)
 
     def load(self) -> tvm.runtime.Module:
         """This region alone (with the engines it calls) as a runtime module."""
@@ -168,7 +174,7 @@ def _compile_misses(misses: dict, asm: dict, engines: dict, status: dict) -> Non
             workers = compile_pool.pool()
         for e in new:
             submit_engine(e)
-        submit(symbol, k, region.llvm_ir, jit.GLUE)
+        submit(symbol, k, region.llvm_ir, region.pipeline)
     for symbol, (k, result) in jobs.items():
         text = result.result() if hasattr(result, "result") else result
         (engines if symbol in engines else asm)[symbol] = text

@@ -1,11 +1,14 @@
 """The dtypes jitbyoc lowers, with their LLVM, C, DLPack and numpy spellings.
 
 Booleans are stored as one byte (DLPack ``kDLBool``, 8 bits) and live in registers as
-``i1``; every other dtype is stored as it is held.
+``i1``; every other dtype is stored as it is held. A dtype with ``lanes`` > 1 stands for
+a vector of that many elements (its LLVM types are ``<lanes x T>``): the op table's rules
+emit scalars and vectors alike.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,6 +22,13 @@ class DType:
     bits: int
     dl_code: int  # DLPack type code: 0 int, 1 uint, 2 float, 6 bool
     c: str
+    lanes: int = 1
+
+    def with_lanes(self, lanes: int) -> "DType":
+        return self if lanes == self.lanes else dataclasses.replace(self, lanes=lanes)
+
+    def _vector(self, t: ir.Type) -> ir.Type:
+        return t if self.lanes == 1 else ir.VectorType(t, self.lanes)
 
     @property
     def is_float(self) -> bool:
@@ -44,12 +54,12 @@ class DType:
     def ir(self) -> ir.Type:
         """The register type."""
         if self.is_float:
-            return ir.FloatType() if self.bits == 32 else ir.DoubleType()
-        return ir.IntType(self.bits)
+            return self._vector(ir.FloatType() if self.bits == 32 else ir.DoubleType())
+        return self._vector(ir.IntType(self.bits))
 
     @property
     def storage_ir(self) -> ir.Type:
-        return ir.IntType(8) if self.is_bool else self.ir
+        return self._vector(ir.IntType(8)) if self.is_bool else self.ir
 
     @property
     def numpy(self) -> np.dtype:

@@ -20,10 +20,12 @@ from . import compile_worker
 from .compile_worker import Pipeline
 
 LOCK = threading.RLock()
-# Regions: argument checks, engine calls, fused loop nests and epilogues. Their scalar
-# loops need the loop vectorizer (the encoder block runs 2.2x slower without it); O1 and
-# no strength reduction halve their compile time and changed no model's run time.
+# Regions: argument checks, engine calls, fused loop nests and epilogues. Scalar loops
+# need the loop vectorizer (the encoder block ran 2.2x slower without it); O1 and no
+# strength reduction halve their compile time and changed no model's run time.
 GLUE = Pipeline(speed_level=1, vectorize=True, lsr=False)
+# Regions whose loops are all explicit vectors (module.needs_loop_vectorizer False).
+GLUE_VECTORS = GLUE._replace(vectorize=False)
 
 
 @lru_cache(maxsize=None)

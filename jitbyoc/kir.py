@@ -106,6 +106,12 @@ class KernelStage:
         extra = loads([self.epilogue]) if self.epilogue is not None else []
         return list(self.inputs) + extra
 
+    def needs_loop_vectorizer(self) -> bool:
+        """Whether ``emit_llvm`` leaves scalar loops for LLVM's loop vectorizer (the
+        default), rather than writing its vectors itself (then its region may skip that
+        pass; the epilogue decides for itself)."""
+        return True
+
 
 @dataclass
 class Kernel:

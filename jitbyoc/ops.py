@@ -65,7 +65,7 @@ def _cmp(op: str):
 
 def _intrinsic(name: str):
     def rule(b, dt, *xs):
-        fname = f"llvm.{name}.{'f32' if dt.bits == 32 else 'f64'}"
+        fname = f"llvm.{name}.{f'v{dt.lanes}' if dt.lanes > 1 else ''}f{dt.bits}"
         fn = b.module.globals.get(fname) or ir.Function(
             b.module, ir.FunctionType(dt.ir, [dt.ir] * len(xs)), fname)
         return b.call(fn, xs)
@@ -84,7 +84,7 @@ def _select_rule(pred: str):
 
 
 def _cast_llvm(b, dt, x, to):
-    dst = lookup_dtype(to)
+    dst = lookup_dtype(to).with_lanes(dt.lanes)
     if dt.name == dst.name:
         return x
     if dt.is_bool:
@@ -111,8 +111,7 @@ def _cast_c(dt, x, to):
 
 
 def _bitcast_llvm(b, dt, x):
-    return b.bitcast(x, ir.IntType(dt.bits) if dt.is_float else
-                     (ir.FloatType() if dt.bits == 32 else ir.DoubleType()))
+    return b.bitcast(x, lookup_dtype(_BITCAST[dt.name]).with_lanes(dt.lanes).ir)
 
 
 def _bitcast_c(dt, x):

@@ -87,6 +87,9 @@ class Conv2d(kir.KernelStage):
         from .conv_engine import call
         call(self, ctx)
 
+    def needs_loop_vectorizer(self) -> bool:
+        return False  # the conv engine is explicit vectors
+
     # ---- C: the plain loop nest (inspection and export) ----------------------------------------
     def emit_c(self, ctx) -> None:
         g = self.geo

@@ -12,60 +12,11 @@ from llvmlite import ir
 
 from ..dtypes import dtype as lookup_dtype
 from ..lowering.loops import I64, for_range
+from ..lowering.vectors import (VECTOR_BYTES, intrinsic, lane_mask, lanes, splat,  # noqa: F401
+                                suffix, vload, vstore, vtype)
 
 I1, I32 = ir.IntType(1), ir.IntType(32)
 PTR = ir.PointerType()
-VECTOR_BYTES = 64
-
-
-def lanes(dt: str) -> int:
-    return VECTOR_BYTES // lookup_dtype(dt).nbytes
-
-
-def vtype(dt: str) -> ir.VectorType:
-    return ir.VectorType(lookup_dtype(dt).ir, lanes(dt))
-
-
-def _intrinsic(module, name, ret, args):
-    return module.globals.get(name) or ir.Function(module, ir.FunctionType(ret, args), name)
-
-
-def _suffix(dt: str) -> str:
-    return f"v{lanes(dt)}f{lookup_dtype(dt).bits}"
-
-
-def splat(b: ir.IRBuilder, value, n: int):
-    vt = ir.VectorType(value.type, n)
-    v = b.insert_element(ir.Constant(vt, ir.Undefined), value, I32(0))
-    return b.shuffle_vector(v, ir.Constant(vt, ir.Undefined), ir.Constant(ir.VectorType(I32, n), [0] * n))
-
-
-def lane_mask(b: ir.IRBuilder, limit, n: int):
-    """``<n x i1>``: lane ``l`` is set when ``l < limit`` (an i64 value or int)."""
-    if isinstance(limit, int):
-        return ir.Constant(ir.VectorType(I1, n), [int(l < limit) for l in range(n)])
-    lim = b.trunc(b.select(b.icmp_signed("<", limit, I64(n)), limit, I64(n)), I32)
-    return b.icmp_signed("<", ir.Constant(ir.VectorType(I32, n), list(range(n))), splat(b, lim, n))
-
-
-def vload(b, ptr, dt, mask=None):
-    """A vector at ``ptr``; with ``mask``, unset lanes read 0 and touch no memory."""
-    vt = vtype(dt)
-    if mask is None:
-        return b.load(ptr, typ=vt, align=lookup_dtype(dt).nbytes)
-    fn = _intrinsic(b.module, f"llvm.masked.load.{_suffix(dt)}.p0", vt,
-                    [PTR, I32, ir.VectorType(I1, vt.count), vt])
-    return b.call(fn, [ptr, I32(lookup_dtype(dt).nbytes), mask, ir.Constant(vt, None)])
-
-
-def vstore(b, value, ptr, dt, mask=None):
-    if mask is None:
-        b.store(value, ptr, align=lookup_dtype(dt).nbytes)
-        return
-    vt = vtype(dt)
-    fn = _intrinsic(b.module, f"llvm.masked.store.{_suffix(dt)}.p0", ir.VoidType(),
-                    [vt, PTR, I32, ir.VectorType(I1, vt.count)])
-    b.call(fn, [value, ptr, I32(lookup_dtype(dt).nbytes), mask])
 
 
 def gep(b, ptr, offset, dt):
@@ -139,7 +90,7 @@ def _fma_step(b, dt, rows, aks, bp, bks, masks):
     """One k step as a function of the accumulators: load the B vectors of row k, then
     per A row broadcast ``A[i, k]`` and FMA it into that row's accumulators."""
     vl, vt, et = lanes(dt), vtype(dt), lookup_dtype(dt).ir
-    fma = _intrinsic(b.module, f"llvm.fma.{_suffix(dt)}", vt, [vt, vt, vt])
+    fma = intrinsic(b.module, f"llvm.fma.{suffix(vt)}", vt, [vt, vt, vt])
     nv = len(masks)
 
     def step(k, accs):
@@ -157,7 +108,7 @@ def _fma_step(b, dt, rows, aks, bp, bks, masks):
 def _prefetch_tile(b, dt, c, ldc, mr, nv):
     """Ask for the C tile (for writing) before the k loop, so its read-modify-write at the
     end does not wait on memory; a prefetch never faults, so edge rows need no guard."""
-    prefetch = _intrinsic(b.module, "llvm.prefetch.p0", ir.VoidType(), [PTR, I32, I32, I32])
+    prefetch = intrinsic(b.module, "llvm.prefetch.p0", ir.VoidType(), [PTR, I32, I32, I32])
     for i in range(mr):
         row = gep(b, c, b.mul(I64(i), ldc), dt)
         for j in range(0, nv * VECTOR_BYTES, 64):

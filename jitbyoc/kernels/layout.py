@@ -149,6 +149,11 @@ class Permute(PortableStage, kir.KernelStage):
                 [_stride(e, x.shape, self.axes[g[-1]]) for g in groups],
                 [_stride(e, out.shape, g[-1]) for g in groups])
 
+    def needs_loop_vectorizer(self) -> bool:
+        # tiles are transposed as vectors; row copies become memcpy (LLVM's loop idioms),
+        # edge tiles gather
+        return False
+
     def emit(self, e) -> None:
         groups = self.groups()
         inner = max(self.axes[g[-1]] for g in groups)  # the input's innermost dim left

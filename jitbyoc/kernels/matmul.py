@@ -84,6 +84,9 @@ class MatMul(kir.KernelStage):
     def emit_llvm(self, ctx) -> None:
         self.gemm().emit_llvm(ctx)
 
+    def needs_loop_vectorizer(self) -> bool:
+        return False  # the GEMM engine's packers and microkernels are explicit vectors
+
     def emit_c(self, ctx) -> None:
         self.gemm().emit_c(ctx)
 

@@ -4,6 +4,13 @@ Stages run in order inside ``<name>_compute``; temporaries come from TVM's works
 allocator. Kernels emit through a :class:`Ctx`, which also gives them the two shared
 pieces: :meth:`Ctx.parallel_for` (TVM's runtime thread pool) and :meth:`Ctx.epilogue`
 (the fused elementwise tail applied to a block of a kernel's output).
+
+Fused elementwise code is written with explicit vectors where every buffer it touches
+holds 32- or 64-bit elements (the op table's rules take vector dtypes as well as
+scalars). The module records whether anything in it still relies on LLVM's loop
+vectorizer (``module.needs_loop_vectorizer``: a scalar fallback, or a kernel whose
+:meth:`~jitbyoc.kir.KernelStage.needs_loop_vectorizer` says so); a region that needs
+nothing from it skips that pass, the costliest in its compile.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from .. import kir
 from ..dtypes import dtype as lookup_dtype
 from ..ops import op_def
 from .loops import I64, for_range, loop_nest
+from .vectors import SplatConstant, lanes, splat, strips, vload, vstore
 
 I8, I32 = ir.IntType(8), ir.IntType(32)
 PTR = ir.PointerType()
@@ -29,10 +37,11 @@ def declare(module, name, ret, args, var_arg=False):
 
 
 class Emitter:
-    """Emits table ops through the llvmlite builder (the interface expansions use)."""
+    """Emits table ops through the llvmlite builder (the interface expansions use), on
+    scalars or, with ``lanes`` > 1, on vectors of that many elements."""
 
-    def __init__(self, b: ir.IRBuilder):
-        self.b = b
+    def __init__(self, b: ir.IRBuilder, lanes: int = 1):
+        self.b, self.lanes = b, lanes
 
     def const(self, value, dt: str):
         d = lookup_dtype(dt)
@@ -40,18 +49,20 @@ class Emitter:
             value = float(value)
             if d.bits == 32 and math.isfinite(value):
                 value = float(np.float32(value))
-            return ir.Constant(d.ir, value)
-        return ir.Constant(d.ir, int(bool(value)) if d.is_bool else int(value))
+        else:
+            value = int(bool(value)) if d.is_bool else int(value)
+        scalar = ir.Constant(d.ir, value)
+        return scalar if self.lanes == 1 else SplatConstant(scalar, self.lanes)
 
     def op(self, name: str, dt: str, *args, **attrs):
         row = op_def(name, dt)
         if row.expand is not None:
             return row.expand(self, dt, *args, **attrs)
-        return row.llvm(self.b, lookup_dtype(dt), *args, **attrs)
+        return row.llvm(self.b, lookup_dtype(dt).with_lanes(self.lanes), *args, **attrs)
 
     def loaded(self, raw, dt: str):
         """A loaded element as a value: bytes of a bool become i1."""
-        return self.b.icmp_unsigned("!=", raw, ir.Constant(I8, 0)) if dt == "bool" else raw
+        return self.b.icmp_unsigned("!=", raw, ir.Constant(raw.type, 0)) if dt == "bool" else raw
 
 
 def pack_slots(b: ir.IRBuilder, values) -> ir.Value:
@@ -89,6 +100,10 @@ class Ctx:
     def __init__(self, module: ir.Module, b: ir.IRBuilder, name: str, ptrs: dict, syms: dict):
         self.module, self.b, self.name, self.ptrs, self.syms = module, b, name, ptrs, syms
         self.em = Emitter(b)
+
+    def scalar_loops(self) -> None:
+        """Note that this module has loops left for LLVM's loop vectorizer."""
+        self.module.needs_loop_vectorizer = True
 
     def i64(self, v) -> ir.Value:
         return ir.Constant(I64, v) if isinstance(v, int) else v
@@ -173,6 +188,11 @@ class Ctx:
         ``stage.out`` (one origin/extent per dim of ``out``; ints or i64 values)."""
         if stage.epilogue is None:
             return
+        n = vector_lanes(stage.out, kir.loads([stage.epilogue]), stage.out.shape[-1:])
+        if n:
+            self._vector_epilogue(stage, origin, extent, n)
+            return
+        self.scalar_loops()
         out, b = stage.out, self.b
         nd = out.ndim
         with loop_nest(b, [self.i64(e) for e in extent], "e") as idx:
@@ -186,6 +206,35 @@ class Ctx:
             acc = self.load(out, offset)
             values = evaluate(self.em, [stage.epilogue], load, acc)
             self.store(out, offset, values[id(stage.epilogue)])
+
+    def _vector_epilogue(self, stage: kir.KernelStage, origin, extent, n: int) -> None:
+        """:meth:`epilogue` on ``n``-element vectors along runs of the box that are
+        contiguous in ``out`` (the last dim, and the dims before it while the box spans
+        the dims after them whole: a 4-row band of 56-wide image rows is one run of 14
+        vectors, not 4 runs of 3.5), the last vector of each run masked."""
+        out, b, em = stage.out, self.b, Emitter(self.b, n)
+        nd, reads = out.ndim, kir.loads([stage.epilogue])
+        lead = nd - _run_dims(out, reads, origin, extent)
+        sizes = [_static(e) if _static(e) is not None else e for e in extent[lead:]]
+        length = reduce(lambda x, y: x * y if isinstance(x, int) and isinstance(y, int)
+                        else b.mul(self.i64(x), self.i64(y), flags=["nsw"]), sizes)
+        length = self.i64(length)
+
+        def point(idx, j, mask):
+            start = [b.add(self.i64(o), i) for o, i in zip(origin, idx)] + list(map(self.i64, origin[lead:]))
+
+            def load(buf):
+                off = self.offset(buf.shape, start[nd - buf.ndim:], broadcast=True)
+                if not _walks(out, buf, nd - 1):  # constant along the run
+                    return splat(b, self.load(buf, off), n)
+                return vload(b, self.element(buf, b.add(off, j)), buf.dtype, mask, n)
+
+            ptr = self.element(out, b.add(self.offset(out.shape, start), j))
+            values = evaluate(em, [stage.epilogue], load, vload(b, ptr, out.dtype, mask, n))
+            vstore(b, values[id(stage.epilogue)], ptr, out.dtype, mask)
+
+        with loop_nest(b, [self.i64(e) for e in extent[:lead]], "e") as idx:
+            strips(b, I64(0), length, n, lambda j, mask: point(idx, j, mask))
 
     def unravel(self, flat, dims) -> list:
         """Row-major indices of ``flat`` in ``dims``."""
@@ -203,38 +252,105 @@ class Ctx:
         return off
 
 
+def vector_lanes(out: kir.Buffer, bufs, inner) -> int | None:
+    """Lanes for an explicitly vectorized loop writing ``out`` along dims ``inner`` (a
+    tuple of dims), touching ``bufs``; None for a scalar loop: every buffer must hold 32-
+    or 64-bit elements, and the loop must not be short."""
+    if not inner or any(lookup_dtype(x.dtype).storage_bits not in (32, 64) for x in [out, *bufs]):
+        return None
+    n = lanes(out.dtype)
+    static = all(isinstance(d, int) for d in inner)
+    return None if static and reduce(lambda x, y: x * y, inner, 1) < n // 2 else n
+
+
+def _walks(out: kir.Buffer, buf: kir.Buffer, d: int) -> bool:
+    """Whether ``buf``, broadcast against ``out``, varies along ``out``'s dim ``d``."""
+    j = d - (out.ndim - buf.ndim)
+    return j >= 0 and buf.shape[j] != 1
+
+
+def _static(v):
+    """``v`` (an int or i64 value) as an int if it is a constant, else None."""
+    return v if isinstance(v, int) else v.constant if isinstance(v, ir.Constant) else None
+
+
+def _run_dims(out: kir.Buffer, reads, origin, extent) -> int:
+    """How many trailing dims of the box ``origin + [0, extent)`` of ``out`` form one
+    contiguous run that every buffer in ``reads`` walks alike (contiguously, or not at all)."""
+    nd, m = out.ndim, 1
+    while m < nd:
+        d = nd - m
+        if _static(extent[d]) != out.shape[d] or _static(origin[d]) != 0:
+            break
+        if any(_walks(out, buf, d - 1) != _walks(out, buf, d) for buf in reads):
+            break
+        m += 1
+    return m
+
+
 def _is_one(v) -> bool:
     return isinstance(v, ir.Constant) and v.constant == 1
 
 
 def emit_elementwise(ctx: Ctx, stage: kir.Elementwise) -> None:
+    """The stage as one loop nest (dims that every buffer walks alike merged into one
+    loop), the outermost loop split across threads when the nest is large. The innermost
+    loop runs on ``n``-element vectors (the last one masked) when :func:`vector_lanes`
+    allows, with buffers that do not walk it loaded once and splatted."""
     roots = [node for _, node in stage.stores]
     bufs = kir.loads(roots) + [buf for buf, _ in stage.stores]
     layout = kir.nest_layout(stage.shape, bufs)
+    n = layout.extents and vector_lanes(stage.stores[0][0], bufs, layout.extents[-1])
+    if not n:
+        ctx.scalar_loops()
+
+    def point(c: Ctx, steps, idx, mask=None) -> None:
+        """The nest's body at ``idx``; with ``n``, on the vector starting there."""
+        b, em = c.b, Emitter(c.b, n) if n else c.em
+        offsets: dict = {}
+
+        def address(buf):  # one offset per buffer and point; unit steps need no multiply
+            if buf not in offsets:
+                terms = [i if _is_one(step) else b.mul(i, step, flags=["nsw"])
+                         for i, step in zip(idx, steps[buf]) if step is not None]
+                off = terms[0] if terms else ir.Constant(I64, 0)
+                for t in terms[1:]:
+                    off = b.add(off, t, flags=["nsw"])
+                offsets[buf] = off
+            return offsets[buf]
+
+        def load(buf):
+            if not n:
+                return c.load(buf, address(buf))
+            if steps[buf][-1] is None:  # constant along the vector
+                return splat(b, c.load(buf, address(buf)), n)
+            return vload(b, c.element(buf, address(buf)), buf.dtype, mask, n)
+
+        values = evaluate(em, roots, load)
+        for buf, node in stage.stores:
+            if n:
+                vstore(b, values[id(node)], c.element(buf, address(buf)), buf.dtype, mask)
+            else:
+                c.store(buf, address(buf), values[id(node)])
+
+    def vectors(c: Ctx, steps, start, stop, idx) -> None:
+        strips(c.b, start, stop, n, lambda i, mask: point(c, steps, idx + [i], mask))
 
     def nest(c: Ctx, lo, hi, _extra):
         b = c.b
         counts = [c.product(ext) for ext in layout.extents]
         steps = {buf: [None if s is None else c.product(s) for s in layout.strides[buf]] for buf in bufs}
-        with for_range(b, hi, "i0", start=lo) if counts else _nothing() as first:
-            with loop_nest(b, counts[1:], "j") as rest:
-                idx = ([first] if counts else []) + rest
-
-                offsets: dict = {}
-
-                def address(buf):  # one offset per buffer and point; unit steps need no multiply
-                    if buf not in offsets:
-                        terms = [i if _is_one(step) else b.mul(i, step, flags=["nsw"])
-                                 for i, step in zip(idx, steps[buf]) if step is not None]
-                        off = terms[0] if terms else ir.Constant(I64, 0)
-                        for t in terms[1:]:
-                            off = b.add(off, t, flags=["nsw"])
-                        offsets[buf] = off
-                    return offsets[buf]
-
-                values = evaluate(c.em, roots, lambda buf: c.load(buf, address(buf)))
-                for buf, node in stage.stores:
-                    c.store(buf, address(buf), values[id(node)])
+        if not counts:
+            point(c, steps, [])
+        elif n and len(counts) == 1:
+            vectors(c, steps, lo, hi, [])
+        else:
+            with for_range(b, hi, "i0", start=lo) as first:
+                with loop_nest(b, counts[1:-1] if n else counts[1:], "j") as rest:
+                    if n:
+                        vectors(c, steps, I64(0), counts[-1], [first] + rest)
+                    else:
+                        point(c, steps, [first] + rest)
 
     total = [d for ext in layout.extents for d in ext]
     static = reduce(lambda x, y: x * y, (d for d in total if isinstance(d, int)), 1)
@@ -245,18 +361,12 @@ def emit_elementwise(ctx: Ctx, stage: kir.Elementwise) -> None:
         nest(ctx, ir.Constant(I64, 0), outer, ())
 
 
-class _nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
-
-
 def _emit_stage(ctx: Ctx, stage) -> None:
     if isinstance(stage, kir.Elementwise):
         emit_elementwise(ctx, stage)
     else:
+        if stage.needs_loop_vectorizer():
+            ctx.scalar_loops()
         stage.emit_llvm(ctx)
 
 
@@ -296,6 +406,7 @@ def emit_llvm(kernel: kir.Kernel, arg_names: list[str], triple: str, data_layout
 
     module = ir.Module(name=kernel.name)
     module.triple, module.data_layout = triple, data_layout
+    module.needs_loop_vectorizer = False
     compute = emit_compute(module, kernel)
     emit_entry(module, kernel, compute, arg_names)
     return module
