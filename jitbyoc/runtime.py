@@ -22,7 +22,10 @@ import tvm_ffi
 
 from . import jit, library
 
-_DROP = (".file", ".ident", ".addrsig", ".globl", '.section\t".note.GNU-stack"')
+# assembler directives that must not repeat in (or do not belong to) the shared object
+_DROP = re.compile(r'^[ \t]*(?:\.file|\.ident|\.addrsig|\.globl|\.section\t"\.note\.GNU-stack")[^\n]*(?:\n|$)',
+                   re.MULTILINE)
+_LOCAL = re.compile(r"\.L([\w.$]+)")
 
 
 def tvm_target_flag() -> str:
@@ -43,14 +46,9 @@ def impl_symbol(symbol: str) -> str:
 def _module_asm(symbol: str, asm: str) -> list[str]:
     """The region's assembly with its entry renamed, made local, and its local labels
     prefixed so several regions can share one object file."""
-    out = []
-    for line in asm.splitlines():
-        if line.strip().startswith(_DROP):
-            continue
-        line = line.replace(f"__tvm_ffi_{symbol}", impl_symbol(symbol))
-        line = re.sub(r"\.L([\w.$]+)", lambda m: f".L{symbol}_{m.group(1)}", line)
-        out.append(f'module asm "{_escape(line)}"')
-    return out
+    text = _DROP.sub("", asm).replace(f"__tvm_ffi_{symbol}", impl_symbol(symbol))
+    text = _escape(_LOCAL.sub(lambda m: f".L{symbol}_{m.group(1)}", text))
+    return [f'module asm "{line}"' for line in text.splitlines()]
 
 
 def _trampoline(symbol: str) -> str:

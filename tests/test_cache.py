@@ -276,3 +276,21 @@ def test_thousand_rebuilds_keep_memory_bounded():
     assert out.returncode == 0, out.stderr[-2000:]
     growth = float(out.stdout.strip().splitlines()[-1])
     assert growth < 50, f"resident memory grew by {growth:.1f} MB over 950 rebuilds"
+
+
+def test_writes_under_the_bound_do_not_rescan_the_directory(fresh_cache, monkeypatch):
+    """The directory is scanned once per process, then only when the running size
+    estimate passes the bound (a full cache holds thousands of entries)."""
+    scans = []
+    real = cache._evict
+    monkeypatch.setattr(cache, "_evict", lambda root: (scans.append(root), real(root)))
+    for i in range(20):
+        cache.put(cache.key(f"entry{i}"), "x" * 1000)
+    assert len(scans) == 1
+    cache.configure(max_bytes=5 * 1100)
+    try:
+        cache.put(cache.key("one more"), "x" * 1000)  # past the bound: scan and evict
+    finally:
+        cache.configure(max_bytes=256 << 20)
+    assert len(scans) == 2
+    assert cache.disk_usage() <= 5 * 1100

@@ -27,12 +27,14 @@ def test_workers_emit_the_same_assembly_as_the_process(pool):
 
 def test_each_job_gets_its_pipeline_in_any_order(pool):
     """Engines and regions are compiled with different pipelines (strength reduction is
-    a process-wide LLVM option a worker switches per job): whatever a worker compiled
-    before, the result is what the main process makes with the same pipeline."""
+    a process-wide LLVM option a worker switches per job; the args engine takes the lean
+    pass list): whatever a worker compiled before, the result is what the main process
+    makes with the same pipeline."""
     (region,) = jitbyoc.inspect(models.SeedExample)
-    engines = ["jitbyoc_lib_gemm_float32_4_k_x", "jitbyoc_lib_conv_float32_16_16_1"]
+    engines = ["jitbyoc_lib_gemm_float32_4_k_x", "jitbyoc_lib_conv_float32_16_16_1", "jitbyoc_lib_args"]
     jobs = [(region.llvm_ir, jit.GLUE)] + [codegen._engine_job(e) for e in engines]
-    assert len({p.lsr for _, p in jobs}) == 2 and len({p for _, p in jobs}) == 3
+    assert len({p.lsr for _, p in jobs}) == 2 and len({p for _, p in jobs}) == 4
+    assert {p.speed_level for _, p in jobs} == {0, 1}
     order = jobs + jobs[::-1] + jobs
     futures = [pool.submit(text, p) for text, p in order]
     for (text, p), f in zip(order, futures):

@@ -27,6 +27,7 @@ from . import gemm_micro as mk
 from .gemm import SERIAL_MAX_MACS, _all_dims
 
 CHUNKS = 8  # chunks per batch item: enough to even out threads that get unequal CPU
+EDGE_UNROLL = 1  # edge tiles are few: their microkernels are not unrolled (smaller engine)
 
 
 def _size(ctx, dims) -> ir.Value:
@@ -193,7 +194,7 @@ def _micro(g, c, args, in_place: bool) -> None:
     for r, v in variants:
         fits = b.and_(b.icmp_signed("<=", mv, I64(r)), b.icmp_signed("<=", nvec, I64(v)))
         with b.if_then(fits):
-            b.call(mk.microkernel(c.module, dt, r, v, blk.unroll, in_place), args)
+            b.call(mk.microkernel(c.module, dt, r, v, EDGE_UNROLL, in_place), args)
             b.branch(done)
     b.unreachable()  # the last variant is the full tile: every edge tile fits
     b.position_at_end(done)
