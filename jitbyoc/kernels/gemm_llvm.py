@@ -189,7 +189,7 @@ def _micro(g, c, args, in_place: bool) -> None:
     done = b.append_basic_block("micro.done")
     full = b.and_(b.icmp_signed("==", mv, I64(blk.mr)), b.icmp_signed("==", nvalid, I64(g.nr)))
     with b.if_then(full, likely=True):
-        b.call(mk.microkernel(c.module, dt, blk.mr, blk.nv, blk.unroll, False), args)
+        b.call(mk.microkernel(c.module, dt, blk.mr, blk.nv, blk.unroll, False, full=True), args)
         b.branch(done)
     for r, v in variants:
         fits = b.and_(b.icmp_signed("<=", mv, I64(r)), b.icmp_signed("<=", nvec, I64(v)))

@@ -44,17 +44,20 @@ def transpose(b: ir.IRBuilder, rows: list) -> list:
     return rows
 
 
-def microkernel(module: ir.Module, dt: str, mr: int, nv: int, unroll: int, masked: bool) -> ir.Function:
+def microkernel(module: ir.Module, dt: str, mr: int, nv: int, unroll: int, masked: bool,
+                full: bool = False) -> ir.Function:
     """``micro(a, axs, aks, b, bks, kc, c, ldc, mv, nvalid, accumulate)``: the ``mr x nv*VL``
     tile ``C (+)= A B`` over ``kc`` steps. ``A[i, k]`` is read at ``a + i*axs + k*aks`` (a
     packed panel is ``axs=1, aks=MR``); rows past ``mv`` re-read row ``mv-1``, so an edge
     tile never reads outside A. ``B[k, j]`` is read as vectors at ``b + k*bks + j`` (a
     packed panel, or B itself when its rows are contiguous); with ``masked`` the lanes past
     ``nvalid`` are not read (B read in place at an edge). Only the ``mv x nvalid`` corner
-    is stored. Accumulators live in registers as loop-carried values; k is unrolled."""
+    is stored. Accumulators live in registers as loop-carried values; k is unrolled. With
+    ``full`` the kernel is only called for whole tiles (``mv = mr``, ``nvalid = nv*VL``):
+    no clamped rows, no edge stores."""
     vl = lanes(dt)
     # named after the region: regions are assembled together, so local symbols must differ
-    name = f"{module.name}_gemm_{dt}_{mr}x{nv}_u{unroll}{'_masked' if masked else ''}"
+    name = f"{module.name}_gemm_{dt}_{mr}x{nv}_u{unroll}{'_masked' if masked else ''}{'_full' if full else ''}"
     if name in module.globals:
         return module.globals[name]
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64, PTR, I64, I64, PTR, I64, I64, I64, I1]),
@@ -66,8 +69,8 @@ def microkernel(module: ir.Module, dt: str, mr: int, nv: int, unroll: int, maske
         p.add_attribute("noalias")
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     last = b.sub(mvalid, I64(1))
-    rows = [gep(b, ap, b.mul(b.select(b.icmp_signed("<", I64(i), mvalid), I64(i), last), axs), dt)
-            for i in range(mr)]
+    rows = [gep(b, ap, b.mul(I64(i) if full else b.select(b.icmp_signed("<", I64(i), mvalid), I64(i), last),
+                             axs), dt) for i in range(mr)]
     masks = [lane_mask(b, b.sub(nvalid, I64(j * vl)), vl) if masked else None for j in range(nv)]
     step = _fma_step(b, dt, rows, aks, bp, bks, masks)
     main = b.sdiv(kc, I64(unroll))
@@ -81,7 +84,10 @@ def microkernel(module: ir.Module, dt: str, mr: int, nv: int, unroll: int, maske
     _prefetch_tile(b, dt, c, ldc, mr, nv)
     accs = _carry_loop(b, I64(0), main, [ir.Constant(vtype(dt), None)] * (mr * nv), unrolled, "ku")
     accs = _carry_loop(b, b.mul(main, I64(unroll)), kc, accs, step, "kr")
-    _store_tile(b, dt, accs, c, ldc, mvalid, nvalid, accumulate, mr, nv)
+    if full:
+        _rows(b, dt, accs, c, ldc, accumulate, mr, nv, [None] * nv, None)
+    else:
+        _store_tile(b, dt, accs, c, ldc, mvalid, nvalid, accumulate, mr, nv)
     b.ret_void()
     return fn
 
