@@ -140,6 +140,9 @@ ACTIVATIONS = ("relax.nn.relu", "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn
                "relax.sigmoid", "relax.tanh")
 
 
+OPS_USED: dict[str, frozenset] = {}  # pattern name -> the Relax ops it matches (all needed)
+
+
 def composite_patterns() -> list[tuple]:
     """anchor (+ bias add) (+ activation): the seeds' conv2d+bias+relu, and matmul/linear
     with a bias and an activation. Registered after the single ops: later wins."""
@@ -160,6 +163,8 @@ def composite_patterns() -> list[tuple]:
                 name = anchor.split(".")[-1] + ("_bias" if with_bias else "") + \
                     (f"_{act.split('.')[-1]}" if act else "")
                 out.append((f"{PREFIX}.{name}", root, ann, _check_all))
+                OPS_USED[f"{PREFIX}.{name}"] = frozenset(
+                    [anchor] + (["relax.add"] if with_bias else []) + ([act] if act else []))
     return out
 
 
@@ -170,6 +175,7 @@ def patterns() -> list[tuple]:
         # strides) match too
         pat = is_op(relax_name)(*[wildcard() for _ in range(arity)], varg_default_wildcard=True)
         out.append((f"{PREFIX}.{relax_name.removeprefix('relax.')}", pat, {}, _check))
+        OPS_USED[out[-1][0]] = frozenset([relax_name])
     return out + composite_patterns()
 
 

@@ -309,3 +309,22 @@ def test_builds_pause_the_cyclic_gc_and_restore_it(monkeypatch, user_gc):
         assert seen == [False] and gc.isenabled() == user_gc
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("name", ["transformer_block", "conv_block", "mlp", "transcendental_256"])
+def test_partitioning_tries_only_patterns_whose_ops_occur(name, monkeypatch):
+    """Patterns are filtered by the ops a module calls before matching; the partition
+    is the one all patterns give (and the filter does drop patterns)."""
+    from bench.models import ZOO
+    from jitbyoc import partition
+    from tvm.relax.backend.pattern_registry import get_patterns_with_prefix
+
+    mod = ZOO[name].make().mod
+    used = []
+    real = partition.FuseOpsByPattern
+    monkeypatch.setattr(partition, "FuseOpsByPattern", lambda ps, **kw: used.append(len(ps)) or real(ps, **kw))
+    filtered = partition._partition(mod)
+    monkeypatch.setattr(partition, "OPS_USED", {})  # every pattern's ops: the empty set
+    unfiltered = partition._partition(mod)
+    assert used == [used[0], len(get_patterns_with_prefix(partition.PREFIX))] and used[0] < used[1]
+    assert tvm_ffi.structural_equal(filtered, unfiltered)
