@@ -122,11 +122,13 @@ def _prefetch_tile(b, dt, c, ldc, mr, nv):
 
 
 def _carry_loop(b, start, stop, init, body, name):
-    """``for k in [start, stop)``: ``values = body(k, values)``; returns the final values."""
+    """``for k in [start, stop)``: ``values = body(k, values)``; returns the final values.
+    Emitted rotated (a guard, then a bottom-tested body), the form strength reduction in
+    the code generator works on, whatever passes ran before it."""
     pre = b.block
-    cond, loop, end = (b.append_basic_block(f"{name}.{s}") for s in ("cond", "body", "end"))
-    b.branch(cond)
-    b.position_at_end(cond)
+    loop, end = b.append_basic_block(f"{name}.body"), b.append_basic_block(f"{name}.end")
+    b.cbranch(b.icmp_signed("<", start, stop), loop, end)
+    b.position_at_end(loop)
     k = b.phi(I64, name=name)
     k.add_incoming(start, pre)
     phis = []
@@ -134,15 +136,21 @@ def _carry_loop(b, start, stop, init, body, name):
         p = b.phi(v.type)
         p.add_incoming(v, pre)
         phis.append(p)
-    b.cbranch(b.icmp_signed("<", k, stop), loop, end)
-    b.position_at_end(loop)
     new = body(k, phis)
-    k.add_incoming(b.add(k, I64(1), flags=["nsw"]), b.block)
+    nxt = b.add(k, I64(1), flags=["nsw"])
+    k.add_incoming(nxt, b.block)
     for p, v in zip(phis, new):
         p.add_incoming(v, b.block)
-    b.branch(cond)
+    last = b.block
+    b.cbranch(b.icmp_signed("<", nxt, stop), loop, end)
     b.position_at_end(end)
-    return phis
+    out = []
+    for v0, v in zip(init, new):
+        p = b.phi(v0.type)
+        p.add_incoming(v0, pre)
+        p.add_incoming(v, last)
+        out.append(p)
+    return out
 
 
 def _store_tile(b, dt, accs, c, ldc, mvalid, nvalid, accumulate, mr, nv):

@@ -51,7 +51,7 @@ WORDS = 6  # per record
 @dataclass(frozen=True)
 class ArgsEngine(library.Engine):
     kind = "args"
-    # a table walk with one call per region call: the lean pass list halves its compile
+    # a table walk, one call per region call: the lean pass list halves its compile
     # time (the first build's) and changes no call's cost
     pipeline = library.Pipeline(speed_level=0, vectorize=False, lsr=False)
 

@@ -20,22 +20,21 @@ def smin(b: ir.IRBuilder, x, y):
 
 @contextmanager
 def for_range(b: ir.IRBuilder, count, name: str = "i", start=None):
-    """``for (i = start; i < count; ++i)``; yields ``i`` with the builder in the body."""
+    """``for (i = start; i < count; ++i)``; yields ``i`` with the builder in the body.
+    Emitted rotated (a guard, then a bottom-tested body): the canonical form that loop
+    passes and the code generator's strength reduction expect."""
     start = ir.Constant(I64, 0) if start is None else start
     pre = b.block
-    cond = b.append_basic_block(f"{name}.cond")
     body = b.append_basic_block(f"{name}.body")
     end = b.append_basic_block(f"{name}.end")
-    b.branch(cond)
-    b.position_at_end(cond)
+    b.cbranch(b.icmp_signed("<", start, count), body, end)
+    b.position_at_end(body)
     idx = b.phi(I64, name=name)
     idx.add_incoming(start, pre)
-    b.cbranch(b.icmp_signed("<", idx, count), body, end)
-    b.position_at_end(body)
     yield idx
     nxt = b.add(idx, ir.Constant(I64, 1), name=f"{name}.next", flags=["nsw"])
     idx.add_incoming(nxt, b.block)
-    b.branch(cond)
+    b.cbranch(b.icmp_signed("<", nxt, count), body, end)
     b.position_at_end(end)
 
 
