@@ -20,6 +20,7 @@ from . import cache, compile_pool, jit, kir, library, runtime
 from .frontend import lower_region
 from .lowering import c as c_renderer
 from .lowering.llvm import emit_llvm
+from .lowering.llvm import release as release_module
 
 log = logging.getLogger("jitbyoc")
 
@@ -45,13 +46,13 @@ class Region:
         """LLVM IR before optimization."""
         return str(self.llvm_module)
 
-    @property
+    @cached_property
     def pipeline(self) -> jit.Pipeline:
         """How this region is optimized: without the loop vectorizer when its loops are
         all explicit vectors."""
         return jit.GLUE if self.llvm_module.needs_loop_vectorizer else jit.GLUE_VECTORS
 
-    @property
+    @cached_property
     def engines(self) -> set[str]:
         """The library engines this region calls (:mod:`jitbyoc.library`)."""
         return library.used_by(self.llvm_module)
@@ -69,6 +70,16 @@ class Region:
     def load(self) -> tvm.runtime.Module:
         """This region alone (with the engines it calls) as a runtime module."""
         return runtime.tvm_module({self.symbol: self.asm}, engine_asm(library.references(self.asm)))
+
+    def release(self) -> None:
+        """Free the rendered module now (its IR text, pipeline and engines are kept);
+        builds call this once a region is submitted (see :func:`.lowering.llvm.release`)."""
+        module = self.__dict__.pop("llvm_module", None)
+        if module is not None:
+            self.__dict__.setdefault("llvm_ir", str(module))
+            self.__dict__["pipeline"] = jit.GLUE if module.needs_loop_vectorizer else jit.GLUE_VECTORS
+            self.__dict__["engines"] = library.used_by(module)
+            release_module(module)
 
     @cached_property
     def c_source(self) -> str:
@@ -175,6 +186,7 @@ def _compile_misses(misses: dict, asm: dict, engines: dict, status: dict) -> Non
         for e in new:
             submit_engine(e)
         submit(symbol, k, region.llvm_ir, region.pipeline)
+        region.release()
     for symbol, (k, result) in jobs.items():
         text = result.result() if hasattr(result, "result") else result
         (engines if symbol in engines else asm)[symbol] = text

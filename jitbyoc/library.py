@@ -26,7 +26,7 @@ from llvmlite import ir
 
 from . import kir
 from .compile_worker import Pipeline
-from .lowering.llvm import Ctx, load_slots, pack_slots
+from .lowering.llvm import Ctx, load_slots, pack_slots, release
 
 PREFIX = "jitbyoc_lib_"
 KINDS: dict[str, type] = {}
@@ -109,7 +109,9 @@ def ir_text(engine: Engine, triple: str, data_layout: str) -> str:
     module = ir.Module(name=engine.symbol)
     module.triple, module.data_layout = triple, data_layout
     engine.emit(module, ir.Function(module, engine.signature(), engine.symbol))
-    return str(module)
+    text = str(module)
+    release(module)
+    return text
 
 
 _REFERENCE = re.compile(re.escape(PREFIX) + r"[A-Za-z0-9_]+")

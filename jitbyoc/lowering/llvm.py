@@ -65,6 +65,21 @@ class Emitter:
         return self.b.icmp_unsigned("!=", raw, ir.Constant(raw.type, 0)) if dt == "bool" else raw
 
 
+def release(module: ir.Module) -> None:
+    """Break an llvmlite module's reference cycles (parents, phi incomings, metadata) once
+    its text is taken, so it is freed when dropped rather than by a cyclic collection:
+    after a cold build of the encoder, that collection took 20-27 ms."""
+    for g in list(module.globals.values()):
+        for block in getattr(g, "blocks", ()):
+            for ins in block.instructions:
+                ins.__dict__.clear()
+            block.__dict__.clear()
+        for arg in getattr(g, "args", ()):
+            arg.__dict__.clear()
+        g.__dict__.clear()
+    module.__dict__.clear()
+
+
 def pack_slots(b: ir.IRBuilder, values) -> ir.Value:
     """``values`` (i64 values, ints or pointers) stored in i64 slots of a static stack
     array (valid while the current function runs); read back with :func:`load_slots`."""
