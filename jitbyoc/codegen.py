@@ -155,9 +155,10 @@ def _engine_job(symbol: str) -> tuple[str, jit.Pipeline]:
 
 def _compile_misses(misses: dict, asm: dict, engines: dict, status: dict) -> None:
     """Compile what the cache did not have: the regions, rendered here one after another,
-    and the engines they call, each submitted as soon as it is known (an engine before
-    the region that first needs it: engines are the large ones). With two or more things
-    to compile, the worker pool compiles them in parallel with the rendering."""
+    and the engines they call, each submitted as soon as it is known (an engine right
+    after the region that first needs it, which keeps a worker busy while the engine
+    renders; the pool starts engines, the large jobs, first). With two or more things to
+    compile, the worker pool compiles them in parallel with the rendering."""
     jobs: dict[str, tuple] = {}  # symbol -> (cache key, assembly or future)
     workers = None
 
@@ -183,10 +184,10 @@ def _compile_misses(misses: dict, asm: dict, engines: dict, status: dict) -> Non
                 new.append(e)
         if new and workers is None:
             workers = compile_pool.pool()
+        submit(symbol, k, region.llvm_ir, region.pipeline)  # a worker's work while engines render
+        region.release()
         for e in new:
             submit_engine(e)
-        submit(symbol, k, region.llvm_ir, region.pipeline)
-        region.release()
     for symbol, (k, result) in jobs.items():
         text = result.result() if hasattr(result, "result") else result
         (engines if symbol in engines else asm)[symbol] = text
