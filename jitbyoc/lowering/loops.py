@@ -27,7 +27,10 @@ def for_range(b: ir.IRBuilder, count, name: str = "i", start=None):
     pre = b.block
     body = b.append_basic_block(f"{name}.body")
     end = b.append_basic_block(f"{name}.end")
-    b.cbranch(b.icmp_signed("<", start, count), body, end)
+    if isinstance(start, ir.Constant) and isinstance(count, ir.Constant) and start.constant < count.constant:
+        b.branch(body)  # runs at least once
+    else:
+        b.cbranch(b.icmp_signed("<", start, count), body, end)
     b.position_at_end(body)
     idx = b.phi(I64, name=name)
     idx.add_incoming(start, pre)

@@ -48,10 +48,21 @@ class SplatConstant(ir.Constant):
         return f"splat ({first.type} {first.get_reference()})"
 
 
+class VectorLiteral(ir.Constant):
+    """A whole-vector literal (``zeroinitializer``, ``poison``), printed as one word."""
+
+    def __init__(self, vt: ir.VectorType, word: str):
+        super().__init__(vt, None)
+        self.word = word
+
+    def _get_reference(self):
+        return self.word
+
+
 def splat(b: ir.IRBuilder, value, n: int):
     vt = ir.VectorType(value.type, n)
-    v = b.insert_element(ir.Constant(vt, ir.Undefined), value, I32(0))
-    return b.shuffle_vector(v, ir.Constant(vt, ir.Undefined), ir.Constant(ir.VectorType(I32, n), [0] * n))
+    v = b.insert_element(VectorLiteral(vt, "poison"), value, I32(0))
+    return b.shuffle_vector(v, VectorLiteral(vt, "poison"), VectorLiteral(ir.VectorType(I32, n), "zeroinitializer"))
 
 
 def lane_mask(b: ir.IRBuilder, limit, n: int):
@@ -71,7 +82,7 @@ def vload(b, ptr, dt, mask=None, n: int | None = None):
         return b.load(ptr, typ=vt, align=align)
     fn = intrinsic(b.module, f"llvm.masked.load.{suffix(vt)}.p0", vt,
                     [PTR, I32, ir.VectorType(I1, vt.count), vt])
-    return b.call(fn, [ptr, I32(align), mask, ir.Constant(vt, None)])
+    return b.call(fn, [ptr, I32(align), mask, VectorLiteral(vt, "zeroinitializer")])
 
 
 def vstore(b, value, ptr, dt, mask=None):
@@ -89,12 +100,16 @@ def vstore(b, value, ptr, dt, mask=None):
 def strips(b: ir.IRBuilder, start, stop, n: int, body) -> None:
     """``body(i, mask)`` for ``i = start, start + n, ...`` below ``stop`` (i64 values):
     whole vectors with ``mask`` None (masked loads and stores cost 3 % on long loops),
-    then the remainder, if any, once with a lane mask."""
+    then the remainder, if any, once with a lane mask (a constant for constant bounds)."""
+    if isinstance(start, ir.Constant) and isinstance(stop, ir.Constant):
+        whole, rest = divmod(stop.constant - start.constant, n)
+        with for_range(b, I64(whole), "v") as v:
+            body(b.add(start, b.mul(v, I64(n), flags=["nsw"]), flags=["nsw"]), None)
+        if rest > 0:
+            body(I64(start.constant + whole * n), lane_mask(b, rest, n))
+        return
     with for_range(b, b.sdiv(b.sub(stop, start), I64(n)), "v") as v:
         body(b.add(start, b.mul(v, I64(n), flags=["nsw"]), flags=["nsw"]), None)
-    if isinstance(start, ir.Constant) and isinstance(stop, ir.Constant) \
-            and (stop.constant - start.constant) % n == 0:
-        return
     tail = b.add(start, b.mul(b.sdiv(b.sub(stop, start), I64(n)), I64(n), flags=["nsw"]), flags=["nsw"])
     with b.if_then(b.icmp_signed("<", tail, stop)):
         body(tail, lane_mask(b, b.sub(stop, tail), n))
