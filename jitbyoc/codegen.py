@@ -72,14 +72,12 @@ class Region:
         return runtime.tvm_module({self.symbol: self.asm}, engine_asm(library.references(self.asm)))
 
     def release(self) -> None:
-        """Free the rendered module now (its IR text, pipeline and engines are kept);
-        builds call this once a region is submitted (see :func:`.lowering.llvm.release`)."""
-        module = self.__dict__.pop("llvm_module", None)
-        if module is not None:
-            self.__dict__.setdefault("llvm_ir", str(module))
-            self.__dict__["pipeline"] = jit.GLUE if module.needs_loop_vectorizer else jit.GLUE_VECTORS
-            self.__dict__["engines"] = library.used_by(module)
-            release_module(module)
+        """Free the rendered module now, keeping what is derived from it (IR text,
+        pipeline, engines); builds call this once a region is submitted (see
+        :func:`.lowering.llvm.release`)."""
+        if "llvm_module" in self.__dict__:
+            self.llvm_ir, self.pipeline, self.engines  # noqa: B018 - cached before the module goes
+            release_module(self.__dict__.pop("llvm_module"))
 
     @cached_property
     def c_source(self) -> str:
