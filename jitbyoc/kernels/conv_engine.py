@@ -27,8 +27,8 @@ from .. import library
 from ..dtypes import dtype as lookup_dtype
 from ..lowering.llvm import declare
 from ..lowering.loops import I64, ceil_div, for_range, smin
+from ..lowering.vectors import splat
 from .conv_plan import plane_table, tap_table, workspace_size
-from .gemm_micro import splat
 
 I1, I8, I32 = ir.IntType(1), ir.IntType(8), ir.IntType(32)
 PTR = ir.PointerType()

@@ -12,8 +12,8 @@ from llvmlite import ir
 
 from ..dtypes import dtype as lookup_dtype
 from ..lowering.loops import I64, for_range
-from ..lowering.vectors import (VECTOR_BYTES, intrinsic, lane_mask, lanes, splat,  # noqa: F401
-                                suffix, vload, vstore, vtype)
+from ..lowering.vectors import (VECTOR_BYTES, intrinsic, lane_mask, lanes, splat, suffix,
+                                vload, vstore, vtype)
 
 I1, I32 = ir.IntType(1), ir.IntType(32)
 PTR = ir.PointerType()
@@ -122,32 +122,24 @@ def _prefetch_tile(b, dt, c, ldc, mr, nv):
 
 
 def _carry_loop(b, start, stop, init, body, name):
-    """``for k in [start, stop)``: ``values = body(k, values)``; returns the final values.
-    Emitted rotated (a guard, then a bottom-tested body), the form strength reduction in
-    the code generator works on, whatever passes ran before it."""
+    """``for k in [start, stop)``: ``values = body(k, values)``; returns the final values
+    (a :func:`for_range` loop with the values carried in phis)."""
     pre = b.block
-    loop, end = b.append_basic_block(f"{name}.body"), b.append_basic_block(f"{name}.end")
-    b.cbranch(b.icmp_signed("<", start, stop), loop, end)
-    b.position_at_end(loop)
-    k = b.phi(I64, name=name)
-    k.add_incoming(start, pre)
-    phis = []
-    for v in init:
-        p = b.phi(v.type)
-        p.add_incoming(v, pre)
-        phis.append(p)
-    new = body(k, phis)
-    nxt = b.add(k, I64(1), flags=["nsw"])
-    k.add_incoming(nxt, b.block)
-    for p, v in zip(phis, new):
-        p.add_incoming(v, b.block)
-    last = b.block
-    b.cbranch(b.icmp_signed("<", nxt, stop), loop, end)
-    b.position_at_end(end)
+    with for_range(b, stop, name, start=start) as k:
+        phis = []
+        for v in init:
+            p = b.phi(v.type)
+            p.add_incoming(v, pre)
+            phis.append(p)
+        new = body(k, phis)
+        for p, v in zip(phis, new):
+            p.add_incoming(v, b.block)
+        last = b.block
     out = []
     for v0, v in zip(init, new):
         p = b.phi(v0.type)
-        p.add_incoming(v0, pre)
+        if isinstance(pre.terminator, ir.ConditionalBranch):  # the guard may skip the loop
+            p.add_incoming(v0, pre)
         p.add_incoming(v, last)
         out.append(p)
     return out

@@ -203,9 +203,10 @@ class Ctx:
         ``stage.out`` (one origin/extent per dim of ``out``; ints or i64 values)."""
         if stage.epilogue is None:
             return
-        n = vector_lanes(stage.out, kir.loads([stage.epilogue]), stage.out.shape[-1:])
+        reads = kir.loads([stage.epilogue])
+        n = vector_lanes(stage.out, reads, stage.out.shape[-1:])
         if n:
-            self._vector_epilogue(stage, origin, extent, n)
+            self._vector_epilogue(stage, reads, origin, extent, n)
             return
         self.scalar_loops()
         out, b = stage.out, self.b
@@ -222,13 +223,13 @@ class Ctx:
             values = evaluate(self.em, [stage.epilogue], load, acc)
             self.store(out, offset, values[id(stage.epilogue)])
 
-    def _vector_epilogue(self, stage: kir.KernelStage, origin, extent, n: int) -> None:
+    def _vector_epilogue(self, stage: kir.KernelStage, reads, origin, extent, n: int) -> None:
         """:meth:`epilogue` on ``n``-element vectors along runs of the box that are
         contiguous in ``out`` (the last dim, and the dims before it while the box spans
         the dims after them whole: a 4-row band of 56-wide image rows is one run of 14
         vectors, not 4 runs of 3.5), the last vector of each run masked."""
         out, b, em = stage.out, self.b, Emitter(self.b, n)
-        nd, reads = out.ndim, kir.loads([stage.epilogue])
+        nd = out.ndim
         lead = nd - _run_dims(out, reads, origin, extent)
         sizes = [_static(e) if _static(e) is not None else e for e in extent[lead:]]
         length = reduce(lambda x, y: x * y if isinstance(x, int) and isinstance(y, int)
