@@ -35,7 +35,7 @@ def vm_function(mod, offload: bool, args):
 
     import jitbyoc
 
-    with (jitbyoc.enable() if offload else jitbyoc.disable()):
+    with (jitbyoc.enabled() if offload else jitbyoc.disabled()):
         ex = tvm.compile(mod, target="llvm")
     f = relax.VirtualMachine(ex, tvm.cpu())["main"]
     tensors = [tvm.runtime.tensor(a) for a in args]

@@ -36,7 +36,7 @@ from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 import jitbyoc
-from jitbyoc import cache, codegen, library, partition
+from jitbyoc import cache, codegen, frontend, library, partition
 
 from .models import ZOO
 
@@ -82,6 +82,7 @@ def _forget() -> None:
     modules), so the next build is as cold as in a fresh process whose worker pool runs."""
     cache.clear_memory()
     partition._MEMO.clear()
+    frontend._LOWERED.clear()
     codegen._MODULES.clear()
 
 
@@ -105,14 +106,14 @@ def measure(name: str, repeat: int) -> dict:
     ratios to its TVM build."""
     mod = ZOO[name].make().mod
     saved = cache.SETTINGS.path
-    with jitbyoc.disable():
+    with jitbyoc.disabled():
         _timed_build(mod)  # untimed warm-up of TVM's own lazy initialization
     with jitbyoc.enabled():
         _cold(mod, set())  # warm-up; tells which engines the model needs
         engines = {s for s in codegen.last_cache_status() if s.startswith(library.PREFIX)}
     rounds = []
     for _ in range(repeat):
-        with jitbyoc.disable():
+        with jitbyoc.disabled():
             base = _timed_build(mod)[0]
         with jitbyoc.enabled():
             rounds.append((base, _cold(mod, set()), _cold(mod, engines)))

@@ -5,7 +5,7 @@
 >>> ex = tvm.compile(mod, target="llvm")   # supported regions now run jitbyoc's code
 
 Public API: :func:`enable`, :func:`disable`, :func:`enabled` (context manager),
-:func:`is_enabled`, :func:`partition_for_jitbyoc`, :func:`report`, :func:`last_report`,
+:func:`disabled` (context manager), :func:`is_enabled`, :func:`partition_for_jitbyoc`, :func:`report`, :func:`last_report`,
 :func:`inspect`.
 """
 
@@ -22,7 +22,7 @@ check_llvm_majors()
 from . import codegen, patterns, pipeline  # noqa: E402
 from .codegen import Region  # noqa: E402
 from .partition import partition_for_jitbyoc, regions  # noqa: E402
-from .report import Report, last_report, report  # noqa: E402
+from .offload_report import Report, last_report, report  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -32,42 +32,52 @@ pipeline.register_pipeline()
 
 
 class _Switch:
-    """Returned by :func:`enable`/:func:`disable`; as a context manager it restores the
-    state from before the call on exit."""
+    """What :func:`enable`/:func:`disable` return. Not a context manager: use
+    :func:`enabled`/:func:`disabled` for a block (they nest and overlap safely)."""
 
-    def __init__(self, before: bool):
-        self.before = before
+    def __init__(self, what: str):
+        self.what = what
 
     def __enter__(self):
-        return self
+        raise TypeError(f"jitbyoc.{self.what}() switches the process default; for a block "
+                        f"use 'with jitbyoc.{self.what}d():'")
 
     def __exit__(self, *exc):
-        (pipeline.enable if self.before else pipeline.disable)()
         return False
 
 
 def enable() -> _Switch:
-    """Make ``tvm.compile``/``relax.build`` offload supported regions (process-wide)."""
-    before = pipeline.enabled()
-    pipeline.enable()
-    return _Switch(before)
+    """Make ``tvm.compile``/``relax.build`` offload supported regions: the process-wide
+    default (see :mod:`jitbyoc.pipeline` for how it combines with blocks)."""
+    pipeline.set_default(True)
+    return _Switch("enable")
 
 
 def disable() -> _Switch:
-    """Restore TVM's default pipelines exactly."""
-    before = pipeline.enabled()
-    pipeline.disable()
-    return _Switch(before)
+    """Turn the process-wide default off; once no :func:`enabled` block is open either,
+    TVM's pipelines are restored exactly."""
+    pipeline.set_default(False)
+    return _Switch("disable")
 
 
 def is_enabled() -> bool:
-    return pipeline.enabled()
+    """Whether a build started now would offload."""
+    return pipeline.active()
 
 
 @contextmanager
 def enabled():
-    """``with jitbyoc.enabled(): ...`` offloads inside the block only."""
-    with enable():
+    """``with jitbyoc.enabled(): ...`` offloads inside the block (blocks count: one
+    thread leaving its block does not end another's)."""
+    with pipeline.block(True):
+        yield
+
+
+@contextmanager
+def disabled():
+    """``with jitbyoc.disabled(): ...`` builds with TVM alone inside the block, whatever
+    the default and any enabled() block say."""
+    with pipeline.block(False):
         yield
 
 
@@ -79,5 +89,5 @@ def inspect(mod) -> list[Region]:
     return [Region.from_function(f) for f in regions(part).values()]
 
 
-__all__ = ["enable", "disable", "enabled", "is_enabled", "partition_for_jitbyoc", "report",
+__all__ = ["enable", "disable", "enabled", "disabled", "is_enabled", "partition_for_jitbyoc", "report",
            "last_report", "inspect", "Region", "Report", "__version__"]

@@ -12,12 +12,13 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import tvm
 from . import cache, compile_pool, jit, kir, library, runtime
-from .frontend import lower_region
+from .frontend import Names, lowered
+from .lowering import abi
 from .lowering import c as c_renderer
 from .lowering.llvm import emit_llvm
 from .lowering.llvm import release as release_module
@@ -27,19 +28,33 @@ log = logging.getLogger("jitbyoc")
 
 @dataclass
 class Region:
-    """One offloaded region and every rendering of it, made on first access."""
+    """One offloaded region and every rendering of it, made on first access.
+
+    ``symbol`` names this use of the region (TVM calls ``__tvm_ffi_<symbol>``);
+    ``kernel.name`` names its code, which every use with the same kernel shares; ``names``
+    holds the user's names that this use's error messages show."""
     symbol: str
     kernel: kir.Kernel
-    arg_names: list[str]
+    names: Names
+    key: str = field(default="", repr=False)  # the kernel's canonical text (jitbyoc.kir.canonical)
 
     @classmethod
     def from_function(cls, func) -> "Region":
-        kernel, names = lower_region(func)
-        return cls(kernel.name, kernel, names)
+        low = lowered(func)
+        return cls(str(func.attrs["global_symbol"]), low.kernel, low.names, low.key)
+
+    @property
+    def arg_names(self) -> list[str]:
+        return list(self.names.args)
+
+    @cached_property
+    def texts(self) -> list[str]:
+        """This use's names table (:func:`jitbyoc.lowering.abi.strings`)."""
+        return abi.strings(self.kernel, self.symbol, self.names.args, self.names.size_display)
 
     @cached_property
     def llvm_module(self):
-        return emit_llvm(self.kernel, self.arg_names, jit.host()["triple"], jit.data_layout())
+        return emit_llvm(self.kernel, jit.host()["triple"], jit.data_layout())
 
     @cached_property
     def llvm_ir(self) -> str:
@@ -69,7 +84,8 @@ class Region:
 
     def load(self) -> tvm.runtime.Module:
         """This region alone (with the engines it calls) as a runtime module."""
-        return runtime.tvm_module({self.symbol: self.asm}, engine_asm(library.references(self.asm)))
+        return runtime.tvm_module({self.kernel.name: self.asm}, engine_asm(library.references(self.asm)),
+                                  {self.symbol: (self.kernel.name, self.texts)})
 
     def release(self) -> None:
         """Free the rendered module now, keeping what is derived from it (IR text,
@@ -81,7 +97,7 @@ class Region:
 
     @cached_property
     def c_source(self) -> str:
-        return c_renderer.emit_c(self.kernel, self.arg_names)
+        return c_renderer.emit_c(self.kernel, self.symbol, self.texts)
 
 
 _STATUS = threading.local()
@@ -100,33 +116,40 @@ def last_cache_status() -> dict[str, str]:
 
 
 def compile_regions(functions) -> tvm.runtime.Module | None:
-    """Assembly for every region and the engines they call (from the cache, or lowered,
-    optimized and compiled now), loaded as one runtime module."""
+    """Assembly for every region's code and the engines it calls (from the cache, or
+    lowered, optimized and compiled now), loaded as one runtime module with an entry per
+    region."""
     t0 = time.perf_counter()
-    asm: dict[str, str] = {}
+    asm: dict[str, str] = {}  # code symbol -> assembly
     status: dict[str, str] = {}
-    keys, misses = [], {}
+    uses: dict[str, tuple] = {}  # region symbol -> (code symbol, names table)
+    misses, keys = {}, {}
     for func in functions:
-        symbol = str(func.attrs["global_symbol"])
-        if symbol in asm:  # equal content, equal symbol: compile once
+        region = Region.from_function(func)
+        code = region.kernel.name
+        uses[region.symbol] = (code, region.texts)
+        key = cache.key(region.key)
+        if code in keys:  # equal code: compile once
+            if keys[code] != key:
+                raise RuntimeError(f"jitbyoc: two different regions share the code symbol '{code}'")
             continue
-        k = cache.key(symbol)
-        keys.append(k)
-        asm[symbol], status[symbol] = cache.get(k)
-        if asm[symbol] is None:
-            misses[symbol] = (k, func)
+        keys[code] = key
+        asm[code], status[code] = cache.get(key)
+        if asm[code] is None:
+            misses[code] = region
     engines: dict[str, str] = {}
     for symbol in sorted(set().union(*(library.references(a) for a in asm.values() if a))):
         engines[symbol], status[symbol] = cache.get(cache.key(symbol))
-    _compile_misses(misses, asm, engines, status)
-    _STATUS.status = status
+    _compile_misses(misses, keys, asm, engines, status)
+    _STATUS.status = {**{s: status[code] for s, (code, _) in uses.items()},
+                      **{e: status[e] for e in engines}}
     if not asm:
         return None
     t1 = time.perf_counter()
-    module = _load(tuple(sorted(keys)), asm, engines)
-    compiled = sum(v == "compiled" for s, v in status.items() if s in asm)
+    module = _load(asm, engines, uses)
+    compiled = sum(status[code] == "compiled" for code, _ in uses.values())
     log.info("jitbyoc: %d regions (%d compiled, %d from cache), %d library engines (%d compiled) "
-             "in %.1f ms, %.1f ms of it loading into TVM", len(asm), compiled, len(asm) - compiled,
+             "in %.1f ms, %.1f ms of it loading into TVM", len(uses), compiled, len(uses) - compiled,
              len(engines), sum(status[s] == "compiled" for s in engines),
              1e3 * (time.perf_counter() - t0), 1e3 * (time.perf_counter() - t1))
     return module
@@ -151,7 +174,7 @@ def _engine_job(symbol: str) -> tuple[str, jit.Pipeline]:
     return library.ir_text(engine, jit.host()["triple"], jit.data_layout()), engine.pipeline
 
 
-def _compile_misses(misses: dict, asm: dict, engines: dict, status: dict) -> None:
+def _compile_misses(misses: dict, keys: dict, asm: dict, engines: dict, status: dict) -> None:
     """Compile what the cache did not have: the regions, rendered here one after another,
     and the engines they call, each submitted as soon as it is known (an engine right
     after the region that first needs it, which keeps a worker busy while the engine
@@ -160,7 +183,7 @@ def _compile_misses(misses: dict, asm: dict, engines: dict, status: dict) -> Non
     jobs: dict[str, tuple] = {}  # symbol -> (cache key, assembly or future)
     workers = None
 
-    def submit(symbol: str, k: str, text: str, pipeline: jit.Pipeline) -> None:
+    def submit(symbol: str, k: cache.Key, text: str, pipeline: jit.Pipeline) -> None:
         status[symbol] = "compiled"
         jobs[symbol] = (k, workers.submit(text, pipeline) if workers
                         else jit.compile_to_assembly(text, pipeline))
@@ -173,8 +196,7 @@ def _compile_misses(misses: dict, asm: dict, engines: dict, status: dict) -> Non
         workers = compile_pool.pool()
     for e in missing:
         submit_engine(e)
-    for symbol, (k, func) in misses.items():
-        region = Region.from_function(func)
+    for code, region in misses.items():
         new = []
         for e in sorted(region.engines - engines.keys()):
             engines[e], status[e] = cache.get(cache.key(e))
@@ -182,7 +204,7 @@ def _compile_misses(misses: dict, asm: dict, engines: dict, status: dict) -> Non
                 new.append(e)
         if new and workers is None:
             workers = compile_pool.pool()
-        submit(symbol, k, region.llvm_ir, region.pipeline)  # a worker's work while engines render
+        submit(code, keys[code], region.llvm_ir, region.pipeline)  # a worker's work while engines render
         region.release()
         for e in new:
             submit_engine(e)
@@ -192,12 +214,15 @@ def _compile_misses(misses: dict, asm: dict, engines: dict, status: dict) -> Non
         cache.put(k, text)
 
 
-def _load(key: tuple, asm: dict[str, str], engines: dict[str, str]) -> tvm.runtime.Module:
+def _load(asm: dict[str, str], engines: dict[str, str], uses: dict[str, tuple]) -> tvm.runtime.Module:
+    # keyed by everything the module text is made of, compared in full
+    key = (tuple(sorted(asm.items())), tuple(sorted(engines.items())),
+           tuple(sorted((s, c, tuple(t)) for s, (c, t) in uses.items())))
     with _MODULES_LOCK:
         if key in _MODULES:
             _MODULES.move_to_end(key)
             return _MODULES[key]
-    module = runtime.tvm_module(asm, engines)
+    module = runtime.tvm_module(asm, engines, uses)
     with _MODULES_LOCK:
         _MODULES[key] = module
         while len(_MODULES) > MODULE_ENTRIES:

@@ -10,23 +10,37 @@ kernel's result into that kernel, so ``conv2d -> add -> relu`` writes memory onc
 
 from __future__ import annotations
 
-import re
+import hashlib
+import json
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
 
 from tvm import relax
 from tvm.ir.expr import Constant
+from tvm.ir.expr import Var as SizeVar
 
 from . import kir
 from .kernels import KERNELS, PASSES, load_all
 from .ops import RELAX_OPS
-from .patterns import _attrs, dims
+from .patterns import PREFIX, SymbolicSizes, _attrs, dims, naming_sizes
 
 
 class LoweringError(RuntimeError):
     """A region could not be lowered; names the region and the binding."""
 
 
-def _c_name(text: str) -> str:
-    return re.sub(r"\W", "_", text)
+@dataclass(frozen=True)
+class Names:
+    """The user's names of a region's arguments and symbolic sizes: data for error
+    messages only. Generated code never contains them (buffers are ``in0``, ``out0``...,
+    sizes ``sym0``...), so regions that differ only in names share their code."""
+    args: tuple[str, ...]  # inputs, then "output0"...
+    sizes: tuple[tuple[str, str], ...]  # (generated name, the user's name)
+
+    @property
+    def size_display(self) -> dict[str, str]:
+        return dict(self.sizes)
 
 
 class RegionLowering:
@@ -38,6 +52,7 @@ class RegionLowering:
         self.local: dict = {}
         self.kernel = kir.Kernel(symbol, [], [])
         self.arg_names: list[str] = []
+        self.sizes = SymbolicSizes()
         self.n_temps = 0  # temps are named by a counter: builders may drop theirs
 
     # ---- values ------------------------------------------------------------------------------
@@ -93,11 +108,22 @@ class RegionLowering:
 
     def composite(self, inner: relax.Function, args):
         for p, a in zip(inner.params, args):
+            self._bind_sizes(p.ty, a.ty)
             self.env[p] = self.value(a)
         for block in inner.body.blocks:
             for binding in block.bindings:
                 self.bind(binding)
         return self.value(inner.body.body)
+
+    def _bind_sizes(self, param_ty, arg_ty) -> None:
+        """A composite function has its own copies of symbolic sizes: each stands for the
+        size its caller passes."""
+        inner, outer = getattr(param_ty, "shape", None), getattr(arg_ty, "shape", None)
+        if not (isinstance(inner, relax.ShapeExpr) and isinstance(outer, relax.ShapeExpr)):
+            return
+        for d, size in zip(inner.values, dims(arg_ty) or ()):
+            if isinstance(d, SizeVar):
+                self.sizes.alias(d, size)
 
     def bind(self, b):
         v = b.value
@@ -117,9 +143,14 @@ class RegionLowering:
             raise LoweringError(f"{self.symbol}: unexpected binding {b.var.name} = {type(v).__name__}")
 
     # ---- the region ---------------------------------------------------------------------------
-    def lower(self) -> tuple[kir.Kernel, list[str]]:
+    def lower(self) -> tuple[kir.Kernel, Names]:
+        with naming_sizes(self.sizes):
+            self._lower()
+        return self.kernel, Names(tuple(self.arg_names), tuple(self.sizes.display.items()))
+
+    def _lower(self) -> None:
         for i, p in enumerate(self.func.params):
-            buf = kir.Buffer(f"in{i}_{_c_name(p.name)}"[:48], tuple(dims(p.ty)), str(p.ty.dtype))
+            buf = kir.Buffer(f"in{i}", tuple(dims(p.ty)), str(p.ty.dtype))
             self.kernel.inputs.append(buf)
             self.arg_names.append(p.name)
             self.env[p] = kir.Load(buf)
@@ -139,7 +170,6 @@ class RegionLowering:
         fuse_epilogues(self.kernel)
         for rewrite in PASSES:
             rewrite(self.kernel)
-        return self.kernel, self.arg_names
 
 
 def fuse_epilogues(kernel: kir.Kernel) -> None:
@@ -203,13 +233,66 @@ def _is_value(built) -> bool:
     return isinstance(built, (kir.Load, kir.Const, kir.Op))
 
 
-def lower_region(func: relax.Function) -> tuple[kir.Kernel, list[str]]:
-    """Lower one partitioned region to a kernel and the names of its arguments."""
-    symbol = str(func.attrs["global_symbol"])
+@dataclass(frozen=True)
+class Lowered:
+    """A region lowered: its kernel (named after its code), the user's names, and the
+    canonical text its code is keyed by (:func:`jitbyoc.kir.canonical`)."""
+    kernel: kir.Kernel
+    names: Names
+    key: str
+
+    @property
+    def code_digest(self) -> str:
+        return hashlib.sha256(self.key.encode()).hexdigest()
+
+
+def lower_region(func: relax.Function, where: str = "") -> Lowered:
+    """Lower one region; its kernel is named ``jitbyoc_<ops>_<digest of its key>``."""
+    if not where and func.attrs is not None and "global_symbol" in func.attrs:
+        where = str(func.attrs["global_symbol"])
     try:
-        return RegionLowering(func, symbol).lower()
+        kernel, names = RegionLowering(func, where).lower()
+        key = kir.canonical(kernel)
     except LoweringError:
         raise
     except Exception as err:
-        raise LoweringError(f"jitbyoc: lowering region '{symbol}' failed: "
+        raise LoweringError(f"jitbyoc: lowering region '{where}' failed: "
                             f"{type(err).__name__}: {err}") from err
+    digest = hashlib.sha256(key.encode()).hexdigest()
+    ops = "_".join(dict.fromkeys(o.removeprefix("relax.").replace(".", "_") for o in kernel.ops))
+    kernel.name = f"{PREFIX}_{ops[:40]}_{digest[:16]}"
+    return Lowered(kernel, names, key)
+
+
+def instance_symbol(lowered: Lowered) -> str:
+    """The symbol of one use of a region's code: its code's name plus a digest of the
+    user's names (the entry that reports them), so regions with the same code and other
+    names share code but not messages."""
+    names = json.dumps([lowered.code_digest, lowered.names.args, lowered.names.sizes])
+    return f"{lowered.kernel.name}_{hashlib.sha256(names.encode()).hexdigest()[:12]}"
+
+
+# Lowered regions by function *object* (kept alive here, so a handle is never reused):
+# partitioning lowers every region to name it, the build reuses that.
+_LOWERED: OrderedDict = OrderedDict()
+_LOWERED_LOCK = threading.Lock()
+LOWERED_ENTRIES = 1024
+
+
+def remember(func: relax.Function, lowered: Lowered) -> None:
+    with _LOWERED_LOCK:
+        _LOWERED[func.__chandle__()] = (func, lowered)
+        while len(_LOWERED) > LOWERED_ENTRIES:
+            _LOWERED.popitem(last=False)
+
+
+def lowered(func: relax.Function) -> Lowered:
+    """The lowering of a partitioned region (remembered, or lowered now)."""
+    with _LOWERED_LOCK:
+        hit = _LOWERED.get(func.__chandle__())
+        if hit is not None and hit[0].same_as(func):
+            _LOWERED.move_to_end(func.__chandle__())
+            return hit[1]
+    out = lower_region(func)
+    remember(func, out)
+    return out

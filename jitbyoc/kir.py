@@ -9,7 +9,7 @@ Nodes compare by identity: the frontend shares a node wherever Relax shares a va
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Any, Union
 
 Dim = Union[int, str]
@@ -239,3 +239,46 @@ def nest_layout(shape: tuple[Dim, ...], bufs) -> NestLayout:
             tuple(d for d in b.shape[g[-1] - off + 1:] if d != 1) if walks(b, g[-1]) else None
             for g in groups)
     return NestLayout(extents, strides)
+
+
+def canonical(kernel: Kernel) -> str:
+    """A text that determines ``kernel``'s code: every field of every buffer, stage and
+    node, shared nodes written once and referred to by number, the kernel's own name left
+    out. Two kernels with the same text render the same code (the renderers read nothing
+    else), so the text, with jitbyoc's and the target's versions, is the compile key.
+    Raises TypeError on a value it cannot write faithfully, never guesses."""
+    ids: dict[int, int] = {}
+    defs: list[str] = []
+
+    def node(n) -> str:
+        for m in walk([n]):  # operands first, iteratively: expression DAGs can be deep
+            if id(m) not in ids:
+                body = f"Op({m.op!r},({','.join(f'#{ids[id(a)]}' for a in m.args)}),{m.in_dtype!r}," \
+                       f"{m.dtype!r},{value(m.attrs)})" if isinstance(m, Op) else record(m)
+                ids[id(m)] = len(defs)
+                defs.append(body)
+        return f"#{ids[id(n)]}"
+
+    def record(x) -> str:
+        return type(x).__qualname__ + "(" + ",".join(
+            f"{f.name}={value(getattr(x, f.name))}" for f in fields(x)) + ")"
+
+    def value(x) -> str:
+        if x is None or isinstance(x, (bool, int, str)):
+            return repr(x)
+        if isinstance(x, float):
+            return x.hex()
+        if isinstance(x, (Load, Const, Op, Acc)):
+            return node(x)
+        if isinstance(x, (tuple, list)):
+            return ("[" if isinstance(x, list) else "(") + ",".join(map(value, x)) + ")"
+        if isinstance(x, dict):
+            return "{" + ",".join(f"{value(k)}:{value(v)}" for k, v in x.items()) + "}"
+        if is_dataclass(x) and not isinstance(x, type):
+            return record(x)
+        if hasattr(x, "dtype") and hasattr(x, "item"):  # a numpy scalar
+            return f"{x.dtype}:{value(x.item())}"
+        raise TypeError(f"jitbyoc: cannot key a kernel holding a {type(x).__name__} ({x!r:.80})")
+
+    top = record(replace(kernel, name=""))
+    return "\n".join(defs + [top])

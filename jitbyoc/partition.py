@@ -4,8 +4,9 @@ AnnotateTarget -> MergeCompilerRegions -> PartitionGraph.
 Every supported op is matched by a pattern from :mod:`jitbyoc.patterns`; adjacent matches
 in a dataflow block (including blocks inside ``If`` branches) merge into maximal regions;
 each region becomes a function with ``Codegen="jitbyoc"`` whose ``global_symbol`` is
-derived from its content, so two builds can only ever share a symbol when they share the
-code behind it.
+derived from a SHA-256 of its kernel's canonical text (:func:`jitbyoc.kir.canonical`) and
+of the user's names, so two regions only ever share a symbol when they share the code
+behind it.
 """
 
 from __future__ import annotations
@@ -14,28 +15,13 @@ import threading
 from collections import OrderedDict
 
 import tvm
-import tvm_ffi
 from tvm import relax
 from tvm.relax.backend.pattern_registry import get_patterns_with_prefix
 from tvm.relax.transform import FuseOpsByPattern
 
+from . import frontend
 from .merge import merge_regions
 from .patterns import OPS_USED, PREFIX
-
-
-def content_symbol(func: relax.Function) -> str:
-    """``jitbyoc_<ops>_<hash>``: a stable name for a region, made from its content.
-
-    The hash is TVM's structural hash (names of variables do not count; shapes, dtypes,
-    attributes and op order do), stable across processes, so it also keys the disk cache.
-    """
-    digest = f"{tvm_ffi.structural_hash(func.without_attr('global_symbol')):016x}"
-    ops = []
-    relax.analysis.post_order_visit(
-        func.body, lambda e: ops.append(e.attrs["Composite"].removeprefix(PREFIX + "."))
-        if isinstance(e, relax.Function) and e.attrs and "Composite" in e.attrs else None)
-    short = "_".join(dict.fromkeys(ops))[:40].replace(".", "_")
-    return f"{PREFIX}_{short}_{digest}"
 
 
 def regions(mod: tvm.IRModule) -> dict[tvm.ir.GlobalVar, relax.Function]:
@@ -43,9 +29,17 @@ def regions(mod: tvm.IRModule) -> dict[tvm.ir.GlobalVar, relax.Function]:
             if isinstance(f, relax.Function) and f.attrs and f.attrs.get("Codegen") == PREFIX}
 
 
+# Partitions of the last few modules, by the *identity* of their functions: a rebuild of
+# the same module object (functions are immutable; editing a module replaces them) skips
+# partitioning. Never by a hash: TVM's 64-bit structural hash collides on ordinary shapes.
 _MEMO: OrderedDict = OrderedDict()
 _MEMO_LOCK = threading.Lock()
 MEMO_ENTRIES = 4  # a module can hold its weights as constants: keep few
+
+
+def _identity(mod: tvm.IRModule) -> tuple:
+    return tuple((gv.name_hint, f.__chandle__()) for gv, f in mod.functions.items()) + \
+        (mod.attrs.__chandle__() if mod.attrs is not None else 0,)
 
 
 def partition_for_jitbyoc(mod: tvm.IRModule) -> tvm.IRModule:
@@ -62,15 +56,16 @@ def partition_for_jitbyoc(mod: tvm.IRModule) -> tvm.IRModule:
         The module with each region outlined into a function carrying
         ``Codegen="jitbyoc"``; ``relax.transform.RunCodegen()`` compiles them.
     """
-    key = tvm_ffi.structural_hash(mod)  # constants' data included
+    key = _identity(mod)
     with _MEMO_LOCK:
-        out = _MEMO.get(key)
-        if out is not None:  # a rebuild of an unchanged model: partitioning is pure
+        hit = _MEMO.get(key)
+        if hit is not None:  # a rebuild of an unchanged model: partitioning is pure
             _MEMO.move_to_end(key)
+    out = hit[1] if hit is not None else None
     if out is None:
         out = _partition(mod)
-        with _MEMO_LOCK:
-            _MEMO[key] = out
+        with _MEMO_LOCK:  # the module is kept too: its functions' handles stay theirs
+            _MEMO[key] = (mod, out)
             while len(_MEMO) > MEMO_ENTRIES:
                 _MEMO.popitem(last=False)
     # a fresh module each time: a caller that edits it in place must not edit the memo
@@ -94,6 +89,13 @@ def _partition(mod: tvm.IRModule) -> tvm.IRModule:
     patterns = [p for p in get_patterns_with_prefix(PREFIX) if OPS_USED.get(p.name, frozenset()) <= ops]
     mod = FuseOpsByPattern(patterns, bind_constants=False, annotate_codegen=False)(mod)
     mod = merge_regions(mod)
+    codes: dict[str, str] = {}  # code symbol -> its key: distinct code never shares a name
     for gv, func in regions(mod).items():
-        mod[gv] = func.with_attr("global_symbol", content_symbol(func))
+        low = frontend.lower_region(func, gv.name_hint)
+        if codes.setdefault(low.kernel.name, low.key) != low.key:
+            raise RuntimeError(f"jitbyoc: two different regions share the code symbol "
+                               f"'{low.kernel.name}' (a 64-bit digest prefix collision)")
+        named = func.with_attr("global_symbol", frontend.instance_symbol(low))
+        frontend.remember(named, low)
+        mod[gv] = named
     return mod

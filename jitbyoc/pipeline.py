@@ -1,12 +1,19 @@
 """The ``tvm.compile`` hook: partition -> RunCodegen -> TVM's own pipeline.
 
 ``tvm.compile`` -> ``relax.build(relax_pipeline="default")`` looks the pipeline up in
-``tvm.relax.pipeline.PIPELINE_MAP`` at build time. :func:`enable` wraps the ``"default"``
-and ``"default_build"`` entries so they offload first; :func:`disable` puts the originals
-back. The switch is process-wide (every thread's builds see it), like TVM's own pipeline
-registry; the ``"jitbyoc"`` pipeline offloads whatever the switch says. Builds through
-these pipelines are serialized by :data:`BUILD_LOCK`, which makes concurrent
-``tvm.compile`` calls safe while jitbyoc is enabled (TVM's own pipeline alone is not).
+``tvm.relax.pipeline.PIPELINE_MAP`` at build time. While jitbyoc may be on, the
+``"default"`` and ``"default_build"`` entries are wrapped so they offload first; once it
+cannot be, the originals are put back exactly (found through the wrappers themselves, so
+reloading this module loses nothing).
+
+The switch is process-wide, like TVM's own pipeline registry, and made of counts, not a
+saved boolean: a *default* (``jitbyoc.enable()``/``disable()``) and the number of open
+``enabled()`` and ``disabled()`` blocks, in any thread. A build offloads when no
+``disabled()`` block is open and the default is on or an ``enabled()`` block is open.
+Blocks nest and overlap across threads: thread A leaving its block never ends thread B's.
+The ``"jitbyoc"`` pipeline always offloads (an explicit opt-in). Builds through these
+pipelines are serialized by :data:`BUILD_LOCK`, which makes concurrent ``tvm.compile``
+calls safe while jitbyoc is enabled (TVM's own pipeline alone is not).
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import tvm
 from tvm import relax, tirx
 from tvm.relax.pipeline import PIPELINE_MAP
 
-from . import report as report_mod
+from . import offload_report
 from .partition import partition_for_jitbyoc, regions
 
 _LOCK = threading.Lock()
@@ -28,8 +35,16 @@ _LOCK = threading.Lock()
 # LegalizeOps enters a process-global TE tag scope), so builds through our pipeline
 # take turns here; running the built VMs concurrently is unaffected.
 BUILD_LOCK = threading.RLock()
-_ORIGINALS: dict = {}
 HOOKED = ("default", "default_build")
+
+
+class _Switch:
+    def __init__(self):
+        self.default = False
+        self.blocks = {True: 0, False: 0}  # open enabled() / disabled() blocks
+
+
+_STATE = _Switch()
 
 
 def _offload_here() -> bool:
@@ -77,13 +92,15 @@ def offload(mod: tvm.IRModule) -> tvm.IRModule:
         t1 = time.perf_counter()
         out = relax.transform.RunCodegen()(part)
     t2 = time.perf_counter()
-    report_mod.record(mod, part, {"partition_s": t1 - t0, "codegen_s": t2 - t1})
+    offload_report.record(mod, part, {"partition_s": t1 - t0, "codegen_s": t2 - t1})
     return _with_anchor(out) if regions(part) else out
 
 
-def _wrap(make_pipeline):
+def _wrap(make_pipeline, always: bool = False):
     def make(**kwargs):
         inner = make_pipeline(**kwargs)
+        if not (always or active()):
+            return inner  # TVM's pipeline, untouched
 
         @tvm.transform.module_pass(opt_level=0, name="jitbyoc.offload")
         def _offload_then_tvm(mod, _ctx):
@@ -96,26 +113,49 @@ def _wrap(make_pipeline):
     return make
 
 
-def enable() -> None:
-    with _LOCK:
-        if _ORIGINALS:
-            return
-        for name in HOOKED:
-            _ORIGINALS[name] = PIPELINE_MAP[name]
+def _original(name: str):
+    make = PIPELINE_MAP[name]
+    while hasattr(make, "jitbyoc_original"):
+        make = make.jitbyoc_original
+    return make
+
+
+def _sync() -> None:
+    """Wrap TVM's pipelines while a build could offload; restore them exactly otherwise."""
+    wanted = _STATE.default or _STATE.blocks[True] > 0
+    for name in HOOKED:
+        hooked = hasattr(PIPELINE_MAP[name], "jitbyoc_original")
+        if wanted and not hooked:
             PIPELINE_MAP[name] = _wrap(PIPELINE_MAP[name])
+        elif not wanted and hooked:
+            PIPELINE_MAP[name] = _original(name)
 
 
-def disable() -> None:
+def set_default(on: bool) -> None:
     with _LOCK:
-        for name, original in _ORIGINALS.items():
-            PIPELINE_MAP[name] = original
-        _ORIGINALS.clear()
+        _STATE.default = on
+        _sync()
 
 
-def enabled() -> bool:
-    return bool(_ORIGINALS)
+@contextmanager
+def block(on: bool):
+    """An ``enabled()`` (``on``) or ``disabled()`` block: counted while open."""
+    with _LOCK:
+        _STATE.blocks[on] += 1
+        _sync()
+    try:
+        yield
+    finally:
+        with _LOCK:
+            _STATE.blocks[on] -= 1
+            _sync()
+
+
+def active() -> bool:
+    """Whether a build started now offloads."""
+    return _STATE.blocks[False] == 0 and (_STATE.default or _STATE.blocks[True] > 0)
 
 
 def register_pipeline() -> None:
     if "jitbyoc" not in PIPELINE_MAP:
-        PIPELINE_MAP["jitbyoc"] = _wrap(lambda **kw: (_ORIGINALS.get("default") or PIPELINE_MAP["default"])(**kw))
+        PIPELINE_MAP["jitbyoc"] = _wrap(lambda **kw: _original("default")(**kw), always=True)

@@ -4,10 +4,12 @@ jitbyoc compiles each region to machine code with llvmlite's target machine (hos
 FP-op fusion off, NaNs honoured). TVM's own LLVM JIT runs with FP-op fusion set to
 "fast" and NaNs assumed away, which would turn ``a*b + c`` into an FMA and break the
 bit-for-bit agreement with TVM and with the C rendering. So the module handed to TVM
-carries our assembly as module-level ``asm`` plus, per region, a one-jump IR trampoline
-``__tvm_ffi_<symbol>`` that TVM's JIT can find; TVM assembles it in process (no C
-compiler), scopes it to the build that imports it, and ``export_library`` writes it out
-as object code like any TVM LLVM module.
+carries our assembly as module-level ``asm`` plus, per *use* of a region's code, a
+one-call IR trampoline ``__tvm_ffi_<symbol>`` that TVM's JIT can find and that hands the
+code that use's names table (the user's names, as data: see
+:mod:`jitbyoc.lowering.llvm_entry`); TVM assembles it in process (no C compiler), scopes
+it to the build that imports it, and ``export_library`` writes it out as object code like
+any TVM LLVM module.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import tvm
 import tvm_ffi
 
 from . import jit, library
+from .lowering.abi import names_table
+from .lowering.llvm_entry import entry_symbol
 
 # assembler directives that must not repeat in (or do not belong to) the shared object
 _DROP = re.compile(r'^[ \t]*(?:\.file|\.ident|\.addrsig|\.globl|\.section\t"\.note\.GNU-stack")[^\n]*(?:\n|$)',
@@ -39,23 +43,31 @@ def _escape(text: str) -> str:
     return text.replace("\\", "\\5C").replace('"', "\\22")
 
 
-def impl_symbol(symbol: str) -> str:
-    return f"jitbyoc_impl_{symbol}"
-
-
 def _module_asm(symbol: str, asm: str) -> list[str]:
-    """The region's assembly with its entry renamed, made local, and its local labels
-    prefixed so several regions can share one object file."""
-    text = _DROP.sub("", asm).replace(f"__tvm_ffi_{symbol}", impl_symbol(symbol))
+    """Assembly with its symbols made local and its local labels prefixed so several
+    regions can share one object file."""
+    text = _DROP.sub("", asm)
     text = _escape(_LOCAL.sub(lambda m: f".L{symbol}_{m.group(1)}", text))
     return [f'module asm "{line}"' for line in text.splitlines()]
 
 
-def _trampoline(symbol: str) -> str:
-    impl = impl_symbol(symbol)
-    return (f"declare i32 @{impl}(ptr, ptr, i32, ptr)\n"
+def _ir_bytes(data: bytes) -> str:
+    """``data`` as an LLVM IR string constant body: printable ASCII but quote and
+    backslash as is, every other byte as ``\\XX``."""
+    return "".join(chr(c) if 0x20 <= c < 0x7F and c not in (0x22, 0x5C) else f"\\{c:02X}" for c in data)
+
+
+def _trampoline(symbol: str, code: str, texts: list[str]) -> str:
+    """``__tvm_ffi_<symbol>``: calls the code's entry with this use's names table."""
+    offsets, blob = names_table(texts)
+    words = ", ".join(f"i64 {o}" for o in offsets)
+    ty = f"{{ [{len(offsets)} x i64], [{len(blob)} x i8] }}"
+    entry = entry_symbol(code)
+    return (f'@"{symbol}.names" = private unnamed_addr constant {ty} '
+            f'{{ [{len(offsets)} x i64] [{words}], [{len(blob)} x i8] c"{_ir_bytes(blob)}" }}, align 8\n'
+            f"declare i32 @{entry}(ptr, ptr, i32, ptr, ptr)\n"
             f"define i32 @__tvm_ffi_{symbol}(ptr %self, ptr %args, i32 %n, ptr %ret) {{\n"
-            f"  %r = musttail call i32 @{impl}(ptr %self, ptr %args, i32 %n, ptr %ret)\n"
+            f'  %r = tail call i32 @{entry}(ptr %self, ptr %args, i32 %n, ptr %ret, ptr @"{symbol}.names")\n'
             f"  ret i32 %r\n}}")
 
 
@@ -75,23 +87,21 @@ def _check_labels(asm_by_symbol: dict[str, str]) -> None:
             owner[label] = symbol
 
 
-def module_text(asm_by_symbol: dict[str, str], engines: dict[str, str] | None = None) -> str:
-    """The module TVM loads: each region's and each library engine's assembly, and a
-    trampoline per region."""
-    engines = engines or {}
-    _check_labels({**asm_by_symbol, **engines})
-    for symbol, asm in asm_by_symbol.items():
+def module_text(codes: dict[str, str], engines: dict[str, str], uses: dict[str, tuple]) -> str:
+    """The module TVM loads: the assembly of each region's code (by code symbol) and of
+    each library engine, and a trampoline per use (symbol -> (code symbol, names table))."""
+    _check_labels({**codes, **engines})
+    for symbol, asm in codes.items():
         missing = library.references(asm) - engines.keys()
         if missing:  # TVM's JIT would resolve the call to address 0
             raise RuntimeError(f"jitbyoc: region '{symbol}' calls library engines {sorted(missing)} "
                                f"that are not in the module")
     h = jit.host()
     parts = [f'target triple = "{h["triple"]}"', f'target datalayout = "{jit.data_layout()}"']
-    for symbol, asm in engines.items():
+    for symbol, asm in {**engines, **codes}.items():
         parts += _module_asm(symbol, asm)
-    for symbol, asm in asm_by_symbol.items():
-        parts += _module_asm(symbol, asm)
-        parts.append(_trampoline(symbol))
+    for symbol, (code, texts) in uses.items():
+        parts.append(_trampoline(symbol, code, texts))
     parts += ["!llvm.module.flags = !{!0}",
               f'!0 = !{{i32 2, !"tvm_target", !"{_escape(tvm_target_flag())}"}}']
     return "\n".join(parts) + "\n"
@@ -109,6 +119,6 @@ def load_llvm_module(ir_text: str) -> tvm.runtime.Module:
         os.unlink(path)
 
 
-def tvm_module(asm_by_symbol: dict[str, str], engines: dict[str, str] | None = None) -> tvm.runtime.Module:
-    """One TVM runtime module exposing every region's packed function."""
-    return load_llvm_module(module_text(asm_by_symbol, engines))
+def tvm_module(codes: dict[str, str], engines: dict[str, str], uses: dict[str, tuple]) -> tvm.runtime.Module:
+    """One TVM runtime module exposing a packed function per use (see :func:`module_text`)."""
+    return load_llvm_module(module_text(codes, engines, uses))

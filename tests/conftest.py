@@ -67,7 +67,7 @@ class Builds:
 
 
 def build_tvm(mod: tvm.IRModule) -> relax.VirtualMachine:
-    with jitbyoc.disable():
+    with jitbyoc.disabled():
         return relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
 
 

@@ -47,7 +47,7 @@ def model(cases, make, sym=()):
 
 
 def build(mod, offload: bool):
-    with (jitbyoc.enable() if offload else jitbyoc.disable()):
+    with (jitbyoc.enabled() if offload else jitbyoc.disabled()):
         return tvm.compile(mod, target="llvm")
 
 

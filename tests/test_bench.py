@@ -124,7 +124,7 @@ def test_seeds_model_matches_numpy():
 
     case = models.seeds_10x10()
     x0, x1, x2, x3 = case.inputs
-    with jitbyoc.disable():
+    with jitbyoc.disabled():
         ex = tvm.compile(case.mod, target="llvm")
     got = relax.VirtualMachine(ex, tvm.cpu())["main"](*map(tvm.runtime.tensor, case.inputs))
     np.testing.assert_allclose(got.numpy(), (x0 + x1 - x2) * x3, rtol=1e-6)

@@ -79,7 +79,7 @@ def arrays(cases, sizes=None, seed=0):
 
 
 def build(mod, offload):
-    with (jitbyoc.enable() if offload else jitbyoc.disable()):
+    with (jitbyoc.enabled() if offload else jitbyoc.disabled()):
         return tvm.compile(mod, target="llvm")
 
 

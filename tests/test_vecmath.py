@@ -18,6 +18,7 @@ import pytest
 from jitbyoc import vecmath
 from jitbyoc.ops import OPS
 from jitbyoc.codegen import Region
+from jitbyoc.frontend import Names
 from tests.conftest import (SQRT_2_PI, assert_within_ulp, call_region, documented_ulp, jit_function,
                             one_op_kernel, ulp_error)
 
@@ -110,7 +111,7 @@ def kernels():
     def get(name, dt):
         if (name, dt) not in cache:
             k = one_op_kernel(name, dt)
-            fn = jit_function(Region(k.name, k, [b.name for b in k.params]))
+            fn = jit_function(Region(k.name + "_use", k, Names(tuple(b.name for b in k.params), ())))
             cache[name, dt] = lambda *xs, fn=fn, k=k: call_region(fn, k, xs)
         return cache[name, dt]
     return get

@@ -8,7 +8,8 @@ with the region's inputs then its preallocated outputs. Each argument is a 16-by
 a TVM error naming the region, the argument and expected vs got, then returns -1.
 
 Both renderers walk :func:`plan` and emit each check the same way, so the C and LLVM
-entries enforce the same contract with the same messages.
+entries enforce the same contract with the same messages. The plan depends on the kernel
+alone; the user's names come in as data, through the names table of :func:`strings`.
 """
 
 from __future__ import annotations
@@ -27,17 +28,29 @@ KDL_CPU = 1
 DL_DATA, DL_DEVICE_TYPE, DL_NDIM, DL_DTYPE, DL_SHAPE, DL_STRIDES, DL_BYTE_OFFSET = 0, 8, 16, 20, 24, 32, 40
 
 
+# Messages. A check's ``message`` is a printf format written by jitbyoc alone: the user's
+# names (arguments, symbolic sizes) never enter it. They reach it as ``%s`` arguments,
+# strings of the region's *names table* (:func:`strings`), made per use of the code:
+# ``strings[k]`` for each index ``k`` of a check's ``strings``. Each kind of check passes
+# its values in one fixed order, the same in both renderers (the format follows it):
+#   ArgCount  %s nargs               Unpack  %s type_index
+#   FieldEq   %s part0 part1 part2   DimEq   %s %s got [%s bound]   Contiguous  %s axis got want
+REGION, ARG, SHAPE, SIZE = "region", "arg", "shape", "size"
+
+
 @dataclass(frozen=True)
 class ArgCount:
     expected: int
-    message: str  # printf format with one %d: got
+    message: str  # %s region, %d got
+    strings: tuple = ()
 
 
 @dataclass(frozen=True)
 class Unpack:
     """Resolve argument ``index`` to its DLTensor; anything else is a type error."""
     index: int
-    message: str  # %d: got type index
+    message: str  # %s argument, %d got type index
+    strings: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -47,8 +60,9 @@ class FieldEq:
     offset: int
     bits: int
     expected: int
-    message: str  # one %d per entry of ``parts``
+    message: str  # %s argument, then one %d per entry of ``parts``
     parts: tuple = ((0, -1),)  # (shift, mask) of the got value to print; -1: all of it
+    strings: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -58,14 +72,16 @@ class DimEq:
     axis: int
     expected: int | str
     binds: bool  # first sight of a symbolic size: bind it instead of checking
-    message: str  # %lld: got (and %lld: expected, for bound symbolic sizes)
+    message: str  # %s argument, %s shape, %lld got (then %s size, %lld bound: symbolic)
+    strings: tuple = ()
 
 
 @dataclass(frozen=True)
 class Contiguous:
     """Null strides, or compact row-major strides (unit dims excepted)."""
     index: int
-    message: str  # %d axis, %lld got, %lld expected
+    message: str  # %s argument, %d axis, %lld got, %lld expected
+    strings: tuple = ()
 
 
 def _dtype_word(name: str) -> int:
@@ -73,36 +89,78 @@ def _dtype_word(name: str) -> int:
     return dt.dl_code | (dt.storage_bits << 8) | (1 << 16)
 
 
-def plan(kernel: Kernel, arg_names: list[str]) -> list:
-    where = f"jitbyoc region '{kernel.name}'"
-    roles = [f"input {i}" for i in range(len(kernel.inputs))] + \
-            [f"output {i}" for i in range(len(kernel.outputs))]
-    checks: list = [ArgCount(len(kernel.params),
-                             f"{where}: expected {len(kernel.params)} arguments "
-                             f"({len(kernel.inputs)} inputs, {len(kernel.outputs)} outputs), got %d")]
+def string_index(kernel: Kernel, kind: str, k: int = 0) -> int:
+    """Where a string sits in the names table: the region, then per parameter its
+    description and its shape, then per symbolic size its user's name."""
+    nparams = len(kernel.params)
+    return {REGION: 0, ARG: 1 + k, SHAPE: 1 + nparams + k, SIZE: 1 + 2 * nparams + k}[kind]
+
+
+def plan(kernel: Kernel) -> list:
+    """The entry's checks, in order. Nothing in them depends on the user's names."""
+    n_in, n_out = len(kernel.inputs), len(kernel.outputs)
+    checks: list = [ArgCount(len(kernel.params), f"%s: expected {len(kernel.params)} arguments "
+                             f"({n_in} inputs, {n_out} outputs), got %d",
+                             (string_index(kernel, REGION),))]
     bound: set[str] = set()
-    for i, (buf, name, role) in enumerate(zip(kernel.params, arg_names, roles)):
-        arg = f"{where}: argument {i} ('{name}', {role})"
-        checks.append(Unpack(i, f"{arg}: expected a tvm.runtime.Tensor or DLTensor, "
-                                f"got FFI type index %d"))
+    sizes = kernel.sym_vars
+    for i, buf in enumerate(kernel.params):
+        arg = (string_index(kernel, ARG, i),)
+        checks.append(Unpack(i, "%s: expected a tvm.runtime.Tensor or DLTensor, got FFI type index %d", arg))
         checks.append(FieldEq(i, DL_DEVICE_TYPE, 32, KDL_CPU,
-                              f"{arg}: expected a CPU tensor (device type {KDL_CPU}), got device type %d"))
-        checks.append(FieldEq(i, DL_NDIM, 32, buf.ndim, f"{arg}: expected ndim {buf.ndim}, got %d"))
+                              f"%s: expected a CPU tensor (device type {KDL_CPU}), got device type %d",
+                              strings=arg))
+        checks.append(FieldEq(i, DL_NDIM, 32, buf.ndim, f"%s: expected ndim {buf.ndim}, got %d", strings=arg))
         d = lookup_dtype(buf.dtype)
         checks.append(FieldEq(i, DL_DTYPE, 32, _dtype_word(buf.dtype),
-                              f"{arg}: expected dtype {buf.dtype} (DLDataType code {d.dl_code}, "
+                              f"%s: expected dtype {buf.dtype} (DLDataType code {d.dl_code}, "
                               f"bits {d.storage_bits}, lanes 1), got code %d, bits %d, lanes %d",
-                              ((0, 0xFF), (8, 0xFF), (16, 0xFFFF))))
-        shape_txt = "(" + ", ".join(map(str, buf.shape)) + ("," if buf.ndim == 1 else "") + ")"
+                              ((0, 0xFF), (8, 0xFF), (16, 0xFFFF)), arg))
+        shape = arg + (string_index(kernel, SHAPE, i),)
         for axis, d in enumerate(buf.shape):
             if isinstance(d, str) and d not in bound:
                 bound.add(d)
                 checks.append(DimEq(i, axis, d, True, ""))
-                continue
-            exp = f"{d} = %lld" if isinstance(d, str) else str(d)
-            checks.append(DimEq(i, axis, d, False,
-                                f"{arg}: expected shape {shape_txt}, but shape[{axis}] is %lld "
-                                f"(expected {exp})"))
-        checks.append(Contiguous(i, f"{arg}: expected a contiguous tensor, but strides[%d] is %lld "
-                                    f"(expected %lld)"))
+            elif isinstance(d, str):
+                checks.append(DimEq(i, axis, d, False, f"%s: expected shape %s, but shape[{axis}] is %lld "
+                                    f"(expected %s = %lld)",
+                                    shape + (string_index(kernel, SIZE, sizes.index(d)),)))
+            else:
+                checks.append(DimEq(i, axis, d, False, f"%s: expected shape %s, but shape[{axis}] is %lld "
+                                    f"(expected {d})", shape))
+        checks.append(Contiguous(i, "%s: expected a contiguous tensor, but strides[%d] is %lld "
+                                    "(expected %lld)", arg))
     return checks
+
+
+def _shown(text: str, limit: int = 200) -> str:
+    """The user's text as it appears in a message: non-printable characters escaped
+    (a NUL would end the message), long names cut."""
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def strings(kernel: Kernel, symbol: str, arg_names, size_names: dict[str, str]) -> list[str]:
+    """The names table of one use of ``kernel`` (see :func:`string_index`)."""
+    roles = [f"input {i}" for i in range(len(kernel.inputs))] + \
+            [f"output {i}" for i in range(len(kernel.outputs))]
+    where = f"jitbyoc region '{symbol}'"
+    out = [where]
+    out += [f"{where}: argument {i} ('{_shown(name)}', {role})"
+            for i, (name, role) in enumerate(zip(arg_names, roles))]
+    for buf in kernel.params:
+        dims = [_shown(size_names.get(d, d)) if isinstance(d, str) else str(d) for d in buf.shape]
+        out.append("(" + ", ".join(dims) + ("," if buf.ndim == 1 else "") + ")")
+    out += [_shown(size_names.get(s, s)) for s in kernel.sym_vars]
+    return out
+
+
+def names_table(texts: list[str]) -> tuple[list[int], bytes]:
+    """``texts`` as a relocation-free table: one i64 byte offset per string (from the
+    table's start), then the NUL-terminated UTF-8 strings."""
+    blob, offsets = bytearray(), []
+    start = 8 * len(texts)
+    for t in texts:
+        offsets.append(start + len(blob))
+        blob += t.encode("utf-8", "backslashreplace").replace(b"\0", b"\\0") + b"\0"
+    return offsets, bytes(blob)

@@ -3,14 +3,18 @@
 Rendered inline, the checks of :func:`jitbyoc.lowering.abi.plan` cost a compare, a
 ``snprintf`` and a raise per check: 250-450 instructions and 15-30 ms of LLVM time in
 every region. Instead a region encodes its plan as a table (:func:`table`) and calls
-``i32 jitbyoc_lib_args(ptr args, i32 nargs, ptr table, ptr out)``, compiled once per
-machine (:mod:`jitbyoc.library`). It returns 0, or -1 with a ``ValueError`` set.
+``i32 jitbyoc_lib_args(ptr args, i32 nargs, ptr table, ptr out, ptr names)``, compiled once
+per machine (:mod:`jitbyoc.library`). It returns 0, or -1 with a ``ValueError`` set.
 
 The table is one private constant ``{ [n x i64], [m x i8] }``: the number of records,
-then the records, then the messages (NUL-terminated printf formats). A record is
-six i64 words ``op, arg, x, y, msg, show``; ``msg`` is the byte offset of its message
-from the start of the table, so the table needs no relocations. ``out`` has one i64 slot
-per argument, then one per symbolic size (``kernel.sym_vars`` order). By op:
+then the records, then the messages (NUL-terminated printf formats, jitbyoc's text
+only). A record is nine i64 words ``op, arg, x, y, msg, show, s0, s1, s2``; ``msg`` is
+the byte offset of its message from the start of the table, so the table needs no
+relocations; ``s0..s2`` index strings of ``names``, the names table of this use of the
+region (:func:`jitbyoc.lowering.abi.names_table`: i64 offsets, then the strings), which
+the messages print with ``%s`` (the order of each op's values: see :mod:`.abi`). The
+user's names live only there, as data. ``out`` has one i64 slot per argument, then one
+per symbolic size (``kernel.sym_vars`` order). By op:
 
 =========  ===========================================================================
 COUNT      ``nargs == y``; prints nargs
@@ -44,7 +48,7 @@ from .llvm import I8, I32, I64, PTR, declare
 from .loops import for_range
 
 COUNT, UNPACK, FIELD, DIM, BIND, DIM_SYM, CONTIG, DATA = range(8)
-WORDS = 6  # per record
+WORDS = 9  # per record
 
 
 @library.kind
@@ -56,10 +60,10 @@ class ArgsEngine(library.Engine):
     pipeline = library.Pipeline(speed_level=0, vectorize=False, lsr=False)
 
     def signature(self) -> ir.FunctionType:
-        return ir.FunctionType(I32, [PTR, I32, PTR, PTR])
+        return ir.FunctionType(I32, [PTR, I32, PTR, PTR, PTR])
 
     def emit(self, module: ir.Module, fn: ir.Function) -> None:
-        args, nargs, table, out = fn.args
+        args, nargs, table, out, names = fn.args
         b = ir.IRBuilder(fn.append_basic_block("entry"))
         msgbuf = b.alloca(ir.ArrayType(I8, 1024), name="msg")
         want = b.alloca(I64, name="want")
@@ -76,12 +80,14 @@ class ArgsEngine(library.Engine):
 
         with for_range(b, word(table, 0), "rec") as k:
             rec = b.gep(table, [b.add(I64(1), b.mul(k, I64(WORDS)))], source_etype=I64)
-            op, arg, x, y, msg, show = (word(rec, j) for j in range(WORDS))
+            op, arg, x, y, msg, show, *texts = (word(rec, j) for j in range(WORDS))
             message = b.gep(table, [msg], source_etype=I8)
+            s0, s1, s2 = (lambda t=t: b.gep(names, [word(names, t)], source_etype=I8) for t in texts)
             slot = b.gep(out, [arg], source_etype=I64)  # the argument's DLTensor*, then its data
 
-            def fail_if(pred, *values):
+            def fail_if(pred, *values):  # strings are read only on failure (callables)
                 with b.if_then(pred, likely=False):
+                    values = [v() if callable(v) else v for v in values]
                     b.call(snprintf, [msgbuf, I64(1024), message, *values])
                     b.call(raise_, [value_error, msgbuf])
                     b.ret(I32(-1))
@@ -97,14 +103,14 @@ class ArgsEngine(library.Engine):
                 b.branch(done)
 
             with case(COUNT, "count"):
-                fail_if(b.icmp_signed("!=", nargs, b.trunc(y, I32)), nargs)
+                fail_if(b.icmp_signed("!=", nargs, b.trunc(y, I32)), s0, nargs)
 
             with case(UNPACK, "unpack"):
                 any_ = b.gep(args, [b.mul(arg, I64(abi.ANY_SIZE))], source_etype=I8)
                 tindex, value = b.load(any_, typ=I32), field(any_, 8, PTR)
                 is_tensor = b.icmp_signed("==", tindex, I32(abi.TYPE_TENSOR))
                 is_dl = b.icmp_signed("==", tindex, I32(abi.TYPE_DLTENSOR_PTR))
-                fail_if(b.not_(b.or_(is_tensor, is_dl)), tindex)
+                fail_if(b.not_(b.or_(is_tensor, is_dl)), s0, tindex)
                 shifted = b.gep(value, [I64(abi.TENSOR_DLTENSOR_OFFSET)], source_etype=I8)
                 b.store(b.select(is_tensor, shifted, value), slot)
 
@@ -115,18 +121,18 @@ class ArgsEngine(library.Engine):
                     shift, width = (b.and_(b.lshr(show, I64(16 * p + s)), I64(0xFF)) for s in (0, 8))
                     mask = b.sub(b.shl(I64(1), width), I64(1))
                     parts.append(b.trunc(b.and_(b.lshr(b.zext(got, I64), shift), mask), I32))
-                fail_if(b.icmp_signed("!=", got, b.trunc(y, I32)), *parts)
+                fail_if(b.icmp_signed("!=", got, b.trunc(y, I32)), s0, *parts)
 
             with case(DIM, "dim") as dl:
                 got = word(field(dl, abi.DL_SHAPE, PTR), x)
-                fail_if(b.icmp_signed("!=", got, y), got)
+                fail_if(b.icmp_signed("!=", got, y), s0, s1, got)
 
             with case(BIND, "bind") as dl:
                 b.store(word(field(dl, abi.DL_SHAPE, PTR), x), b.gep(out, [y], source_etype=I64))
 
             with case(DIM_SYM, "dim.sym") as dl:
                 got, bound = word(field(dl, abi.DL_SHAPE, PTR), x), word(out, y)
-                fail_if(b.icmp_signed("!=", got, bound), got, bound)
+                fail_if(b.icmp_signed("!=", got, bound), s0, s1, got, s2, bound)
 
             with case(CONTIG, "contig") as dl:
                 shape, strides = field(dl, abi.DL_SHAPE, PTR), field(dl, abi.DL_STRIDES, PTR)
@@ -138,7 +144,7 @@ class ArgsEngine(library.Engine):
                         got, expected = word(strides, axis), b.load(want, typ=I64)
                         fail_if(b.and_(b.icmp_signed("!=", word(shape, axis), I64(1)),
                                        b.icmp_signed("!=", got, expected)),
-                                b.trunc(axis, I32), got, expected)
+                                s0, b.trunc(axis, I32), got, expected)
 
             with case(DATA, "data") as dl:
                 data = field(dl, abi.DL_DATA, PTR)
@@ -148,12 +154,13 @@ class ArgsEngine(library.Engine):
         b.ret(I32(0))
 
 
-def table(module: ir.Module, kernel: kir.Kernel, arg_names: list[str]) -> ir.GlobalVariable:
+def table(module: ir.Module, kernel: kir.Kernel) -> ir.GlobalVariable:
     """``kernel``'s argument checks as a table for :class:`ArgsEngine` (see above)."""
     nparams = len(kernel.params)
     slot = {s: nparams + k for k, s in enumerate(kernel.sym_vars)}
     records = []
-    for chk in abi.plan(kernel, arg_names):
+    plan = abi.plan(kernel)
+    for chk in plan:
         if isinstance(chk, abi.ArgCount):
             records.append((COUNT, 0, 0, chk.expected, chk.message, 0))
         elif isinstance(chk, abi.Unpack):
@@ -172,14 +179,15 @@ def table(module: ir.Module, kernel: kir.Kernel, arg_names: list[str]) -> ir.Glo
             records.append((op, chk.index, chk.axis, expected, chk.message, 0))
         elif isinstance(chk, abi.Contiguous):
             records.append((CONTIG, chk.index, kernel.params[chk.index].ndim, 0, chk.message, 0))
-    records += [(DATA, i, 0, 0, "", 0) for i in range(nparams)]
+    records = [r + tuple(chk.strings) + (0,) * (3 - len(chk.strings)) for r, chk in zip(records, plan)]
+    records += [(DATA, i, 0, 0, "", 0, 0, 0, 0) for i in range(nparams)]
 
     text, offsets = bytearray(), {}
     start = 8 * (1 + WORDS * len(records))
     for message in dict.fromkeys(r[4] for r in records):
         offsets[message] = start + len(text)
         text += message.encode() + b"\0"
-    words = [len(records)] + [v for r in records for v in (*r[:4], offsets[r[4]], r[5])]
+    words = [len(records)] + [v for r in records for v in (*r[:4], offsets[r[4]], *r[5:])]
     init = ir.Constant.literal_struct([ir.Constant(ir.ArrayType(I64, len(words)), words),
                                        ir.Constant(ir.ArrayType(I8, len(text)), text)])
     g = _private_constant(module, f"{kernel.name}.args", init)

@@ -1,5 +1,11 @@
-"""The packed-function entry in LLVM IR: the checks of :func:`jitbyoc.lowering.abi.plan`
-as a table, run by the shared argument engine (:mod:`.args_engine`), then the compute call."""
+"""The region's entry in LLVM IR: the checks of :func:`jitbyoc.lowering.abi.plan` as a
+table, run by the shared argument engine (:mod:`.args_engine`), then the compute call.
+
+``i32 <name>_entry(ptr self, ptr args, i32 n, ptr ret, ptr names)`` is TVM's packed
+function ABI plus the names table of the use that calls it: each use of the code gets a
+one-call trampoline ``__tvm_ffi_<symbol>`` with its own table (see
+:mod:`jitbyoc.runtime`), so the compiled code holds no user text and is shared.
+"""
 
 from __future__ import annotations
 
@@ -9,15 +15,21 @@ from .. import kir, library
 from . import args_engine
 from .llvm import I32, I64, PTR
 
+ENTRY_SUFFIX = "_entry"
 
-def emit_entry(module: ir.Module, kernel: kir.Kernel, compute: ir.Function, arg_names: list[str]):
-    fn = ir.Function(module, ir.FunctionType(I32, [PTR, PTR, I32, PTR]), f"__tvm_ffi_{kernel.name}")
-    _, args, nargs, _ = fn.args
+
+def entry_symbol(code_symbol: str) -> str:
+    return code_symbol + ENTRY_SUFFIX
+
+
+def emit_entry(module: ir.Module, kernel: kir.Kernel, compute: ir.Function):
+    fn = ir.Function(module, ir.FunctionType(I32, [PTR, PTR, I32, PTR, PTR]), entry_symbol(kernel.name))
+    _, args, nargs, _, names = fn.args
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     nparams, nsyms = len(kernel.params), len(kernel.sym_vars)
     out = b.alloca(I64, size=nparams + nsyms, name="out")  # data pointers, then symbolic sizes
-    table = args_engine.table(module, kernel, arg_names)
-    rc = b.call(library.use(module, args_engine.ArgsEngine()), [args, nargs, table, out])
+    table = args_engine.table(module, kernel)
+    rc = b.call(library.use(module, args_engine.ArgsEngine()), [args, nargs, table, out, names])
     with b.if_then(b.icmp_signed("!=", rc, I32(0)), likely=False):
         b.ret(I32(-1))
     values = [b.load(b.gep(out, [I64(k)], source_etype=I64), typ=PTR if k < nparams else I64)
