@@ -36,7 +36,7 @@ from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 import jitbyoc
-from jitbyoc import cache, codegen, frontend, library, partition
+from jitbyoc import cache, codegen, library, partition
 
 from .models import ZOO
 
@@ -82,7 +82,6 @@ def _forget() -> None:
     modules), so the next build is as cold as in a fresh process whose worker pool runs."""
     cache.clear_memory()
     partition._MEMO.clear()
-    frontend._LOWERED.clear()
     codegen._MODULES.clear()
 
 

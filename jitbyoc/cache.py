@@ -57,7 +57,11 @@ _NAME = re.compile(r"[0-9a-f]{64}\.s")
 _LOCK = threading.Lock()
 _MEMORY: OrderedDict[str, tuple[str, str]] = OrderedDict()  # digest -> (key text, payload)
 _WARNED: set[str] = set()  # directories refused (and reported) by this process
-MEMORY_ENTRIES = 4096
+# Bounded in count and in bytes: the disk cache serves the rest in well under a
+# millisecond an entry, and a process that builds many models must not grow with them.
+MEMORY_ENTRIES = 128
+MEMORY_BYTES = 16 << 20
+_MEMORY_SIZE = [0]
 
 
 class _Settings:
@@ -99,6 +103,7 @@ def configure(path: str | os.PathLike | None = None, enabled: bool | None = None
 def clear_memory() -> None:
     with _LOCK:
         _MEMORY.clear()
+        _MEMORY_SIZE[0] = 0
 
 
 @lru_cache(maxsize=None)
@@ -157,10 +162,12 @@ def put(k: Key, text: str) -> None:
 
 def _remember(k: Key, text: str) -> None:
     with _LOCK:
+        old = _MEMORY.pop(k.digest, None)
+        _MEMORY_SIZE[0] += len(k.text) + len(text) - (len(old[0]) + len(old[1]) if old else 0)
         _MEMORY[k.digest] = (k.text, text)
-        _MEMORY.move_to_end(k.digest)
-        while len(_MEMORY) > MEMORY_ENTRIES:
-            _MEMORY.popitem(last=False)
+        while len(_MEMORY) > MEMORY_ENTRIES or (_MEMORY_SIZE[0] > MEMORY_BYTES and len(_MEMORY) > 1):
+            _, (key_text, payload) = _MEMORY.popitem(last=False)
+            _MEMORY_SIZE[0] -= len(key_text) + len(payload)
 
 
 # ---- trust: whose directories and files these are ---------------------------------------

@@ -34,9 +34,13 @@ def _read(stream):
     return pickle.loads(stream.read(struct.unpack("<Q", head)[0]))
 
 
-def _write(stream, obj) -> None:
+def message(obj) -> bytes:
     data = pickle.dumps(obj)
-    stream.write(struct.pack("<Q", len(data)) + data)
+    return struct.pack("<Q", len(data)) + data
+
+
+def _write(stream, obj) -> None:
+    stream.write(message(obj))
     stream.flush()
 
 

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 
 from tvm import relax
@@ -270,29 +268,3 @@ def instance_symbol(lowered: Lowered) -> str:
     names share code but not messages."""
     names = json.dumps([lowered.code_digest, lowered.names.args, lowered.names.sizes])
     return f"{lowered.kernel.name}_{hashlib.sha256(names.encode()).hexdigest()[:12]}"
-
-
-# Lowered regions by function *object* (kept alive here, so a handle is never reused):
-# partitioning lowers every region to name it, the build reuses that.
-_LOWERED: OrderedDict = OrderedDict()
-_LOWERED_LOCK = threading.Lock()
-LOWERED_ENTRIES = 1024
-
-
-def remember(func: relax.Function, lowered: Lowered) -> None:
-    with _LOWERED_LOCK:
-        _LOWERED[func.__chandle__()] = (func, lowered)
-        while len(_LOWERED) > LOWERED_ENTRIES:
-            _LOWERED.popitem(last=False)
-
-
-def lowered(func: relax.Function) -> Lowered:
-    """The lowering of a partitioned region (remembered, or lowered now)."""
-    with _LOWERED_LOCK:
-        hit = _LOWERED.get(func.__chandle__())
-        if hit is not None and hit[0].same_as(func):
-            _LOWERED.move_to_end(func.__chandle__())
-            return hit[1]
-    out = lower_region(func)
-    remember(func, out)
-    return out

@@ -63,9 +63,9 @@ def partition_for_jitbyoc(mod: tvm.IRModule) -> tvm.IRModule:
             _MEMO.move_to_end(key)
     out = hit[1] if hit is not None else None
     if out is None:
-        out = _partition(mod)
+        out, low = _partition(mod)
         with _MEMO_LOCK:  # the module is kept too: its functions' handles stay theirs
-            _MEMO[key] = (mod, out)
+            _MEMO[key] = (mod, out, low)
             while len(_MEMO) > MEMO_ENTRIES:
                 _MEMO.popitem(last=False)
     # a fresh module each time: a caller that edits it in place must not edit the memo
@@ -82,7 +82,18 @@ def _ops_in(mod: tvm.IRModule) -> set[str]:
     return ops
 
 
-def _partition(mod: tvm.IRModule) -> tvm.IRModule:
+def lowered(func: relax.Function) -> frontend.Lowered:
+    """The lowering of a partitioned region: the one partitioning made (while its module
+    is memoized), or made now."""
+    with _MEMO_LOCK:
+        for _, out, low in _MEMO.values():
+            hit = low.get(func.__chandle__())
+            if hit is not None and hit[0].same_as(func):
+                return hit[1]
+    return frontend.lower_region(func)
+
+
+def _partition(mod: tvm.IRModule) -> tuple[tvm.IRModule, dict]:
     # only patterns whose ops all occur (matching costs per pattern and node: ResNet-18's
     # and the encoder's partitioning took 22 ms with all 92)
     ops = _ops_in(mod)
@@ -90,12 +101,13 @@ def _partition(mod: tvm.IRModule) -> tvm.IRModule:
     mod = FuseOpsByPattern(patterns, bind_constants=False, annotate_codegen=False)(mod)
     mod = merge_regions(mod)
     codes: dict[str, str] = {}  # code symbol -> its key: distinct code never shares a name
+    low_by_handle: dict[int, tuple] = {}  # region function handle -> (function, Lowered)
     for gv, func in regions(mod).items():
         low = frontend.lower_region(func, gv.name_hint)
         if codes.setdefault(low.kernel.name, low.key) != low.key:
             raise RuntimeError(f"jitbyoc: two different regions share the code symbol "
                                f"'{low.kernel.name}' (a 64-bit digest prefix collision)")
         named = func.with_attr("global_symbol", frontend.instance_symbol(low))
-        frontend.remember(named, low)
+        low_by_handle[named.__chandle__()] = (named, low)
         mod[gv] = named
-    return mod
+    return mod, low_by_handle

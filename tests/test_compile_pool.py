@@ -47,6 +47,8 @@ def test_waiting_jobs_run_largest_first(monkeypatch):
     done, gate = [], __import__("threading").Event()
 
     class FakeWorker:
+        jobs = 0
+
         def compile(self, text, pipeline):
             gate.wait(60)
             done.append(len(text))

@@ -234,12 +234,18 @@ def test_hostile_function_name():
     np.testing.assert_allclose(got, np.ones(4), rtol=1e-6)
 
 
-def test_error_names_this_models_arguments():
-    """Structurally equal models with other names share code but report their own names
-    (same process; and from disk: see test_cache_trust)."""
+@pytest.mark.parametrize("source", ["memory", "disk"])
+def test_error_names_this_models_arguments(source, tmp_path):
+    """Structurally equal models with other names share code but report their own names,
+    whether the code comes from the memory cache or from disk."""
+    cache.configure(path=tmp_path / "cache", enabled=True)
+    cache.clear_memory()
     bad = tvm.runtime.tensor(np.ones((2, 8), "float32"))
     msgs = []
     for name in ("first_model_input", "image"):
+        if source == "disk":
+            cache.clear_memory()
+            partition._MEMO.clear()
         mod = _two_input_model(name)
         with jitbyoc.enabled():
             ex = tvm.compile(mod, target="llvm")
@@ -250,7 +256,7 @@ def test_error_names_this_models_arguments():
         msgs.append((str(err.value), status))
     assert "('first_model_input', input 0)" in msgs[0][0]
     assert "('image', input 0)" in msgs[1][0] and "first_model_input" not in msgs[1][0]
-    assert msgs[1][1].startswith("cache hit"), "same code: the second build reuses it"
+    assert msgs[1][1] == f"cache hit ({source})", "same code: the second build reuses it"
 
 
 def test_two_sizes_with_one_name_are_two_sizes():
