@@ -179,8 +179,9 @@ def _compile_misses(misses: dict, keys: dict, asm: dict, engines: dict, status: 
     """Compile what the cache did not have: the regions, rendered here one after another,
     and the engines they call, each submitted as soon as it is known (an engine right
     after the region that first needs it, which keeps a worker busy while the engine
-    renders; the pool starts engines, the large jobs, first). The worker pool compiles
-    them in parallel with the rendering (in process only when the pool is off)."""
+    renders; the pool starts engines, the large jobs, first). With two or more things to
+    compile, the worker pool compiles them in parallel with the rendering; a single one
+    is compiled here (a fresh process's first build need not wait for a worker)."""
     jobs: dict[str, tuple] = {}  # symbol -> (cache key, assembly or future)
     workers = None
 
@@ -193,7 +194,7 @@ def _compile_misses(misses: dict, keys: dict, asm: dict, engines: dict, status: 
         submit(e, cache.key(e), *_engine_job(e))
 
     missing = [e for e, text in engines.items() if text is None]  # called by cached regions
-    if misses or missing:  # even one job: compiling in process leaks (see compile_pool)
+    if len(misses) + len(missing) > 1:
         workers = compile_pool.pool()
     for e in missing:
         submit_engine(e)
@@ -203,6 +204,8 @@ def _compile_misses(misses: dict, keys: dict, asm: dict, engines: dict, status: 
             engines[e], status[e] = cache.get(cache.key(e))
             if engines[e] is None:
                 new.append(e)
+        if new and workers is None:
+            workers = compile_pool.pool()
         submit(code, keys[code], region.llvm_ir, region.pipeline)  # a worker's work while engines render
         region.release()
         for e in new:

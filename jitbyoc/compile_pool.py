@@ -12,17 +12,19 @@ process, with a warning: a build never fails because of the pool. That includes 
 that stops answering (stopped, swapped out, wedged): each reply has a deadline,
 :func:`deadline`, after which the worker is killed and replaced.
 
-Workers also keep the main process's memory flat: llvmlite leaks about 30-60 KB of native
-memory per optimized module (its ``PassBuilder`` is never fully freed; measured: 17 MB
-over 300 small regions in process, ``tests/test_memory_growth.py``). So every compile of
-a build goes to the pool, even a single one, and a worker is replaced after
-:data:`RECYCLE_JOBS` jobs (its successor starts at once, while the pool waits for work).
+llvmlite never frees a pass builder's instrumentation callbacks (``LLVMPY_CreatePassBuilder``
+allocates them, nothing deletes them), about 1.5 KB per compile (the larger leaks, the
+pass pipeline and the global context's constants, are freed by
+:func:`jitbyoc.compile_worker.optimized_module`; ``tests/test_memory_growth.py``), so a
+worker is replaced after :data:`RECYCLE_JOBS` jobs (its successor starts at once, while
+the pool waits for work).
 """
 
 from __future__ import annotations
 
 import atexit
 import logging
+import math
 import os
 import queue
 import select
@@ -46,7 +48,7 @@ log = logging.getLogger("jitbyoc")
 # wedged. JITBYOC_COMPILE_TIMEOUT sets the floor, in seconds.
 TIMEOUT_FLOOR_S = 30.0
 TIMEOUT_PER_MB_S = 60.0
-RECYCLE_JOBS = 200  # ~10 MB of llvmlite's leak per worker, then a fresh one
+RECYCLE_JOBS = 2000  # ~3 MB of llvmlite's leak per worker, then a fresh one
 
 
 def deadline(ir_text: str) -> float:
@@ -65,9 +67,10 @@ class _Worker:
 
     def _wait(self, fd: int, writing: bool, until: float) -> None:
         """Until ``fd`` is ready, or kill the worker once ``until`` (monotonic) has passed."""
+        poller = select.poll()  # not select.select: fds past 1023 (FD_SETSIZE) are common
+        poller.register(fd, select.POLLOUT if writing else select.POLLIN)
         left = until - time.monotonic()
-        ready = left > 0 and select.select([] if writing else [fd], [fd] if writing else [], [], left)
-        if not (ready and any(ready)):
+        if left <= 0 or not poller.poll(math.ceil(left * 1000)):  # a hang-up counts as ready
             self.proc.kill()  # SIGKILL ends a stopped process too
             self.proc.wait()
             raise TimeoutError(f"compile worker {self.proc.pid} did not answer in time; killed")

@@ -14,6 +14,7 @@ replies ``(True, asm)`` or ``(False, error)``. The compile steps are those of
 import pickle
 import struct
 import sys
+from contextlib import contextmanager
 from typing import NamedTuple
 
 
@@ -60,33 +61,62 @@ def make_machine(llvm, cpu: str, features: str):
 LEAN_PASSES = ("sroa", "instruction_combine", "simplify_cfg")
 
 
+def _dispose_pass_manager(llvm, mpm) -> None:
+    """Free a module pass manager's native object. llvmlite (0.45-0.50) never does:
+    ``ModulePassManager(ObjectRef, NewPassManager)`` inherits ``ObjectRef``'s empty
+    ``_dispose``, so close() and ``__del__`` leave the whole pipeline allocated, 40-45 KB
+    per compile at O1 (300 small regions in process: 17 MB of heap)."""
+    if not mpm.closed:
+        llvm.newpassmanagers.NewPassManager._dispose(mpm)
+        mpm.detach()  # disposed: a fixed llvmlite's close() must not free it again
+
+
+@contextmanager
 def optimized_module(llvm, tm, ir_text: str, pipeline: Pipeline):
-    """Parse, verify and optimize with ``pipeline`` for ``tm``'s CPU."""
-    mod = llvm.parse_assembly(ir_text)
-    mod.verify()
-    pto = llvm.create_pipeline_tuning_options(speed_level=max(1, pipeline.speed_level))
-    pto.loop_vectorization = pto.slp_vectorization = pipeline.vectorize
-    pto.loop_unrolling = pto.loop_interleaving = False
-    pb = llvm.create_pass_builder(tm, pto)
-    if pipeline.speed_level == 0:
-        mpm = llvm.create_new_module_pass_manager()
-        for name in LEAN_PASSES:
-            getattr(mpm, f"add_{name}_pass")()
-    else:
-        mpm = pb.getModulePassManager()
-    mpm.run(mod, pb)
-    return mod
+    """The module parsed, verified and optimized with ``pipeline`` for ``tm``'s CPU, for
+    the ``with`` block; then it is freed with everything made for it.
+
+    Each module gets its own LLVM context: the global one keeps every type, constant and
+    metadata string any module ever used (~5 KB per distinct region: 1.6 MB of heap over
+    300 small regions). And a fresh pass builder: llvmlite's run registers a local
+    ``StandardInstrumentations``' callbacks with the builder, left dangling after it."""
+    context = llvm.create_context()
+    try:
+        mod = llvm.parse_assembly(ir_text, context=context)
+        try:
+            mod.verify()
+            pto = llvm.create_pipeline_tuning_options(speed_level=max(1, pipeline.speed_level))
+            pto.loop_vectorization = pto.slp_vectorization = pipeline.vectorize
+            pto.loop_unrolling = pto.loop_interleaving = False
+            pb = llvm.create_pass_builder(tm, pto)
+            if pipeline.speed_level == 0:
+                mpm = llvm.create_new_module_pass_manager()
+                for name in LEAN_PASSES:
+                    getattr(mpm, f"add_{name}_pass")()
+            else:
+                mpm = pb.getModulePassManager()
+            try:
+                mpm.run(mod, pb)
+            finally:
+                _dispose_pass_manager(llvm, mpm)
+                pb.close()
+                pto.close()
+            yield mod
+        finally:
+            mod.close()
+    finally:
+        context.close()
 
 
 _LSR = [True]  # LLVM's -disable-lsr is a process-wide option: set it only when it changes
 
 
 def compile_to_assembly(llvm, tm, ir_text: str, pipeline: Pipeline) -> str:
-    mod = optimized_module(llvm, tm, ir_text, pipeline)
-    if _LSR[0] != pipeline.lsr:
-        llvm.set_option("", f"-disable-lsr={'false' if pipeline.lsr else 'true'}")
-        _LSR[0] = pipeline.lsr
-    return tm.emit_assembly(mod)
+    with optimized_module(llvm, tm, ir_text, pipeline) as mod:
+        if _LSR[0] != pipeline.lsr:
+            llvm.set_option("", f"-disable-lsr={'false' if pipeline.lsr else 'true'}")
+            _LSR[0] = pipeline.lsr
+        return tm.emit_assembly(mod)
 
 
 def main() -> None:

@@ -60,7 +60,8 @@ def data_layout() -> str:
 def optimize(ir_text: str, pipeline: Pipeline = GLUE) -> str:
     """Optimized IR text, for inspection (the same passes the build runs)."""
     with LOCK:
-        return str(compile_worker.optimized_module(llvm, target_machine(), ir_text, pipeline))
+        with compile_worker.optimized_module(llvm, target_machine(), ir_text, pipeline) as mod:
+            return str(mod)
 
 
 def compile_to_assembly(ir_text: str, pipeline: Pipeline = GLUE) -> str:
