@@ -26,11 +26,11 @@ from llvmlite import ir
 
 from . import kir
 from .compile_worker import Pipeline
+from .llvmtypes import I32, I64, PTR, declare
 from .lowering.llvm import Ctx, load_slots, pack_slots, release
 
 PREFIX = "jitbyoc_lib_"
 KINDS: dict[str, type] = {}
-I32, I64, PTR = ir.IntType(32), ir.IntType(64), ir.PointerType()
 
 
 class Engine:
@@ -72,8 +72,8 @@ def parse(symbol: str) -> Engine:
 
 def use(module: ir.Module, engine: Engine) -> ir.Function:
     """Declare ``engine`` in a region's module; returns the function to call."""
-    found = module.globals.get(engine.symbol)
-    return found if found is not None else ir.Function(module, engine.signature(), engine.symbol)
+    sig = engine.signature()
+    return declare(module, engine.symbol, sig.return_type, list(sig.args))
 
 
 def call(ctx, engine: Engine, slots: list) -> None:

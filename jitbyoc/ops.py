@@ -23,6 +23,7 @@ from llvmlite import ir
 from . import vecmath
 from .dtypes import ALL, FLOATS, INTS, NUMERIC
 from .dtypes import dtype as lookup_dtype
+from .llvmtypes import declare
 
 
 class UnsupportedOp(NotImplementedError):
@@ -66,9 +67,7 @@ def _cmp(op: str):
 def _intrinsic(name: str):
     def rule(b, dt, *xs):
         fname = f"llvm.{name}.{f'v{dt.lanes}' if dt.lanes > 1 else ''}f{dt.bits}"
-        fn = b.module.globals.get(fname) or ir.Function(
-            b.module, ir.FunctionType(dt.ir, [dt.ir] * len(xs)), fname)
-        return b.call(fn, xs)
+        return b.call(declare(b.module, fname, dt.ir, [dt.ir] * len(xs)), xs)
     return rule
 
 

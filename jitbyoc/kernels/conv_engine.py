@@ -25,13 +25,11 @@ from llvmlite import ir
 
 from .. import library
 from ..dtypes import dtype as lookup_dtype
-from ..lowering.llvm import declare
-from ..lowering.loops import I64, ceil_div, for_range, smin
+from ..llvmtypes import I1, I8, I32, I64, PTR, declare
+from ..lowering.loops import ceil_div, for_range, smin
 from ..lowering.vectors import splat
 from .conv_plan import plane_table, tap_table, workspace_size
 
-I1, I8, I32 = ir.IntType(1), ir.IntType(8), ir.IntType(32)
-PTR = ir.PointerType()
 NAMES = ("x", "w", "work", "out", "n", "c", "h", "wd", "k", "oh", "ow", "groups", "cg", "kg", "taps",
          "wq", "plane", "chan", "img", "planes", "rows", "sh", "sw", "taptab", "planetab", "epi", "env")
 PLANE_FIELDS = 6  # row shift, column shift, first/last+1 valid plane row, first/last+1 valid column

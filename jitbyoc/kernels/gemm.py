@@ -75,7 +75,8 @@ from typing import Callable, Union
 from llvmlite import ir
 
 from ..dtypes import dtype as lookup_dtype
-from ..lowering.loops import I64, for_range
+from ..llvmtypes import I64
+from ..lowering.loops import for_range
 from . import gemm_micro as mk
 
 Dim = Union[int, str]

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from .. import library
+from ..llvmtypes import I32, I64
 from .gemm import Gemm, Output, Strided, _dims, _is_one
 from .gemm_llvm import emit
 
-I64 = ir.IntType(64)
 BATCH_RANK = 4  # the smallest engine batch rank (see call)
 
 
@@ -62,7 +62,7 @@ class GemmEngine(library.Engine):
                  Output(bufs["c"], tuple(f"cb{i}" for i in r), "crow"), self.dtype,
                  tuple(f"d{i}" for i in r), _callback)
         emit(g, ctx)
-        ctx.b.ret(ir.Constant(ir.IntType(32), 0))
+        ctx.b.ret(I32(0))
 
 
 def _callback(ctx, bidx, m0, mc, n0, nc) -> None:

@@ -21,8 +21,8 @@ from functools import reduce
 from llvmlite import ir
 
 from ..dtypes import dtype as lookup_dtype
-from ..lowering.llvm import declare
-from ..lowering.loops import I64, ceil_div, for_range, smin
+from ..llvmtypes import I1, I32, I64, PTR, declare
+from ..lowering.loops import ceil_div, for_range, smin
 from . import gemm_micro as mk
 from .gemm import SERIAL_MAX_MACS, _all_dims
 
@@ -53,15 +53,15 @@ def emit(g, ctx) -> None:
     tasks = None
     if not g.static():  # small at run time: one task, on the calling thread
         macs = ctx.product(_all_dims(g))
-        tasks = b.select(b.icmp_signed("<", macs, I64(SERIAL_MAX_MACS)), mk.I32(1), mk.I32(0))
+        tasks = b.select(b.icmp_signed("<", macs, I64(SERIAL_MAX_MACS)), I32(1), I32(0))
     ctx.parallel_for(count, lambda c, lo, hi, ex: _task(g, c, lo, hi, ex), extra, tasks)
 
 
 def _task(g, c, _lo, _hi, extra) -> None:
     """Take chunks from the shared counter until every chunk is taken."""
     b, blk = c.b, g.blocking
-    split_n, parts, per_chunk = b.trunc(extra[0], ir.IntType(1)), extra[1], extra[2]
-    counter = b.inttoptr(extra[3], mk.PTR)
+    split_n, parts, per_chunk = b.trunc(extra[0], I1), extra[1], extra[2]
+    counter = b.inttoptr(extra[3], PTR)
     m, n, k = _size(c, g.m), _size(c, g.n), _size(c, g.k)
     kblocks = b.select(b.icmp_signed(">", k, I64(0)), ceil_div(b, k, I64(blk.kc)), I64(1))
     kcb = ceil_div(b, k, kblocks)
@@ -212,14 +212,14 @@ def _pack(g, c, operand, dst, bidx, x0, nx, k0, kc, width) -> None:
 def _alloc(g, c, elements):
     """A packing buffer from TVM's (per-thread) workspace pool."""
     d = lookup_dtype(g.dtype)
-    alloc = declare(c.module, "TVMBackendAllocWorkspace", mk.PTR, [mk.I32, mk.I32, I64, mk.I32, mk.I32])
+    alloc = declare(c.module, "TVMBackendAllocWorkspace", PTR, [I32, I32, I64, I32, I32])
     nbytes = c.b.add(c.b.mul(elements, I64(d.nbytes)), I64(mk.VECTOR_BYTES))
-    ptr = c.b.call(alloc, [mk.I32(1), mk.I32(0), nbytes, mk.I32(d.dl_code), mk.I32(d.bits)])
+    ptr = c.b.call(alloc, [I32(1), I32(0), nbytes, I32(d.dl_code), I32(d.bits)])
     with c.b.if_then(c.b.icmp_unsigned("==", c.b.ptrtoint(ptr, I64), I64(0)), likely=False):
-        c.b.ret(mk.I32(-1))  # TVM's allocator has set the error
+        c.b.ret(I32(-1))  # TVM's allocator has set the error
     return ptr
 
 
 def _free(c, ptr) -> None:
-    free = declare(c.module, "TVMBackendFreeWorkspace", mk.I32, [mk.I32, mk.I32, mk.PTR])
-    c.b.call(free, [mk.I32(1), mk.I32(0), ptr])
+    free = declare(c.module, "TVMBackendFreeWorkspace", I32, [I32, I32, PTR])
+    c.b.call(free, [I32(1), I32(0), ptr])

@@ -11,12 +11,10 @@ from __future__ import annotations
 from llvmlite import ir
 
 from ..dtypes import dtype as lookup_dtype
-from ..lowering.loops import I64, for_range
+from ..llvmtypes import I1, I8, I32, I64, PTR
+from ..lowering.loops import for_range
 from ..lowering.vectors import (VECTOR_BYTES, intrinsic, lane_mask, lanes, splat, suffix,
                                 vload, vstore, vtype)
-
-I1, I32 = ir.IntType(1), ir.IntType(32)
-PTR = ir.PointerType()
 
 
 def gep(b, ptr, offset, dt):
@@ -118,7 +116,7 @@ def _prefetch_tile(b, dt, c, ldc, mr, nv):
     for i in range(mr):
         row = gep(b, c, b.mul(I64(i), ldc), dt)
         for j in range(0, nv * VECTOR_BYTES, 64):
-            b.call(prefetch, [b.gep(row, [I64(j)], source_etype=ir.IntType(8)), I32(1), I32(3), I32(1)])
+            b.call(prefetch, [b.gep(row, [I64(j)], source_etype=I8), I32(1), I32(3), I32(1)])
 
 
 def _carry_loop(b, start, stop, init, body, name):

@@ -7,7 +7,8 @@ import numpy as np
 from llvmlite import ir
 
 from ..dtypes import dtype as lookup_dtype
-from ..lowering.loops import I64, for_range
+from ..llvmtypes import I1, I64
+from ..lowering.loops import for_range
 
 PARALLEL_MIN_ELEMENTS = 1 << 14  # smaller outputs are pooled on the calling thread
 
@@ -131,7 +132,7 @@ def _no_vectorize(module, index) -> None:
     """Tag the loop of ``index`` (a :func:`for_range` phi, after the loop) so LLVM does not
     vectorize it: across planes it can only gather, which is slower than scalar sums."""
     flag = module.add_metadata([ir.MetaDataString(module, "llvm.loop.vectorize.enable"),
-                                ir.Constant(ir.IntType(1), 0)])
+                                I1(0)])
     loop_id = module.add_metadata([flag, index.name])  # unique placeholder, then self-reference
     loop_id.operands = (loop_id, flag)
     latch = index.incomings[1][1]

@@ -15,7 +15,8 @@ from contextlib import contextmanager
 from llvmlite import ir
 
 from ..dtypes import dtype as lookup_dtype
-from ..lowering.loops import I64, for_range
+from ..llvmtypes import I32, I64, declare
+from ..lowering.loops import for_range
 from .indexing import Ints
 
 
@@ -132,7 +133,7 @@ class LLVM(Ints):
                             typ=vec, align=align) for k in range(8)]
         for shuffles in TRANSPOSE8:
             rows = [self.b.shuffle_vector(rows[a], rows[b], ir.Constant(
-                        ir.VectorType(ir.IntType(32), 8), mask)) for a, b, mask in shuffles]
+                        ir.VectorType(I32, 8), mask)) for a, b, mask in shuffles]
         for row, k in zip(rows, TRANSPOSE8_ORDER):
             self.b.store(row, self.ctx.element(dst, self.add(doff, self.mul(k, dstride))),
                          align=align)
@@ -158,8 +159,7 @@ class LLVM(Ints):
             return (self.b.fadd if kind == "sum" else self.b.fmul)(acc, x, flags=("reassoc",))
         name = f"llvm.{'maximum' if kind == 'max' else 'minimum'}.f{d.bits}"
         module = self.b.module
-        fn = module.globals.get(name) or ir.Function(module, ir.FunctionType(d.ir, [d.ir, d.ir]), name)
-        return self.b.call(fn, [acc, x])
+        return self.b.call(declare(module, name, d.ir, [d.ir, d.ir]), [acc, x])
 
     # ---- services ----------------------------------------------------------------------------
     def parallel(self, count, body, threads: bool) -> None:

@@ -18,7 +18,8 @@ from llvmlite import ir
 
 from .. import kir
 from ..dtypes import FLOATS
-from ..lowering.loops import I64, for_range
+from ..llvmtypes import I64
+from ..lowering.loops import for_range
 from ..patterns import dims, tensor_problem
 from . import register
 

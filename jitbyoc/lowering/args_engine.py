@@ -44,7 +44,7 @@ from llvmlite import ir
 
 from .. import kir, library
 from . import abi
-from .llvm import I8, I32, I64, PTR, declare
+from ..llvmtypes import I8, I32, I64, PTR, declare
 from .loops import for_range
 
 COUNT, UNPACK, FIELD, DIM, BIND, DIM_SYM, CONTIG, DATA = range(8)

@@ -24,16 +24,11 @@ from llvmlite import ir
 from .. import kir
 from ..dtypes import dtype as lookup_dtype
 from ..ops import op_def
-from .loops import I64, for_range, loop_nest
+from ..llvmtypes import I8, I32, I64, PTR, declare
+from .loops import for_range, loop_nest
 from .vectors import SplatConstant, lanes, splat, strips, vload, vstore
 
-I8, I32 = ir.IntType(8), ir.IntType(32)
-PTR = ir.PointerType()
 PARALLEL_MIN_ELEMENTS = 1 << 16  # an elementwise nest smaller than this runs on one thread
-
-
-def declare(module, name, ret, args, var_arg=False):
-    return module.globals.get(name) or ir.Function(module, ir.FunctionType(ret, args, var_arg), name)
 
 
 class Emitter:

@@ -13,7 +13,7 @@ from llvmlite import ir
 
 from .. import kir, library
 from . import args_engine
-from .llvm import I32, I64, PTR
+from ..llvmtypes import I32, I64, PTR
 
 ENTRY_SUFFIX = "_entry"
 

@@ -6,7 +6,7 @@ from contextlib import contextmanager
 
 from llvmlite import ir
 
-I64 = ir.IntType(64)
+from ..llvmtypes import I64
 
 
 def ceil_div(b: ir.IRBuilder, x, y):

@@ -10,10 +10,9 @@ from __future__ import annotations
 from llvmlite import ir
 
 from ..dtypes import dtype as lookup_dtype
-from .loops import I64, for_range
+from ..llvmtypes import I1, I32, I64, PTR, declare
+from .loops import for_range
 
-I1, I32 = ir.IntType(1), ir.IntType(32)
-PTR = ir.PointerType()
 VECTOR_BYTES = 64
 
 
@@ -26,8 +25,7 @@ def vtype(dt: str, n: int | None = None) -> ir.VectorType:
     return ir.VectorType(lookup_dtype(dt).storage_ir, n or lanes(dt))
 
 
-def intrinsic(module, name, ret, args):
-    return module.globals.get(name) or ir.Function(module, ir.FunctionType(ret, args), name)
+intrinsic = declare  # an llvm.* intrinsic is declared like any function
 
 
 def suffix(vt: ir.VectorType) -> str:

@@ -1,0 +1,17 @@
+"""The LLVM types every renderer, rule and engine shares, and :func:`declare`.
+
+A leaf module (llvmlite only), so the op table, the renderers and the engines all take
+these from one place.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
+PTR = ir.PointerType()
+
+
+def declare(module: ir.Module, name: str, ret, args, var_arg: bool = False) -> ir.Function:
+    """The function ``name`` of ``module``, declared ``ret(args...)`` on first use."""
+    return module.globals.get(name) or ir.Function(module, ir.FunctionType(ret, args, var_arg), name)
