@@ -39,11 +39,12 @@ import re
 import stat
 import tempfile
 import threading
-from collections import OrderedDict
 from contextlib import suppress
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+
+from .memo import LRU
 
 log = logging.getLogger("jitbyoc")
 
@@ -55,13 +56,12 @@ _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLO
 _SUBDIR = re.compile(r"[0-9a-f]{2}")
 _NAME = re.compile(r"[0-9a-f]{64}\.s")
 _LOCK = threading.Lock()
-_MEMORY: OrderedDict[str, tuple[str, str]] = OrderedDict()  # digest -> (key text, payload)
 _WARNED: set[str] = set()  # directories refused (and reported) by this process
 # Bounded in count and in bytes: the disk cache serves the rest in well under a
 # millisecond an entry, and a process that builds many models must not grow with them.
 MEMORY_ENTRIES = 128
 MEMORY_BYTES = 16 << 20
-_MEMORY_SIZE = [0]
+_MEMORY = LRU(MEMORY_ENTRIES, MEMORY_BYTES, lambda kv: len(kv[0]) + len(kv[1]))  # digest -> (key, payload)
 
 
 class _Settings:
@@ -101,9 +101,7 @@ def configure(path: str | os.PathLike | None = None, enabled: bool | None = None
 
 
 def clear_memory() -> None:
-    with _LOCK:
-        _MEMORY.clear()
-        _MEMORY_SIZE[0] = 0
+    _MEMORY.clear()
 
 
 @lru_cache(maxsize=None)
@@ -143,31 +141,19 @@ def key(material: str) -> Key:
 
 def get(k: Key) -> tuple[str | None, str]:
     """(assembly, where it came from: "memory", "disk" or "miss")."""
-    with _LOCK:
-        hit = _MEMORY.get(k.digest)
-        if hit is not None and hit[0] == k.text:
-            _MEMORY.move_to_end(k.digest)
-            return hit[1], "memory"
+    hit = _MEMORY.get(k.digest)
+    if hit is not None and hit[0] == k.text:
+        return hit[1], "memory"
     text = _read_disk(k)
     if text is not None:
-        _remember(k, text)
+        _MEMORY.put(k.digest, (k.text, text))
         return text, "disk"
     return None, "miss"
 
 
 def put(k: Key, text: str) -> None:
-    _remember(k, text)
+    _MEMORY.put(k.digest, (k.text, text))
     _write_disk(k, text)
-
-
-def _remember(k: Key, text: str) -> None:
-    with _LOCK:
-        old = _MEMORY.pop(k.digest, None)
-        _MEMORY_SIZE[0] += len(k.text) + len(text) - (len(old[0]) + len(old[1]) if old else 0)
-        _MEMORY[k.digest] = (k.text, text)
-        while len(_MEMORY) > MEMORY_ENTRIES or (_MEMORY_SIZE[0] > MEMORY_BYTES and len(_MEMORY) > 1):
-            _, (key_text, payload) = _MEMORY.popitem(last=False)
-            _MEMORY_SIZE[0] -= len(key_text) + len(payload)
 
 
 # ---- trust: whose directories and files these are ---------------------------------------

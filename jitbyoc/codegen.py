@@ -9,20 +9,19 @@ that TVM loads in process. No C compiler is involved.
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import cached_property
 
 import tvm
-from . import cache, compile_pool, jit, kir, library, runtime
+from . import buildlog, cache, compile_pool, jit, kir, library, runtime
 from .frontend import Names
 from .partition import lowered
 from .lowering import abi
 from .lowering import c as c_renderer
 from .lowering.llvm import emit_llvm
 from .lowering.llvm import release as release_module
+from .memo import LRU
 
 log = logging.getLogger("jitbyoc")
 
@@ -101,19 +100,18 @@ class Region:
         return c_renderer.emit_c(self.kernel, self.symbol, self.texts)
 
 
-_STATUS = threading.local()
 # The last few runtime modules, by the regions they hold: a rebuild of an unchanged model
 # imports the same module (loading one costs TVM tens of ms). Bounded, so dropped builds
 # still free their code.
-_MODULES: OrderedDict = OrderedDict()
-_MODULES_LOCK = threading.Lock()
 MODULE_ENTRIES = 8
+_MODULES = LRU(MODULE_ENTRIES)
 
 
 def last_cache_status() -> dict[str, str]:
     """symbol -> "memory", "disk" (cache hits) or "compiled", for this thread's last build:
     its regions, and the library engines (``jitbyoc_lib_*``) they call."""
-    return dict(getattr(_STATUS, "status", {}))
+    log = buildlog.last()
+    return dict(log.status) if log is not None else {}
 
 
 def compile_regions(functions) -> tvm.runtime.Module | None:
@@ -142,8 +140,8 @@ def compile_regions(functions) -> tvm.runtime.Module | None:
     for symbol in sorted(set().union(*(library.references(a) for a in asm.values() if a))):
         engines[symbol], status[symbol] = cache.get(cache.key(symbol))
     _compile_misses(misses, keys, asm, engines, status)
-    _STATUS.status = {**{s: status[code] for s, (code, _) in uses.items()},
-                      **{e: status[e] for e in engines}}
+    buildlog.current().status.update({**{s: status[code] for s, (code, _) in uses.items()},
+                                      **{e: status[e] for e in engines}})
     if not asm:
         return None
     t1 = time.perf_counter()
@@ -220,15 +218,10 @@ def _load(asm: dict[str, str], engines: dict[str, str], uses: dict[str, tuple]) 
     # keyed by everything the module text is made of, compared in full
     key = (tuple(sorted(asm.items())), tuple(sorted(engines.items())),
            tuple(sorted((s, c, tuple(t)) for s, (c, t) in uses.items())))
-    with _MODULES_LOCK:
-        if key in _MODULES:
-            _MODULES.move_to_end(key)
-            return _MODULES[key]
-    module = runtime.tvm_module(asm, engines, uses)
-    with _MODULES_LOCK:
-        _MODULES[key] = module
-        while len(_MODULES) > MODULE_ENTRIES:
-            _MODULES.popitem(last=False)
+    module = _MODULES.get(key)
+    if module is None:
+        module = runtime.tvm_module(asm, engines, uses)
+        _MODULES.put(key, module)
     return module
 
 

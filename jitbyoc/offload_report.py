@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import relax
 
+from .buildlog import BuildLog
 from .partition import PREFIX, partition_for_jitbyoc, regions
 from .patterns import why_not
 
@@ -167,15 +168,14 @@ def report(mod: tvm.IRModule) -> Report:
     return build_report(part)
 
 
-def record(original: tvm.IRModule, partitioned: tvm.IRModule, timings: dict | None = None) -> None:
-    from .codegen import last_cache_status
-
+def record(partitioned: tvm.IRModule, log: BuildLog) -> None:
+    """Keep the report of a build (``log``: what its codegen did) for :func:`last_report`."""
     rep = build_report(partitioned)
-    status = last_cache_status()
+    status = log.status
     for r in rep.regions:
         r.cache = {"memory": "cache hit (memory)", "disk": "cache hit (disk)"}.get(status.get(r.symbol, ""),
                                                                                 status.get(r.symbol, ""))
-    rep.timings = dict(timings or {})
+    rep.timings = dict(log.timings)
     _LAST.report = rep
 
 

@@ -11,15 +11,13 @@ behind it.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
-
 import tvm
 from tvm import relax
 from tvm.relax.backend.pattern_registry import get_patterns_with_prefix
 from tvm.relax.transform import FuseOpsByPattern
 
 from . import frontend
+from .memo import LRU
 from .merge import merge_regions
 from .patterns import OPS_USED, PREFIX
 
@@ -32,9 +30,8 @@ def regions(mod: tvm.IRModule) -> dict[tvm.ir.GlobalVar, relax.Function]:
 # Partitions of the last few modules, by the *identity* of their functions: a rebuild of
 # the same module object (functions are immutable; editing a module replaces them) skips
 # partitioning. Never by a hash: TVM's 64-bit structural hash collides on ordinary shapes.
-_MEMO: OrderedDict = OrderedDict()
-_MEMO_LOCK = threading.Lock()
 MEMO_ENTRIES = 4  # a module can hold its weights as constants: keep few
+_MEMO = LRU(MEMO_ENTRIES)  # identity -> (module, partitioned module, lowered regions)
 
 
 def _identity(mod: tvm.IRModule) -> tuple:
@@ -57,17 +54,11 @@ def partition_for_jitbyoc(mod: tvm.IRModule) -> tvm.IRModule:
         ``Codegen="jitbyoc"``; ``relax.transform.RunCodegen()`` compiles them.
     """
     key = _identity(mod)
-    with _MEMO_LOCK:
-        hit = _MEMO.get(key)
-        if hit is not None:  # a rebuild of an unchanged model: partitioning is pure
-            _MEMO.move_to_end(key)
-    out = hit[1] if hit is not None else None
-    if out is None:
-        out, low = _partition(mod)
-        with _MEMO_LOCK:  # the module is kept too: its functions' handles stay theirs
-            _MEMO[key] = (mod, out, low)
-            while len(_MEMO) > MEMO_ENTRIES:
-                _MEMO.popitem(last=False)
+    hit = _MEMO.get(key)  # a rebuild of an unchanged model: partitioning is pure
+    if hit is None:
+        hit = (mod, *_partition(mod))  # the module is kept: its functions' handles stay theirs
+        _MEMO.put(key, hit)
+    out = hit[1]
     # a fresh module each time: a caller that edits it in place must not edit the memo
     return tvm.IRModule(dict(out.functions), attrs=out.attrs)
 
@@ -85,11 +76,10 @@ def _ops_in(mod: tvm.IRModule) -> set[str]:
 def lowered(func: relax.Function) -> frontend.Lowered:
     """The lowering of a partitioned region: the one partitioning made (while its module
     is memoized), or made now."""
-    with _MEMO_LOCK:
-        for _, out, low in _MEMO.values():
-            hit = low.get(func.__chandle__())
-            if hit is not None and hit[0].same_as(func):
-                return hit[1]
+    for _, _, low in _MEMO.values():
+        hit = low.get(func.__chandle__())
+        if hit is not None and hit[0].same_as(func):
+            return hit[1]
     return frontend.lower_region(func)
 
 

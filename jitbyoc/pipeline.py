@@ -27,7 +27,7 @@ import tvm
 from tvm import relax, tirx
 from tvm.relax.pipeline import PIPELINE_MAP
 
-from . import offload_report
+from . import buildlog, offload_report
 from .partition import partition_for_jitbyoc, regions
 
 _LOCK = threading.Lock()
@@ -87,12 +87,12 @@ def _gc_paused():
 def offload(mod: tvm.IRModule) -> tvm.IRModule:
     """Partition ``mod`` and compile its regions; the rest is left for TVM."""
     t0 = time.perf_counter()
-    with _gc_paused():
+    with _gc_paused(), buildlog.open_log() as log:
         part = partition_for_jitbyoc(mod)
         t1 = time.perf_counter()
         out = relax.transform.RunCodegen()(part)
-    t2 = time.perf_counter()
-    offload_report.record(mod, part, {"partition_s": t1 - t0, "codegen_s": t2 - t1})
+    log.timings.update(partition_s=t1 - t0, codegen_s=time.perf_counter() - t1)
+    offload_report.record(part, log)
     return _with_anchor(out) if regions(part) else out
 
 
