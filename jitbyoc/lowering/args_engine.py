@@ -37,7 +37,6 @@ at run time too) has no stride to check, as in :mod:`jitbyoc.lowering.c_entry`.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 from llvmlite import ir
@@ -63,95 +62,117 @@ class ArgsEngine(library.Engine):
         return ir.FunctionType(I32, [PTR, I32, PTR, PTR, PTR])
 
     def emit(self, module: ir.Module, fn: ir.Function) -> None:
-        args, nargs, table, out, names = fn.args
         b = ir.IRBuilder(fn.append_basic_block("entry"))
-        msgbuf = b.alloca(ir.ArrayType(I8, 1024), name="msg")
-        want = b.alloca(I64, name="want")
-        snprintf = declare(module, "snprintf", I32, [PTR, I64, PTR], var_arg=True)
-        raise_ = declare(module, "TVMFFIErrorSetRaisedFromCStr", ir.VoidType(), [PTR, PTR])
-        value_error = _private_constant(module, ".str.ValueError",
-                                        ir.Constant(ir.ArrayType(I8, 11), bytearray(b"ValueError\0")))
-
-        def word(base, k):  # i64 element k
-            return b.load(b.gep(base, [_i64(k)], source_etype=I64), typ=I64)
-
-        def field(base, offset, ty):  # at byte offset
-            return b.load(b.gep(base, [_i64(offset)], source_etype=I8), typ=ty)
-
-        with for_range(b, word(table, 0), "rec") as k:
-            rec = b.gep(table, [b.add(I64(1), b.mul(k, I64(WORDS)))], source_etype=I64)
-            op, arg, x, y, msg, show, *texts = (word(rec, j) for j in range(WORDS))
-            message = b.gep(table, [msg], source_etype=I8)
-            s0, s1, s2 = (lambda t=t: b.gep(names, [word(names, t)], source_etype=I8) for t in texts)
-            slot = b.gep(out, [arg], source_etype=I64)  # the argument's DLTensor*, then its data
-
-            def fail_if(pred, *values):  # strings are read only on failure (callables)
-                with b.if_then(pred, likely=False):
-                    values = [v() if callable(v) else v for v in values]
-                    b.call(snprintf, [msgbuf, I64(1024), message, *values])
-                    b.call(raise_, [value_error, msgbuf])
-                    b.ret(I32(-1))
-
+        walk = _Walk(module, fn, b)
+        with for_range(b, walk.word(walk.table, 0), "rec") as k:
+            walk.open_record(k)
             done = fn.append_basic_block("rec.done")
-            switch = b.switch(op, done)
-
-            @contextmanager
-            def case(code: int, name: str):
+            switch = b.switch(walk.op, done)
+            for code, name, emit in walk.cases():
                 switch.add_case(I64(code), block := fn.append_basic_block(name))
                 b.position_at_end(block)
-                yield b.load(slot, typ=PTR) if code not in (COUNT, UNPACK) else None  # the DLTensor*
+                emit(b.load(walk.slot, typ=PTR) if code not in (COUNT, UNPACK) else None)  # the DLTensor*
                 b.branch(done)
-
-            with case(COUNT, "count"):
-                fail_if(b.icmp_signed("!=", nargs, b.trunc(y, I32)), s0, nargs)
-
-            with case(UNPACK, "unpack"):
-                any_ = b.gep(args, [b.mul(arg, I64(abi.ANY_SIZE))], source_etype=I8)
-                tindex, value = b.load(any_, typ=I32), field(any_, 8, PTR)
-                is_tensor = b.icmp_signed("==", tindex, I32(abi.TYPE_TENSOR))
-                is_dl = b.icmp_signed("==", tindex, I32(abi.TYPE_DLTENSOR_PTR))
-                fail_if(b.not_(b.or_(is_tensor, is_dl)), s0, tindex)
-                shifted = b.gep(value, [I64(abi.TENSOR_DLTENSOR_OFFSET)], source_etype=I8)
-                b.store(b.select(is_tensor, shifted, value), slot)
-
-            with case(FIELD, "field") as dl:
-                got = field(dl, x, I32)
-                parts = []
-                for p in range(3):
-                    shift, width = (b.and_(b.lshr(show, I64(16 * p + s)), I64(0xFF)) for s in (0, 8))
-                    mask = b.sub(b.shl(I64(1), width), I64(1))
-                    parts.append(b.trunc(b.and_(b.lshr(b.zext(got, I64), shift), mask), I32))
-                fail_if(b.icmp_signed("!=", got, b.trunc(y, I32)), s0, *parts)
-
-            with case(DIM, "dim") as dl:
-                got = word(field(dl, abi.DL_SHAPE, PTR), x)
-                fail_if(b.icmp_signed("!=", got, y), s0, s1, got)
-
-            with case(BIND, "bind") as dl:
-                b.store(word(field(dl, abi.DL_SHAPE, PTR), x), b.gep(out, [y], source_etype=I64))
-
-            with case(DIM_SYM, "dim.sym") as dl:
-                got, bound = word(field(dl, abi.DL_SHAPE, PTR), x), word(out, y)
-                fail_if(b.icmp_signed("!=", got, bound), s0, s1, got, s2, bound)
-
-            with case(CONTIG, "contig") as dl:
-                shape, strides = field(dl, abi.DL_SHAPE, PTR), field(dl, abi.DL_STRIDES, PTR)
-                with b.if_then(b.icmp_unsigned("!=", b.ptrtoint(strides, I64), I64(0))):
-                    with for_range(b, x, "axis") as axis:
-                        b.store(I64(1), want)
-                        with for_range(b, x, "later", start=b.add(axis, I64(1))) as later:
-                            b.store(b.mul(b.load(want, typ=I64), word(shape, later)), want)
-                        got, expected = word(strides, axis), b.load(want, typ=I64)
-                        fail_if(b.and_(b.icmp_signed("!=", word(shape, axis), I64(1)),
-                                       b.icmp_signed("!=", got, expected)),
-                                s0, b.trunc(axis, I32), got, expected)
-
-            with case(DATA, "data") as dl:
-                data = field(dl, abi.DL_DATA, PTR)
-                b.store(b.gep(data, [field(dl, abi.DL_BYTE_OFFSET, I64)], source_etype=I8), slot)
-
             b.position_at_end(done)
         b.ret(I32(0))
+
+
+class _Walk:
+    """The engine's loop over the table: one record's fields, and one method per op that
+    emits its case (``dl``: the argument's DLTensor*, where the op has one)."""
+
+    def __init__(self, module: ir.Module, fn: ir.Function, b: ir.IRBuilder):
+        self.b, (self.args, self.nargs, self.table, self.out, self.names) = b, fn.args
+        self.msgbuf = b.alloca(ir.ArrayType(I8, 1024), name="msg")
+        self.want = b.alloca(I64, name="want")
+        self.snprintf = declare(module, "snprintf", I32, [PTR, I64, PTR], var_arg=True)
+        self.raise_ = declare(module, "TVMFFIErrorSetRaisedFromCStr", ir.VoidType(), [PTR, PTR])
+        self.value_error = _private_constant(module, ".str.ValueError",
+                                             ir.Constant(ir.ArrayType(I8, 11), bytearray(b"ValueError\0")))
+
+    def word(self, base, k):  # i64 element k
+        return self.b.load(self.b.gep(base, [_i64(k)], source_etype=I64), typ=I64)
+
+    def field(self, base, offset, ty):  # at byte offset
+        return self.b.load(self.b.gep(base, [_i64(offset)], source_etype=I8), typ=ty)
+
+    def open_record(self, k) -> None:
+        b = self.b
+        rec = b.gep(self.table, [b.add(I64(1), b.mul(k, I64(WORDS)))], source_etype=I64)
+        self.op, self.arg, self.x, self.y, msg, self.show, *texts = (self.word(rec, j) for j in range(WORDS))
+        self.message = b.gep(self.table, [msg], source_etype=I8)
+        self.s0, self.s1, self.s2 = (lambda t=t: b.gep(self.names, [self.word(self.names, t)], source_etype=I8)
+                                     for t in texts)
+        self.slot = b.gep(self.out, [self.arg], source_etype=I64)  # the argument's DLTensor*, then its data
+
+    def fail_if(self, pred, *values) -> None:  # strings are read only on failure (callables)
+        b = self.b
+        with b.if_then(pred, likely=False):
+            values = [v() if callable(v) else v for v in values]
+            b.call(self.snprintf, [self.msgbuf, I64(1024), self.message, *values])
+            b.call(self.raise_, [self.value_error, self.msgbuf])
+            b.ret(I32(-1))
+
+    def cases(self):
+        return ((COUNT, "count", self.count), (UNPACK, "unpack", self.unpack), (FIELD, "field", self.field_eq),
+                (DIM, "dim", self.dim), (BIND, "bind", self.bind), (DIM_SYM, "dim.sym", self.dim_sym),
+                (CONTIG, "contig", self.contig), (DATA, "data", self.data))
+
+    def count(self, _dl) -> None:
+        b = self.b
+        self.fail_if(b.icmp_signed("!=", self.nargs, b.trunc(self.y, I32)), self.s0, self.nargs)
+
+    def unpack(self, _dl) -> None:
+        b = self.b
+        any_ = b.gep(self.args, [b.mul(self.arg, I64(abi.ANY_SIZE))], source_etype=I8)
+        tindex, value = b.load(any_, typ=I32), self.field(any_, 8, PTR)
+        is_tensor = b.icmp_signed("==", tindex, I32(abi.TYPE_TENSOR))
+        is_dl = b.icmp_signed("==", tindex, I32(abi.TYPE_DLTENSOR_PTR))
+        self.fail_if(b.not_(b.or_(is_tensor, is_dl)), self.s0, tindex)
+        shifted = b.gep(value, [I64(abi.TENSOR_DLTENSOR_OFFSET)], source_etype=I8)
+        b.store(b.select(is_tensor, shifted, value), self.slot)
+
+    def field_eq(self, dl) -> None:
+        b = self.b
+        got = self.field(dl, self.x, I32)
+        parts = []
+        for p in range(3):
+            shift, width = (b.and_(b.lshr(self.show, I64(16 * p + s)), I64(0xFF)) for s in (0, 8))
+            mask = b.sub(b.shl(I64(1), width), I64(1))
+            parts.append(b.trunc(b.and_(b.lshr(b.zext(got, I64), shift), mask), I32))
+        self.fail_if(b.icmp_signed("!=", got, b.trunc(self.y, I32)), self.s0, *parts)
+
+    def shape(self, dl):
+        return self.field(dl, abi.DL_SHAPE, PTR)
+
+    def dim(self, dl) -> None:
+        got = self.word(self.shape(dl), self.x)
+        self.fail_if(self.b.icmp_signed("!=", got, self.y), self.s0, self.s1, got)
+
+    def bind(self, dl) -> None:
+        self.b.store(self.word(self.shape(dl), self.x), self.b.gep(self.out, [self.y], source_etype=I64))
+
+    def dim_sym(self, dl) -> None:
+        got, bound = self.word(self.shape(dl), self.x), self.word(self.out, self.y)
+        self.fail_if(self.b.icmp_signed("!=", got, bound), self.s0, self.s1, got, self.s2, bound)
+
+    def contig(self, dl) -> None:
+        b, word, want = self.b, self.word, self.want
+        shape, strides = self.shape(dl), self.field(dl, abi.DL_STRIDES, PTR)
+        with b.if_then(b.icmp_unsigned("!=", b.ptrtoint(strides, I64), I64(0))):
+            with for_range(b, self.x, "axis") as axis:
+                b.store(I64(1), want)
+                with for_range(b, self.x, "later", start=b.add(axis, I64(1))) as later:
+                    b.store(b.mul(b.load(want, typ=I64), word(shape, later)), want)
+                got, expected = word(strides, axis), b.load(want, typ=I64)
+                self.fail_if(b.and_(b.icmp_signed("!=", word(shape, axis), I64(1)),
+                                    b.icmp_signed("!=", got, expected)),
+                             self.s0, b.trunc(axis, I32), got, expected)
+
+    def data(self, dl) -> None:
+        b = self.b
+        data = self.field(dl, abi.DL_DATA, PTR)
+        b.store(b.gep(data, [self.field(dl, abi.DL_BYTE_OFFSET, I64)], source_etype=I8), self.slot)
 
 
 def table(module: ir.Module, kernel: kir.Kernel) -> ir.GlobalVariable:

@@ -303,6 +303,36 @@ def _is_one(v) -> bool:
     return isinstance(v, ir.Constant) and v.constant == 1
 
 
+def _emit_point(c: Ctx, stage: kir.Elementwise, roots, n, steps, idx, mask=None) -> None:
+    """An elementwise nest's body at ``idx``; with ``n``, on the vector starting there."""
+    b, em = c.b, Emitter(c.b, n) if n else c.em
+    offsets: dict = {}
+
+    def address(buf):  # one offset per buffer and point; unit steps need no multiply
+        if buf not in offsets:
+            terms = [i if _is_one(step) else b.mul(i, step, flags=["nsw"])
+                     for i, step in zip(idx, steps[buf]) if step is not None]
+            off = terms[0] if terms else ir.Constant(I64, 0)
+            for t in terms[1:]:
+                off = b.add(off, t, flags=["nsw"])
+            offsets[buf] = off
+        return offsets[buf]
+
+    def load(buf):
+        if not n:
+            return c.load(buf, address(buf))
+        if steps[buf][-1] is None:  # constant along the vector
+            return splat(b, c.load(buf, address(buf)), n)
+        return vload(b, c.element(buf, address(buf)), buf.dtype, mask, n)
+
+    values = evaluate(em, roots, load)
+    for buf, node in stage.stores:
+        if n:
+            vstore(b, values[id(node)], c.element(buf, address(buf)), buf.dtype, mask)
+        else:
+            c.store(buf, address(buf), values[id(node)])
+
+
 def emit_elementwise(ctx: Ctx, stage: kir.Elementwise) -> None:
     """The stage as one loop nest (dims that every buffer walks alike merged into one
     loop), the outermost loop split across threads when the nest is large. The innermost
@@ -316,33 +346,7 @@ def emit_elementwise(ctx: Ctx, stage: kir.Elementwise) -> None:
         ctx.scalar_loops()
 
     def point(c: Ctx, steps, idx, mask=None) -> None:
-        """The nest's body at ``idx``; with ``n``, on the vector starting there."""
-        b, em = c.b, Emitter(c.b, n) if n else c.em
-        offsets: dict = {}
-
-        def address(buf):  # one offset per buffer and point; unit steps need no multiply
-            if buf not in offsets:
-                terms = [i if _is_one(step) else b.mul(i, step, flags=["nsw"])
-                         for i, step in zip(idx, steps[buf]) if step is not None]
-                off = terms[0] if terms else ir.Constant(I64, 0)
-                for t in terms[1:]:
-                    off = b.add(off, t, flags=["nsw"])
-                offsets[buf] = off
-            return offsets[buf]
-
-        def load(buf):
-            if not n:
-                return c.load(buf, address(buf))
-            if steps[buf][-1] is None:  # constant along the vector
-                return splat(b, c.load(buf, address(buf)), n)
-            return vload(b, c.element(buf, address(buf)), buf.dtype, mask, n)
-
-        values = evaluate(em, roots, load)
-        for buf, node in stage.stores:
-            if n:
-                vstore(b, values[id(node)], c.element(buf, address(buf)), buf.dtype, mask)
-            else:
-                c.store(buf, address(buf), values[id(node)])
+        _emit_point(c, stage, roots, n, steps, idx, mask)
 
     def vectors(c: Ctx, steps, start, stop, idx) -> None:
         strips(c.b, start, stop, n, lambda i, mask: point(c, steps, idx + [i], mask))
