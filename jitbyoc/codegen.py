@@ -18,8 +18,8 @@ from . import buildlog, cache, compile_pool, jit, kir, library, runtime
 from .frontend import Names
 from .partition import lowered
 from .lowering import abi
-from .lowering import c as c_renderer
-from .lowering.llvm import emit_llvm
+from .lowering.c_entry import emit_c
+from .lowering.llvm_entry import emit_llvm
 from .lowering.llvm import release as release_module
 from .memo import LRU
 
@@ -97,7 +97,7 @@ class Region:
 
     @cached_property
     def c_source(self) -> str:
-        return c_renderer.emit_c(self.kernel, self.symbol, self.texts)
+        return emit_c(self.kernel, self.symbol, self.texts)
 
 
 # The last few runtime modules, by the regions they hold: a rebuild of an unchanged model

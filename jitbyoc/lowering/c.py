@@ -252,13 +252,3 @@ def emit_compute(kernel: kir.Kernel, functions: list) -> list[str]:
         ctx.line(f"TVMBackendFreeWorkspace(1, 0, {t.name});")
     ctx.line("return 0;")
     return [f"static int32_t {kernel.name}_compute({', '.join(params) or 'void'}) {{", *ctx.lines, "}"]
-
-
-def emit_c(kernel: kir.Kernel, symbol: str, texts: list[str]) -> str:
-    """The kernel as one C translation unit: ``<name>_compute`` plus ``__tvm_ffi_<symbol>``
-    reporting errors with the names table ``texts`` (:func:`.abi.strings`)."""
-    from .c_entry import emit_entry
-
-    functions: list[str] = []
-    compute = emit_compute(kernel, functions)
-    return "\n".join([PRELUDE, *functions, *compute, "", *emit_entry(kernel, symbol, texts), ""])

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .. import kir
 from . import abi
-from .c import product
+from .c import PRELUDE, emit_compute, product
 
 
 def c_string(text: str) -> str:
@@ -18,6 +18,14 @@ def c_string(text: str) -> str:
     safe = {c for c in range(0x20, 0x7F)} - {ord('"'), ord("\\"), ord("?")}
     data = text.encode("utf-8", "backslashreplace")
     return '"' + "".join(chr(c) if c in safe else f"\\{c:03o}" for c in data) + '"'
+
+
+def emit_c(kernel: kir.Kernel, symbol: str, texts: list[str]) -> str:
+    """The kernel as one C translation unit: ``<name>_compute`` plus ``__tvm_ffi_<symbol>``
+    reporting errors with the names table ``texts`` (:func:`.abi.strings`)."""
+    functions: list[str] = []
+    compute = emit_compute(kernel, functions)
+    return "\n".join([PRELUDE, *functions, *compute, "", *emit_entry(kernel, symbol, texts), ""])
 
 
 def emit_entry(kernel: kir.Kernel, symbol: str, texts: list[str]) -> list[str]:

@@ -413,15 +413,3 @@ def emit_compute(module: ir.Module, kernel: kir.Kernel) -> ir.Function:
         b.call(free, [I32(1), I32(0), ctx.ptrs[t]])
     b.ret(I32(0))
     return fn
-
-
-def emit_llvm(kernel: kir.Kernel, triple: str, data_layout: str) -> ir.Module:
-    """The kernel as an llvmlite module: ``<name>_compute`` plus ``<name>_entry``."""
-    from .llvm_entry import emit_entry
-
-    module = ir.Module(name=kernel.name)
-    module.triple, module.data_layout = triple, data_layout
-    module.needs_loop_vectorizer = False
-    compute = emit_compute(module, kernel)
-    emit_entry(module, kernel, compute)
-    return module

@@ -12,14 +12,25 @@ from __future__ import annotations
 from llvmlite import ir
 
 from .. import kir, library
-from . import args_engine
 from ..llvmtypes import I32, I64, PTR
+from . import args_engine
+from .llvm import emit_compute
 
 ENTRY_SUFFIX = "_entry"
 
 
 def entry_symbol(code_symbol: str) -> str:
     return code_symbol + ENTRY_SUFFIX
+
+
+def emit_llvm(kernel: kir.Kernel, triple: str, data_layout: str) -> ir.Module:
+    """The kernel as an llvmlite module: ``<name>_compute`` plus ``<name>_entry``."""
+    module = ir.Module(name=kernel.name)
+    module.triple, module.data_layout = triple, data_layout
+    module.needs_loop_vectorizer = False
+    compute = emit_compute(module, kernel)
+    emit_entry(module, kernel, compute)
+    return module
 
 
 def emit_entry(module: ir.Module, kernel: kir.Kernel, compute: ir.Function):
