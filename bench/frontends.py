@@ -12,6 +12,8 @@ import zlib
 
 import numpy as np
 
+from .case import Case, Skip
+
 
 def _optional(name: str):
     try:
@@ -21,7 +23,6 @@ def _optional(name: str):
 
 
 def _skip(package: str):
-    from .models import Skip
 
     return Skip(f"{package} is not installed (pip install {package})")
 
@@ -48,7 +49,6 @@ def _from_torch(net, example):
     import torch
     from tvm.relax.frontend.torch import from_exported_program
 
-    from .models import Case
 
     torch.manual_seed(0)
     with warnings.catch_warnings():
@@ -105,7 +105,6 @@ def onnx_mlp():
     from onnx import TensorProto, helper, numpy_helper
     from tvm.relax.frontend.onnx import from_onnx
 
-    from .models import Case
 
     rng = np.random.default_rng(zlib.crc32(b"onnx_mlp"))
     weights = {"w1": rng.standard_normal((256, 512)) * 0.06, "b1": rng.standard_normal(512) * 0.1,

@@ -11,31 +11,13 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass, field
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
-import tvm
 from tvm import relax
 
 from . import frontends
+from .case import Case, Skip
 from .ops import RelaxOps, TorchOps, he_scale
-
-
-@dataclass
-class Case:
-    """A model ready to build: the Relax module, its inputs, and what its peers run."""
-
-    mod: tvm.IRModule
-    inputs: list[np.ndarray]
-    torch_module: Any = None  # torch.nn.Module taking the same inputs, or None
-    onnx_model: bytes | None = None  # the ONNX file itself, when the model came from ONNX
-
-
-@dataclass
-class Skip:
-    """Why a model cannot run here (shown in the table's notes)."""
-
-    reason: str
 
 
 @dataclass

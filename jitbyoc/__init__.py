@@ -14,6 +14,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 from .compat import check_llvm_majors
+from .version import __version__
 from .threads import default_threads
 
 default_threads()
@@ -24,7 +25,6 @@ from .codegen import Region  # noqa: E402
 from .partition import partition_for_jitbyoc, regions  # noqa: E402
 from .offload_report import Report, last_report, report  # noqa: E402
 
-__version__ = "0.1.0"
 
 patterns.register()
 codegen.register()

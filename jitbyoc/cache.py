@@ -44,7 +44,11 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+import tvm
+
+from . import jit
 from .memo import LRU
+from .version import __version__
 
 log = logging.getLogger("jitbyoc")
 
@@ -107,8 +111,6 @@ def clear_memory() -> None:
 @lru_cache(maxsize=None)
 def code_version() -> str:
     """jitbyoc's version and a digest of its source: editing jitbyoc invalidates the cache."""
-    from . import __version__
-
     root = Path(__file__).parent
     h = hashlib.sha256(__version__.encode())
     for p in sorted(root.rglob("*.py")):
@@ -119,9 +121,6 @@ def code_version() -> str:
 
 @lru_cache(maxsize=None)
 def _environment() -> str:
-    import tvm
-
-    from . import jit
     return json.dumps({"jitbyoc": code_version(), "tvm": tvm.__version__, **jit.host()}, sort_keys=True)
 
 

@@ -4,15 +4,15 @@ compatible within one major version."""
 
 from __future__ import annotations
 
+import llvmlite.binding as llvm
+import tvm
+
 
 class IncompatibleLLVM(ImportError):
     pass
 
 
 def check_llvm_majors() -> tuple[int, int]:
-    import llvmlite.binding as llvm
-    import tvm
-
     lite = llvm.llvm_version_info[0]
     fn = tvm.get_global_func("target.llvm_version_major", allow_missing=True)
     if fn is None:

@@ -24,12 +24,12 @@ from tvm import relax
 from tvm.ir import TupleType
 from tvm.relax.utils import copy_with_new_vars
 
+from .kernels import ANCHOR_OPS
+
 CODEGEN = "jitbyoc"
 
 
 def _has_anchor(func: relax.Function) -> bool:
-    from .kernels import ANCHOR_OPS
-
     found = []
     relax.analysis.post_order_visit(func.body, lambda e: found.append(
         isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) and e.op.name in ANCHOR_OPS))

@@ -30,7 +30,7 @@ import numpy as np
 from .. import kir
 from ..dtypes import FLOATS
 from ..patterns import dims, tensor_problem
-from . import register
+from . import conv_engine, register
 from .conv_plan import Plan, choose_plan, workspace_size
 
 
@@ -84,8 +84,7 @@ class Conv2d(kir.KernelStage):
     work: kir.Buffer = None
 
     def emit_llvm(self, ctx) -> None:
-        from .conv_engine import call
-        call(self, ctx)
+        conv_engine.call(self, ctx)
 
     def needs_loop_vectorizer(self) -> bool:
         return False  # the conv engine is explicit vectors

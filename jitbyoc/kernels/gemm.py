@@ -2,8 +2,9 @@
 
 This is not a kernel on its own (it registers nothing): kernels that are a matrix product
 underneath (matmul, conv2d via im2col / implicit GEMM, ...) describe their operands
-and call :meth:`Gemm.emit_llvm` / :meth:`Gemm.emit_c` from their stage's ``emit_llvm`` /
-``emit_c``.
+and, from their stage's ``emit_llvm``, call the library engine
+(:func:`.gemm_engine.call` when :func:`.gemm_engine.fits`) or the inline driver
+(:func:`.gemm_llvm.emit`); from ``emit_c``, :meth:`Gemm.emit_c`.
 
 API
 ---
@@ -14,7 +15,8 @@ API
              b=Strided(w, batch=(0, 0), x=1, k=N),            # B[b, k, n] = w[k*N + n]
              c=Output(out, batch=(B1 * M * N, M * N), row=N), # C[b, m, n] = out[.. + m*N + n]
              epilogue=box_epilogue(stage))                    # or your own callable
-    g.emit_llvm(ctx)   # in the stage's emit_llvm; g.emit_c(ctx) in its emit_c
+    gemm_engine.call(g, ctx)  # in the stage's emit_llvm (or gemm_llvm.emit(g, ctx))
+    g.emit_c(ctx)             # in its emit_c
 
 * Dims (entries of ``batch``) are ints or symbolic names, as in :mod:`jitbyoc.kir`;
   ``m``, ``n``, ``k`` are dims or tuples of dims (their product: e.g. batch dims folded
@@ -52,7 +54,7 @@ API
   block to the ``ctx.epilogue(stage, origin, extent)`` box of a ``(*batch, M, N)`` output
   (dims of size 1 dropped, as in a 1-D matmul operand, are skipped); :func:`rows_epilogue`
   does it row by row when ``m`` is several output dims folded. ``None``: no epilogue.
-* **Threads.** ``emit_llvm`` / ``emit_c`` run ``ctx.parallel_for`` themselves (so never
+* **Threads.** the LLVM emitters and ``emit_c`` run ``ctx.parallel_for`` themselves (so never
   call them from inside one). The LLVM rendering splits the larger of M and N into
   chunks that tasks take from an atomic counter (:mod:`.gemm_llvm`); the C rendering
   splits rows statically. Packing buffers come from ``TVMBackendAllocWorkspace`` inside
@@ -266,17 +268,6 @@ class Gemm:
 
     def serial(self) -> bool:
         return self.static() and reduce(lambda x, y: x * y, _all_dims(self), 1) < SERIAL_MAX_MACS
-
-    def emit_llvm(self, ctx) -> None:
-        """Emit the product at ``ctx``'s insertion point (runs its own ``parallel_for``):
-        a call of the shared library engine (:mod:`.gemm_engine`) when the operands are
-        dense, else the driver inline."""
-        from . import gemm_engine
-        if gemm_engine.fits(self):
-            gemm_engine.call(self, ctx)
-        else:
-            from .gemm_llvm import emit
-            emit(self, ctx)
 
     # ---- C -------------------------------------------------------------------------------------
     def emit_c(self, ctx) -> None:

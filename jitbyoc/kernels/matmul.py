@@ -29,7 +29,7 @@ import numpy as np
 
 from .. import kir
 from ..patterns import broadcast_problem, dims, tensor_problem
-from . import PASSES, register
+from . import PASSES, gemm_engine, gemm_llvm, register
 from .gemm import Gemm, Output, Strided, box_epilogue, rows_epilogue
 
 DTYPES = ("float32", "float64")
@@ -82,7 +82,11 @@ class MatMul(kir.KernelStage):
                     box_epilogue(self, has_m, has_n))
 
     def emit_llvm(self, ctx) -> None:
-        self.gemm().emit_llvm(ctx)
+        """The product at ``ctx``'s insertion point (it runs its own ``parallel_for``): a
+        call of the shared library engine when the operands are dense, else the GEMM
+        driver inline."""
+        g = self.gemm()
+        (gemm_engine.call if gemm_engine.fits(g) else gemm_llvm.emit)(g, ctx)
 
     def needs_loop_vectorizer(self) -> bool:
         return False  # the GEMM engine's packers and microkernels are explicit vectors

@@ -29,6 +29,7 @@ from .. import kir
 from ..dtypes import FLOATS
 from ..patterns import dims, tensor_problem
 from . import register
+from .pool_llvm import emit_pool
 
 
 @dataclass(eq=False)
@@ -67,7 +68,6 @@ class Pool2d(kir.KernelStage):
 
     # ---- LLVM ----------------------------------------------------------------------------------
     def emit_llvm(self, ctx) -> None:
-        from .pool_llvm import emit_pool
         emit_pool(self, ctx)
 
     # ---- C -------------------------------------------------------------------------------------
