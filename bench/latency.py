@@ -6,7 +6,7 @@ For each model (default: ResNet-18 and the encoder block), in one process:
 * cold, empty cache: jitbyoc enabled, nothing compiled before (memory and a fresh disk
   directory; the compile workers already run): the library engines the model needs are
   compiled too;
-* cold model, engines cached: the same, but the library engines (:mod:`jitbyoc.library`,
+* cold model, engines cached: the same, but the library engines (:mod:`jitbyoc.engines`,
   compiled once per machine) are in the disk cache, as after any earlier build on this
   machine: what a new model costs;
 * warm: the same model again (every region a cache hit);
@@ -36,7 +36,8 @@ from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 import jitbyoc
-from jitbyoc import cache, codegen, library, partition
+from jitbyoc import cache, codegen, partition
+from jitbyoc.engines import PREFIX as ENGINE_PREFIX
 
 from .models import ZOO
 
@@ -109,7 +110,7 @@ def measure(name: str, repeat: int) -> dict:
         _timed_build(mod)  # untimed warm-up of TVM's own lazy initialization
     with jitbyoc.enabled():
         _cold(mod, set())  # warm-up; tells which engines the model needs
-        engines = {s for s in codegen.last_cache_status() if s.startswith(library.PREFIX)}
+        engines = {s for s in codegen.last_cache_status() if s.startswith(ENGINE_PREFIX)}
     rounds = []
     for _ in range(repeat):
         with jitbyoc.disabled():

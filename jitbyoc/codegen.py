@@ -14,7 +14,11 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 import tvm
-from . import buildlog, cache, compile_pool, jit, kir, library, runtime
+from . import buildlog, cache, compile_pool, jit, kir, runtime
+from .engines import ir_text as engine_ir_text
+from .engines import parse as parse_engine
+from .engines import references as engines_called
+from .engines import used_by as engines_declared
 from .frontend import Names
 from .partition import lowered
 from .lowering import abi
@@ -69,8 +73,8 @@ class Region:
 
     @cached_property
     def engines(self) -> set[str]:
-        """The library engines this region calls (:mod:`jitbyoc.library`)."""
-        return library.used_by(self.llvm_module)
+        """The library engines this region calls (:mod:`jitbyoc.engines`)."""
+        return engines_declared(self.llvm_module)
 
     @cached_property
     def llvm_ir_optimized(self) -> str:
@@ -84,7 +88,7 @@ class Region:
 
     def load(self) -> tvm.runtime.Module:
         """This region alone (with the engines it calls) as a runtime module."""
-        return runtime.tvm_module({self.kernel.name: self.asm}, engine_asm(library.references(self.asm)),
+        return runtime.tvm_module({self.kernel.name: self.asm}, engine_asm(engines_called(self.asm)),
                                   {self.symbol: (self.kernel.name, self.texts)})
 
     def release(self) -> None:
@@ -137,7 +141,7 @@ def compile_regions(functions) -> tvm.runtime.Module | None:
         if asm[code] is None:
             misses[code] = region
     engines: dict[str, str] = {}
-    for symbol in sorted(set().union(*(library.references(a) for a in asm.values() if a))):
+    for symbol in sorted(set().union(*(engines_called(a) for a in asm.values() if a))):
         engines[symbol], status[symbol] = cache.get(cache.key(symbol))
     _compile_misses(misses, keys, asm, engines, status)
     buildlog.current().status.update({**{s: status[code] for s, (code, _) in uses.items()},
@@ -169,8 +173,8 @@ def engine_asm(symbols) -> dict[str, str]:
 
 def _engine_job(symbol: str) -> tuple[str, jit.Pipeline]:
     """The IR of the engine ``symbol`` and the pipeline it is compiled with."""
-    engine = library.parse(symbol)
-    return library.ir_text(engine, jit.host()["triple"], jit.data_layout()), engine.pipeline
+    engine = parse_engine(symbol)
+    return engine_ir_text(engine, jit.host()["triple"], jit.data_layout()), engine.pipeline
 
 
 def _compile_misses(misses: dict, keys: dict, asm: dict, engines: dict, status: dict) -> None:

@@ -21,7 +21,7 @@ from typing import NamedTuple
 class Pipeline(NamedTuple):
     """How a module is optimized and compiled; chosen by what the module is.
 
-    See :data:`jitbyoc.jit.GLUE` (regions) and :attr:`jitbyoc.library.Engine.pipeline`.
+    See :data:`jitbyoc.jit.GLUE` (regions) and :attr:`jitbyoc.engines.Engine.pipeline`.
     """
     speed_level: int = 2  # the O-level of LLVM's default pipeline (1-3); 0: LEAN_PASSES only
     vectorize: bool = True  # the loop and SLP vectorizers

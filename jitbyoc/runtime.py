@@ -22,7 +22,8 @@ import tempfile
 import tvm
 import tvm_ffi
 
-from . import jit, library
+from . import jit
+from .engines import references
 from .lowering.abi import names_table
 from .lowering.llvm_entry import entry_symbol
 
@@ -92,7 +93,7 @@ def module_text(codes: dict[str, str], engines: dict[str, str], uses: dict[str, 
     each library engine, and a trampoline per use (symbol -> (code symbol, names table))."""
     _check_labels({**codes, **engines})
     for symbol, asm in codes.items():
-        missing = library.references(asm) - engines.keys()
+        missing = references(asm) - engines.keys()
         if missing:  # TVM's JIT would resolve the call to address 0
             raise RuntimeError(f"jitbyoc: region '{symbol}' calls library engines {sorted(missing)} "
                                f"that are not in the module")

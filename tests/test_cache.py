@@ -13,7 +13,8 @@ import tvm
 from tvm import relax
 
 import jitbyoc
-from jitbyoc import cache, codegen, library
+from jitbyoc import cache, codegen
+from jitbyoc.engines import PREFIX as ENGINE_PREFIX
 from tests import models
 from tests.conftest import build_model
 
@@ -40,7 +41,7 @@ def entries(root, engines: bool = False):
     by the key each entry stores (magic, checksum, key length, key text, payload)."""
     def is_engine(p):
         _, _, size, rest = p.read_bytes().split(b"\n", 3)
-        return rest[:int(size)].startswith(library.PREFIX.encode())
+        return rest[:int(size)].startswith(ENGINE_PREFIX.encode())
     return sorted(p for p in root.glob("*/*.s") if is_engine(p) == engines)
 
 
@@ -50,7 +51,7 @@ def matmul_relu(m: int, k: int, n: int) -> tvm.IRModule:
 
 
 def engine_status() -> dict:
-    return {s: v for s, v in codegen.last_cache_status().items() if s.startswith(library.PREFIX)}
+    return {s: v for s, v in codegen.last_cache_status().items() if s.startswith(ENGINE_PREFIX)}
 
 
 def test_engines_are_compiled_once_and_shared(fresh_cache):

@@ -11,9 +11,9 @@ from tvm import relax
 
 import jitbyoc
 from jitbyoc import kir
-from jitbyoc.kernels import conv_plan
+from jitbyoc.engines import conv_plan
 from jitbyoc.kernels.conv2d import Conv2d, ConvGeometry
-from jitbyoc.kernels.conv_plan import Layout, Plan, workspace_size
+from jitbyoc.engines.conv_plan import Layout, Plan, workspace_size
 from tests.spatial_util import CC, build, grid_model, random_inputs, run, run_c
 
 F32 = "float32"

@@ -19,7 +19,7 @@ from tvm import relax
 
 import jitbyoc
 from jitbyoc import cache
-from jitbyoc.kernels.gemm import Operand
+from jitbyoc.engines.gemm import Operand
 from jitbyoc.kernels.matmul import MatMul
 
 CC = shutil.which("cc")

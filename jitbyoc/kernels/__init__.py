@@ -16,10 +16,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable
 
-from ..lowering import args_engine  # noqa: F401 - registers the argument-check engine
-
-KERNEL_MODULES = ("matmul", "conv2d", "pool2d", "softmax", "norm", "reduce", "layout", "slicing",
-                  "gemm_engine", "conv_engine")  # library engines register themselves, not kernels
+KERNEL_MODULES = ("matmul", "conv2d", "pool2d", "softmax", "norm", "reduce", "layout", "slicing")
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,10 @@
 """relax.nn.conv2d (NCHW/OIHW) and relax.nn.conv1d (NCW/OIW): any stride, padding,
 dilation and groups, depthwise included, with a fused elementwise epilogue.
 
-LLVM rendering: a call of the direct-convolution library engine (:mod:`.conv_engine`,
+LLVM rendering: a call of the direct-convolution library engine (:mod:`jitbyoc.engines.conv_engine`,
 compiled once per register block and shared by every layer). The input is first copied
 into a zero-padded workspace laid out so that every tap of the kernel window reads a
-*contiguous* run of it (:mod:`.conv_plan`: phase planes, or one shifted plane per kernel
+*contiguous* run of it (:mod:`jitbyoc.engines.conv_plan`: phase planes, or one shifted plane per kernel
 column for small images); outputs are then computed ``lanes`` pixels per vector,
 register-blocked over ``J`` output channels x ``V`` vectors, with weights read straight
 from OIHW as broadcast scalars. Layout, vector width and blocking are chosen per conv by
@@ -30,8 +30,9 @@ import numpy as np
 from .. import kir
 from ..dtypes import FLOATS
 from ..patterns import dims, tensor_problem
-from . import conv_engine, register
-from .conv_plan import Plan, choose_plan, workspace_size
+from ..engines import conv_engine
+from ..engines.conv_plan import Plan, choose_plan, workspace_size
+from . import register
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""``relax.matmul`` on the packed GEMM engine (:mod:`.gemm`), with fused epilogues.
+"""``relax.matmul`` on the packed GEMM engine (:mod:`jitbyoc.engines.gemm`), with fused epilogues.
 
 Every form the frontends produce: 2-D, batched (any rank), NumPy-broadcast batch dims
 (``(B, M, K) x (K, N)``, ``(1, M, K) x (B, K, N)``), 1-D operands (``(K,) x (K, N)`` is a
@@ -29,8 +29,9 @@ import numpy as np
 
 from .. import kir
 from ..patterns import broadcast_problem, dims, tensor_problem
-from . import PASSES, gemm_engine, gemm_llvm, register
-from .gemm import Gemm, Output, Strided, box_epilogue, rows_epilogue
+from ..engines import gemm_engine, gemm_llvm
+from ..engines.gemm import Gemm, Output, Strided, box_epilogue, rows_epilogue
+from . import PASSES, register
 
 DTYPES = ("float32", "float64")
 

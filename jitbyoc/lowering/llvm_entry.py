@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from .. import kir, library
+from .. import kir
 from ..llvmtypes import I32, I64, PTR
-from . import args_engine
+from ..engines import args as args_engine
+from ..engines import registry
 from .llvm import emit_compute
 
 ENTRY_SUFFIX = "_entry"
@@ -40,7 +41,7 @@ def emit_entry(module: ir.Module, kernel: kir.Kernel, compute: ir.Function):
     nparams, nsyms = len(kernel.params), len(kernel.sym_vars)
     out = b.alloca(I64, size=nparams + nsyms, name="out")  # data pointers, then symbolic sizes
     table = args_engine.table(module, kernel)
-    rc = b.call(library.use(module, args_engine.ArgsEngine()), [args, nargs, table, out, names])
+    rc = b.call(registry.use(module, args_engine.ArgsEngine()), [args, nargs, table, out, names])
     with b.if_then(b.icmp_signed("!=", rc, I32(0)), likely=False):
         b.ret(I32(-1))
     values = [b.load(b.gep(out, [I64(k)], source_etype=I64), typ=PTR if k < nparams else I64)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
-from .. import library
+from . import registry
 from ..llvmtypes import I32, I64
 from .gemm import Gemm, Output, Strided, _dims, _is_one
 from .gemm_llvm import emit
@@ -31,14 +31,14 @@ def _unit(operand: Strided) -> str:
     return "x" if _is_one(operand.x) else "k" if _is_one(operand.k) else "n"
 
 
-@library.kind
+@registry.kind
 @dataclass(frozen=True)
-class GemmEngine(library.Engine):
+class GemmEngine(registry.Engine):
     kind = "gemm"
     # the driver's packed-panel addressing needs strength reduction (2x slower without);
     # lean passes vs O1: MLP +0.7 %, its torch.export form -2 %, encoder -0.3 %, sgemm
     # 1000^3 equal (alternating A/B), compile 117 -> 80 ms
-    pipeline = library.Pipeline(speed_level=0, vectorize=False, lsr=True)
+    pipeline = registry.Pipeline(speed_level=0, vectorize=False, lsr=True)
     dtype: str
     batch: int
     a: str  # _unit of A
@@ -51,7 +51,7 @@ class GemmEngine(library.Engine):
                 + [f"d{i}" for i in r] + ["epi", "env"])
 
     def emit(self, module: ir.Module, fn: ir.Function) -> None:
-        ctx, bufs = library.open_params(self, module, fn, self.names(), "abc", self.dtype)
+        ctx, bufs = registry.open_params(self, module, fn, self.names(), "abc", self.dtype)
         r = range(self.batch)
 
         def operand(x: str, unit: str) -> Strided:
@@ -73,7 +73,7 @@ def _callback(ctx, bidx, m0, mc, n0, nc) -> None:
         flat = I64(0)
         for i, index in enumerate(bidx):
             flat = b.add(b.mul(flat, ctx.syms[f"d{i}"]), index)
-        library.call_back(b, epi, ctx.syms["env"], [flat, m0, mc, n0, nc])
+        registry.call_back(b, epi, ctx.syms["env"], [flat, m0, mc, n0, nc])
 
 
 def fits(g: Gemm) -> bool:
@@ -103,4 +103,4 @@ def call(g: Gemm, ctx) -> None:
     slots += pad + [size(s) for s in g.b.batch[:r]] + [size(g.b.x), size(g.b.k)]
     slots += pad + [size(s) for s in g.c.batch[:r]] + [size(g.c.row)]
     slots += [I64(1)] * len(pad) + [ctx.dim(d) for d in g.batch] + [epi, env]
-    library.call(ctx, engine, slots)
+    registry.call(ctx, engine, slots)

@@ -4,7 +4,7 @@ Rendered inline, the checks of :func:`jitbyoc.lowering.abi.plan` cost a compare,
 ``snprintf`` and a raise per check: 250-450 instructions and 15-30 ms of LLVM time in
 every region. Instead a region encodes its plan as a table (:func:`table`) and calls
 ``i32 jitbyoc_lib_args(ptr args, i32 nargs, ptr table, ptr out, ptr names)``, compiled once
-per machine (:mod:`jitbyoc.library`). It returns 0, or -1 with a ``ValueError`` set.
+per machine (:mod:`jitbyoc.engines`). It returns 0, or -1 with a ``ValueError`` set.
 
 The table is one private constant ``{ [n x i64], [m x i8] }``: the number of records,
 then the records, then the messages (NUL-terminated printf formats, jitbyoc's text
@@ -41,22 +41,23 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
-from .. import kir, library
-from . import abi
+from .. import kir
+from . import registry
+from ..lowering import abi
 from ..llvmtypes import I8, I32, I64, PTR, declare
-from .loops import for_range
+from ..lowering.loops import for_range
 
 COUNT, UNPACK, FIELD, DIM, BIND, DIM_SYM, CONTIG, DATA = range(8)
 WORDS = 9  # per record
 
 
-@library.kind
+@registry.kind
 @dataclass(frozen=True)
-class ArgsEngine(library.Engine):
+class ArgsEngine(registry.Engine):
     kind = "args"
     # a table walk, one call per region call: the lean pass list halves its compile
     # time (the first build's) and changes no call's cost
-    pipeline = library.Pipeline(speed_level=0, vectorize=False, lsr=False)
+    pipeline = registry.Pipeline(speed_level=0, vectorize=False, lsr=False)
 
     def signature(self) -> ir.FunctionType:
         return ir.FunctionType(I32, [PTR, I32, PTR, PTR, PTR])

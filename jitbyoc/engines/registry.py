@@ -11,7 +11,7 @@ the call.
 An engine is a frozen dataclass registered with :func:`kind`; its fields are its
 template, and its symbol ``jitbyoc_lib_<kind>_<field values>`` names it completely, so
 a region's assembly (cached on disk) says which engines it needs (:func:`references`)
-and any process can rebuild them from the name (:func:`parse`). Engines are compiled
+and any process can rebuild them from the name (:func:`jitbyoc.engines.parse`). Engines are compiled
 and cached like regions (:mod:`jitbyoc.codegen`) and go into each build's runtime
 module once, next to the regions that call them.
 """
@@ -24,10 +24,10 @@ from typing import ClassVar
 
 from llvmlite import ir
 
-from . import kir
-from .compile_worker import Pipeline
-from .llvmtypes import I32, I64, PTR, declare
-from .lowering.llvm import Ctx, load_slots, pack_slots, release
+from .. import kir
+from ..compile_worker import Pipeline
+from ..llvmtypes import I32, I64, PTR, declare
+from ..lowering.llvm import Ctx, load_slots, pack_slots, release
 
 PREFIX = "jitbyoc_lib_"
 KINDS: dict[str, type] = {}
@@ -58,16 +58,6 @@ def kind(cls):
     assert "_" not in cls.kind, "engine kinds are single words (they are parsed from symbols)"
     KINDS[cls.kind] = cls
     return cls
-
-
-def parse(symbol: str) -> Engine:
-    """The engine named ``symbol`` (see :attr:`Engine.symbol`)."""
-    from .kernels import load_all
-
-    load_all()  # engines are defined next to the kernels that use them
-    name, *values = symbol[len(PREFIX):].split("_")
-    cls = KINDS[name]
-    return cls(*[int(v) if f.type in ("int", int) else v for f, v in zip(fields(cls), values)])
 
 
 def use(module: ir.Module, engine: Engine) -> ir.Function:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
-from .. import library
+from . import registry
 from ..dtypes import dtype as lookup_dtype
 from ..llvmtypes import I1, I8, I32, I64, PTR, declare
 from ..lowering.loops import ceil_div, for_range, smin
@@ -35,9 +35,9 @@ NAMES = ("x", "w", "work", "out", "n", "c", "h", "wd", "k", "oh", "ow", "groups"
 PLANE_FIELDS = 6  # row shift, column shift, first/last+1 valid plane row, first/last+1 valid column
 
 
-@library.kind
+@registry.kind
 @dataclass(frozen=True)
-class ConvEngine(library.Engine):
+class ConvEngine(registry.Engine):
     kind = "conv"
     dtype: str
     lanes: int
@@ -45,7 +45,7 @@ class ConvEngine(library.Engine):
     v: int
 
     def emit(self, module: ir.Module, fn: ir.Function) -> None:
-        ctx, bufs = library.open_params(self, module, fn, NAMES, NAMES[:4], self.dtype)
+        ctx, bufs = registry.open_params(self, module, fn, NAMES, NAMES[:4], self.dtype)
         _Emit(self, bufs).run(ctx)
         ctx.b.ret(I32(0))
 
@@ -129,7 +129,7 @@ class _Emit:
             p0 = b.add(pstart, b.mul(k, span))
             self.accumulate(c, b.add(xbase, p0), wrows, accs)
             self.store_chunk(c, n, oc0, jn, p0, r1, accs)
-        library.call_back(b, s["epi"], s["env"], [n, oc0, jn, r0, b.sub(r1, r0)])
+        registry.call_back(b, s["epi"], s["env"], [n, oc0, jn, r0, b.sub(r1, r0)])
 
     def accumulate(self, c, xoff, wrows, accs) -> None:
         """``accs[j*V + v] = sum over channels and taps`` for the chunk at ``xoff``."""
@@ -240,5 +240,5 @@ def call(stage, ctx) -> None:
              lay.plane_size, lay.channel_size(), workspace_size(plan, out.dtype), lay.planes, plan.rows,
              g.stride[0], g.stride[1]]
     ptrs = [ctx.element(buf, I64(0)) for buf in (x, w, work, out)]
-    library.call(ctx, engine, ptrs + sizes + [_table(ctx, "taps", tap_table(plan)),
+    registry.call(ctx, engine, ptrs + sizes + [_table(ctx, "taps", tap_table(plan)),
                                               _table(ctx, "planes", plane_table(plan)), epi, env])
