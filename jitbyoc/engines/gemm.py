@@ -78,7 +78,7 @@ from llvmlite import ir
 
 from ..dtypes import dtype as lookup_dtype
 from ..llvmtypes import I64
-from ..lowering.loops import for_range
+from ..lowering.loops import THREAD_MIN, for_range
 from . import gemm_micro as mk
 
 Dim = Union[int, str]
@@ -108,7 +108,7 @@ class Blocking:
 BLOCKING = {"float32": Blocking(mr=6, nv=4, unroll=2, mc=1020, kc=384, nc=512),
             "float64": Blocking(mr=12, nv=2, unroll=2, mc=516, kc=256, nc=320)}
 KC = BLOCKING["float32"].kc
-SERIAL_MAX_MACS = 1 << 17  # a static problem smaller than this runs on the calling thread
+SERIAL_MAX_MACS = THREAD_MIN["gemm"]  # a static problem smaller than this runs on the calling thread
 C_COLUMN_BLOCK = 64        # the C rendering applies the epilogue per row and 64 columns
 
 

@@ -11,22 +11,6 @@ from __future__ import annotations
 from ..dtypes import dtype as lookup_dtype
 
 IDENTITY = {"sum": 0, "prod": 1, "max": float("-inf"), "min": float("inf")}
-PARALLEL_MIN_ELEMENTS = 1 << 15  # below this a stage runs on the calling thread
-# Pure copies are bound by memory bandwidth, not arithmetic: measured on 2 cores, a thread
-# pool gains nothing below a few MiB and a launch costs more than a copy that fits in L2.
-COPY_MIN_ELEMENTS = 1 << 18
-
-
-def threaded(shape, minimum: int | None = None) -> bool:
-    """Whether work over ``shape`` is worth TVM's thread pool (symbolic: assume so)."""
-    static = 1
-    for d in shape:
-        if isinstance(d, str):
-            return True
-        static *= d
-    return static >= (PARALLEL_MIN_ELEMENTS if minimum is None else minimum)
-
-
 def unravel(e, flat, extents) -> list:
     """Row-major indices of ``flat`` (assumed in range) in ``extents`` (facade values)."""
     out = []

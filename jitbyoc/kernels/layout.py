@@ -26,7 +26,8 @@ from .. import kir
 from ..dtypes import ALL
 from ..patterns import broadcast_problem, dims, tensor_problem
 from . import register
-from .indexing import COPY_MIN_ELEMENTS, dot, product, threaded, unravel
+from ..lowering.loops import threaded
+from .indexing import dot, product, unravel
 from .portable import PortableStage
 
 TILE = 32
@@ -179,7 +180,7 @@ class Permute(PortableStage, kir.KernelStage):
                     e.epilogue(self, idx + [0], [1] * len(idx) + [e.dim(out.shape[-1])])
 
         e.parallel(product(e, self.plan(e, groups)[0][:-1]), body,
-                   threaded(out.shape, COPY_MIN_ELEMENTS))
+                   threaded(out.shape, "copy"))
 
     def _tiles(self, e, groups, b) -> None:
         """Transpose TILE x TILE tiles of group ``a`` (innermost in ``out``) and group
@@ -219,7 +220,7 @@ class Permute(PortableStage, kir.KernelStage):
 
         ext, _, _, na, nb = tiling(e)
         e.parallel(e.mul(product(e, [ext[k] for k in batch]), e.mul(na, nb)), body,
-                   threaded(out.shape, COPY_MIN_ELEMENTS))
+                   threaded(out.shape, "copy"))
 
     def _tile_elements(self, e, src0, dst0, a0, a1, b0, b1, in_a, out_b) -> None:
         """An edge tile, element by element: contiguous writes, strided reads."""

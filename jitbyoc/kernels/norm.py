@@ -33,7 +33,8 @@ from .. import kir
 from ..dtypes import FLOATS
 from ..patterns import dims, tensor_problem
 from . import register
-from .indexing import fold, threaded, unravel
+from ..lowering.loops import threaded
+from .indexing import fold, unravel
 from .layout import reshaped
 from .portable import PortableStage
 
@@ -68,7 +69,7 @@ class RowNorm(PortableStage, kir.KernelStage):
                     e.epilogue(self, _unravel_all(e, r, outer) + [0] * len(red),
                                [1] * len(outer) + [e.dim(d) for d in red])
 
-        e.parallel(e.mul(e.product(outer), e.product(inner)), body, threaded(x.shape))
+        e.parallel(e.mul(e.product(outer), e.product(inner)), body, threaded(x.shape, "stage"))
         if inner and self.epilogue is not None:
             e.epilogue(self, [0] * self.out.ndim, [e.dim(d) for d in self.out.shape])
 

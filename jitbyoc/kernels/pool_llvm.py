@@ -8,9 +8,8 @@ from llvmlite import ir
 
 from ..dtypes import dtype as lookup_dtype
 from ..llvmtypes import I1, I64
-from ..lowering.loops import for_range
+from ..lowering.loops import for_range, threaded
 
-PARALLEL_MIN_ELEMENTS = 1 << 14  # smaller outputs are pooled on the calling thread
 
 
 class IntOps:
@@ -46,8 +45,7 @@ class IntOps:
 def emit_pool(stage, ctx) -> None:
     body = _adaptive_planes if stage.kind == "adaptive" else _window_planes
     planes = ctx.product(stage.planes)
-    static = np.prod([d for d in stage.out.shape if isinstance(d, int)])
-    if static >= PARALLEL_MIN_ELEMENTS or any(isinstance(d, str) for d in stage.out.shape):
+    if threaded(stage.out.shape, "rows"):
         ctx.parallel_for(planes, lambda c, lo, hi, _: body(stage, c, lo, hi))
     else:
         body(stage, ctx, ir.Constant(I64, 0), planes)

@@ -29,7 +29,8 @@ from .. import kir
 from ..dtypes import FLOATS, NUMERIC
 from ..patterns import dims, tensor_problem
 from . import register
-from .indexing import dot, folds, identity, product, threaded, unravel
+from ..lowering.loops import threaded
+from .indexing import dot, folds, identity, product, unravel
 from .portable import PortableStage
 
 ROWS = 4  # outputs reduced together in the "rows" order: four streams from memory
@@ -101,7 +102,7 @@ class Reduce(PortableStage, kir.KernelStage):
             with e.loop(hi, e.sub(hi, e.rem(e.sub(hi, lo), ROWS)), "o") as o:
                 self._some_rows(e, [o], plan)
 
-        e.parallel(product(e, [g[1] for g in groups if not g[0]]), body, threaded(x.shape))
+        e.parallel(product(e, [g[1] for g in groups if not g[0]]), body, threaded(x.shape, "stage"))
 
     def _some_rows(self, e, rows, plan) -> None:
         """Reduce the outputs ``rows`` together (their input rows stream side by side)."""
@@ -178,7 +179,7 @@ class Reduce(PortableStage, kir.KernelStage):
                                    [1] * out.ndim)
 
         kept = [g[1] for g in groups[:-1] if not g[0]]
-        e.parallel(e.mul(product(e, kept), blocks(e, groups)), body, threaded(x.shape))
+        e.parallel(e.mul(product(e, kept), blocks(e, groups)), body, threaded(x.shape, "stage"))
 
     @staticmethod
     def reference(x: np.ndarray, axes, kind: str, keepdims: bool = False) -> np.ndarray:

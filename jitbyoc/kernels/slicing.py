@@ -26,7 +26,8 @@ from .. import kir
 from ..dtypes import ALL, FLOATS, INTS
 from ..patterns import dims, tensor_problem
 from . import register
-from .indexing import COPY_MIN_ELEMENTS, dot, threaded, unravel
+from ..lowering.loops import threaded
+from .indexing import dot, unravel
 from .portable import PortableStage
 
 TAKE_MODES = ("fast", "clip", "wrap", "nan")
@@ -56,7 +57,7 @@ class Slice(PortableStage, kir.KernelStage):
                 if self.epilogue is not None:
                     e.epilogue(self, idx + [0], [1] * len(idx) + [n])
 
-        e.parallel(e.product(rows), body, threaded(out.shape, COPY_MIN_ELEMENTS))
+        e.parallel(e.product(rows), body, threaded(out.shape, "copy"))
 
     @staticmethod
     def reference(x: np.ndarray, begin, step, shape) -> np.ndarray:
@@ -180,7 +181,7 @@ class Take(PortableStage, kir.KernelStage):
                                [1] * len(pos) + [e.dim(d) for d in rest])
 
         e.parallel(e.mul(e.product(outer), e.product(ind.shape)), body,
-                   threaded(out.shape, COPY_MIN_ELEMENTS))
+                   threaded(out.shape, "copy"))
 
     @staticmethod
     def reference(x: np.ndarray, indices: np.ndarray, axis: int = 0, mode: str = "fast"):
@@ -246,7 +247,7 @@ class Concat(PortableStage, kir.KernelStage):
                     at = e.let(e.add(at, e.dim(x.shape[axis])))
 
         e.parallel(e.product(out.shape[:axis]), body,
-                   threaded(out.shape, COPY_MIN_ELEMENTS) and axis > 0)
+                   threaded(out.shape, "copy") and axis > 0)
 
     @staticmethod
     def reference(*xs: np.ndarray, axis: int = 0) -> np.ndarray:

@@ -19,11 +19,10 @@ from llvmlite import ir
 from .. import kir
 from ..dtypes import FLOATS
 from ..llvmtypes import I64
-from ..lowering.loops import for_range
+from ..lowering.loops import for_range, threaded
 from ..patterns import dims, tensor_problem
 from . import register
 
-PARALLEL_MIN_ELEMENTS = 1 << 14
 
 
 @dataclass(eq=False)
@@ -40,8 +39,7 @@ class Softmax(kir.KernelStage):
         outer, length, inner = self.split()
         rows = ctx.product(outer + inner)
         body = self._llvm_rows
-        static = np.prod([d for d in self.out.shape if isinstance(d, int)])
-        if static >= PARALLEL_MIN_ELEMENTS or any(isinstance(d, str) for d in self.out.shape):
+        if threaded(self.out.shape, "rows"):
             ctx.parallel_for(rows, body)
         else:
             body(ctx, ir.Constant(I64, 0), rows, ())
@@ -92,8 +90,7 @@ class Softmax(kir.KernelStage):
     def emit_c(self, ctx) -> None:
         outer, length, inner = self.split()
         rows = ctx.product(outer + inner)
-        static = np.prod([d for d in self.out.shape if isinstance(d, int)])
-        if static >= PARALLEL_MIN_ELEMENTS or any(isinstance(d, str) for d in self.out.shape):
+        if threaded(self.out.shape, "rows"):
             ctx.parallel_for(rows, self._c_rows)
         else:
             self._c_rows(ctx, "0", rows, ())

@@ -21,7 +21,7 @@ import numpy as np
 from .. import kir
 from ..dtypes import dtype as lookup_dtype
 from ..ops import op_def
-from .llvm import PARALLEL_MIN_ELEMENTS
+from .loops import threaded
 
 PRELUDE = r"""#include <math.h>
 #include <stdbool.h>
@@ -224,10 +224,8 @@ def emit_elementwise(ctx: Ctx, stage: kir.Elementwise) -> None:
             for buf, node in stage.stores:
                 c.line(f"{address(buf)} = {values[id(node)]};")
 
-    total = [d for ext in layout.extents for d in ext]
-    static = reduce(lambda x, y: x * y, (d for d in total if isinstance(d, int)), 1)
     outer = product(layout.extents[0]) if layout.extents else "1"
-    if layout.extents and (static >= PARALLEL_MIN_ELEMENTS or any(isinstance(d, str) for d in total)):
+    if layout.extents and threaded([d for ext in layout.extents for d in ext], "elementwise"):
         ctx.parallel_for(outer, nest)
     else:
         nest(ctx, "0", outer, ())

@@ -25,10 +25,9 @@ from .. import kir
 from ..dtypes import dtype as lookup_dtype
 from ..ops import op_def
 from ..llvmtypes import I8, I32, I64, PTR, declare
-from .loops import for_range, loop_nest
+from .loops import for_range, loop_nest, threaded
 from .vectors import SplatConstant, lanes, splat, strips, vload, vstore
 
-PARALLEL_MIN_ELEMENTS = 1 << 16  # an elementwise nest smaller than this runs on one thread
 
 
 class Emitter:
@@ -367,10 +366,8 @@ def emit_elementwise(ctx: Ctx, stage: kir.Elementwise) -> None:
                     else:
                         point(c, steps, [first] + rest)
 
-    total = [d for ext in layout.extents for d in ext]
-    static = reduce(lambda x, y: x * y, (d for d in total if isinstance(d, int)), 1)
     outer = ctx.product(layout.extents[0]) if layout.extents else ir.Constant(I64, 1)
-    if layout.extents and (static >= PARALLEL_MIN_ELEMENTS or any(isinstance(d, str) for d in total)):
+    if layout.extents and threaded([d for ext in layout.extents for d in ext], "elementwise"):
         ctx.parallel_for(outer, nest)
     else:
         nest(ctx, ir.Constant(I64, 0), outer, ())

@@ -50,3 +50,26 @@ def loop_nest(b: ir.IRBuilder, counts, name: str = "i"):
     with for_range(b, counts[0], f"{name}{len(counts) - 1}") as i:
         with loop_nest(b, counts[1:], name) as rest:
             yield [i] + rest
+
+
+# When work is worth TVM's thread pool, by kind: a static size below the bound runs on
+# the calling thread; a symbolic size is assumed large. One table for every stage.
+THREAD_MIN = {
+    "elementwise": 1 << 16,  # a fused elementwise nest (elements)
+    "stage": 1 << 15,        # norms, reductions (elements of the input)
+    "rows": 1 << 14,         # softmax rows, pooling planes (elements of the output)
+    # pure copies are bound by memory bandwidth: on 2 cores a pool gains nothing below a
+    # few MiB, and a launch costs more than a copy that fits in L2
+    "copy": 1 << 18,
+    "gemm": 1 << 17,         # multiply-adds of a product (static, or checked at run time)
+}
+
+
+def threaded(shape, kind: str) -> bool:
+    """Whether work over ``shape`` (ints and symbolic names) is worth the thread pool."""
+    static = 1
+    for d in shape:
+        if isinstance(d, str):
+            return True
+        static *= d
+    return static >= THREAD_MIN[kind]
