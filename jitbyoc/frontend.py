@@ -116,10 +116,10 @@ class RegionLowering:
     def _bind_sizes(self, param_ty, arg_ty) -> None:
         """A composite function has its own copies of symbolic sizes: each stands for the
         size its caller passes."""
-        inner, outer = getattr(param_ty, "shape", None), getattr(arg_ty, "shape", None)
-        if not (isinstance(inner, relax.ShapeExpr) and isinstance(outer, relax.ShapeExpr)):
+        inner = getattr(param_ty, "shape", None)
+        if not isinstance(inner, relax.ShapeExpr):
             return
-        for d, size in zip(inner.values, dims(arg_ty) or ()):
+        for d, size in zip(inner.values, dims(arg_ty) or ()):  # dims: None unless a ShapeExpr
             if isinstance(d, SizeVar):
                 self.sizes.alias(d, size)
 
@@ -238,10 +238,7 @@ class Lowered:
     kernel: kir.Kernel
     names: Names
     key: str
-
-    @property
-    def code_digest(self) -> str:
-        return hashlib.sha256(self.key.encode()).hexdigest()
+    digest: str  # SHA-256 of ``key``
 
 
 def lower_region(func: relax.Function, where: str = "") -> Lowered:
@@ -259,12 +256,12 @@ def lower_region(func: relax.Function, where: str = "") -> Lowered:
     digest = hashlib.sha256(key.encode()).hexdigest()
     ops = "_".join(dict.fromkeys(o.removeprefix("relax.").replace(".", "_") for o in kernel.ops))
     kernel.name = f"{PREFIX}_{ops[:40]}_{digest[:16]}"
-    return Lowered(kernel, names, key)
+    return Lowered(kernel, names, key, digest)
 
 
 def instance_symbol(lowered: Lowered) -> str:
     """The symbol of one use of a region's code: its code's name plus a digest of the
     user's names (the entry that reports them), so regions with the same code and other
     names share code but not messages."""
-    names = json.dumps([lowered.code_digest, lowered.names.args, lowered.names.sizes])
+    names = json.dumps([lowered.digest, lowered.names.args, lowered.names.sizes])
     return f"{lowered.kernel.name}_{hashlib.sha256(names.encode()).hexdigest()[:12]}"
