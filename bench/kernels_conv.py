@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import time
+
 from .kernel_common import module, vm_function
 from .timing import time_alternating
 

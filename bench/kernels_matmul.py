@@ -25,6 +25,7 @@ import os
 import statistics
 import sys
 import time
+
 from .kernel_common import module, vm_function
 
 
@@ -51,7 +52,7 @@ def _peak_loop():
     import llvmlite.binding as llvm
     from llvmlite import ir
 
-    from jitbyoc import jit
+    from jitbyoc.build import jit
 
     f32, i64 = ir.FloatType(), ir.IntType(64)
     vec = ir.VectorType(f32, 16)

@@ -36,8 +36,9 @@ from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 import jitbyoc
-from jitbyoc import cache, codegen, partition
+from jitbyoc.build import cache, driver
 from jitbyoc.engines import PREFIX as ENGINE_PREFIX
+from jitbyoc.tvm import partition
 
 from .models import ZOO
 
@@ -83,7 +84,7 @@ def _forget() -> None:
     modules), so the next build is as cold as in a fresh process whose worker pool runs."""
     cache.clear_memory()
     partition._MEMO.clear()
-    codegen._MODULES.clear()
+    driver._MODULES.clear()
 
 
 def _cold(mod, engines_cached: set[str]) -> tuple[float, dict]:
@@ -91,7 +92,7 @@ def _cold(mod, engines_cached: set[str]) -> tuple[float, dict]:
     with tempfile.TemporaryDirectory() as tmp:
         cache.configure(path=tmp)
         _forget()
-        codegen.engine_asm(engines_cached)  # compiled into the fresh directory
+        driver.engine_asm(engines_cached)  # compiled into the fresh directory
         _forget()
         return _timed_build(mod)
 
@@ -110,7 +111,7 @@ def measure(name: str, repeat: int) -> dict:
         _timed_build(mod)  # untimed warm-up of TVM's own lazy initialization
     with jitbyoc.enabled():
         _cold(mod, set())  # warm-up; tells which engines the model needs
-        engines = {s for s in codegen.last_cache_status() if s.startswith(ENGINE_PREFIX)}
+        engines = {s for s in driver.last_cache_status() if s.startswith(ENGINE_PREFIX)}
     rounds = []
     for _ in range(repeat):
         with jitbyoc.disabled():

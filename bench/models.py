@@ -9,8 +9,8 @@ see :mod:`bench.frontends`.
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 from tvm import relax

@@ -11,8 +11,8 @@ import importlib
 import logging
 import os
 import warnings
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, dataclass
 from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
 from typing import Any
 
 Clock = Callable[[], float]

@@ -14,21 +14,21 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 from .compat import check_llvm_majors
-from .version import __version__
 from .threads import default_threads
+from .version import __version__
 
 default_threads()
 check_llvm_majors()
 
-from . import codegen, patterns, pipeline  # noqa: E402
-from .codegen import Region  # noqa: E402
-from .partition import partition_for_jitbyoc, regions  # noqa: E402
-from .offload_report import Report, last_report, report  # noqa: E402
-
+from .build import cache  # noqa: E402  (jitbyoc.cache.configure)
+from .build.region import Region  # noqa: E402
+from .tvm import codegen, hook, patterns  # noqa: E402
+from .tvm.partition import partition_for_jitbyoc, regions  # noqa: E402
+from .tvm.report import Report, last_report, report  # noqa: E402
 
 patterns.register()
 codegen.register()
-pipeline.register_pipeline()
+hook.register_pipeline()
 
 
 class _Switch:
@@ -48,28 +48,28 @@ class _Switch:
 
 def enable() -> _Switch:
     """Make ``tvm.compile``/``relax.build`` offload supported regions: the process-wide
-    default (see :mod:`jitbyoc.pipeline` for how it combines with blocks)."""
-    pipeline.set_default(True)
+    default (see :mod:`jitbyoc.tvm.hook` for how it combines with blocks)."""
+    hook.set_default(True)
     return _Switch("enable")
 
 
 def disable() -> _Switch:
     """Turn the process-wide default off; once no :func:`enabled` block is open either,
     TVM's pipelines are restored exactly."""
-    pipeline.set_default(False)
+    hook.set_default(False)
     return _Switch("disable")
 
 
 def is_enabled() -> bool:
     """Whether a build started now would offload."""
-    return pipeline.active()
+    return hook.active()
 
 
 @contextmanager
 def enabled():
     """``with jitbyoc.enabled(): ...`` offloads inside the block (blocks count: one
     thread leaving its block does not end another's)."""
-    with pipeline.block(True):
+    with hook.block(True):
         yield
 
 
@@ -77,7 +77,7 @@ def enabled():
 def disabled():
     """``with jitbyoc.disabled(): ...`` builds with TVM alone inside the block, whatever
     the default and any enabled() block say."""
-    with pipeline.block(False):
+    with hook.block(False):
         yield
 
 
@@ -86,8 +86,8 @@ def inspect(mod) -> list[Region]:
     assembly and C source (attributes ``kernel``, ``llvm_ir``, ``llvm_ir_optimized``,
     ``asm``, ``c_source``); nothing is handed to TVM."""
     part = mod if regions(mod) else partition_for_jitbyoc(mod)
-    return [Region.from_function(f) for f in regions(part).values()]
+    return [codegen.region_of(f) for f in regions(part).values()]
 
 
 __all__ = ["enable", "disable", "enabled", "disabled", "is_enabled", "partition_for_jitbyoc", "report",
-           "last_report", "inspect", "Region", "Report", "__version__"]
+           "last_report", "inspect", "Region", "Report", "cache", "__version__"]

@@ -12,8 +12,10 @@ import tvm
 from tvm import relax
 
 import jitbyoc
-from jitbyoc import codegen, kir
-from jitbyoc.ops import OPS
+from jitbyoc.build import driver
+from jitbyoc.build.region import Region
+from jitbyoc.ir import kir
+from jitbyoc.ir.ops import OPS
 
 RELAX_ROWS = sorted(name for name, row in OPS.items() if row.relax)
 # everything jitbyoc stores, in the order the tests walk them
@@ -88,10 +90,10 @@ def run(vm: relax.VirtualMachine, *arrays):
     return [o.numpy() for o in out]
 
 
-def jit_function(region: codegen.Region):
+def jit_function(region: Region):
     """The packed function jitbyoc's build would run for ``region`` (its machine code,
     loaded the way a build loads it; no Relax involved)."""
-    return region.load()[region.symbol]
+    return driver.load_region(region)[region.symbol]
 
 
 def call_region(fn, kernel: kir.Kernel, inputs) -> list[np.ndarray]:

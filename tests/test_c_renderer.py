@@ -16,9 +16,18 @@ import tvm_ffi.libinfo
 from tvm import relax
 
 import jitbyoc
-from jitbyoc.ops import OPS
-from tests.conftest import (DTYPES, RELAX_ROWS, assert_bits_equal, build_model, call_region, jit_function,
-                            operand_dtype, relax_call, sample)
+from jitbyoc.ir.ops import OPS
+from tests.conftest import (
+    DTYPES,
+    RELAX_ROWS,
+    assert_bits_equal,
+    build_model,
+    call_region,
+    jit_function,
+    operand_dtype,
+    relax_call,
+    sample,
+)
 
 CC = shutil.which("cc")
 pytestmark = pytest.mark.skipif(CC is None, reason="no C compiler (cc) on PATH")

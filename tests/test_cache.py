@@ -13,7 +13,7 @@ import tvm
 from tvm import relax
 
 import jitbyoc
-from jitbyoc import cache, codegen
+from jitbyoc.build import cache, driver
 from jitbyoc.engines import PREFIX as ENGINE_PREFIX
 from tests import models
 from tests.conftest import build_model
@@ -51,7 +51,7 @@ def matmul_relu(m: int, k: int, n: int) -> tvm.IRModule:
 
 
 def engine_status() -> dict:
-    return {s: v for s, v in codegen.last_cache_status().items() if s.startswith(ENGINE_PREFIX)}
+    return {s: v for s, v in driver.last_cache_status().items() if s.startswith(ENGINE_PREFIX)}
 
 
 def test_engines_are_compiled_once_and_shared(fresh_cache):

@@ -21,7 +21,7 @@ import pytest
 import tvm
 from tvm import relax
 
-from jitbyoc import cache
+from jitbyoc.build import cache
 from tests.conftest import build_model
 from tests.test_cache import build_status, fresh_cache  # noqa: F401 (a fixture)
 

@@ -6,7 +6,8 @@ import tvm
 from tvm import relax
 
 import jitbyoc
-from jitbyoc import cache, codegen, compile_pool, jit
+from jitbyoc.build import cache, compile_pool, driver, jit
+from jitbyoc.render.optimization import GLUE
 from tests import models
 
 
@@ -32,7 +33,7 @@ def test_each_job_gets_its_pipeline_in_any_order(pool):
     makes with the same pipeline."""
     (region,) = jitbyoc.inspect(models.SeedExample)
     engines = ["jitbyoc_lib_gemm_float32_4_k_x", "jitbyoc_lib_conv_float32_16_16_1", "jitbyoc_lib_args"]
-    jobs = [(region.llvm_ir, jit.GLUE)] + [codegen._engine_job(e) for e in engines]
+    jobs = [(region.llvm_ir, GLUE)] + [driver._engine_job(e) for e in engines]
     assert len({p.lsr for _, p in jobs}) == 2 and len({p for _, p in jobs}) == 4
     assert {p.speed_level for _, p in jobs} == {0, 1}
     order = jobs + jobs[::-1] + jobs
@@ -86,7 +87,7 @@ def test_off_switch(monkeypatch):
 def test_a_build_with_several_regions_compiles_them_through_the_pool(pool, monkeypatch, tmp_path):
     cache.configure(path=tmp_path)
     cache.clear_memory()
-    codegen._MODULES.clear()
+    driver._MODULES.clear()
     used = []
     submit = pool.submit
     monkeypatch.setattr(pool, "submit", lambda text, pipeline: used.append(text) or submit(text, pipeline))

@@ -10,10 +10,11 @@ from hypothesis import strategies as st
 from tvm import relax
 
 import jitbyoc
-from jitbyoc import kir
+from jitbyoc.build import driver
 from jitbyoc.engines import conv_plan
-from jitbyoc.kernels.conv2d import Conv2d, ConvGeometry
 from jitbyoc.engines.conv_plan import Layout, Plan, workspace_size
+from jitbyoc.ir import kir
+from jitbyoc.kernels.conv2d import Conv2d, ConvGeometry
 from tests.spatial_util import CC, build, grid_model, random_inputs, run, run_c
 
 F32 = "float32"
@@ -204,7 +205,7 @@ def run_with_plan(mod, args, layout_dense: bool, lanes: int, j: int, v: int, row
     region.kernel.temps[region.kernel.temps.index(stage.work)] = work
     stage.plan, stage.work = plan, work
     out = tvm.runtime.empty(tuple(stage.out.shape), F32)
-    region.load()[region.symbol](
+    driver.load_region(region)[region.symbol](
         *[tvm.runtime.tensor(a) for a in args], out)
     return out.numpy()
 

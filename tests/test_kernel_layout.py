@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 from tvm import relax
 
 import jitbyoc
-from jitbyoc import kir
+from jitbyoc.ir import kir
 from jitbyoc.kernels.layout import Permute
-from jitbyoc.kernels.portable import TRANSPOSE8, TRANSPOSE8_ORDER
 from jitbyoc.kernels.slicing import Take
+from jitbyoc.render.portable import TRANSPOSE8, TRANSPOSE8_ORDER
 from tests.diff_util import both, build, check_c_matches_llvm, inputs, model, one_region, run
 
 R = relax.op

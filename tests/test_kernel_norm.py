@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from tvm import relax
 
 import jitbyoc
-from jitbyoc import kir
+from jitbyoc.ir import kir
 from jitbyoc.kernels.norm import RowNorm
 from tests.diff_util import both, build, check_c_matches_llvm, inputs, model, one_region, run
 

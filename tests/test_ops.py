@@ -12,9 +12,19 @@ import numpy as np
 import pytest
 from tvm import relax
 
-from jitbyoc.ops import OPS
-from tests.conftest import (DTYPES, RELAX_ROWS, assert_within_ulp, build_both, build_model, build_tvm,
-                            documented_ulp, operand_dtype, relax_call, sample)
+from jitbyoc.ir.ops import OPS
+from tests.conftest import (
+    DTYPES,
+    RELAX_ROWS,
+    assert_within_ulp,
+    build_both,
+    build_model,
+    build_tvm,
+    documented_ulp,
+    operand_dtype,
+    relax_call,
+    sample,
+)
 
 # broadcasting cases: (shape of even operands, shape of odd operands); "const" is a rank-0
 # R.const; a case with "n" is run with two values of n

@@ -280,7 +280,7 @@ def test_thread_pool_size(env, expect):
 
 
 def test_clashing_labels_fail_in_python_not_in_the_assembler():
-    from jitbyoc import runtime
+    from jitbyoc.build import runtime
     asm = "\t.text\nhelper:\n\tretq\n"
     with pytest.raises(RuntimeError, match="both define the assembly label 'helper'"):
         runtime.module_text({"jitbyoc_a_1": asm, "jitbyoc_b_2": asm}, {}, {})
@@ -300,10 +300,10 @@ def test_builds_pause_the_cyclic_gc_and_restore_it(monkeypatch, user_gc):
     the state the user left it."""
     import gc
 
-    from jitbyoc import codegen
+    from jitbyoc.build import driver
     seen = []
-    compile_regions = codegen.compile_regions
-    monkeypatch.setattr(codegen, "compile_regions", lambda fs: seen.append(gc.isenabled()) or compile_regions(fs))
+    compile_regions = driver.compile_regions
+    monkeypatch.setattr(driver, "compile_regions", lambda fs: seen.append(gc.isenabled()) or compile_regions(fs))
     (gc.enable if user_gc else gc.disable)()
     try:
         with jitbyoc.enabled():
@@ -317,9 +317,10 @@ def test_builds_pause_the_cyclic_gc_and_restore_it(monkeypatch, user_gc):
 def test_partitioning_tries_only_patterns_whose_ops_occur(name, monkeypatch):
     """Patterns are filtered by the ops a module calls before matching; the partition
     is the one all patterns give (and the filter does drop patterns)."""
-    from bench.models import ZOO
-    from jitbyoc import partition
     from tvm.relax.backend.pattern_registry import get_patterns_with_prefix
+
+    from bench.models import ZOO
+    from jitbyoc.tvm import partition
 
     mod = ZOO[name].make().mod
     used = []
@@ -339,21 +340,21 @@ def test_released_modules_are_freed_without_a_cyclic_collection():
     import gc
     import weakref
 
-    from jitbyoc.lowering.llvm import release
+    from jitbyoc.render.llvm import release
 
     (region,) = jitbyoc.inspect(models.AddReluLarge)
     was = gc.isenabled()
     gc.disable()
     try:
         module = region.llvm_module
-        del region.__dict__["llvm_module"]
+        del region.__dict__["rendered"]
         refs = [weakref.ref(module)] + [weakref.ref(b) for f in module.functions for b in f.blocks]
         kept = weakref.ref(module.functions[0])
         release(module)
         del module
         assert all(r() is None for r in refs) and kept() is None
         region.release()  # a region re-renders on demand, then keeps only its text
-        assert "llvm_module" not in region.__dict__ and region.llvm_ir and region.pipeline
+        assert "rendered" not in region.__dict__ and region.llvm_ir and region.pipeline
     finally:
         if was:
             gc.enable()

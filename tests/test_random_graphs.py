@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tvm import relax
 
-from jitbyoc.ops import OPS
+from jitbyoc.ir.ops import OPS
 from tests.conftest import RELAX_ROWS, build_both, build_model, relax_call
 
 F32 = "float32"

@@ -25,7 +25,8 @@ from tvm import relax
 from tvm.relax.pipeline import PIPELINE_MAP
 
 import jitbyoc
-from jitbyoc import cache, partition
+from jitbyoc.build import cache
+from jitbyoc.tvm import partition
 from tests.conftest import build_model, run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -336,7 +337,7 @@ def test_reload_while_enabled_then_disable():
     originals = {k: PIPELINE_MAP[k] for k in ("default", "default_build")}
     jitbyoc.enable()
     try:
-        importlib.reload(jitbyoc.pipeline)
+        importlib.reload(jitbyoc.tvm.hook)
     finally:
         jitbyoc.disable()
     assert {k: PIPELINE_MAP[k] for k in originals} == originals
@@ -352,7 +353,7 @@ def test_reload_while_enabled_then_disable():
 def test_every_canonical_field_counts():
     """The code key changes with anything that changes the code: a shape, a dtype, an
     attribute, an op; never with a name."""
-    from jitbyoc.frontend import lower_region
+    from jitbyoc.lower import lower_region
     keys = {}
     for name, shape, axis in itertools.product(("a", "b"), ((4, 6), (6, 4)), (0, 1)):
         x = relax.Var(name, relax.TensorType(list(shape), "float32"))

@@ -15,12 +15,19 @@ import mpmath
 import numpy as np
 import pytest
 
-from jitbyoc import vecmath
-from jitbyoc.ops import OPS
-from jitbyoc.codegen import Region
-from jitbyoc.frontend import Names
-from tests.conftest import (SQRT_2_PI, assert_within_ulp, call_region, documented_ulp, jit_function,
-                            one_op_kernel, ulp_error)
+from jitbyoc.build.region import Region
+from jitbyoc.ir import vecmath
+from jitbyoc.ir.ops import OPS
+from jitbyoc.lower import Names
+from tests.conftest import (
+    SQRT_2_PI,
+    assert_within_ulp,
+    call_region,
+    documented_ulp,
+    jit_function,
+    one_op_kernel,
+    ulp_error,
+)
 
 mpmath.mp.prec = 120
 

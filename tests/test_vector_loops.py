@@ -10,13 +10,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tvm import relax
 
-from jitbyoc import codegen, jit, partition_for_jitbyoc
+from jitbyoc import partition_for_jitbyoc
+from jitbyoc.build.region import Region
+from jitbyoc.render.optimization import GLUE, GLUE_VECTORS
+from jitbyoc.tvm.codegen import region_of
 from tests.conftest import build_both, build_model
 
 
-def _regions(mod) -> dict[str, codegen.Region]:
+def _regions(mod) -> dict[str, Region]:
     part = partition_for_jitbyoc(mod)
-    return {str(f.attrs["global_symbol"]): codegen.Region.from_function(f)
+    return {str(f.attrs["global_symbol"]): region_of(f)
             for _, f in part.functions.items() if f.attrs and "Codegen" in f.attrs}
 
 
@@ -82,14 +85,14 @@ def test_regions_of_explicit_vectors_skip_the_loop_vectorizer():
     gelu = region({"a": ((64, 32), "float32"), "w": ((32, 48), "float32"), "b": ((48,), "float32")},
                   lambda bb, a, w, b: bb.emit(relax.op.nn.gelu(
                       bb.emit(relax.op.add(bb.emit(relax.op.matmul(a, w)), b)))))
-    assert gelu.pipeline == jit.GLUE_VECTORS
+    assert gelu.pipeline == GLUE_VECTORS
     assert "<16 x float>" in gelu.llvm_ir and "splat (float" in gelu.llvm_ir
     chain = region({"x": ((50, 33), "float32"), "y": ((33,), "float32")},
                    lambda bb, x, y: bb.emit(relax.op.tanh(bb.emit(relax.op.add(x, y)))))
-    assert chain.pipeline == jit.GLUE_VECTORS
+    assert chain.pipeline == GLUE_VECTORS
     # a bool output is stored as bytes: that nest stays scalar, for the loop vectorizer
     flags = region({"x": ((50, 33), "float32"), "y": ((33,), "float32")},
                    lambda bb, x, y: bb.emit(relax.op.less(x, y)))
-    assert flags.pipeline == jit.GLUE
+    assert flags.pipeline == GLUE
     soft = region({"x": ((8, 40), "float32")}, lambda bb, x: bb.emit(relax.op.nn.softmax(x)))
-    assert soft.pipeline == jit.GLUE  # its row loops are scalar
+    assert soft.pipeline == GLUE  # its row loops are scalar

@@ -12,7 +12,7 @@ import tvm
 from tvm import relax
 
 import jitbyoc
-from jitbyoc import cache, compile_pool
+from jitbyoc.build import cache, compile_pool
 from tests.conftest import build_model, run
 
 
@@ -83,7 +83,7 @@ def test_deadline_grows_with_the_job(monkeypatch):
 def test_workers_are_replaced_after_their_job_budget(monkeypatch):
     """llvmlite leaks per compiled module, in workers too: each is replaced after
     RECYCLE_JOBS jobs, and the results stay those of the main process."""
-    from jitbyoc import jit
+    from jitbyoc.build import jit
     monkeypatch.setattr(compile_pool, "RECYCLE_JOBS", 2)
     pool = compile_pool.Pool(1)
     (region,) = jitbyoc.inspect(_model(4))[:1]

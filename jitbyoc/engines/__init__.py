@@ -6,7 +6,7 @@ declaring and calling an engine from a region) and every engine: the argument ch
 is its library engine, :mod:`.gemm_llvm` and :mod:`.gemm_micro` its driver and
 microkernels) and the direct convolution (:mod:`.conv_engine`, planned by
 :mod:`.conv_plan`). Importing the package registers them all, so :func:`parse` knows
-every kind. Arrows point one way: IR < renderers (:mod:`jitbyoc.lowering`) < engines <
+every kind. Arrows point one way: IR < renderers (:mod:`jitbyoc.render`) < engines <
 kernels (:mod:`jitbyoc.kernels`).
 """
 

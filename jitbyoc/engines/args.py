@@ -1,6 +1,6 @@
 """The argument checks of every region's entry as data, run by one shared library engine.
 
-Rendered inline, the checks of :func:`jitbyoc.lowering.abi.plan` cost a compare, a
+Rendered inline, the checks of :func:`jitbyoc.render.abi.plan` cost a compare, a
 ``snprintf`` and a raise per check: 250-450 instructions and 15-30 ms of LLVM time in
 every region. Instead a region encodes its plan as a table (:func:`table`) and calls
 ``i32 jitbyoc_lib_args(ptr args, i32 nargs, ptr table, ptr out, ptr names)``, compiled once
@@ -11,7 +11,7 @@ then the records, then the messages (NUL-terminated printf formats, jitbyoc's te
 only). A record is nine i64 words ``op, arg, x, y, msg, show, s0, s1, s2``; ``msg`` is
 the byte offset of its message from the start of the table, so the table needs no
 relocations; ``s0..s2`` index strings of ``names``, the names table of this use of the
-region (:func:`jitbyoc.lowering.abi.names_table`: i64 offsets, then the strings), which
+region (:func:`jitbyoc.render.abi.names_table`: i64 offsets, then the strings), which
 the messages print with ``%s`` (the order of each op's values: see :mod:`.abi`). The
 user's names live only there, as data. ``out`` has one i64 slot per argument, then one
 per symbolic size (``kernel.sym_vars`` order). By op:
@@ -32,7 +32,7 @@ DATA       ``out[arg]`` = the DLTensor's data pointer plus its byte offset
 
 CONTIG computes the compact strides from the tensor's own shape: the DIM checks before
 it made that shape the buffer's, int or symbolic. A dim of 1 (a symbolic size that is 1
-at run time too) has no stride to check, as in :mod:`jitbyoc.lowering.c_entry`.
+at run time too) has no stride to check, as in :mod:`jitbyoc.build.c_entry`.
 """
 
 from __future__ import annotations
@@ -41,13 +41,13 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
-from .. import kir
+from ..ir import kir
+from ..ir.llvmtypes import I8, I32, I64, PTR, declare
+from ..render import abi
+from ..render.abi import BIND, CONTIG, COUNT, DATA, DIM, DIM_SYM, FIELD, UNPACK
+from ..render.loops import for_range
 from . import registry
-from ..lowering import abi
-from ..llvmtypes import I8, I32, I64, PTR, declare
-from ..lowering.loops import for_range
 
-COUNT, UNPACK, FIELD, DIM, BIND, DIM_SYM, CONTIG, DATA = range(8)
 WORDS = 9  # per record
 
 
@@ -180,28 +180,8 @@ def table(module: ir.Module, kernel: kir.Kernel) -> ir.GlobalVariable:
     """``kernel``'s argument checks as a table for :class:`ArgsEngine` (see above)."""
     nparams = len(kernel.params)
     slot = {s: nparams + k for k, s in enumerate(kernel.sym_vars)}
-    records = []
-    plan = abi.plan(kernel)
-    for chk in plan:
-        if isinstance(chk, abi.ArgCount):
-            records.append((COUNT, 0, 0, chk.expected, chk.message, 0))
-        elif isinstance(chk, abi.Unpack):
-            records.append((UNPACK, chk.index, 0, 0, chk.message, 0))
-        elif isinstance(chk, abi.FieldEq):
-            assert chk.bits == 32 and len(chk.parts) <= 3
-            show = 0
-            for p, (shift, mask) in enumerate(chk.parts):
-                width = 32 if mask < 0 else mask.bit_length()
-                assert mask < 0 or mask == (1 << width) - 1
-                show |= (shift | width << 8) << 16 * p
-            records.append((FIELD, chk.index, chk.offset, chk.expected, chk.message, show))
-        elif isinstance(chk, abi.DimEq):
-            op = BIND if chk.binds else DIM_SYM if isinstance(chk.expected, str) else DIM
-            expected = slot[chk.expected] if isinstance(chk.expected, str) else chk.expected
-            records.append((op, chk.index, chk.axis, expected, chk.message, 0))
-        elif isinstance(chk, abi.Contiguous):
-            records.append((CONTIG, chk.index, kernel.params[chk.index].ndim, 0, chk.message, 0))
-    records = [r + tuple(chk.strings) + (0,) * (3 - len(chk.strings)) for r, chk in zip(records, plan)]
+    records = [chk.record(slot) + tuple(chk.strings) + (0,) * (3 - len(chk.strings))
+               for chk in abi.plan(kernel)]
     records += [(DATA, i, 0, 0, "", 0, 0, 0, 0) for i in range(nparams)]
 
     text, offsets = bytearray(), {}

@@ -23,11 +23,11 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
+from ..ir.dtypes import dtype as lookup_dtype
+from ..ir.llvmtypes import I1, I8, I32, I64, PTR, declare
+from ..render.loops import ceil_div, claim_each, for_range, smin, task_counter
+from ..render.vectors import splat
 from . import registry
-from ..dtypes import dtype as lookup_dtype
-from ..llvmtypes import I1, I8, I32, I64, PTR, declare
-from ..lowering.loops import ceil_div, for_range, smin
-from ..lowering.vectors import splat
 from .conv_plan import plane_table, tap_table, workspace_size
 
 NAMES = ("x", "w", "work", "out", "n", "c", "h", "wd", "k", "oh", "ow", "groups", "cg", "kg", "taps",
@@ -186,27 +186,12 @@ class _Emit:
     @staticmethod
     def dynamic_for(ctx, count, body) -> None:
         """``body(c, t)`` for every task t in [0, count) on the thread pool, each worker
-        claiming the next task from a shared atomic counter: a worker that the OS preempts
-        (a busy machine) then delays one task, not a fixed share of them."""
-        b = ctx.b
-        with b.goto_block(b.function.entry_basic_block):
-            counter = b.alloca(I64)
-        b.store(I64(0), counter)
-
+        claiming the next task (:func:`jitbyoc.render.loops.claim_each`)."""
         def worker(c, _lo, _hi, extra):
-            cb = c.b
-            shared = cb.inttoptr(extra[0], PTR)
-            claim, work, done = (cb.append_basic_block(f"task.{k}") for k in ("claim", "run", "done"))
-            cb.branch(claim)
-            cb.position_at_end(claim)
-            t = cb.atomic_rmw("add", shared, I64(1), "monotonic")
-            cb.cbranch(cb.icmp_signed("<", t, extra[1]), work, done)
-            cb.position_at_end(work)
-            body(c, t)
-            cb.branch(claim)
-            cb.position_at_end(done)
+            with claim_each(c.b, extra[0], extra[1]) as t:
+                body(c, t)
 
-        ctx.parallel_for(count, worker, extra=[b.ptrtoint(counter, I64), count])
+        ctx.parallel_for(count, worker, extra=[task_counter(ctx.b), count])
 
 
 # ---- the region's side -----------------------------------------------------------------------

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ..dtypes import dtype as lookup_dtype
+from ..ir.dtypes import dtype as lookup_dtype
 
 DENSE_MAX_KW = 16  # the dense layout copies the input once per kernel column: not for wide windows
 MIN_TASKS = 16  # split rows into bands until there are this many tasks (load balance)

@@ -18,7 +18,7 @@ API
     gemm_engine.call(g, ctx)  # in the stage's emit_llvm (or gemm_llvm.emit(g, ctx))
     g.emit_c(ctx)             # in its emit_c
 
-* Dims (entries of ``batch``) are ints or symbolic names, as in :mod:`jitbyoc.kir`;
+* Dims (entries of ``batch``) are ints or symbolic names, as in :mod:`jitbyoc.ir.kir`;
   ``m``, ``n``, ``k`` are dims or tuples of dims (their product: e.g. batch dims folded
   into the rows when B is shared by every batch item). ``batch`` is the shape of the batch
   space (``()`` for one matrix); the engine walks it in row-major order and hands operands,
@@ -76,9 +76,11 @@ from typing import Callable, Union
 
 from llvmlite import ir
 
-from ..dtypes import dtype as lookup_dtype
-from ..llvmtypes import I64
-from ..lowering.loops import THREAD_MIN, for_range
+from ..ir.dtypes import dtype as lookup_dtype
+from ..ir.llvmtypes import I64
+from ..render.indexing import dot
+from ..render.loops import THREAD_MIN, for_range
+from ..render.portable import LLVM, C
 from . import gemm_micro as mk
 
 Dim = Union[int, str]
@@ -125,20 +127,11 @@ def _is_one(stride: Stride) -> bool:
         reduce(lambda x, y: x * y, _dims(stride), 1) == 1
 
 
-def _linear_llvm(ctx, terms) -> ir.Value:
-    """``sum(index * stride)`` as i64; zero strides drop out."""
-    off = I64(0)
-    for index, stride in terms:
-        if any(d == 0 for d in _dims(stride)):
-            continue
-        off = ctx.b.add(off, ctx.b.mul(ctx.i64(index), ctx.product(_dims(stride))))
-    return off
-
-
-def _linear_c(ctx, terms) -> str:
-    parts = [f"({index}) * ({ctx.product(_dims(s))})" for index, s in terms
-             if not any(d == 0 for d in _dims(s))]
-    return " + ".join(parts) or "0"
+def _linear(e, terms):
+    """``sum(index * stride)`` in the portable facade ``e`` (:mod:`jitbyoc.render.portable`);
+    zero strides drop out."""
+    terms = [(index, s) for index, s in terms if not any(d == 0 for d in _dims(s))]
+    return e.i(dot(e, [index for index, _ in terms], [e.product(_dims(s)) for _, s in terms]))
 
 
 class Operand:
@@ -176,13 +169,13 @@ class Strided(Operand):
         return self.buf.dtype
 
     def offset_llvm(self, ctx, b, x, k) -> ir.Value:
-        return _linear_llvm(ctx, list(zip(b, self.batch)) + [(x, self.x), (k, self.k)])
+        return _linear(LLVM(ctx), list(zip(b, self.batch)) + [(x, self.x), (k, self.k)])
 
     def element_llvm(self, ctx, b, x, k) -> ir.Value:
         return ctx.load(self.buf, self.offset_llvm(ctx, b, x, k))
 
     def element_c(self, ctx, b, x, k) -> str:
-        return ctx.element(self.buf, _linear_c(ctx, list(zip(b, self.batch)) + [(x, self.x), (k, self.k)]))
+        return ctx.element(self.buf, _linear(C(ctx), list(zip(b, self.batch)) + [(x, self.x), (k, self.k)]))
 
     @property
     def contiguous_x(self) -> bool:
@@ -213,10 +206,10 @@ class Output:
     row: Stride
 
     def offset_llvm(self, ctx, b, m, n) -> ir.Value:
-        return ctx.b.add(_linear_llvm(ctx, list(zip(b, self.batch)) + [(m, self.row)]), ctx.i64(n))
+        return ctx.b.add(_linear(LLVM(ctx), list(zip(b, self.batch)) + [(m, self.row)]), ctx.i64(n))
 
     def offset_c(self, ctx, b, m, n) -> str:
-        return f"{_linear_c(ctx, list(zip(b, self.batch)) + [(m, self.row)])} + ({n})"
+        return f"{_linear(C(ctx), list(zip(b, self.batch)) + [(m, self.row)])} + ({n})"
 
 
 def box_epilogue(stage, has_m: bool = True, has_n: bool = True) -> Callable:

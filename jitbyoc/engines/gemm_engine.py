@@ -6,7 +6,7 @@ The engine is the same driver as an inline product (:mod:`.gemm_llvm`) emitted w
 size symbolic; what must be static to pick packers and in-place reads (which stride of
 each operand is 1) is its template. The region passes pointers, sizes, strides, and its
 epilogue as a callback ``epi(env, batch item, m0, mc, n0, nc)`` made with
-:meth:`~jitbyoc.lowering.llvm.Ctx.outline`.
+:meth:`~jitbyoc.render.llvm.Ctx.outline`.
 
 Cost: edge tiles use the symbolic-size microkernel set (full, one row, one vector, and
 masked), where an inline product had one sized to its static remainder.
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
+from ..ir.llvmtypes import I32, I64
 from . import registry
-from ..llvmtypes import I32, I64
 from .gemm import Gemm, Output, Strided, _dims, _is_one
 from .gemm_llvm import emit
 

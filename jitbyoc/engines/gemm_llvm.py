@@ -20,9 +20,9 @@ from functools import reduce
 
 from llvmlite import ir
 
-from ..dtypes import dtype as lookup_dtype
-from ..llvmtypes import I1, I32, I64, PTR, declare
-from ..lowering.loops import ceil_div, for_range, smin
+from ..ir.dtypes import dtype as lookup_dtype
+from ..ir.llvmtypes import I1, I32, I64, PTR, declare
+from ..render.loops import ceil_div, claim_each, for_range, smin, task_counter
 from . import gemm_micro as mk
 from .gemm import SERIAL_MAX_MACS, _all_dims
 
@@ -42,10 +42,8 @@ def emit(g, ctx) -> None:
     split_n = b.icmp_signed(">=", n, m)
     parts = b.select(split_n, ceil_div(b, n, I64(g.nr)), ceil_div(b, m, I64(blk.mr)))
     per_chunk = ceil_div(b, parts, I64(CHUNKS))
-    with b.goto_block(b.function.entry_basic_block):  # a static alloca, even inside loops
-        counter = b.alloca(I64)
-    b.store(I64(0), counter)
-    extra = [b.zext(split_n, I64), parts, per_chunk, b.ptrtoint(counter, I64)]
+    counter = task_counter(b)
+    extra = [b.zext(split_n, I64), parts, per_chunk, counter]
     if g.serial():
         _task(g, ctx, I64(0), I64(1), extra)
         return
@@ -61,7 +59,6 @@ def _task(g, c, _lo, _hi, extra) -> None:
     """Take chunks from the shared counter until every chunk is taken."""
     b, blk = c.b, g.blocking
     split_n, parts, per_chunk = b.trunc(extra[0], I1), extra[1], extra[2]
-    counter = b.inttoptr(extra[3], PTR)
     m, n, k = _size(c, g.m), _size(c, g.n), _size(c, g.k)
     kblocks = b.select(b.icmp_signed(">", k, I64(0)), ceil_div(b, k, I64(blk.kc)), I64(1))
     kcb = ceil_div(b, k, kblocks)
@@ -73,23 +70,16 @@ def _task(g, c, _lo, _hi, extra) -> None:
     bp = None if b_direct else _alloc(g, c, b.mul(ncap, kcb))
     per_item = ceil_div(b, parts, per_chunk)
     total = b.mul(c.product(g.batch), per_item)
-    take, body, done = (b.append_basic_block(f"chunk.{s}") for s in ("take", "body", "done"))
-    b.branch(take)
-    b.position_at_end(take)
-    chunk = b.atomic_rmw("add", counter, I64(1), "monotonic")
-    b.cbranch(b.icmp_signed("<", chunk, total), body, done)
-    b.position_at_end(body)
-    item = b.sdiv(chunk, per_item)
-    p_lo = b.mul(b.srem(chunk, per_item), per_chunk)
-    p_hi = smin(b, b.add(p_lo, per_chunk), parts)
-    rows = (smin(b, b.mul(p_lo, I64(blk.mr)), m), smin(b, b.mul(p_hi, I64(blk.mr)), m))
-    cols = (smin(b, b.mul(p_lo, I64(g.nr)), n), smin(b, b.mul(p_hi, I64(g.nr)), n))
-    mrange = (b.select(split_n, I64(0), rows[0]), b.select(split_n, m, rows[1]))
-    nrange = (b.select(split_n, cols[0], I64(0)), b.select(split_n, cols[1], n))
-    bidx = c.unravel(item, g.batch) if g.batch else []
-    _blocks(g, c, bidx, mrange, nrange, (kblocks, kcb), ap, bp)
-    b.branch(take)
-    b.position_at_end(done)
+    with claim_each(b, extra[3], total, "chunk") as chunk:
+        item = b.sdiv(chunk, per_item)
+        p_lo = b.mul(b.srem(chunk, per_item), per_chunk)
+        p_hi = smin(b, b.add(p_lo, per_chunk), parts)
+        rows = (smin(b, b.mul(p_lo, I64(blk.mr)), m), smin(b, b.mul(p_hi, I64(blk.mr)), m))
+        cols = (smin(b, b.mul(p_lo, I64(g.nr)), n), smin(b, b.mul(p_hi, I64(g.nr)), n))
+        mrange = (b.select(split_n, I64(0), rows[0]), b.select(split_n, m, rows[1]))
+        nrange = (b.select(split_n, cols[0], I64(0)), b.select(split_n, cols[1], n))
+        bidx = c.unravel(item, g.batch) if g.batch else []
+        _blocks(g, c, bidx, mrange, nrange, (kblocks, kcb), ap, bp)
     if bp is not None:
         _free(c, bp)
     if ap is not None:

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from ..dtypes import dtype as lookup_dtype
-from ..llvmtypes import I1, I8, I32, I64, PTR
-from ..lowering.loops import for_range
-from ..lowering.vectors import (VECTOR_BYTES, intrinsic, lane_mask, lanes, splat, suffix,
-                                vload, vstore, vtype)
+from ..ir.dtypes import dtype as lookup_dtype
+from ..ir.llvmtypes import I1, I8, I32, I64, PTR
+from ..render.loops import for_range
+from ..render.vectors import VECTOR_BYTES, intrinsic, lane_mask, lanes, splat, suffix, vload, vstore, vtype
 
 
 def gep(b, ptr, offset, dt):

@@ -5,14 +5,14 @@ and ~150 ms of LLVM time; ResNet-18 has 20 of them. A library engine takes its s
 strides and tables at run time, so one compiled engine serves every layer with the same
 *template* (dtype, register blocking): ResNet-18 needs two conv engines and one GEMM.
 A region's own code is then glue: argument checks, fused epilogues (called back by the
-engine through a function pointer, see :meth:`jitbyoc.lowering.llvm.Ctx.outline`), and
+engine through a function pointer, see :meth:`jitbyoc.render.llvm.Ctx.outline`), and
 the call.
 
 An engine is a frozen dataclass registered with :func:`kind`; its fields are its
 template, and its symbol ``jitbyoc_lib_<kind>_<field values>`` names it completely, so
 a region's assembly (cached on disk) says which engines it needs (:func:`references`)
 and any process can rebuild them from the name (:func:`jitbyoc.engines.parse`). Engines are compiled
-and cached like regions (:mod:`jitbyoc.codegen`) and go into each build's runtime
+and cached like regions (:mod:`jitbyoc.build.driver`) and go into each build's runtime
 module once, next to the regions that call them.
 """
 
@@ -24,10 +24,10 @@ from typing import ClassVar
 
 from llvmlite import ir
 
-from .. import kir
-from ..compile_worker import Pipeline
-from ..llvmtypes import I32, I64, PTR, declare
-from ..lowering.llvm import Ctx, load_slots, pack_slots, release
+from ..ir import kir
+from ..ir.llvmtypes import I32, I64, PTR, declare
+from ..render.llvm import Ctx, load_slots, pack_slots, release
+from ..render.optimization import Pipeline
 
 PREFIX = "jitbyoc_lib_"
 KINDS: dict[str, type] = {}

@@ -27,12 +27,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import kir
-from ..dtypes import FLOATS
-from ..patterns import dims, tensor_problem
 from ..engines import conv_engine
 from ..engines.conv_plan import Plan, choose_plan, workspace_size
-from . import register
+from ..ir import kir
+from ..ir.dtypes import FLOATS
+from ..ir.dtypes import dtype as lookup_dtype
+from ..ir.relax_types import dims, tensor_problem
+from ..ir.rules import register
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ class Conv2d(kir.KernelStage):
         g = self.geo
         (x, w), out = self.inputs, self.out
         (sh, sw), (dh, dw), (pt, pl, _, _) = g.stride, g.dilation, g.pad
-        ctype = "float" if out.dtype == "float32" else "double"
+        ctype = lookup_dtype(out.dtype).c
         with ctx.loop("n", ctx.dim(g.n)), ctx.loop("oc", g.k):
             ctx.line(f"const int64_t grp = oc / {g.kg};")
             with ctx.loop("oh", g.oh), ctx.loop("ow", g.ow):
@@ -187,5 +188,5 @@ def _build(fe, call, out):
     return Conv2d((x, w), out, geo=geo, plan=plan, work=work)
 
 
-register("relax.nn.conv2d", 2, _check)(_build)
-register("relax.nn.conv1d", 2, _check)(_build)
+register("relax.nn.conv2d", 2, _check, anchor=True)(_build)
+register("relax.nn.conv1d", 2, _check, anchor=True)(_build)

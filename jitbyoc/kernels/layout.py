@@ -2,7 +2,7 @@
 as a tiled transpose (concat, split and slices are in :mod:`.slicing`).
 
 reshape, flatten, expand_dims and squeeze move no data: the result is a *view* of its
-operand's storage (:func:`jitbyoc.kir.view`). An operand that is still an unmaterialized
+operand's storage (:func:`jitbyoc.ir.kir.view`). An operand that is still an unmaterialized
 elementwise expression whose loads all have the operand's own shape is re-indexed instead
 (each load becomes a load of a view), so ``add -> reshape -> multiply`` stays one loop nest.
 broadcast_to, full_like, zeros_like and ones_like are values too: loads broadcast wherever
@@ -22,13 +22,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import kir
-from ..dtypes import ALL
-from ..patterns import broadcast_problem, dims, tensor_problem
-from . import register
-from ..lowering.loops import threaded
-from .indexing import dot, product, unravel
-from .portable import PortableStage
+from ..ir import kir
+from ..ir.dtypes import ALL
+from ..ir.relax_types import broadcast_problem, dims, tensor_problem
+from ..ir.rules import register
+from ..render.indexing import dot, product, unravel
+from ..render.loops import threaded
+from ..render.portable import PortableStage
 
 TILE = 32
 
@@ -185,7 +185,7 @@ class Permute(PortableStage, kir.KernelStage):
     def _tiles(self, e, groups, b) -> None:
         """Transpose TILE x TILE tiles of group ``a`` (innermost in ``out``) and group
         ``b`` (innermost in the input), for every index of the other groups."""
-        x, out = self.inputs[0], self.out
+        out = self.out
         a = len(groups) - 1
         batch = [k for k in range(len(groups)) if k not in (a, b)]
 

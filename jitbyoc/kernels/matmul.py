@@ -27,11 +27,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import kir
-from ..patterns import broadcast_problem, dims, tensor_problem
 from ..engines import gemm_engine, gemm_llvm
 from ..engines.gemm import Gemm, Output, Strided, box_epilogue, rows_epilogue
-from . import PASSES, register
+from ..ir import kir
+from ..ir.relax_types import broadcast_problem, dims, tensor_problem
+from ..ir.rules import register
 
 DTYPES = ("float32", "float64")
 
@@ -123,34 +123,6 @@ def _check(call) -> str | None:
     return None
 
 
-@register("relax.matmul", 2, _check)
+@register("relax.matmul", 2, _check, anchor=True)
 def _build(fe, call, out):
     return MatMul((fe.buffer(call.args[0]), fe.buffer(call.args[1])), out)
-
-
-def fold_permutes(kernel: kir.Kernel) -> None:
-    """Make a matmul read ``x`` through strides where it read ``permute_dims(x)``'s fresh
-    temporary, and drop the permute when nothing else reads its result (``linear``'s
-    weight transpose then costs nothing: the packer transposes in registers)."""
-    try:
-        from .layout import Permute
-    except ImportError:  # no layout kernels: permutes stay with TVM, nothing to fold
-        return
-    for stage in [s for s in kernel.stages if isinstance(s, MatMul)]:
-        for i, buf in enumerate(stage.inputs):
-            producer = next((s for s in kernel.stages if isinstance(s, Permute) and s.out == buf
-                             and s.epilogue is None), None)
-            if producer is None or buf not in kernel.temps:
-                continue
-            perm = range(buf.ndim) if stage.perms[i] is None else stage.perms[i]
-            perms = list(stage.perms)
-            perms[i] = tuple(producer.axes[p] for p in perm)
-            inputs = list(stage.inputs)
-            inputs[i] = producer.inputs[0]
-            stage.inputs, stage.perms = tuple(inputs), tuple(perms)
-            if not any(buf in kir.stage_reads(s) for s in kernel.stages):
-                kernel.stages.remove(producer)
-                kernel.temps.remove(buf)
-
-
-PASSES.append(fold_permutes)

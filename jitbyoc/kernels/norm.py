@@ -29,14 +29,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import kir
-from ..dtypes import FLOATS
-from ..patterns import dims, tensor_problem
-from . import register
-from ..lowering.loops import threaded
-from .indexing import fold, unravel
+from ..ir import kir
+from ..ir.dtypes import FLOATS
+from ..ir.relax_types import dims, tensor_problem
+from ..ir.rules import register
+from ..render.indexing import fold, unravel
+from ..render.loops import threaded
+from ..render.portable import PortableStage
 from .layout import reshaped
-from .portable import PortableStage
 
 
 @dataclass(eq=False)

@@ -25,22 +25,37 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import kir
-from ..dtypes import FLOATS
-from ..patterns import dims, tensor_problem
-from . import register
+from ..ir import kir
+from ..ir.dtypes import FLOATS
+from ..ir.dtypes import dtype as lookup_dtype
+from ..ir.relax_types import dims, tensor_problem
+from ..ir.rules import register
+from ..render.portable import C
 from .pool_llvm import emit_pool
+
+
+@dataclass(frozen=True)
+class PoolKind:
+    adaptive: bool  # adaptive bins (else windows of ``size``, ``stride``, ``dilation``)
+    average: bool  # the sum divided by the count (else the max, from the lowest finite value)
+
+
+POOL_KINDS = {"max": PoolKind(False, False), "avg": PoolKind(False, True),
+              "adaptive": PoolKind(True, True)}
 
 
 @dataclass(eq=False)
 class Pool2d(kir.KernelStage):
-    """``kind``: "max", "avg" or "adaptive" (adaptive average)."""
-    kind: str = "max"
+    kind: str = "max"  # a key of POOL_KINDS
     size: tuple = (1, 1)
     stride: tuple = (1, 1)
     dilation: tuple = (1, 1)
     pad: tuple = (0, 0, 0, 0)  # top, left, bottom, right
     include_pad: bool = False
+
+    @property
+    def row(self) -> PoolKind:
+        return POOL_KINDS[self.kind]
 
     @property
     def planes(self):
@@ -75,10 +90,10 @@ class Pool2d(kir.KernelStage):
         (x,), out, dt = self.inputs, self.out, self.out.dtype
         _, _, h, w = x.shape
         _, _, oh, ow = out.shape
-        ctype = "float" if dt == "float32" else "double"
+        ctype = lookup_dtype(dt).c
         with ctx.loop("pl", ctx.product(self.planes)), ctx.loop("oh", oh), ctx.loop("ow", ow):
             src, dst = f"pl * {h * w}", f"(pl * {oh} + oh) * {ow} + ow"
-            if self.kind == "adaptive":
+            if self.row.adaptive:
                 self._c_adaptive(ctx, x, ctype, src)
             else:
                 self._c_window(ctx, x, ctype, src)
@@ -88,16 +103,17 @@ class Pool2d(kir.KernelStage):
     def _c_window(self, ctx, x, ctype, src) -> None:
         _, _, h, w = x.shape
         (sh, sw), (dh, dw), (pt, pl) = self.stride, self.dilation, self.pad[:2]
-        init = ctx.em.const(np.finfo(np.dtype(x.dtype)).min, x.dtype) if self.kind == "max" else "0"
+        init = "0" if self.row.average else ctx.em.const(np.finfo(np.dtype(x.dtype)).min, x.dtype)
         ctx.line(f"{ctype} acc = {init};")
         with ctx.loop("i", self.size[0]), ctx.loop("j", self.size[1]):
             ctx.line(f"const int64_t ih = oh * {sh} + i * {dh} - {pt}, iw = ow * {sw} + j * {dw} - {pl};")
             with ctx.block(f"if (ih >= 0 && ih < {h} && iw >= 0 && iw < {w})"):
                 v = ctx.element(x, f"{src} + ih * {w} + iw")
-                new = ctx.em.op("maximum", x.dtype, "acc", v) if self.kind == "max" else f"acc + {v}"
+                new = f"acc + {v}" if self.row.average else ctx.em.op("maximum", x.dtype, "acc", v)
                 ctx.line(f"acc = {new};")
-        if self.kind == "avg":
-            cnt = f"{self.counts(0, 'oh', _COps)} * {self.counts(1, 'ow', _COps)}"
+        if self.row.average:
+            ints = C(ctx)
+            cnt = f"{self.counts(0, 'oh', ints)} * {self.counts(1, 'ow', ints)}"
             ctx.line(f"acc = acc / ({ctype})({cnt} > 1 ? {cnt} : 1);")
 
     def _c_adaptive(self, ctx, x, ctype, src) -> None:
@@ -121,7 +137,7 @@ class Pool2d(kir.KernelStage):
             for ow in range(out_hw[1]):
                 cols, cw = _ref_window(ow, 1, w, kind, out_hw, size, stride, dilation, pad, include_pad)
                 win = x[:, :, rows][:, :, :, cols].astype(np.float64)
-                if kind == "max":
+                if not POOL_KINDS[kind].average:
                     low = np.finfo(x.dtype).min
                     out[:, :, oh, ow] = np.maximum(win.max(axis=(2, 3)), low) if win.size else low
                 else:
@@ -131,7 +147,7 @@ class Pool2d(kir.KernelStage):
 
 def _ref_window(o, d, size, kind, out_hw, k, s, dl, pad, include_pad):
     """Input indices of output ``o`` along dim ``d`` and the window's divisor factor."""
-    if kind == "adaptive":
+    if POOL_KINDS[kind].adaptive:
         lo, hi = o * size // out_hw[d], -(-(o + 1) * size // out_hw[d])
         return list(range(lo, hi)), hi - lo
     start = o * s[d] - pad[d]
@@ -139,16 +155,6 @@ def _ref_window(o, d, size, kind, out_hw, k, s, dl, pad, include_pad):
     if include_pad:
         return valid, (min(start + (k[d] - 1) * dl[d], size + pad[d + 2] - 1) - start) // dl[d] + 1
     return valid, len(valid)
-
-
-class _COps:
-    """Integer arithmetic on C expression strings (for :meth:`Pool2d.counts`)."""
-    add = staticmethod(lambda a, b: f"({a} + {b})")
-    sub = staticmethod(lambda a, b: f"({a} - {b})")
-    mul = staticmethod(lambda a, b: f"({a} * {b})")
-    div = staticmethod(lambda a, b: f"({a} / {b})")  # operands are non-negative where it matters
-    min = staticmethod(lambda a, b: f"({a} < {b} ? {a} : {b})")
-    max = staticmethod(lambda a, b: f"({a} > {b} ? {a} : {b})")
 
 
 def _check(call) -> str | None:
@@ -179,7 +185,7 @@ def _check(call) -> str | None:
 def _builder(kind: str):
     def build(fe, call, out):
         x = fe.buffer(call.args[0])
-        if kind == "adaptive":
+        if POOL_KINDS[kind].adaptive:
             return Pool2d((x,), out, kind=kind)
         a = call.attrs
         ints = lambda v: tuple(int(i) for i in v)  # noqa: E731

@@ -6,44 +6,14 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 
-from ..dtypes import dtype as lookup_dtype
-from ..llvmtypes import I1, I64
-from ..lowering.loops import for_range, threaded
-
-
-
-class IntOps:
-    """i64 arithmetic for :meth:`Pool2d.counts`; Python ints become constants."""
-
-    def __init__(self, b):
-        self.b = b
-
-    def _v(self, x):
-        return ir.Constant(I64, x) if isinstance(x, int) else x
-
-    def add(self, x, y):
-        return self.b.add(self._v(x), self._v(y))
-
-    def sub(self, x, y):
-        return self.b.sub(self._v(x), self._v(y))
-
-    def mul(self, x, y):
-        return self.b.mul(self._v(x), self._v(y))
-
-    def div(self, x, y):
-        return self.b.sdiv(self._v(x), self._v(y))
-
-    def min(self, x, y):
-        x, y = self._v(x), self._v(y)
-        return self.b.select(self.b.icmp_signed("<", x, y), x, y)
-
-    def max(self, x, y):
-        x, y = self._v(x), self._v(y)
-        return self.b.select(self.b.icmp_signed(">", x, y), x, y)
+from ..ir.dtypes import dtype as lookup_dtype
+from ..ir.llvmtypes import I1, I64
+from ..render.loops import for_range, threaded
+from ..render.portable import LLVM
 
 
 def emit_pool(stage, ctx) -> None:
-    body = _adaptive_planes if stage.kind == "adaptive" else _window_planes
+    body = _adaptive_planes if stage.row.adaptive else _window_planes
     planes = ctx.product(stage.planes)
     if threaded(stage.out.shape, "rows"):
         ctx.parallel_for(planes, lambda c, lo, hi, _: body(stage, c, lo, hi))
@@ -61,11 +31,11 @@ def _kernel_rows(stage, b, ops, hs):
 
 
 def _window_planes(stage, c, lo, hi) -> None:
-    b, em, ops = c.b, c.em, IntOps(c.b)
+    b, em, ops = c.b, c.em, LLVM(c)
     (x,), out, dt = stage.inputs, stage.out, stage.out.dtype
     _, _, h, w = x.shape
     _, _, oh_n, ow_n = out.shape
-    init = em.const(np.finfo(np.dtype(dt)).min if stage.kind == "max" else 0, dt)
+    init = em.const(0 if stage.row.average else np.finfo(np.dtype(dt)).min, dt)
     with for_range(b, hi, "pl", start=lo) as pl:
         src, dst = b.mul(pl, I64(h * w)), b.mul(pl, I64(oh_n * ow_n))
         with for_range(b, I64(oh_n), "oh") as oh:
@@ -78,7 +48,7 @@ def _window_planes(stage, c, lo, hi) -> None:
                 xrow = b.add(src, b.mul(b.add(hs, b.mul(kh, I64(stage.dilation[0]))), I64(w)))
                 for kw in range(stage.size[1]):
                     _combine_row(stage, c, row, xrow, kw)
-            if stage.kind == "avg":
+            if stage.row.average:
                 ch = stage.counts(0, oh, ops)
                 with for_range(b, I64(ow_n), "ow") as ow:
                     cnt = ops.max(b.mul(ch, stage.counts(1, ow, ops)), 1)
@@ -98,7 +68,7 @@ def _combine_row(stage, c, row, xrow, kw: int) -> None:
         v = c.load(x, b.add(base, b.mul(ow, I64(stage.stride[1]))))
         at = b.add(row, ow)
         acc = c.load(out, at)
-        new = c.em.op("maximum", out.dtype, acc, v) if stage.kind == "max" else b.fadd(acc, v)
+        new = b.fadd(acc, v) if stage.row.average else c.em.op("maximum", out.dtype, acc, v)
         c.store(out, at, new)
 
 

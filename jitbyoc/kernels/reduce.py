@@ -22,22 +22,43 @@ reduced), like TVM's sequential sum, so the tests use that bound.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
-from .. import kir
-from ..dtypes import FLOATS, NUMERIC
-from ..patterns import dims, tensor_problem
-from . import register
-from ..lowering.loops import threaded
-from .indexing import dot, folds, identity, product, unravel
-from .portable import PortableStage
+from ..ir import kir
+from ..ir.dtypes import FLOATS, NUMERIC
+from ..ir.relax_types import dims, tensor_problem
+from ..ir.rules import register
+from ..render.indexing import dot, folds, identity, product, unravel
+from ..render.loops import threaded
+from ..render.portable import PortableStage
 
 ROWS = 4  # outputs reduced together in the "rows" order: four streams from memory
 BLOCK = 256  # outputs per block in the "columns" order: 1 KiB of float32, stays in L1
-FOLD = {"sum": "sum", "prod": "prod", "max": "max", "min": "min", "mean": "sum",
-        "variance": "sum", "std": "sum"}
-TWO_PASS = ("variance", "std")
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """One Relax reduction: how elements fold (a kind of :data:`jitbyoc.render.indexing.IDENTITY`)
+    and what is done with the fold."""
+    fold: str
+    ref: Callable  # numpy
+    divide: bool = False  # by the element count (mean)
+    two_pass: bool = False  # fold the squared deviations from the mean (variance)
+    sqrt: bool = False  # of the result (std)
+    dtypes: frozenset = NUMERIC
+
+
+REDUCTIONS = {
+    "sum": Reduction("sum", np.sum),
+    "prod": Reduction("prod", np.prod),
+    "max": Reduction("max", np.max),
+    "min": Reduction("min", np.min),
+    "mean": Reduction("sum", np.mean, divide=True, dtypes=FLOATS),
+    "variance": Reduction("sum", np.var, divide=True, two_pass=True, dtypes=FLOATS),
+    "std": Reduction("sum", np.std, divide=True, two_pass=True, sqrt=True, dtypes=FLOATS),
+}
 
 
 @dataclass(eq=False)
@@ -46,8 +67,12 @@ class Reduce(PortableStage, kir.KernelStage):
     dims where ``keepdims`` put them). ``scratch`` (same shape as ``out``) holds the
     squared deviations of two-pass kinds in the "columns" order."""
     axes: tuple = ()
-    kind: str = "sum"
+    kind: str = "sum"  # a key of REDUCTIONS
     scratch: kir.Buffer | None = None
+
+    @property
+    def row(self) -> Reduction:
+        return REDUCTIONS[self.kind]
 
     def runs(self) -> list[tuple[bool, list[int]]]:
         """The input's non-unit dims in runs that are all reduced or all kept."""
@@ -83,10 +108,10 @@ class Reduce(PortableStage, kir.KernelStage):
 
     def _finish(self, e, total, dt, n):
         """mean/variance/std from a sum."""
-        if self.kind in ("sum", "prod", "max", "min"):
+        if not self.row.divide:
             return total
         value = e.op("divide", dt, total, n)
-        return e.op("sqrt", dt, value) if self.kind == "std" else value
+        return e.op("sqrt", dt, value) if self.row.sqrt else value
 
     def _rows(self, e, groups) -> None:
         x, dt = self.inputs[0], self.out.dtype
@@ -108,7 +133,7 @@ class Reduce(PortableStage, kir.KernelStage):
         """Reduce the outputs ``rows`` together (their input rows stream side by side)."""
         x, out, dt = self.inputs[0], self.out, self.out.dtype
         kept, red, inner, n = plan
-        kind = FOLD[self.kind]
+        kind = self.row.fold
         bases = [e.let(dot(e, unravel(e, o, [g[1] for g in kept]), [g[2] for g in kept]))
                  for o in rows]
 
@@ -125,7 +150,7 @@ class Reduce(PortableStage, kir.KernelStage):
             return [e.get(acc) for acc in accs]
 
         sums = totals(lambda r, i: e.load(x, i))
-        if self.kind in TWO_PASS:
+        if self.row.two_pass:
             means = [e.op("divide", dt, s, n) for s in sums]
             sums = totals(lambda r, i: e.op("square", dt, e.op("subtract", dt, e.load(x, i),
                                                                  means[r])))
@@ -136,7 +161,7 @@ class Reduce(PortableStage, kir.KernelStage):
 
     def _columns(self, e, groups) -> None:
         x, out, dt = self.inputs[0], self.out, self.out.dtype
-        kind = FOLD[self.kind]
+        kind = self.row.fold
 
         def blocks(e, groups):
             return e.let(e.div(e.add(groups[-1][1], BLOCK - 1), BLOCK))
@@ -163,16 +188,16 @@ class Reduce(PortableStage, kir.KernelStage):
                 o0, j0 = e.let(e.mul(ko, width)), e.let(e.mul(jb, BLOCK))
                 j1 = e.let(e.min(e.add(j0, BLOCK), width))
                 accumulate(e, out, base, o0, j0, j1, lambda i, at: e.load(x, i), red)
-                if self.kind in TWO_PASS:
+                if self.row.two_pass:
                     with e.loop(j1, j0, "j") as j:
                         at = e.add(o0, j)
                         e.store(out, at, e.op("divide", dt, e.load(out, at), n))
                     accumulate(e, self.scratch, base, o0, j0, j1, lambda i, at: e.op(
                         "square", dt, e.op("subtract", dt, e.load(x, i), e.load(out, at))), red)
-                src = self.scratch if self.kind in TWO_PASS else out
+                src = self.scratch if self.row.two_pass else out
                 with e.loop(j1, j0, "j") as j:
                     at = e.let(e.add(o0, j))
-                    if self.kind not in ("sum", "prod", "max", "min"):
+                    if self.row.divide:
                         e.store(out, at, self._finish(e, e.load(src, at), dt, n))
                     if self.epilogue is not None:
                         e.epilogue(self, unravel(e, at, [e.dim(d) for d in out.shape]),
@@ -183,8 +208,7 @@ class Reduce(PortableStage, kir.KernelStage):
 
     @staticmethod
     def reference(x: np.ndarray, axes, kind: str, keepdims: bool = False) -> np.ndarray:
-        fn = {"sum": np.sum, "prod": np.prod, "max": np.max, "min": np.min, "mean": np.mean,
-              "variance": np.var, "std": np.std}[kind]
+        fn = REDUCTIONS[kind].ref
         wide = x.astype(np.float64) if x.dtype.kind == "f" else x
         return np.asarray(fn(wide, axis=tuple(axes), keepdims=keepdims)).astype(x.dtype)
 
@@ -196,7 +220,7 @@ def _axes(call) -> tuple:
 
 
 def _checker(kind: str):
-    allowed = FLOATS if kind in ("mean",) + TWO_PASS else NUMERIC
+    allowed = REDUCTIONS[kind].dtypes
 
     def check(call) -> str | None:
         x = call.args[0]
@@ -218,11 +242,11 @@ def _builder(kind: str):
     def build(fe, call, out):
         x = fe.buffer(call.args[0])
         stage = Reduce((x,), out, axes=_axes(call), kind=kind)
-        if kind in TWO_PASS and not stage.runs()[-1][0]:  # "columns" order needs scratch
+        if stage.row.two_pass and not stage.runs()[-1][0]:  # "columns" order needs scratch
             stage.scratch = fe.temp(out.shape, out.dtype)
         return stage
     return build
 
 
-for _kind in FOLD:
+for _kind in REDUCTIONS:
     register(f"relax.{_kind}", 1, _checker(_kind))(_builder(_kind))

@@ -22,13 +22,13 @@ import numpy as np
 from tvm import relax
 from tvm.ir.prim import IntImm
 
-from .. import kir
-from ..dtypes import ALL, FLOATS, INTS
-from ..patterns import dims, tensor_problem
-from . import register
-from ..lowering.loops import threaded
-from .indexing import dot, unravel
-from .portable import PortableStage
+from ..ir import kir
+from ..ir.dtypes import ALL, FLOATS, INTS
+from ..ir.relax_types import dims, tensor_problem
+from ..ir.rules import register
+from ..render.indexing import dot, unravel
+from ..render.loops import threaded
+from ..render.portable import PortableStage
 
 TAKE_MODES = ("fast", "clip", "wrap", "nan")
 

@@ -1,7 +1,7 @@
 """softmax and log_softmax over any axis.
 
 The tensor is viewed as (outer, L, inner) around the axis; each of the outer*inner rows
-is reduced on its own: max, then the sum of exp(x - max) (exp from :mod:`jitbyoc.vecmath`,
+is reduced on its own: max, then the sum of exp(x - max) (exp from :mod:`jitbyoc.ir.vecmath`,
 so it vectorizes), then one scaling pass. Rows are split across TVM's thread pool.
 
 Accuracy: the sum is accumulated with reassociation allowed, so LLVM sums in vector
@@ -16,13 +16,13 @@ from dataclasses import dataclass
 import numpy as np
 from llvmlite import ir
 
-from .. import kir
-from ..dtypes import FLOATS
-from ..llvmtypes import I64
-from ..lowering.loops import for_range, threaded
-from ..patterns import dims, tensor_problem
-from . import register
-
+from ..ir import kir
+from ..ir.dtypes import FLOATS
+from ..ir.dtypes import dtype as lookup_dtype
+from ..ir.llvmtypes import I64
+from ..ir.relax_types import dims, tensor_problem
+from ..ir.rules import register
+from ..render.loops import for_range, threaded
 
 
 @dataclass(eq=False)
@@ -101,7 +101,7 @@ class Softmax(kir.KernelStage):
         (x,), out, dt = self.inputs, self.out, self.out.dtype
         outer, length, inner = self.split()
         em, ni, n = c.em, c.product(inner), c.dim(length)
-        ctype = "float" if dt == "float32" else "double"
+        ctype = lookup_dtype(dt).c
         with c.loop("row", hi, lo):
             c.line(f"const int64_t base = (row / ({ni})) * ({n}) * ({ni}) + row % ({ni});")
             at = f"base + k * ({ni})"

@@ -1,0 +1,125 @@
+"""The only module that touches TVM's runtime: compiled regions -> a TVM ``llvm`` module.
+
+jitbyoc compiles each region to machine code with llvmlite's target machine (host CPU,
+FP-op fusion off, NaNs honoured). TVM's own LLVM JIT runs with FP-op fusion set to
+"fast" and NaNs assumed away, which would turn ``a*b + c`` into an FMA and break the
+bit-for-bit agreement with TVM and with the C rendering. So the module handed to TVM
+carries our assembly as module-level ``asm`` plus, per *use* of a region's code, a
+one-call IR trampoline ``__tvm_ffi_<symbol>`` that TVM's JIT can find and that hands the
+code that use's names table (the user's names, as data: see
+:mod:`jitbyoc.build.llvm_entry`); TVM assembles it in process (no C compiler), scopes
+it to the build that imports it, and ``export_library`` writes it out as object code like
+any TVM LLVM module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+
+import tvm
+import tvm_ffi
+
+from ..engines import references
+from ..render.abi import names_table
+from . import jit
+from .llvm_entry import entry_symbol
+
+# assembler directives that must not repeat in (or do not belong to) the shared object
+_DROP = re.compile(r'^[ \t]*(?:\.file|\.ident|\.addrsig|\.globl|\.section\t"\.note\.GNU-stack")[^\n]*(?:\n|$)',
+                   re.MULTILINE)
+_LOCAL = re.compile(r"\.L([\w.$]+)")
+
+
+def tvm_target_flag() -> str:
+    """The ``tvm_target`` module flag TVM's JIT reads to pick triple, CPU and features."""
+    h = jit.host()
+    return json.dumps({"kind": "llvm", "mtriple": h["triple"], "mcpu": h["cpu"],
+                       "mattr": [f for f in h["features"].split(",") if f]})
+
+
+def _escape(text: str) -> str:
+    return text.replace("\\", "\\5C").replace('"', "\\22")
+
+
+def _module_asm(symbol: str, asm: str) -> list[str]:
+    """Assembly with its symbols made local and its local labels prefixed so several
+    regions can share one object file."""
+    text = _DROP.sub("", asm)
+    text = _escape(_LOCAL.sub(lambda m: f".L{symbol}_{m.group(1)}", text))
+    return [f'module asm "{line}"' for line in text.splitlines()]
+
+
+def _ir_bytes(data: bytes) -> str:
+    """``data`` as an LLVM IR string constant body: printable ASCII but quote and
+    backslash as is, every other byte as ``\\XX``."""
+    return "".join(chr(c) if 0x20 <= c < 0x7F and c not in (0x22, 0x5C) else f"\\{c:02X}" for c in data)
+
+
+def _trampoline(symbol: str, code: str, texts: list[str]) -> str:
+    """``__tvm_ffi_<symbol>``: calls the code's entry with this use's names table."""
+    offsets, blob = names_table(texts)
+    words = ", ".join(f"i64 {o}" for o in offsets)
+    ty = f"{{ [{len(offsets)} x i64], [{len(blob)} x i8] }}"
+    entry = entry_symbol(code)
+    return (f'@"{symbol}.names" = private unnamed_addr constant {ty} '
+            f'{{ [{len(offsets)} x i64] [{words}], [{len(blob)} x i8] c"{_ir_bytes(blob)}" }}, align 8\n'
+            f"declare i32 @{entry}(ptr, ptr, i32, ptr, ptr)\n"
+            f"define i32 @__tvm_ffi_{symbol}(ptr %self, ptr %args, i32 %n, ptr %ret) {{\n"
+            f'  %r = tail call i32 @{entry}(ptr %self, ptr %args, i32 %n, ptr %ret, ptr @"{symbol}.names")\n'
+            f"  ret i32 %r\n}}")
+
+
+_LABEL = re.compile(r"^([A-Za-z_$][\w.$]*):", re.MULTILINE)
+
+
+def _check_labels(asm_by_symbol: dict[str, str]) -> None:
+    """Regions share one object file, so their (non-``.L``) labels must differ. TVM's
+    assembler ends the whole process on a duplicate; fail here with a Python error."""
+    owner: dict[str, str] = {}
+    for symbol, asm in asm_by_symbol.items():
+        for label in set(_LABEL.findall(asm)):
+            if label in owner:
+                raise RuntimeError(f"jitbyoc: regions '{owner[label]}' and '{symbol}' both define "
+                                   f"the assembly label '{label}'; kernels must name helper "
+                                   f"functions after their region")
+            owner[label] = symbol
+
+
+def module_text(codes: dict[str, str], engines: dict[str, str], uses: dict[str, tuple]) -> str:
+    """The module TVM loads: the assembly of each region's code (by code symbol) and of
+    each library engine, and a trampoline per use (symbol -> (code symbol, names table))."""
+    _check_labels({**codes, **engines})
+    for symbol, asm in codes.items():
+        missing = references(asm) - engines.keys()
+        if missing:  # TVM's JIT would resolve the call to address 0
+            raise RuntimeError(f"jitbyoc: region '{symbol}' calls library engines {sorted(missing)} "
+                               f"that are not in the module")
+    h = jit.host()
+    parts = [f'target triple = "{h["triple"]}"', f'target datalayout = "{jit.data_layout()}"']
+    for symbol, asm in {**engines, **codes}.items():
+        parts += _module_asm(symbol, asm)
+    for symbol, (code, texts) in uses.items():
+        parts.append(_trampoline(symbol, code, texts))
+    parts += ["!llvm.module.flags = !{!0}",
+              f'!0 = !{{i32 2, !"tvm_target", !"{_escape(tvm_target_flag())}"}}']
+    return "\n".join(parts) + "\n"
+
+
+def load_llvm_module(ir_text: str) -> tvm.runtime.Module:
+    fd, path = tempfile.mkstemp(suffix=".ll", prefix="jitbyoc_")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(ir_text)
+        # tvm.runtime.load_module keeps every module alive for the life of the process
+        # (about 0.8 MB of JIT state each); ours live exactly as long as their builds.
+        return tvm_ffi.load_module(path, keep_module_alive=False)
+    finally:
+        os.unlink(path)
+
+
+def tvm_module(codes: dict[str, str], engines: dict[str, str], uses: dict[str, tuple]) -> tvm.runtime.Module:
+    """One TVM runtime module exposing a packed function per use (see :func:`module_text`)."""
+    return load_llvm_module(module_text(codes, engines, uses))

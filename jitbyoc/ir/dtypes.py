@@ -1,0 +1,108 @@
+"""The dtypes jitbyoc lowers, with their LLVM, C, DLPack and numpy spellings.
+
+Booleans are stored as one byte (DLPack ``kDLBool``, 8 bits) and live in registers as
+``i1``; every other dtype is stored as it is held. A dtype with ``lanes`` > 1 stands for
+a vector of that many elements (its LLVM types are ``<lanes x T>``): the op table's rules
+emit scalars and vectors alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+from llvmlite import ir
+
+
+@dataclass(frozen=True)
+class DType:
+    name: str
+    kind: str  # "float", "int" or "bool"
+    bits: int
+    dl_code: int  # DLPack type code: 0 int, 1 uint, 2 float, 6 bool
+    c: str
+    lanes: int = 1
+
+    def with_lanes(self, lanes: int) -> "DType":
+        return self if lanes == self.lanes else dataclasses.replace(self, lanes=lanes)
+
+    def _vector(self, t: ir.Type) -> ir.Type:
+        return t if self.lanes == 1 else ir.VectorType(t, self.lanes)
+
+    @property
+    def is_float(self) -> bool:
+        return self.kind == "float"
+
+    @property
+    def is_int(self) -> bool:
+        return self.kind == "int"
+
+    @property
+    def is_bool(self) -> bool:
+        return self.kind == "bool"
+
+    @property
+    def storage_bits(self) -> int:
+        return 8 if self.is_bool else self.bits
+
+    @property
+    def nbytes(self) -> int:
+        return self.storage_bits // 8
+
+    @property
+    def ir(self) -> ir.Type:
+        """The register type."""
+        if self.is_float:
+            return self._vector(ir.FloatType() if self.bits == 32 else ir.DoubleType())
+        return self._vector(ir.IntType(self.bits))
+
+    @property
+    def storage_ir(self) -> ir.Type:
+        return self._vector(ir.IntType(8)) if self.is_bool else self.ir
+
+    @property
+    def numpy(self) -> np.dtype:
+        return np.dtype(self.name)
+
+    @property
+    def storage_c(self) -> str:
+        return "uint8_t" if self.is_bool else self.c
+
+    @property
+    def c_suffix(self) -> str:
+        """Of C float literals and libm functions: ``f`` for float32."""
+        return "f" if self.is_float and self.bits == 32 else ""
+
+    def held(self, value):
+        """``value`` as this dtype holds it, as a Python number (float32 rounds; an
+        out-of-range float becomes an infinity, as a C conversion makes it)."""
+        if self.is_float:
+            with np.errstate(over="ignore"):
+                return float(self.numpy.type(value))
+        return int(bool(value)) if self.is_bool else int(value)
+
+
+DTYPES = {
+    d.name: d
+    for d in (
+        DType("float32", "float", 32, 2, "float"),
+        DType("float64", "float", 64, 2, "double"),
+        DType("int32", "int", 32, 0, "int32_t"),
+        DType("int64", "int", 64, 0, "int64_t"),
+        DType("bool", "bool", 1, 6, "bool"),
+    )
+}
+
+FLOATS = frozenset({"float32", "float64"})
+INTS = frozenset({"int32", "int64"})
+NUMERIC = FLOATS | INTS
+ALL = NUMERIC | {"bool"}
+
+
+def dtype(name: str) -> DType:
+    """Look up a dtype by name; raises ``KeyError`` naming the supported ones."""
+    try:
+        return DTYPES[str(name)]
+    except KeyError:
+        raise KeyError(f"jitbyoc: unsupported dtype {name!r}; known: {sorted(DTYPES)}") from None

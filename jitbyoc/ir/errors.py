@@ -1,0 +1,43 @@
+"""Errors that name where they happened: the region, and the op or stage inside it.
+
+Each step of the pipeline runs its pieces inside :func:`error_context` (as numba's
+``new_error_context``): an unexpected exception from lowering an op, rendering a stage or
+compiling a region comes out as the step's error type, naming the region and the op, with
+the original exception chained. The innermost context names it; outer ones let it pass.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+
+class JitbyocError(RuntimeError):
+    """jitbyoc could not lower, render or compile a region."""
+
+
+class LoweringError(JitbyocError):
+    """A region could not be lowered to kernel IR."""
+
+
+class RenderError(JitbyocError):
+    """Kernel IR could not be rendered to LLVM IR or C."""
+
+
+class CompileError(JitbyocError):
+    """LLVM could not compile a region's or an engine's IR."""
+
+
+STEP = {LoweringError: "lowering", RenderError: "rendering", CompileError: "compiling"}
+
+
+@contextmanager
+def error_context(kind: type[JitbyocError], region: str, what: str | None = None):
+    """Re-raise anything but a :class:`JitbyocError` as ``kind``, naming ``region`` and
+    ``what`` (an op or a stage)."""
+    try:
+        yield
+    except JitbyocError:
+        raise
+    except Exception as err:
+        where = f"region '{region}'" + (f", {what}" if what else "")
+        raise kind(f"jitbyoc: {STEP[kind]} {where} failed: {type(err).__name__}: {err}") from err

@@ -1,0 +1,292 @@
+"""The kernel IR: buffers, elementwise expression DAGs, and the stages of a kernel.
+
+A region becomes one :class:`Kernel`. Its stages run in order; an :class:`Elementwise`
+stage is one loop nest over an output shape that evaluates an expression DAG per point
+and stores every output of that shape, so fused ops never touch memory in between.
+Dimensions are ``int`` or the name of a symbolic size read from the arguments at run time.
+Nodes compare by identity: the lowering shares a node wherever Relax shares a value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, is_dataclass, replace
+from typing import Any, Union
+
+Dim = Union[int, str]
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """A row-major array. With ``base`` set it is a *view*: the same elements as ``base``
+    (same count and order) under another shape, sharing its memory; renderers address
+    ``base``, so a view is never allocated, passed or freed (see :func:`view`)."""
+    name: str
+    shape: tuple[Dim, ...]
+    dtype: str
+    base: "Buffer | None" = None
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def storage(self) -> "Buffer":
+        """The buffer that owns the memory: ``base`` for a view, else itself."""
+        return self if self.base is None else self.base
+
+
+def view(buf: Buffer, shape) -> Buffer:
+    """``buf`` reshaped without a copy (a view of its storage; views never nest)."""
+    root = buf.storage
+    if tuple(shape) == root.shape:
+        return root
+    return Buffer(f"{root.name}_view", tuple(shape), root.dtype, base=root)
+
+
+@dataclass(frozen=True, eq=False)
+class Load:
+    """The element of ``buf`` at the current point, broadcast NumPy-style (right-aligned)."""
+    buf: Buffer
+
+    @property
+    def dtype(self) -> str:
+        return self.buf.dtype
+
+
+@dataclass(frozen=True, eq=False)
+class Const:
+    value: Any
+    dtype: str
+
+
+@dataclass(frozen=True, eq=False)
+class Op:
+    """Row ``op`` of :data:`jitbyoc.ir.ops.OPS` applied to ``args`` (whose dtype is ``in_dtype``)."""
+    op: str
+    args: tuple
+    in_dtype: str
+    dtype: str
+    attrs: tuple = ()
+
+    @property
+    def kwargs(self) -> dict:
+        return dict(self.attrs)
+
+
+@dataclass(frozen=True, eq=False)
+class Acc:
+    """In a kernel's epilogue: the value the kernel computed at the current point."""
+    dtype: str
+
+
+Node = Union[Load, Const, Op, Acc]
+
+
+@dataclass(frozen=True)
+class Elementwise:
+    shape: tuple[Dim, ...]
+    stores: tuple[tuple[Buffer, Node], ...]
+
+
+@dataclass(eq=False)
+class KernelStage:
+    """A stage computed by a hand-written kernel (``jitbyoc/kernels/``) into ``out``.
+
+    ``epilogue``, when set, is an elementwise expression over :class:`Acc` (and loads
+    broadcast against ``out``) that the kernel applies to each block of ``out`` while the
+    block is still in cache: ``out[p] = epilogue(Acc=out[p])``. Subclasses hold their
+    operands and attributes and implement ``emit_llvm(ctx)``, ``emit_c(ctx)`` and
+    ``reference(*arrays)``.
+    """
+    inputs: tuple
+    out: Buffer
+    epilogue: object = None
+
+    def reads(self) -> list[Buffer]:
+        extra = loads([self.epilogue]) if self.epilogue is not None else []
+        return list(self.inputs) + extra
+
+    def needs_loop_vectorizer(self) -> bool:
+        """Whether ``emit_llvm`` leaves scalar loops for LLVM's loop vectorizer (the
+        default), rather than writing its vectors itself (then its region may skip that
+        pass; the epilogue decides for itself)."""
+        return True
+
+
+@dataclass
+class Kernel:
+    name: str
+    inputs: list[Buffer]
+    outputs: list[Buffer]
+    stages: list = field(default_factory=list)
+    temps: list[Buffer] = field(default_factory=list)
+    ops: list[str] = field(default_factory=list)  # Relax ops covered, for the report
+
+    @property
+    def params(self) -> list[Buffer]:
+        return self.inputs + self.outputs
+
+    @property
+    def sym_vars(self) -> list[str]:
+        """Symbolic sizes, in order of first appearance among the parameters."""
+        seen: dict[str, None] = {}
+        for b in self.params:
+            for d in b.shape:
+                if isinstance(d, str):
+                    seen.setdefault(d)
+        return list(seen)
+
+
+def describe(stage) -> str:
+    """A stage as error messages name it: its kernel, or the ops of an elementwise nest."""
+    if isinstance(stage, Elementwise):
+        ops = dict.fromkeys(n.op for n in walk([e for _, e in stage.stores]) if isinstance(n, Op))
+        return f"elementwise stage ({', '.join(ops) or 'copy'})"
+    return f"{type(stage).__name__} stage"
+
+
+def walk(roots):
+    """Nodes reachable from ``roots``, each once, operands before users."""
+    order, seen = [], set()
+    stack = [(r, False) for r in reversed(list(roots))]
+    while stack:
+        node, done = stack.pop()
+        if id(node) in seen:
+            continue
+        if done or not isinstance(node, Op):
+            seen.add(id(node))
+            order.append(node)
+            continue
+        stack.append((node, True))
+        stack.extend((a, False) for a in reversed(node.args) if id(a) not in seen)
+    return order
+
+
+def evaluate(em, roots, load, acc=None) -> dict:
+    """Render every node reachable from ``roots`` once, operands first, through a
+    renderer's emitter: ``load(buf)`` reads a Load's raw element, ``em.loaded(raw, dtype)``
+    turns it into a value, ``acc`` stands for :class:`Acc`. Returns ``{id(node): value}``.
+    Both renderers walk expressions through this one function, so they line up."""
+    values = {}
+    for node in walk(roots):
+        if isinstance(node, Load):
+            values[id(node)] = em.loaded(load(node.buf), node.dtype)
+        elif isinstance(node, Const):
+            values[id(node)] = em.const(node.value, node.dtype)
+        elif isinstance(node, Acc):
+            values[id(node)] = acc
+        else:
+            values[id(node)] = em.op(node.op, node.in_dtype, *(values[id(a)] for a in node.args),
+                                     **node.kwargs)
+    return values
+
+
+def stage_reads(stage) -> list[Buffer]:
+    """Buffers ``stage`` reads, plus the storage behind any view among them."""
+    reads = loads([n for _, n in stage.stores]) if isinstance(stage, Elementwise) else stage.reads()
+    return list(dict.fromkeys(reads + [b.base for b in reads if b.base is not None]))
+
+
+def stage_writes(stage) -> list[Buffer]:
+    if isinstance(stage, Elementwise):
+        return [b for b, _ in stage.stores]
+    return [stage.out]
+
+
+def substitute(root, mapping):
+    """``root`` with every node in ``mapping`` (by identity) replaced; shares the rest."""
+    memo = {id(k): v for k, v in mapping.items()}
+    for node in walk([root]):
+        if id(node) in memo:
+            continue
+        if isinstance(node, Op):
+            args = tuple(memo.get(id(a), a) for a in node.args)
+            if any(x is not y for x, y in zip(args, node.args)):
+                memo[id(node)] = Op(node.op, args, node.in_dtype, node.dtype, node.attrs)
+    return memo.get(id(root), root)
+
+
+def loads(roots) -> list[Buffer]:
+    out: dict[Buffer, None] = {}
+    for n in walk(roots):
+        if isinstance(n, Load):
+            out.setdefault(n.buf)
+    return list(out)
+
+
+@dataclass(frozen=True)
+class NestLayout:
+    """A loop nest after dropping unit dims and merging dims every buffer walks alike.
+
+    ``extents[k]`` is a product of dims; ``strides[buf][k]`` the product of dims to step
+    ``buf`` by per step of loop ``k`` (``None``: the buffer is broadcast along it).
+    """
+    extents: tuple[tuple[Dim, ...], ...]
+    strides: dict
+
+
+def nest_layout(shape: tuple[Dim, ...], bufs) -> NestLayout:
+    nd = len(shape)
+    keep = [k for k in range(nd) if shape[k] != 1]
+
+    def walks(b: Buffer, k: int) -> bool:
+        j = k - (nd - b.ndim)
+        return j >= 0 and b.shape[j] != 1
+
+    groups: list[list[int]] = []
+    for k in keep:
+        if groups and all(walks(b, groups[-1][-1]) == walks(b, k) for b in bufs):
+            groups[-1].append(k)
+        else:
+            groups.append([k])
+    extents = tuple(tuple(shape[k] for k in g) for g in groups)
+    strides = {}
+    for b in bufs:
+        off = nd - b.ndim
+        strides[b] = tuple(
+            tuple(d for d in b.shape[g[-1] - off + 1:] if d != 1) if walks(b, g[-1]) else None
+            for g in groups)
+    return NestLayout(extents, strides)
+
+
+def canonical(kernel: Kernel) -> str:
+    """A text that determines ``kernel``'s code: every field of every buffer, stage and
+    node, shared nodes written once and referred to by number, the kernel's own name left
+    out. Two kernels with the same text render the same code (the renderers read nothing
+    else), so the text, with jitbyoc's and the target's versions, is the compile key.
+    Raises TypeError on a value it cannot write faithfully, never guesses."""
+    ids: dict[int, int] = {}
+    defs: list[str] = []
+
+    def node(n) -> str:
+        for m in walk([n]):  # operands first, iteratively: expression DAGs can be deep
+            if id(m) not in ids:
+                body = f"Op({m.op!r},({','.join(f'#{ids[id(a)]}' for a in m.args)}),{m.in_dtype!r}," \
+                       f"{m.dtype!r},{value(m.attrs)})" if isinstance(m, Op) else record(m)
+                ids[id(m)] = len(defs)
+                defs.append(body)
+        return f"#{ids[id(n)]}"
+
+    def record(x) -> str:
+        return type(x).__qualname__ + "(" + ",".join(
+            f"{f.name}={value(getattr(x, f.name))}" for f in fields(x)) + ")"
+
+    def value(x) -> str:
+        if x is None or isinstance(x, (bool, int, str)):
+            return repr(x)
+        if isinstance(x, float):
+            return x.hex()
+        if isinstance(x, (Load, Const, Op, Acc)):
+            return node(x)
+        if isinstance(x, (tuple, list)):
+            return ("[" if isinstance(x, list) else "(") + ",".join(map(value, x)) + ")"
+        if isinstance(x, dict):
+            return "{" + ",".join(f"{value(k)}:{value(v)}" for k, v in x.items()) + "}"
+        if is_dataclass(x) and not isinstance(x, type):
+            return record(x)
+        if hasattr(x, "dtype") and hasattr(x, "item"):  # a numpy scalar
+            return f"{x.dtype}:{value(x.item())}"
+        raise TypeError(f"jitbyoc: cannot key a kernel holding a {type(x).__name__} ({x!r:.80})")
+
+    top = record(replace(kernel, name=""))
+    return "\n".join(defs + [top])

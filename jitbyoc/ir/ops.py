@@ -1,0 +1,246 @@
+"""THE op table: one row per elementwise op, with its LLVM rule, C rule and numpy reference.
+
+A row either carries two *rules* (``llvm``: ``(builder, dtype, *values, **attrs) -> value``;
+``c``: a format string over the operand names, or ``(dtype, *names, **attrs) -> str``) or
+one *expansion* (``expand``: ``(emitter, dtype, *values, **attrs) -> value``) written once
+in terms of other rows, which both renderers run through the same emitter interface. So
+the transcendental functions are the same sequence of primitive operations in C and in
+LLVM, and adding an elementwise op is one row here.
+
+Rows with ``relax`` set are Relax ops (their rules are generated in
+:mod:`jitbyoc.ir.rules`); the others are primitives the expansions use. Three fields say
+how a Relax call maps onto a row: ``scalars`` (trailing call arguments that are constants,
+passed as attributes: clip's bounds), ``relax_attrs_from`` (Relax attributes passed on:
+astype's target dtype) and ``condition`` (the first operand is a bool condition and the
+row's dtype is the other operands': where).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+from llvmlite import ir
+
+from . import vecmath
+from .dtypes import ALL, FLOATS, INTS, NUMERIC
+from .dtypes import dtype as lookup_dtype
+from .llvmtypes import declare
+
+
+class UnsupportedOp(NotImplementedError):
+    """No lowering rule exists for an op/dtype pair."""
+
+
+@dataclass(frozen=True)
+class OpDef:
+    arity: int
+    ref: Callable
+    dtypes: frozenset
+    llvm: Callable | None = None
+    c: str | Callable | None = None
+    expand: Callable | None = None
+    out: str | Callable | None = None  # result dtype when it differs from the operands'  
+    relax: str | None = None
+    ulp: int = 0  # documented error bound against the exact function (0: correctly rounded)
+    scalars: tuple[str, ...] = ()  # attributes given as trailing constant call arguments
+    relax_attrs_from: tuple[tuple[str, str], ...] = ()  # (attribute, Relax attribute)
+    condition: bool = False  # operand 0 is a bool condition; the dtype is the others'
+
+    def relax_attrs(self, call) -> dict:
+        """The attributes this row needs, taken from a Relax call of its op."""
+        attrs = {name: str(getattr(call.attrs, field)) for name, field in self.relax_attrs_from}
+        attrs.update((name, float(arg.value)) for name, arg in zip(self.scalars, call.args[self.arity:]))
+        return attrs
+
+    def result_dtype(self, dtype: str, attrs: dict) -> str:
+        if callable(self.out):
+            return self.out(dtype)
+        return attrs.get("to") or self.out or dtype
+
+
+# ---- rule factories (one line per row below) -------------------------------------------
+
+def _arith(fop: str, iop: str | None = None):
+    def rule(b, dt, x, y):
+        return getattr(b, fop if dt.is_float else iop)(x, y)
+    return rule
+
+
+def _cmp(op: str):
+    def rule(b, dt, x, y):
+        if dt.is_float:
+            return b.fcmp_unordered(op, x, y) if op == "!=" else b.fcmp_ordered(op, x, y)
+        return b.icmp_unsigned(op, x, y) if dt.is_bool else b.icmp_signed(op, x, y)
+    return rule
+
+
+def _intrinsic(name: str):
+    def rule(b, dt, *xs):
+        fname = f"llvm.{name}.{f'v{dt.lanes}' if dt.lanes > 1 else ''}f{dt.bits}"
+        return b.call(declare(b.module, fname, dt.ir, [dt.ir] * len(xs)), xs)
+    return rule
+
+
+def _libm(name: str):
+    return lambda dt, *xs: f"{name}{dt.c_suffix}({', '.join(xs)})"
+
+
+def _select_rule(pred: str):
+    """max/min/relu as a compare and select, so NaN handling matches between renderers."""
+    def rule(b, dt, x, y):
+        return b.select(_cmp(pred)(b, dt, x, y), x, y)
+    return rule
+
+
+def _cast_llvm(b, dt, x, to):
+    dst = lookup_dtype(to).with_lanes(dt.lanes)
+    if dt.name == dst.name:
+        return x
+    if dt.is_bool:
+        return b.uitofp(x, dst.ir) if dst.is_float else b.zext(x, dst.ir)
+    if dst.is_bool:
+        zero = ir.Constant(dt.ir, 0.0 if dt.is_float else 0)
+        return b.fcmp_unordered("!=", x, zero) if dt.is_float else b.icmp_unsigned("!=", x, zero)
+    if dt.is_float and dst.is_float:
+        return b.fpext(x, dst.ir) if dst.bits > dt.bits else b.fptrunc(x, dst.ir)
+    if dt.is_float:
+        return b.fptosi(x, dst.ir)
+    if dst.is_float:
+        return b.sitofp(x, dst.ir)
+    if dst.bits == dt.bits:
+        return x
+    return b.sext(x, dst.ir) if dst.bits > dt.bits else b.trunc(x, dst.ir)
+
+
+def _cast_c(dt, x, to):
+    dst = lookup_dtype(to)
+    if dst.is_bool and dt.is_float:
+        return f"({x} != 0)"
+    return f"(({dst.c}){x})"
+
+
+def _bitcast_llvm(b, dt, x):
+    return b.bitcast(x, lookup_dtype(_BITCAST[dt.name]).with_lanes(dt.lanes).ir)
+
+
+def _bitcast_c(dt, x):
+    return f"jb_bits_{'f' if dt.is_float else 'i'}{dt.bits}({x})"
+
+
+def _abs_int(b, dt, x):
+    return b.select(b.icmp_signed("<", x, ir.Constant(dt.ir, 0)), b.neg(x), x)
+
+
+def _relu_llvm(b, dt, x):
+    zero = ir.Constant(dt.ir, 0.0 if dt.is_float else 0)
+    return _select_rule(">")(b, dt, x, zero)
+
+
+def _np_erf(x):
+    return np.vectorize(math.erf, otypes=[x.dtype])(x) if x.size else x.copy()
+
+
+def _np_gelu(x):
+    # x/2 * erfc(-x/sqrt2): 1 + erf(x/sqrt2) cancels for x << 0
+    erfc = np.vectorize(math.erfc, otypes=[x.dtype])(-x / np.sqrt(x.dtype.type(2))) if x.size else x
+    return (0.5 * x * erfc).astype(x.dtype)
+
+
+def _np_gelu_tanh(x):
+    # 0.5*x*(1 + tanh(u)) as x * sigmoid(2u): 1 + tanh(u) cancels for x << 0
+    k = np.sqrt(2 / np.pi).astype(x.dtype)
+    return (x * _np_sigmoid(2 * k * (x + 0.044715 * x ** 3))).astype(x.dtype)
+
+
+def _np_sigmoid(x):
+    with np.errstate(over="ignore"):
+        return (1 / (1 + np.exp(-x))).astype(x.dtype)
+
+
+def _np_clip(x, lo, hi):
+    return np.minimum(np.maximum(x, x.dtype.type(lo)), x.dtype.type(hi)).astype(x.dtype)
+
+
+_BITCAST = {"float32": "int32", "int32": "float32", "float64": "int64", "int64": "float64"}
+F, I, N, B = FLOATS, INTS, NUMERIC, frozenset({"bool"})
+NB = NUMERIC | B
+
+OPS: dict[str, OpDef] = {
+    # arithmetic: bit-identical between renderers
+    "add":      OpDef(2, np.add, N, _arith("fadd", "add"), "({0} + {1})", relax="relax.add"),
+    "subtract": OpDef(2, np.subtract, N, _arith("fsub", "sub"), "({0} - {1})", relax="relax.subtract"),
+    "multiply": OpDef(2, np.multiply, N, _arith("fmul", "mul"), "({0} * {1})", relax="relax.multiply"),
+    "divide":   OpDef(2, np.divide, F, _arith("fdiv"), "({0} / {1})", relax="relax.divide"),
+    "maximum":  OpDef(2, np.maximum, N, _select_rule(">"), "({0} > {1} ? {0} : {1})", relax="relax.maximum"),
+    "minimum":  OpDef(2, np.minimum, N, _select_rule("<"), "({0} < {1} ? {0} : {1})", relax="relax.minimum"),
+    "negative": OpDef(1, np.negative, N, lambda b, dt, x: b.fneg(x) if dt.is_float else b.neg(x),
+                      "(-{0})", relax="relax.negative"),
+    "abs":      OpDef(1, np.abs, N, lambda b, dt, x: _intrinsic("fabs")(b, dt, x) if dt.is_float
+                      else _abs_int(b, dt, x), lambda dt, x: _libm("fabs")(dt, x) if dt.is_float
+                      else f"({x} < 0 ? -{x} : {x})", relax="relax.abs"),
+    "relu":     OpDef(1, lambda x: np.maximum(x, 0).astype(x.dtype), N, _relu_llvm,
+                      "({0} > 0 ? {0} : 0)", relax="relax.nn.relu"),
+    "square":   OpDef(1, np.square, N, lambda b, dt, x: _arith("fmul", "mul")(b, dt, x, x),
+                      "({0} * {0})", relax="relax.square"),
+    "sqrt":     OpDef(1, np.sqrt, F, _intrinsic("sqrt"), _libm("sqrt"), relax="relax.sqrt"),
+    "floor":    OpDef(1, np.floor, F, _intrinsic("floor"), _libm("floor"), relax="relax.floor"),
+    "ceil":     OpDef(1, np.ceil, F, _intrinsic("ceil"), _libm("ceil"), relax="relax.ceil"),
+    "rsqrt":    OpDef(1, lambda x: (1 / np.sqrt(x)).astype(x.dtype), F,
+                      expand=lambda e, dt, x: e.op("divide", dt, e.const(1, dt), e.op("sqrt", dt, x)),
+                      relax="relax.rsqrt"),
+    # comparisons and logic: bool results
+    "equal":         OpDef(2, np.equal, ALL, _cmp("=="), "({0} == {1})", out="bool", relax="relax.equal"),
+    "not_equal":     OpDef(2, np.not_equal, ALL, _cmp("!="), "({0} != {1})", out="bool", relax="relax.not_equal"),
+    "less":          OpDef(2, np.less, N, _cmp("<"), "({0} < {1})", out="bool", relax="relax.less"),
+    "less_equal":    OpDef(2, np.less_equal, N, _cmp("<="), "({0} <= {1})", out="bool", relax="relax.less_equal"),
+    "greater":       OpDef(2, np.greater, N, _cmp(">"), "({0} > {1})", out="bool", relax="relax.greater"),
+    "greater_equal": OpDef(2, np.greater_equal, N, _cmp(">="), "({0} >= {1})", out="bool", relax="relax.greater_equal"),
+    "logical_and":   OpDef(2, np.logical_and, B, lambda b, dt, x, y: b.and_(x, y), "({0} && {1})", relax="relax.logical_and"),
+    "logical_or":    OpDef(2, np.logical_or, B, lambda b, dt, x, y: b.or_(x, y), "({0} || {1})", relax="relax.logical_or"),
+    "logical_not":   OpDef(1, np.logical_not, B, lambda b, dt, x: b.not_(x), "(!{0})", relax="relax.logical_not"),
+    # dtype of the operands is the dtype of the branches; the condition is bool
+    "where":    OpDef(3, np.where, NB, lambda b, dt, c, x, y: b.select(c, x, y), "({0} ? {1} : {2})",
+                      relax="relax.where", condition=True),
+    "astype":   OpDef(1, lambda x, to: x.astype(to), NB, _cast_llvm, _cast_c, relax="relax.astype",
+                      relax_attrs_from=(("to", "dtype"),)),
+    "clip":     OpDef(1, _np_clip, N,
+                      expand=lambda e, dt, x, lo, hi: e.op("minimum", dt, e.op("maximum", dt, x,
+                                                           e.const(lo, dt)), e.const(hi, dt)),
+                      relax="relax.clip", scalars=("lo", "hi")),
+    # transcendental: one expansion, rendered identically by both renderers
+    "exp":      OpDef(1, np.exp, F, expand=vecmath.exp, relax="relax.exp", ulp=2),
+    "expm1":    OpDef(1, np.expm1, F, expand=vecmath.expm1, ulp=3),
+    "log":      OpDef(1, np.log, F, expand=vecmath.log, relax="relax.log", ulp=2),
+    "tanh":     OpDef(1, np.tanh, F, expand=vecmath.tanh, relax="relax.tanh", ulp=4),
+    "sigmoid":  OpDef(1, _np_sigmoid, F, expand=vecmath.sigmoid, relax="relax.sigmoid", ulp=4),
+    "erf":      OpDef(1, _np_erf, F, expand=vecmath.erf, relax="relax.erf", ulp=4),
+    "gelu":     OpDef(1, _np_gelu, F, expand=vecmath.gelu, relax="relax.nn.gelu", ulp=8),
+    "gelu_tanh": OpDef(1, _np_gelu_tanh, F, expand=vecmath.gelu_tanh, relax="relax.nn.gelu_tanh",
+                       ulp=8),  # for x >= -1.5; see vecmath
+    "silu":     OpDef(1, lambda x: (x * _np_sigmoid(x)).astype(x.dtype), F, expand=vecmath.silu,
+                      relax="relax.nn.silu", ulp=8),
+    "power":    OpDef(2, np.power, F, expand=vecmath.power, relax="relax.power",
+                      ulp=64),  # for |y*ln|x|| <= 31; see vecmath
+    # primitives for the expansions
+    "select":   OpDef(3, np.where, NB, lambda b, dt, c, x, y: b.select(c, x, y), "({0} ? {1} : {2})"),
+    "bitcast":  OpDef(1, None, F | I, _bitcast_llvm, _bitcast_c, out=_BITCAST.__getitem__),
+    "shl":      OpDef(2, np.left_shift, I, lambda b, dt, x, y: b.shl(x, y), "({0} << {1})"),
+    "shr":      OpDef(2, np.right_shift, I, lambda b, dt, x, y: b.ashr(x, y), "({0} >> {1})"),
+    "bitand":   OpDef(2, np.bitwise_and, I, lambda b, dt, x, y: b.and_(x, y), "({0} & {1})"),
+    "bitor":    OpDef(2, np.bitwise_or, I, lambda b, dt, x, y: b.or_(x, y), "({0} | {1})"),
+}
+
+
+def op_def(name: str, dtype: str | None = None) -> OpDef:
+    """The row for ``name``; raises :class:`UnsupportedOp` naming the known ops."""
+    row = OPS.get(name)
+    if row is None:
+        raise UnsupportedOp(f"jitbyoc: no lowering rule for op '{name}'; known: {sorted(OPS)}")
+    if dtype is not None and dtype not in row.dtypes:
+        raise UnsupportedOp(f"jitbyoc: op '{name}' has no rule for dtype {dtype}; "
+                            f"supported: {sorted(row.dtypes)}")
+    return row
+

@@ -1,0 +1,332 @@
+"""Vectorizable transcendental functions, written once over an emitter.
+
+LLVM lowers ``llvm.exp.*`` to scalar ``expf`` calls, which stop the loop vectorizer, and
+C's libm differs between machines. So exp, log, tanh, erf and friends are expanded here
+into table ops (add, mul, floor, select, bitcast, shifts) that both renderers emit the
+same way. ``e.op(name, dtype, *values, **attrs)`` emits a row of :mod:`jitbyoc.ir.ops`;
+``e.const(value, dtype)`` a literal. No fused multiply-add is used, so the C and LLVM
+renderings round identically.
+
+Error bounds against the exact function, in ulps of the result, checked by
+``tests/test_vecmath.py`` on dense grids for float32 and float64: exp, log <= 2;
+expm1 <= 3; tanh, sigmoid, erf <= 4; gelu, silu <= 8. Two bounds grow with the input:
+gelu_tanh <= max(8, 3*|2u|), so 8 for x >= -1.5 (exp amplifies the rounding of its
+argument ``2u = 2*sqrt(2/pi)*(x + 0.044715*x**3)``); power <= 2*(1 + |y*ln|x||), so
+64 while ``|y*ln|x|| <= 31`` (exp amplifies the error of log). Where exp's result would
+be subnormal (x < -87.3 in float32, -708.4 in float64) it may be flushed to zero, so any
+result smaller than ``tiny * max(1, |x|)`` (tiny: the smallest normal number) is only
+within that much of the exact value.
+"""
+
+from __future__ import annotations
+
+import math
+from decimal import Context, Decimal, localcontext
+from functools import lru_cache
+
+import numpy as np
+
+_LN2 = Decimal(2).ln(Context(prec=50))
+
+# per float dtype: (int dtype, mantissa bits, exponent bias, exp clamp lo, hi, taylor degree)
+_F = {
+    "float32": ("int32", 23, 127, -104.0, 89.0, 7),
+    "float64": ("int64", 52, 1023, -746.0, 710.0, 13),
+}
+
+
+def _split_ln2(dt: str) -> tuple[float, float]:
+    """ln2 as hi + lo, hi with few enough bits that ``n * hi`` is exact for every n used."""
+    if dt == "float32":
+        hi = float(np.frombuffer((np.array(float(_LN2), np.float32).view(np.uint32)
+                                  & np.uint32(0xFFFFF000)).tobytes(), np.float32)[0])
+    else:
+        hi = float(np.frombuffer((np.array(float(_LN2)).view(np.uint64)
+                                  & np.uint64(0xFFFFFFFFFFE00000)).tobytes(), np.float64)[0])
+    return hi, float(_LN2 - Decimal(hi))
+
+
+def _horner(e, dt, x, coeffs):
+    """coeffs[0] + x*(coeffs[1] + x*(...))."""
+    acc = e.const(coeffs[-1], dt)
+    for c in reversed(coeffs[:-1]):
+        acc = e.op("add", dt, e.op("multiply", dt, acc, x), e.const(c, dt))
+    return acc
+
+
+def _isnan(e, dt, x):
+    return e.op("not_equal", dt, x, x)
+
+
+def _pow2(e, dt, n):
+    """2**n as a float of dtype ``dt``, for an integer n in the normal exponent range."""
+    it, mant, bias, *_ = _F[dt]
+    bits = e.op("shl", it, e.op("add", it, n, e.const(bias, it)), e.const(mant, it))
+    return e.op("bitcast", it, bits)
+
+
+def _exp_parts(e, dt, x):
+    """(n, p) with exp(x) = 2**n * (1 + p) and p = expm1(r), |r| <= ln2/2."""
+    it, _, _, lo, hi, deg = _F[dt]
+    x = e.op("select", dt, _isnan(e, dt, x), e.const(0, dt), x)
+    x = e.op("minimum", dt, e.op("maximum", dt, x, e.const(lo, dt)), e.const(hi, dt))
+    ln2_hi, ln2_lo = _split_ln2(dt)
+    t = e.op("floor", dt, e.op("add", dt, e.op("multiply", dt, x, e.const(1 / math.log(2), dt)),
+                               e.const(0.5, dt)))
+    r = e.op("subtract", dt, e.op("subtract", dt, x, e.op("multiply", dt, t, e.const(ln2_hi, dt))),
+             e.op("multiply", dt, t, e.const(ln2_lo, dt)))
+    p = e.op("multiply", dt, r, _horner(e, dt, r, [1 / math.factorial(k) for k in range(1, deg + 1)]))
+    return e.op("astype", dt, t, to=it), p
+
+
+def _ldexp(e, dt, y, n):
+    """y * 2**n, split in two factors so both stay normal over the clamped range."""
+    it = _F[dt][0]
+    n1 = e.op("shr", it, n, e.const(1, it))
+    n2 = e.op("subtract", it, n, n1)
+    return e.op("multiply", dt, e.op("multiply", dt, y, _pow2(e, dt, n1)), _pow2(e, dt, n2))
+
+
+def exp(e, dt, x):
+    n, p = _exp_parts(e, dt, x)
+    y = _ldexp(e, dt, e.op("add", dt, p, e.const(1, dt)), n)
+    return e.op("select", dt, _isnan(e, dt, x), x, y)
+
+
+def expm1(e, dt, x):
+    """2**n * (p - (2**-n - 1)): one rounding before the exact scaling, no overflow of
+    2**n on the way to a finite result, and -0 stays -0. Past 2**-(mant+3) the -1 (or
+    the p) no longer shows in the result, so n is clamped there."""
+    it, mant = _F[dt][:2]
+    n, p = _exp_parts(e, dt, x)
+    n = e.op("maximum", it, n, e.const(-(mant + 3), it))
+    d = e.op("subtract", dt, _pow2(e, dt, e.op("negative", it, e.op("minimum", it, n, e.const(mant + 3, it)))),
+             e.const(1, dt))
+    y = _ldexp(e, dt, e.op("subtract", dt, p, d), n)
+    return e.op("select", dt, _isnan(e, dt, x), x, y)
+
+
+def log(e, dt, x):
+    it, mant, bias, *_ = _F[dt]
+    tiny = float(np.finfo(dt).tiny)
+    sub = e.op("less", dt, x, e.const(tiny, dt))
+    xs = e.op("select", dt, sub, e.op("multiply", dt, x, e.const(2.0 ** mant, dt)), x)
+    bits = e.op("bitcast", dt, xs)
+    ex = e.op("subtract", it, e.op("shr", it, bits, e.const(mant, it)), e.const(bias, it))
+    ex = e.op("subtract", it, ex, e.op("select", it, sub, e.const(mant, it), e.const(0, it)))
+    m = e.op("bitcast", it, e.op("bitor", it, e.op("bitand", it, bits, e.const((1 << mant) - 1, it)),
+                                 e.const(bias << mant, it)))
+    big = e.op("greater", dt, m, e.const(math.sqrt(2), dt))
+    m = e.op("select", dt, big, e.op("multiply", dt, m, e.const(0.5, dt)), m)
+    ex = e.op("add", it, ex, e.op("select", it, big, e.const(1, it), e.const(0, it)))
+    s = e.op("divide", dt, e.op("subtract", dt, m, e.const(1, dt)), e.op("add", dt, m, e.const(1, dt)))
+    z = e.op("multiply", dt, s, s)
+    terms = 5 if dt == "float32" else 12
+    series = _horner(e, dt, z, [1 / (2 * k + 1) for k in range(1, terms)])
+    s2 = e.op("add", dt, s, s)
+    logm = e.op("add", dt, s2, e.op("multiply", dt, e.op("multiply", dt, s2, z), series))
+    fe = e.op("astype", it, ex, to=dt)
+    ln2_hi, ln2_lo = _split_ln2(dt)
+    y = e.op("add", dt, e.op("multiply", dt, fe, e.const(ln2_hi, dt)),
+             e.op("add", dt, logm, e.op("multiply", dt, fe, e.const(ln2_lo, dt))))
+    y = e.op("select", dt, e.op("equal", dt, x, e.const(math.inf, dt)), x, y)
+    y = e.op("select", dt, e.op("equal", dt, x, e.const(0, dt)), e.const(-math.inf, dt), y)
+    bad = e.op("logical_or", "bool", e.op("less", dt, x, e.const(0, dt)), _isnan(e, dt, x))
+    return e.op("select", dt, bad, e.const(math.nan, dt), y)
+
+
+def _signbit(e, dt, x):
+    """True for negative x, -0.0 included."""
+    it = _F[dt][0]
+    return e.op("less", it, e.op("bitcast", dt, x), e.const(0, it))
+
+
+def _copysign(e, dt, x, y):
+    """|y| with the sign of x (y >= 0)."""
+    return e.op("select", dt, _signbit(e, dt, x), e.op("negative", dt, y), y)
+
+
+def tanh(e, dt, x):
+    # the cap goes first: minimum(c, NaN) is NaN, so NaN propagates
+    ax = e.op("minimum", dt, e.const(10.0 if dt == "float32" else 20.0, dt), e.op("abs", dt, x))
+    u = expm1(e, dt, e.op("add", dt, ax, ax))
+    t = e.op("divide", dt, u, e.op("add", dt, u, e.const(2, dt)))
+    return _copysign(e, dt, x, t)
+
+
+def sigmoid(e, dt, x):
+    one = e.const(1, dt)
+    return e.op("divide", dt, one, e.op("add", dt, one, exp(e, dt, e.op("negative", dt, x))))
+
+
+def _finite(e, dt, x):
+    """x with -inf replaced by the most negative finite number, so that a factor x times
+    a sigmoid that has gone to 0 gives -0 (the limit), not NaN."""
+    return e.op("maximum", dt, x, e.const(-float(np.finfo(dt).max), dt))
+
+
+def silu(e, dt, x):
+    return e.op("multiply", dt, _finite(e, dt, x), sigmoid(e, dt, x))
+
+
+_PI = Decimal("3.14159265358979323846264338327950288419716939937510582097494459230781640629")
+_TINY = Decimal("1e-88")  # relative size of the last series term kept at 90 digits
+
+
+def scaled_erfc(x: Decimal) -> Decimal:
+    """erfc(x) * exp(x**2) for x >= 0, to about 70 digits (call in a 90-digit context).
+
+    ``math.erfc(x) * math.exp(x * x)`` is off by up to 15 ulp (``x * x`` is rounded before
+    ``exp`` amplifies it). Up to 6 this sums erf's series of positive terms,
+    ``erf(x) = 2/sqrt(pi) exp(-x**2) sum(2**n x**(2n+1) / (1*3*...*(2n+1)))`` (losing 17
+    digits to ``exp(x**2) - 2/sqrt(pi) sum`` is harmless at 90); past 6 it evaluates the
+    continued fraction ``1/sqrt(pi) / (x + (1/2)/(x + 1/(x + (3/2)/(x + ...))))``.
+    """
+    if x > 6:
+        acc = x
+        for k in range(400, 0, -1):
+            acc = x + Decimal(k) / 2 / acc
+        return 1 / (_PI.sqrt() * acc)
+    x2 = x * x
+    term = total = x
+    k = 1
+    while term > total * _TINY:
+        term = term * 2 * x2 / (2 * k + 1)
+        total += term
+        k += 1
+    return x2.exp() - 2 / _PI.sqrt() * total
+
+
+def _cos(x: Decimal) -> Decimal:
+    x2, term, total, k = x * x, Decimal(1), Decimal(1), 0
+    while abs(term) > _TINY:
+        k += 2
+        term = -term * x2 / (k * (k - 1))
+        total += term
+    return total
+
+
+def chebyshev(f, lo: float, hi: float, n: int = 64) -> list[Decimal]:
+    """Chebyshev coefficients of ``f`` (Decimal -> Decimal) on [lo, hi], interpolated at
+    ``n`` nodes in 90-digit decimal arithmetic, so none is lost to rounding."""
+    with localcontext(Context(prec=90)):
+        ts = [_cos(_PI * (j + Decimal("0.5")) / n) for j in range(n)]
+        fs = [f((t * Decimal(hi - lo) + Decimal(hi + lo)) / 2) for t in ts]
+        prev, cur = [Decimal(1)] * n, list(ts)
+        coeffs = [sum(fs) / n]
+        for _ in range(1, n):
+            coeffs.append(2 * sum(v * t for v, t in zip(fs, cur)) / n)
+            prev, cur = cur, [2 * t * c - p for t, c, p in zip(ts, cur, prev)]
+        return coeffs
+
+
+# erfc(x)*exp(x**2) is fitted on [0.5, top]: past top, gelu's result is below the
+# smallest normal number (and erf has long rounded to +-1)
+_ERFC_TOP = {"float32": 9.5, "float64": 27.5}
+
+
+@lru_cache(maxsize=None)
+def erf_coefficients(dt: str) -> tuple[tuple[float, ...], tuple[float, ...], float]:
+    """Taylor coefficients of erf(x)/x in x**2 on |x| < 1, Chebyshev coefficients of
+    x*erfc(x)*exp(x**2) (0.31 at 0.5, rising to 1/sqrt(pi)) in 1/x on [0.5, top], and
+    ``top``."""
+    eps = Decimal(float(np.finfo(dt).eps))
+    top = _ERFC_TOP[dt]
+    taylor, n = [], 0
+    while True:
+        c = 2 / math.sqrt(math.pi) * (-1) ** n / (math.factorial(n) * (2 * n + 1))
+        taylor.append(c)
+        if abs(c) < eps / 8:
+            break
+        n += 1
+    cheb = chebyshev(lambda u: scaled_erfc(1 / u) / u, 1 / top, 2.0, 64)
+    # keep the shortest prefix whose dropped coefficients add up to less than eps/8 of
+    # the function's minimum (at x = 0.5)
+    with localcontext(Context(prec=90)):
+        floor = eps / 8 * scaled_erfc(Decimal("0.5")) / 2
+        keep = next(k for k in range(4, len(cheb)) if sum(abs(c) for c in cheb[k:]) < floor)
+    return tuple(taylor), tuple(float(c) for c in cheb[:keep]), top
+
+
+def _clenshaw(e, dt, t, cheb):
+    b1, b2 = e.const(0, dt), e.const(0, dt)
+    t2 = e.op("add", dt, t, t)
+    for c in reversed(cheb[1:]):
+        b1, b2 = e.op("add", dt, e.op("subtract", dt, e.op("multiply", dt, t2, b1), b2),
+                      e.const(c, dt)), b1
+    return e.op("add", dt, e.op("subtract", dt, e.op("multiply", dt, t, b1), b2), e.const(cheb[0], dt))
+
+
+def _scaled_erfc(e, dt, ax):
+    """erfc(ax)*exp(ax**2) for ax >= 0 (clamped to [0.5, top])."""
+    _, cheb, top = erf_coefficients(dt)
+    ax = e.op("minimum", dt, e.op("maximum", dt, ax, e.const(0.5, dt)), e.const(top, dt))
+    u = e.op("divide", dt, e.const(1, dt), ax)
+    lo, hi = 1 / top, 2.0
+    t = e.op("divide", dt, e.op("subtract", dt, e.op("add", dt, u, u), e.const(hi + lo, dt)),
+             e.const(hi - lo, dt))
+    return e.op("multiply", dt, _clenshaw(e, dt, t, cheb), u)
+
+
+def erf(e, dt, x):
+    taylor, _, _ = erf_coefficients(dt)
+    small = e.op("multiply", dt, x, _horner(e, dt, e.op("multiply", dt, x, x), list(taylor)))
+    ax = e.op("abs", dt, x)
+    tail = e.op("multiply", dt, exp(e, dt, e.op("negative", dt, e.op("multiply", dt, ax, ax))),
+                _scaled_erfc(e, dt, ax))
+    large = _copysign(e, dt, x, e.op("subtract", dt, e.const(1, dt), tail))
+    # NaN fails the test and takes the Taylor branch, which keeps it NaN
+    return e.op("select", dt, e.op("greater_equal", dt, ax, e.const(1, dt)), large, small)
+
+
+def _exp_neg_half_square(e, dt, x):
+    """exp(-x*x/2) for |x| <= 2**60, with x*x split into hi*hi (exact: hi keeps half the
+    significand) + lo*(x + hi): rounding x*x itself would be amplified by exp to x*x/2 ulp."""
+    it, mant = _F[dt][:2]
+    drop = mant + 1 - (mant + 1) // 2
+    hi = e.op("bitcast", it, e.op("bitand", it, e.op("bitcast", dt, x), e.const(-1 << drop, it)))
+    lo = e.op("subtract", dt, x, hi)
+    half = e.const(-0.5, dt)
+    big = exp(e, dt, e.op("multiply", dt, e.op("multiply", dt, hi, hi), half))
+    small = exp(e, dt, e.op("multiply", dt, e.op("multiply", dt, lo, e.op("add", dt, x, hi)), half))
+    return e.op("multiply", dt, big, small)
+
+
+def gelu(e, dt, x):
+    """x * (1 + erf(x/sqrt2)) / 2; where erf(x/sqrt2) < -0.5 the sum cancels, so there it is
+    x/2 * exp(-x*x/2) * (erfc(t)*exp(t*t)) with t = |x|/sqrt2, exp's argument kept exact."""
+    half = e.const(0.5, dt)
+    t = e.op("multiply", dt, x, e.const(math.sqrt(0.5), dt))
+    main = e.op("multiply", dt, x, e.op("add", dt, half, e.op("multiply", dt, erf(e, dt, t), half)))
+    _, _, top = erf_coefficients(dt)
+    xt = e.op("maximum", dt, x, e.const(-2 * top, dt))  # -inf -> a finite x whose result is 0
+    tail = e.op("multiply", dt, e.op("multiply", dt, xt, half),
+                e.op("multiply", dt, _exp_neg_half_square(e, dt, xt),
+                     _scaled_erfc(e, dt, e.op("abs", dt, t))))
+    return e.op("select", dt, e.op("less", dt, t, e.const(-0.5, dt)), tail, main)
+
+
+def gelu_tanh(e, dt, x):
+    """0.5*x*(1 + tanh(u)) computed as x * sigmoid(2u): for x << 0 the sum 1 + tanh(u)
+    cancels to nothing, the sigmoid does not."""
+    x3 = e.op("multiply", dt, e.op("multiply", dt, x, x), x)
+    inner = e.op("multiply", dt, e.const(2 * math.sqrt(2 / math.pi), dt),
+                 e.op("add", dt, x, e.op("multiply", dt, e.const(0.044715, dt), x3)))
+    return e.op("multiply", dt, _finite(e, dt, x), sigmoid(e, dt, inner))
+
+
+def power(e, dt, x, y):
+    """x**y as exp(y*log|x|), with C's pow rules for negative x, zeros and y == 0, and
+    exact results for y in (2, 1, -1) (``x*x``, ``x``, ``1/x``), which is what C's correctly
+    rounded pow returns for them, specials included."""
+    mag = exp(e, dt, e.op("multiply", dt, y, log(e, dt, e.op("abs", dt, x))))
+    y_int = e.op("equal", dt, e.op("floor", dt, y), y)
+    half = e.op("multiply", dt, y, e.const(0.5, dt))
+    y_odd = e.op("logical_and", "bool", y_int, e.op("not_equal", dt, e.op("floor", dt, half), half))
+    neg = _signbit(e, dt, x)
+    signed = e.op("select", dt, y_odd, e.op("negative", dt, mag), mag)
+    r = e.op("select", dt, neg, e.op("select", dt, y_int, signed, e.const(math.nan, dt)), mag)
+    # exponents models use most, where C's pow is exact and exp(y*log|x|) is not
+    for k, exact in ((2, e.op("multiply", dt, x, x)), (1, x), (-1, e.op("divide", dt, e.const(1, dt), x))):
+        r = e.op("select", dt, e.op("equal", dt, y, e.const(k, dt)), exact, r)
+    return e.op("select", dt, e.op("equal", dt, y, e.const(0, dt)), e.const(1, dt), r)

@@ -1,0 +1,259 @@
+"""Relax region -> kernel IR.
+
+Elementwise ops become expression nodes and are never materialized on their own. A
+kernel op (``jitbyoc/kernels/``) reads materialized buffers and writes one; region
+outputs are stored by :class:`~jitbyoc.ir.kir.Elementwise` stages, one per distinct shape,
+so outputs of one shape share a loop nest and compute common values once per point.
+Afterwards :func:`fuse_epilogues` folds an elementwise stage that only post-processes a
+kernel's result into that kernel, so ``conv2d -> add -> relu`` writes memory once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+from tvm import relax
+from tvm.ir.expr import Constant
+from tvm.ir.expr import Var as SizeVar
+
+from . import kernels  # noqa: F401 - registers every kernel's rule
+from .ir import kir
+from .ir.errors import LoweringError, error_context
+from .ir.relax_types import SymbolicSizes, dims, naming_sizes
+from .ir.rules import REWRITES, RULES
+
+PREFIX = "jitbyoc"  # code symbols are jitbyoc_<ops>_<digest>
+
+
+@dataclass(frozen=True)
+class Names:
+    """The user's names of a region's arguments and symbolic sizes: data for error
+    messages only. Generated code never contains them (buffers are ``in0``, ``out0``...,
+    sizes ``sym0``...), so regions that differ only in names share their code."""
+    args: tuple[str, ...]  # inputs, then "output0"...
+    sizes: tuple[tuple[str, str], ...]  # (generated name, the user's name)
+
+    @property
+    def size_display(self) -> dict[str, str]:
+        return dict(self.sizes)
+
+
+class RegionLowering:
+    def __init__(self, func: relax.Function, symbol: str):
+        self.symbol = symbol
+        self.func = func
+        self.env: dict = {}
+        self.local: dict = {}
+        self.kernel = kir.Kernel(symbol, [], [])
+        self.arg_names: list[str] = []
+        self.sizes = SymbolicSizes()
+        self.n_temps = 0  # temps are named by a counter: builders may drop theirs
+
+    # ---- values ------------------------------------------------------------------------------
+    def value(self, expr):
+        if isinstance(expr, relax.Var):
+            return self.env[expr]
+        if isinstance(expr, relax.ShapeExpr):
+            return expr  # a non-tensor operand (reshape's target shape): builders read the call
+        if isinstance(expr, Constant) and getattr(expr, "data", None) is not None \
+                and expr.data.shape == ():
+            return kir.Const(expr.data.numpy().item(), str(expr.data.dtype))
+        if isinstance(expr, relax.Tuple):
+            return tuple(self.value(f) for f in expr.fields)
+        raise LoweringError(f"{self.symbol}: cannot lower operand {type(expr).__name__}")
+
+    def temp(self, shape, dtype: str) -> kir.Buffer:
+        buf = kir.Buffer(f"tmp{self.n_temps}", tuple(shape), dtype)
+        self.n_temps += 1
+        self.kernel.temps.append(buf)
+        return buf
+
+    def buffer(self, expr) -> kir.Buffer:
+        """``expr`` as a materialized buffer of its own shape (kernels read these)."""
+        node = self.value(expr)
+        shape = tuple(dims(expr.ty))
+        if isinstance(node, kir.Load) and node.buf.shape == shape:
+            return node.buf
+        buf = self.temp(shape, str(expr.ty.dtype))
+        self.kernel.stages.append(kir.Elementwise(shape, ((buf, node),)))
+        return buf
+
+    # ---- ops -----------------------------------------------------------------------------------
+    def op(self, call: relax.Call, out_ty):
+        """The value of ``call``: an expression (elementwise rules) or the result of the
+        kernel stages its rule adds."""
+        self.kernel.ops.append(call.op.name)
+        rule = RULES[call.op.name]
+        if rule.elementwise:
+            return rule.build(self, call, out_ty)
+        if isinstance(out_ty, relax.TupleType):  # split: one buffer per field
+            out = tuple(self.temp(dims(t), str(t.dtype)) for t in out_ty.fields)
+        else:
+            out = self.temp(dims(out_ty), str(out_ty.dtype))
+        built = rule.build(self, call, out)
+        if _is_value(built):  # a view or an elementwise expression: no stage, no temp
+            for o in (out if isinstance(out, tuple) else (out,)):
+                self.kernel.temps.remove(o)
+            return built
+        self.kernel.stages.extend(built if isinstance(built, (list, tuple)) else [built])
+        return tuple(kir.Load(o) for o in out) if isinstance(out, tuple) else kir.Load(out)
+
+    def composite(self, inner: relax.Function, args):
+        for p, a in zip(inner.params, args):
+            self._bind_sizes(p.ty, a.ty)
+            self.env[p] = self.value(a)
+        for block in inner.body.blocks:
+            for binding in block.bindings:
+                self.bind(binding)
+        return self.value(inner.body.body)
+
+    def _bind_sizes(self, param_ty, arg_ty) -> None:
+        """A composite function has its own copies of symbolic sizes: each stands for the
+        size its caller passes."""
+        inner = getattr(param_ty, "shape", None)
+        if not isinstance(inner, relax.ShapeExpr):
+            return
+        for d, size in zip(inner.values, dims(arg_ty) or ()):  # dims: None unless a ShapeExpr
+            if isinstance(d, SizeVar):
+                self.sizes.alias(d, size)
+
+    def bind(self, b):
+        v = b.value
+        if isinstance(v, relax.Function):
+            self.local[b.var] = v
+        elif isinstance(v, relax.Call) and v.op in self.local:
+            self.env[b.var] = self.composite(self.local[v.op], v.args)
+        elif isinstance(v, relax.Call):
+            with error_context(LoweringError, self.symbol, f"op {getattr(v.op, 'name', v.op)}"):
+                self.env[b.var] = self.op(v, b.var.ty)
+        elif isinstance(v, relax.Var):  # an alias, as emit_output makes: gv = lv
+            self.env[b.var] = self.value(v)
+        elif isinstance(v, relax.TupleGetItem):
+            self.env[b.var] = self.value(v.tuple_value)[v.index]
+        elif isinstance(v, relax.Tuple):
+            self.env[b.var] = self.value(v)
+        else:
+            raise LoweringError(f"{self.symbol}: unexpected binding {b.var.name} = {type(v).__name__}")
+
+    # ---- the region ---------------------------------------------------------------------------
+    def lower(self) -> tuple[kir.Kernel, Names]:
+        with naming_sizes(self.sizes):
+            self._lower()
+        return self.kernel, Names(tuple(self.arg_names), tuple(self.sizes.display.items()))
+
+    def _lower(self) -> None:
+        for i, p in enumerate(self.func.params):
+            buf = kir.Buffer(f"in{i}", tuple(dims(p.ty)), str(p.ty.dtype))
+            self.kernel.inputs.append(buf)
+            self.arg_names.append(p.name)
+            self.env[p] = kir.Load(buf)
+        for block in self.func.body.blocks:
+            for b in block.bindings:
+                self.bind(b)
+        body = self.func.body.body
+        results = body.fields if isinstance(body, relax.Tuple) else [body]
+        by_shape: dict[tuple, list] = {}
+        for k, r in enumerate(results):
+            buf = kir.Buffer(f"out{k}", tuple(dims(r.ty)), str(r.ty.dtype))
+            self.kernel.outputs.append(buf)
+            self.arg_names.append(f"output{k}")
+            by_shape.setdefault(buf.shape, []).append((buf, self.value(r)))
+        for shape, stores in by_shape.items():
+            self.kernel.stages.append(kir.Elementwise(shape, tuple(stores)))
+        fuse_epilogues(self.kernel)
+        for rewrite in REWRITES:
+            rewrite(self.kernel)
+
+
+def fuse_epilogues(kernel: kir.Kernel) -> None:
+    """Fold an elementwise stage that only post-processes a kernel's fresh temp into the
+    kernel: the kernel then writes the stage's buffer and applies the expression to each
+    block it finishes. Also lets a kernel write a region output directly (a plain copy)."""
+    changed = True
+    while changed:
+        changed = False
+        for k, stage in enumerate(kernel.stages):
+            if not isinstance(stage, kir.Elementwise) or len(stage.stores) != 1:
+                continue
+            (dst, expr), = stage.stores
+            producer = _sole_kernel_input(kernel, stage, k)
+            if producer is None:
+                continue
+            tmp = producer.out
+            if tmp.shape != dst.shape or tmp.dtype != dst.dtype or dst.shape != stage.shape:
+                continue
+            acc = kir.Acc(tmp.dtype)
+            loads = [n for n in kir.walk([expr]) if isinstance(n, kir.Load) and n.buf == tmp]
+            epi = kir.substitute(expr, {n: acc for n in loads})
+            producer.out = dst
+            producer.epilogue = None if isinstance(epi, kir.Acc) else epi
+            kernel.stages.remove(stage)
+            kernel.temps.remove(tmp)
+            changed = True
+            break
+
+
+def _sole_kernel_input(kernel: kir.Kernel, stage: kir.Elementwise, index: int):
+    """The kernel stage whose temp ``stage`` post-processes, if fusing is safe: the temp is
+    read by nothing else, and every other buffer ``stage`` reads exists before the kernel."""
+    reads = kir.stage_reads(stage)
+    temps = [b for b in reads if b in kernel.temps]
+    if len(temps) != 1:
+        return None
+    tmp = temps[0]
+    producers = [s for s in kernel.stages[:index]
+                 if isinstance(s, kir.KernelStage) and s.out == tmp and s.epilogue is None]
+    if len(producers) != 1:
+        return None
+    producer = producers[0]
+    if any(tmp in kir.stage_reads(s) for s in kernel.stages if s is not stage):
+        return None
+    if any(b.base == tmp for b in reads):  # read through a view: the epilogue can't see it
+        return None
+    made_after = {b for s in kernel.stages[kernel.stages.index(producer):index]
+                  for b in kir.stage_writes(s)}
+    if any(b in made_after and b != tmp for b in reads):
+        return None
+    return producer
+
+
+def _is_value(built) -> bool:
+    """Whether a builder returned the op's value (a node, or a tuple of nodes) rather than
+    stages: ops that only re-index (reshape as a view) or are elementwise math
+    (inference batch_norm) need no stage of their own."""
+    if isinstance(built, tuple) and built:
+        return all(_is_value(v) for v in built)
+    return isinstance(built, (kir.Load, kir.Const, kir.Op))
+
+
+@dataclass(frozen=True)
+class Lowered:
+    """A region lowered: its kernel (named after its code), the user's names, and the
+    canonical text its code is keyed by (:func:`jitbyoc.ir.kir.canonical`)."""
+    kernel: kir.Kernel
+    names: Names
+    key: str
+    digest: str  # SHA-256 of ``key``
+
+
+def lower_region(func: relax.Function, where: str = "") -> Lowered:
+    """Lower one region; its kernel is named ``jitbyoc_<ops>_<digest of its key>``."""
+    if not where and func.attrs is not None and "global_symbol" in func.attrs:
+        where = str(func.attrs["global_symbol"])
+    with error_context(LoweringError, where):
+        kernel, names = RegionLowering(func, where).lower()
+        key = kir.canonical(kernel)
+    digest = hashlib.sha256(key.encode()).hexdigest()
+    ops = "_".join(dict.fromkeys(o.removeprefix("relax.").replace(".", "_") for o in kernel.ops))
+    kernel.name = f"{PREFIX}_{ops[:40]}_{digest[:16]}"
+    return Lowered(kernel, names, key, digest)
+
+
+def instance_symbol(lowered: Lowered) -> str:
+    """The symbol of one use of a region's code: its code's name plus a digest of the
+    user's names (the entry that reports them), so regions with the same code and other
+    names share code but not messages."""
+    names = json.dumps([lowered.digest, lowered.names.args, lowered.names.sizes])
+    return f"{lowered.kernel.name}_{hashlib.sha256(names.encode()).hexdigest()[:12]}"

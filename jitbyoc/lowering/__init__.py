@@ -1,1 +1,0 @@
-"""Renderers of the kernel IR: ``llvm`` (llvmlite IR, JIT-compiled) and ``c`` (C source)."""

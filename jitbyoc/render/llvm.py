@@ -1,0 +1,416 @@
+"""Kernel IR -> LLVM IR (llvmlite.ir): the compute function of a region.
+
+Stages run in order inside ``<name>_compute``; temporaries come from TVM's workspace
+allocator. Kernels emit through a :class:`Ctx`, which also gives them the two shared
+pieces: :meth:`Ctx.parallel_for` (TVM's runtime thread pool) and :meth:`Ctx.epilogue`
+(the fused elementwise tail applied to a block of a kernel's output).
+
+Fused elementwise code is written with explicit vectors where every buffer it touches
+holds 32- or 64-bit elements (the op table's rules take vector dtypes as well as
+scalars). The module records whether anything in it still relies on LLVM's loop
+vectorizer (``module.needs_loop_vectorizer``: a scalar fallback, or a kernel whose
+:meth:`~jitbyoc.ir.kir.KernelStage.needs_loop_vectorizer` says so); a region that needs
+nothing from it skips that pass, the costliest in its compile.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import reduce
+
+from llvmlite import ir
+
+from ..ir import kir
+from ..ir.dtypes import dtype as lookup_dtype
+from ..ir.errors import RenderError, error_context
+from ..ir.llvmtypes import I8, I32, I64, PTR, declare
+from ..ir.ops import op_def
+from .loops import for_range, loop_nest, threaded
+from .vectors import SplatConstant, lanes, splat, strips, vload, vstore
+
+
+class Emitter:
+    """Emits table ops through the llvmlite builder (the interface expansions use), on
+    scalars or, with ``lanes`` > 1, on vectors of that many elements."""
+
+    def __init__(self, b: ir.IRBuilder, lanes: int = 1):
+        self.b, self.lanes = b, lanes
+
+    def const(self, value, dt: str):
+        d = lookup_dtype(dt)
+        scalar = ir.Constant(d.ir, d.held(value))
+        return scalar if self.lanes == 1 else SplatConstant(scalar, self.lanes)
+
+    def op(self, name: str, dt: str, *args, **attrs):
+        row = op_def(name, dt)
+        if row.expand is not None:
+            return row.expand(self, dt, *args, **attrs)
+        return row.llvm(self.b, lookup_dtype(dt).with_lanes(self.lanes), *args, **attrs)
+
+    def loaded(self, raw, dt: str):
+        """A loaded element as a value: bytes of a bool become i1."""
+        return self.b.icmp_unsigned("!=", raw, ir.Constant(raw.type, 0)) if dt == "bool" else raw
+
+
+def release(module: ir.Module) -> None:
+    """Break an llvmlite module's reference cycles (parents, phi incomings, metadata) once
+    its text is taken, so it is freed when dropped rather than by a cyclic collection:
+    after a cold build of the encoder, that collection took 20-27 ms."""
+    for g in list(module.globals.values()):
+        for block in getattr(g, "blocks", ()):
+            for ins in block.instructions:
+                ins.__dict__.clear()
+            block.__dict__.clear()
+        for arg in getattr(g, "args", ()):
+            arg.__dict__.clear()
+        g.__dict__.clear()
+    module.__dict__.clear()
+
+
+def pack_slots(b: ir.IRBuilder, values) -> ir.Value:
+    """``values`` (i64 values, ints or pointers) stored in i64 slots of a static stack
+    array (valid while the current function runs); read back with :func:`load_slots`."""
+    with b.goto_block(b.function.entry_basic_block):  # a static alloca, even inside loops
+        data = b.alloca(I64, size=max(1, len(values)))
+    for k, v in enumerate(values):
+        v = ir.Constant(I64, v) if not isinstance(v, ir.Value) else v if v.type == I64 else b.ptrtoint(v, I64)
+        b.store(v, b.gep(data, [I64(k)], source_etype=I64))
+    return data
+
+
+def load_slots(b: ir.IRBuilder, data, count: int, start: int = 0) -> list:
+    """Slots ``start .. start + count`` of an array made by :func:`pack_slots`."""
+    return [b.load(b.gep(data, [I64(k)], source_etype=I64), typ=I64) for k in range(start, start + count)]
+
+
+def product(b: ir.IRBuilder, dims, syms: dict):
+    """The product of ``dims`` (ints and symbolic names) as an i64 value."""
+    static = reduce(lambda x, y: x * y, (d for d in dims if isinstance(d, int)), 1)
+    acc = ir.Constant(I64, static)
+    for d in dims:
+        if isinstance(d, str):
+            acc = b.mul(acc, syms[d], flags=["nsw"])
+    return acc
+
+
+evaluate = kir.evaluate
+
+
+@dataclass
+class Facts:
+    """What rendering a module found out, returned with it (never stored on the module)."""
+    needs_loop_vectorizer: bool = False  # loops are left for LLVM's loop vectorizer
+
+
+class Ctx:
+    """What a stage emits with: builder, buffer pointers, symbolic sizes, and the
+    :class:`Facts` of the module being rendered (shared by every ctx of that module)."""
+
+    def __init__(self, module: ir.Module, b: ir.IRBuilder, name: str, ptrs: dict, syms: dict,
+                 facts: Facts | None = None):
+        self.module, self.b, self.name, self.ptrs, self.syms = module, b, name, ptrs, syms
+        self.facts = facts if facts is not None else Facts()
+        self.em = Emitter(b)
+
+    def scalar_loops(self) -> None:
+        """Note that this module has loops left for LLVM's loop vectorizer."""
+        self.facts.needs_loop_vectorizer = True
+
+    def i64(self, v) -> ir.Value:
+        return ir.Constant(I64, v) if isinstance(v, int) else v
+
+    def dim(self, d) -> ir.Value:
+        return ir.Constant(I64, d) if isinstance(d, int) else self.syms[d]
+
+    def product(self, dims) -> ir.Value:
+        return product(self.b, dims, self.syms)
+
+    def element(self, buf: kir.Buffer, offset) -> ir.Value:
+        """Pointer to element ``offset`` (i64) of ``buf`` (a view addresses its base)."""
+        return self.b.gep(self.ptrs[buf.storage], [offset], source_etype=lookup_dtype(buf.dtype).storage_ir,
+                          inbounds=True)
+
+    def load(self, buf: kir.Buffer, offset) -> ir.Value:
+        return self.b.load(self.element(buf, offset), typ=lookup_dtype(buf.dtype).storage_ir)
+
+    def store(self, buf: kir.Buffer, offset, value) -> None:
+        if buf.dtype == "bool":
+            value = self.b.zext(value, I8)
+        self.b.store(value, self.element(buf, offset))
+
+    # ---- closures ------------------------------------------------------------------------------
+    def closure(self, extra=()) -> ir.Value:
+        """This ctx's buffer pointers and sizes, then ``extra`` (i64 values), packed in
+        i64 slots on the stack (valid while the current function runs); read them back
+        with :meth:`reopen`."""
+        return pack_slots(self.b, list(self.ptrs.values()) + list(self.syms.values()) + list(extra))
+
+    def reopen(self, b: ir.IRBuilder, data) -> "Ctx":
+        """The ctx packed by :meth:`closure` at ``data``, for a function emitted with ``b``."""
+        vals = load_slots(b, data, len(self.ptrs) + len(self.syms))
+        ptrs = {x: b.inttoptr(v, PTR) for x, v in zip(self.ptrs, vals)}
+        syms = dict(zip(self.syms, vals[len(self.ptrs):]))
+        return Ctx(self.module, b, self.name, ptrs, syms, self.facts)
+
+    def outline(self, kind: str, nargs: int, body) -> tuple[ir.Function, ir.Value]:
+        """An internal ``void fn(ptr env, i64 x nargs)`` whose body is ``body(ctx, args)``
+        (``ctx`` sees this ctx's buffers and sizes through ``env``), and the ``env`` to
+        call it with: how a library engine calls back into its region (epilogues)."""
+        module = self.module
+        fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR] + [I64] * nargs),
+                         f"{self.name}_{kind}{sum(1 for g in module.globals if f'_{kind}' in g)}")
+        fn.linkage = "internal"
+        env = self.closure()
+        cb = ir.IRBuilder(fn.append_basic_block("entry"))
+        child = self.reopen(cb, fn.args[0])
+        body(child, list(fn.args[1:]))
+        cb.ret_void()
+        return fn, env
+
+    # ---- threads -------------------------------------------------------------------------------
+    def parallel_for(self, count, body, extra=(), tasks=None) -> None:
+        """Run ``body(ctx, lo, hi, extra)`` over [0, count) split across TVM's thread pool
+        (``TVMBackendParallelLaunch``, which honours ``TVM_NUM_THREADS``). ``body`` emits
+        into an outlined function; ``extra`` are i64 values it needs from here. ``tasks``
+        (an i32 value; default 0, every thread) 1 runs the body on the calling thread."""
+        b, module = self.b, self.module
+        fn = ir.Function(module, ir.FunctionType(I32, [I32, PTR, PTR]),
+                         f"{self.name}_par{sum(1 for g in module.globals if '_par' in g)}")
+        fn.linkage = "internal"
+        cdata = self.closure([count] + list(extra))
+        launch = declare(module, "TVMBackendParallelLaunch", I32, [PTR, PTR, I32])
+        rc = b.call(launch, [fn, cdata, I32(0) if tasks is None else tasks])
+        with b.if_then(b.icmp_signed("!=", rc, I32(0)), likely=False):
+            b.ret(I32(-1))
+        task, penv, data = fn.args
+        cb = ir.IRBuilder(fn.append_basic_block("entry"))
+        child = self.reopen(cb, data)
+        n, *more = load_slots(cb, data, 1 + len(extra), len(self.ptrs) + len(self.syms))
+        num = cb.sext(cb.load(cb.gep(penv, [I64(8)], source_etype=I8), typ=I32), I64)
+        t = cb.sext(task, I64)
+        lo = cb.sdiv(cb.mul(n, t), num)
+        hi = cb.sdiv(cb.mul(n, cb.add(t, I64(1))), num)
+        body(child, lo, hi, more)
+        cb.ret(I32(0))
+
+    # ---- fused epilogues -------------------------------------------------------------------
+    def epilogue(self, stage: kir.KernelStage, origin, extent) -> None:
+        """Apply ``stage.epilogue`` in place to the box ``origin + [0, extent)`` of
+        ``stage.out`` (one origin/extent per dim of ``out``; ints or i64 values)."""
+        if stage.epilogue is None:
+            return
+        reads = kir.loads([stage.epilogue])
+        n = vector_lanes(stage.out, reads, stage.out.shape[-1:])
+        if n:
+            self._vector_epilogue(stage, reads, origin, extent, n)
+            return
+        self.scalar_loops()
+        out, b = stage.out, self.b
+        nd = out.ndim
+        with loop_nest(b, [self.i64(e) for e in extent], "e") as idx:
+            pos = [b.add(self.i64(o), i) for o, i in zip(origin, idx)]
+            offset = self.offset(out.shape, pos)
+
+            def load(buf):
+                sub = pos[nd - buf.ndim:]
+                return self.load(buf, self.offset(buf.shape, sub, broadcast=True))
+
+            acc = self.load(out, offset)
+            values = evaluate(self.em, [stage.epilogue], load, acc)
+            self.store(out, offset, values[id(stage.epilogue)])
+
+    def _vector_epilogue(self, stage: kir.KernelStage, reads, origin, extent, n: int) -> None:
+        """:meth:`epilogue` on ``n``-element vectors along runs of the box that are
+        contiguous in ``out`` (the last dim, and the dims before it while the box spans
+        the dims after them whole: a 4-row band of 56-wide image rows is one run of 14
+        vectors, not 4 runs of 3.5), the last vector of each run masked."""
+        out, b, em = stage.out, self.b, Emitter(self.b, n)
+        nd = out.ndim
+        lead = nd - _run_dims(out, reads, origin, extent)
+        sizes = [_static(e) if _static(e) is not None else e for e in extent[lead:]]
+        length = reduce(lambda x, y: x * y if isinstance(x, int) and isinstance(y, int)
+                        else b.mul(self.i64(x), self.i64(y), flags=["nsw"]), sizes)
+        length = self.i64(length)
+
+        def point(idx, j, mask):
+            start = [b.add(self.i64(o), i) for o, i in zip(origin, idx)] + list(map(self.i64, origin[lead:]))
+
+            def load(buf):
+                off = self.offset(buf.shape, start[nd - buf.ndim:], broadcast=True)
+                if not _walks(out, buf, nd - 1):  # constant along the run
+                    return splat(b, self.load(buf, off), n)
+                return vload(b, self.element(buf, b.add(off, j)), buf.dtype, mask, n)
+
+            ptr = self.element(out, b.add(self.offset(out.shape, start), j))
+            values = evaluate(em, [stage.epilogue], load, vload(b, ptr, out.dtype, mask, n))
+            vstore(b, values[id(stage.epilogue)], ptr, out.dtype, mask)
+
+        with loop_nest(b, [self.i64(e) for e in extent[:lead]], "e") as idx:
+            strips(b, I64(0), length, n, lambda j, mask: point(idx, j, mask))
+
+    def unravel(self, flat, dims) -> list:
+        """Row-major indices of ``flat`` in ``dims``."""
+        out = []
+        for d in reversed(dims):
+            out.append(self.b.srem(flat, self.dim(d)))
+            flat = self.b.sdiv(flat, self.dim(d))
+        return out[::-1]
+
+    def offset(self, shape, pos, broadcast=False) -> ir.Value:
+        """Row-major offset of ``pos`` in ``shape``; with ``broadcast``, size-1 dims read 0."""
+        off = ir.Constant(I64, 0)
+        for d, p in zip(shape, pos):
+            off = self.b.add(self.b.mul(off, self.dim(d)), ir.Constant(I64, 0) if broadcast and d == 1 else p)
+        return off
+
+
+def vector_lanes(out: kir.Buffer, bufs, inner) -> int | None:
+    """Lanes for an explicitly vectorized loop writing ``out`` along dims ``inner`` (a
+    tuple of dims), touching ``bufs``; None for a scalar loop: every buffer must hold 32-
+    or 64-bit elements, and the loop must not be short."""
+    if not inner or any(lookup_dtype(x.dtype).storage_bits not in (32, 64) for x in [out, *bufs]):
+        return None
+    n = lanes(out.dtype)
+    static = all(isinstance(d, int) for d in inner)
+    return None if static and reduce(lambda x, y: x * y, inner, 1) < n // 2 else n
+
+
+def _walks(out: kir.Buffer, buf: kir.Buffer, d: int) -> bool:
+    """Whether ``buf``, broadcast against ``out``, varies along ``out``'s dim ``d``."""
+    j = d - (out.ndim - buf.ndim)
+    return j >= 0 and buf.shape[j] != 1
+
+
+def _static(v):
+    """``v`` (an int or i64 value) as an int if it is a constant, else None."""
+    return v if isinstance(v, int) else v.constant if isinstance(v, ir.Constant) else None
+
+
+def _run_dims(out: kir.Buffer, reads, origin, extent) -> int:
+    """How many trailing dims of the box ``origin + [0, extent)`` of ``out`` form one
+    contiguous run that every buffer in ``reads`` walks alike (contiguously, or not at all)."""
+    nd, m = out.ndim, 1
+    while m < nd:
+        d = nd - m
+        if _static(extent[d]) != out.shape[d] or _static(origin[d]) != 0:
+            break
+        if any(_walks(out, buf, d - 1) != _walks(out, buf, d) for buf in reads):
+            break
+        m += 1
+    return m
+
+
+def _is_one(v) -> bool:
+    return isinstance(v, ir.Constant) and v.constant == 1
+
+
+def _emit_point(c: Ctx, stage: kir.Elementwise, roots, n, steps, idx, mask=None) -> None:
+    """An elementwise nest's body at ``idx``; with ``n``, on the vector starting there."""
+    b, em = c.b, Emitter(c.b, n) if n else c.em
+    offsets: dict = {}
+
+    def address(buf):  # one offset per buffer and point; unit steps need no multiply
+        if buf not in offsets:
+            terms = [i if _is_one(step) else b.mul(i, step, flags=["nsw"])
+                     for i, step in zip(idx, steps[buf]) if step is not None]
+            off = terms[0] if terms else ir.Constant(I64, 0)
+            for t in terms[1:]:
+                off = b.add(off, t, flags=["nsw"])
+            offsets[buf] = off
+        return offsets[buf]
+
+    def load(buf):
+        if not n:
+            return c.load(buf, address(buf))
+        if steps[buf][-1] is None:  # constant along the vector
+            return splat(b, c.load(buf, address(buf)), n)
+        return vload(b, c.element(buf, address(buf)), buf.dtype, mask, n)
+
+    values = evaluate(em, roots, load)
+    for buf, node in stage.stores:
+        if n:
+            vstore(b, values[id(node)], c.element(buf, address(buf)), buf.dtype, mask)
+        else:
+            c.store(buf, address(buf), values[id(node)])
+
+
+def emit_elementwise(ctx: Ctx, stage: kir.Elementwise) -> None:
+    """The stage as one loop nest (dims that every buffer walks alike merged into one
+    loop), the outermost loop split across threads when the nest is large. The innermost
+    loop runs on ``n``-element vectors (the last one masked) when :func:`vector_lanes`
+    allows, with buffers that do not walk it loaded once and splatted."""
+    roots = [node for _, node in stage.stores]
+    bufs = kir.loads(roots) + [buf for buf, _ in stage.stores]
+    layout = kir.nest_layout(stage.shape, bufs)
+    n = layout.extents and vector_lanes(stage.stores[0][0], bufs, layout.extents[-1])
+    if not n:
+        ctx.scalar_loops()
+
+    def point(c: Ctx, steps, idx, mask=None) -> None:
+        _emit_point(c, stage, roots, n, steps, idx, mask)
+
+    def vectors(c: Ctx, steps, start, stop, idx) -> None:
+        strips(c.b, start, stop, n, lambda i, mask: point(c, steps, idx + [i], mask))
+
+    def nest(c: Ctx, lo, hi, _extra):
+        b = c.b
+        counts = [c.product(ext) for ext in layout.extents]
+        steps = {buf: [None if s is None else c.product(s) for s in layout.strides[buf]] for buf in bufs}
+        if not counts:
+            point(c, steps, [])
+        elif n and len(counts) == 1:
+            vectors(c, steps, lo, hi, [])
+        else:
+            with for_range(b, hi, "i0", start=lo) as first:
+                with loop_nest(b, counts[1:-1] if n else counts[1:], "j") as rest:
+                    if n:
+                        vectors(c, steps, I64(0), counts[-1], [first] + rest)
+                    else:
+                        point(c, steps, [first] + rest)
+
+    outer = ctx.product(layout.extents[0]) if layout.extents else ir.Constant(I64, 1)
+    if layout.extents and threaded([d for ext in layout.extents for d in ext], "elementwise"):
+        ctx.parallel_for(outer, nest)
+    else:
+        nest(ctx, ir.Constant(I64, 0), outer, ())
+
+
+def _emit_stage(ctx: Ctx, stage) -> None:
+    if isinstance(stage, kir.Elementwise):
+        emit_elementwise(ctx, stage)
+    else:
+        if stage.needs_loop_vectorizer():
+            ctx.scalar_loops()
+        stage.emit_llvm(ctx)
+
+
+def emit_compute(module: ir.Module, kernel: kir.Kernel) -> tuple[ir.Function, Facts]:
+    """``<name>_compute``, the kernel's stages in order, and what rendering them found."""
+    syms = kernel.sym_vars
+    fnty = ir.FunctionType(I32, [PTR] * len(kernel.params) + [I64] * len(syms))
+    fn = ir.Function(module, fnty, f"{kernel.name}_compute")
+    fn.linkage = "internal"
+    for arg, buf in zip(fn.args, kernel.params):
+        arg.name = buf.name
+        arg.add_attribute("noalias")
+    for arg, s in zip(fn.args[len(kernel.params):], syms):
+        arg.name = s
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    ctx = Ctx(module, b, kernel.name, dict(zip(kernel.params, fn.args)),
+              dict(zip(syms, fn.args[len(kernel.params):])))
+    alloc = declare(module, "TVMBackendAllocWorkspace", PTR, [I32, I32, I64, I32, I32])
+    free = declare(module, "TVMBackendFreeWorkspace", I32, [I32, I32, PTR])
+    for t in kernel.temps:
+        d = lookup_dtype(t.dtype)
+        nbytes = b.mul(ctx.product(t.shape), I64(d.nbytes))
+        ptr = b.call(alloc, [I32(1), I32(0), nbytes, I32(d.dl_code), I32(d.storage_bits)])
+        with b.if_then(b.icmp_unsigned("==", b.ptrtoint(ptr, I64), I64(0)), likely=False):
+            b.ret(I32(-1))  # TVM's allocator has set the error
+        ctx.ptrs[t] = ptr
+    for stage in kernel.stages:
+        with error_context(RenderError, kernel.name, f"{kir.describe(stage)} in LLVM"):
+            _emit_stage(ctx, stage)
+    for t in reversed(kernel.temps):
+        b.call(free, [I32(1), I32(0), ctx.ptrs[t]])
+    b.ret(I32(0))
+    return fn, ctx.facts

@@ -1,0 +1,101 @@
+"""Loop helpers for llvmlite builders. Op rules never build loops; these do."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+from llvmlite import ir
+
+from ..ir.llvmtypes import I64, PTR
+
+
+def ceil_div(b: ir.IRBuilder, x, y):
+    """``ceil(x / y)`` of positive i64 values."""
+    return b.sdiv(b.add(x, b.sub(y, ir.Constant(I64, 1))), y)
+
+
+def smin(b: ir.IRBuilder, x, y):
+    return b.select(b.icmp_signed("<", x, y), x, y)
+
+
+@contextmanager
+def for_range(b: ir.IRBuilder, count, name: str = "i", start=None):
+    """``for (i = start; i < count; ++i)``; yields ``i`` with the builder in the body.
+    Emitted rotated (a guard, then a bottom-tested body): the canonical form that loop
+    passes and the code generator's strength reduction expect."""
+    start = ir.Constant(I64, 0) if start is None else start
+    pre = b.block
+    body = b.append_basic_block(f"{name}.body")
+    end = b.append_basic_block(f"{name}.end")
+    if isinstance(start, ir.Constant) and isinstance(count, ir.Constant) and start.constant < count.constant:
+        b.branch(body)  # runs at least once
+    else:
+        b.cbranch(b.icmp_signed("<", start, count), body, end)
+    b.position_at_end(body)
+    idx = b.phi(I64, name=name)
+    idx.add_incoming(start, pre)
+    yield idx
+    nxt = b.add(idx, ir.Constant(I64, 1), name=f"{name}.next", flags=["nsw"])
+    idx.add_incoming(nxt, b.block)
+    b.cbranch(b.icmp_signed("<", nxt, count), body, end)
+    b.position_at_end(end)
+
+
+@contextmanager
+def loop_nest(b: ir.IRBuilder, counts, name: str = "i"):
+    """Nested :func:`for_range` loops, outermost first; yields the list of indices."""
+    if not counts:
+        yield []
+        return
+    with for_range(b, counts[0], f"{name}{len(counts) - 1}") as i:
+        with loop_nest(b, counts[1:], name) as rest:
+            yield [i] + rest
+
+
+def task_counter(b: ir.IRBuilder) -> ir.Value:
+    """A zeroed i64 counter (a static stack slot), as the i64 address the tasks of a
+    ``parallel_for`` share to claim work with :func:`claim_each`."""
+    with b.goto_block(b.function.entry_basic_block):  # a static alloca, even inside loops
+        counter = b.alloca(I64)
+    b.store(ir.Constant(I64, 0), counter)
+    return b.ptrtoint(counter, I64)
+
+
+@contextmanager
+def claim_each(b: ir.IRBuilder, counter, total, name: str = "task"):
+    """``while ((t = counter++) < total)`` with an atomic increment: the body (yielded
+    ``t``) runs for every piece of work this task claims. A task that the OS preempts (a
+    busy machine) then delays one piece, not a fixed share of them."""
+    shared = b.inttoptr(counter, PTR)
+    take, body, done = (b.append_basic_block(f"{name}.{s}") for s in ("take", "body", "done"))
+    b.branch(take)
+    b.position_at_end(take)
+    t = b.atomic_rmw("add", shared, ir.Constant(I64, 1), "monotonic")
+    b.cbranch(b.icmp_signed("<", t, total), body, done)
+    b.position_at_end(body)
+    yield t
+    b.branch(take)
+    b.position_at_end(done)
+
+
+# When work is worth TVM's thread pool, by kind: a static size below the bound runs on
+# the calling thread; a symbolic size is assumed large. One table for every stage.
+THREAD_MIN = {
+    "elementwise": 1 << 16,  # a fused elementwise nest (elements)
+    "stage": 1 << 15,        # norms, reductions (elements of the input)
+    "rows": 1 << 14,         # softmax rows, pooling planes (elements of the output)
+    # pure copies are bound by memory bandwidth: on 2 cores a pool gains nothing below a
+    # few MiB, and a launch costs more than a copy that fits in L2
+    "copy": 1 << 18,
+    "gemm": 1 << 17,         # multiply-adds of a product (static, or checked at run time)
+}
+
+
+def threaded(shape, kind: str) -> bool:
+    """Whether work over ``shape`` (ints and symbolic names) is worth the thread pool."""
+    static = 1
+    for d in shape:
+        if isinstance(d, str):
+            return True
+        static *= d
+    return static >= THREAD_MIN[kind]

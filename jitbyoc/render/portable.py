@@ -1,0 +1,301 @@
+"""Write a kernel once, render it twice: one facade over both renderers' ``Ctx``.
+
+The layout, reduction and normalization kernels only need int64 index arithmetic, loops,
+loads and stores, accumulators, table ops and the two shared services (``parallel_for``,
+``epilogue``). :class:`LLVM` offers them over llvmlite values and :class:`C` over C
+expressions with the same method names, so a stage writes ``emit(self, e)`` once and both
+renderings have the same structure by construction. Integers are given as ``int`` or as
+values of the facade.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+from llvmlite import ir
+
+from ..ir.dtypes import dtype as lookup_dtype
+from ..ir.llvmtypes import I32, I64, declare
+from .indexing import Ints
+from .loops import for_range
+
+
+def _round(pairs, lo_mask, hi_mask):
+    """One shuffle round of the 8x8 transpose: rows 2k and 2k+1 of the next round are the
+    low and high interleaves of the pair ``pairs[k]`` of this round's rows."""
+    return [(a, b, mask) for a, b in pairs for mask in (lo_mask, hi_mask)]
+
+
+# 8x8 transpose: interleave single lanes, then lane pairs, then lane quads. Each round
+# lists (row a, row b, shuffle mask) per next-round row; after the last round, row k
+# holds the transposed row TRANSPOSE8_ORDER[k] (checked in tests/test_kernel_layout.py).
+TRANSPOSE8_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)
+TRANSPOSE8 = [
+    _round([(0, 1), (2, 3), (4, 5), (6, 7)], [0, 8, 1, 9, 4, 12, 5, 13], [2, 10, 3, 11, 6, 14, 7, 15]),
+    _round([(0, 2), (1, 3), (4, 6), (5, 7)], [0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15]),
+    _round([(0, 4), (1, 5), (2, 6), (3, 7)], [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15]),
+]
+
+
+class LLVM(Ints):
+    """The facade over :class:`jitbyoc.render.llvm.Ctx`."""
+
+    def __init__(self, ctx):
+        self.ctx, self.b, self.em = ctx, ctx.b, ctx.em
+
+    # ---- int64 index arithmetic (folding: :class:`.indexing.Ints`) ---------------------
+    def i(self, v):
+        return ir.Constant(I64, v) if isinstance(v, int) else v
+
+    def _add(self, x, y):
+        return self.b.add(x, y, flags=["nsw"])
+
+    def _sub(self, x, y):
+        return self.b.sub(x, y, flags=["nsw"])
+
+    def _mul(self, x, y):
+        return self.b.mul(x, y, flags=["nsw"])
+
+    def _div(self, x, y):
+        return self.b.sdiv(x, y)
+
+    def _rem(self, x, y):
+        return self.b.srem(x, y)
+
+    def lt(self, x, y):
+        return self.b.icmp_signed("<", self.i(x), self.i(y))
+
+    def eq(self, x, y):
+        return self.b.icmp_signed("==", self.i(x), self.i(y))
+
+    def min(self, x, y):
+        return self.b.select(self.lt(x, y), self.i(x), self.i(y))
+
+    def max(self, x, y):
+        return self.b.select(self.lt(x, y), self.i(y), self.i(x))
+
+    def let(self, v):
+        return self.i(v)
+
+    def index(self, v, dt: str):
+        """A loaded integer of dtype ``dt`` as an int64 index."""
+        return self.b.sext(v, I64) if lookup_dtype(dt).bits < 64 else v
+
+    # ---- memory, loops, accumulators -----------------------------------------------------
+    def load(self, buf, off):
+        """The element as a value of its dtype (bool: i1)."""
+        v = self.ctx.load(buf, self.i(off))
+        return self.b.icmp_unsigned("!=", v, ir.Constant(v.type, 0)) if buf.dtype == "bool" else v
+
+    def store(self, buf, off, v) -> None:
+        self.ctx.store(buf, self.i(off), v)
+
+    def copy(self, dst, doff, src, soff) -> None:
+        """Move one element's storage (any dtype, bool included) from ``src`` to ``dst``."""
+        self.b.store(self.ctx.load(src, self.i(soff)), self.ctx.element(dst, self.i(doff)))
+
+    @contextmanager
+    def loop(self, count, start=0, name="i"):
+        with for_range(self.b, self.i(count), name, start=self.i(start)) as k:
+            yield k
+
+    def var(self, dt: str, init):
+        """A mutable scalar of dtype ``dt`` (a stack slot that mem2reg promotes)."""
+        typ = lookup_dtype(dt).ir
+        with self.b.goto_block(self.b.function.entry_basic_block):
+            slot = self.b.alloca(typ)
+        self.b.store(init, slot)
+        return slot
+
+    def get(self, slot):
+        return self.b.load(slot)
+
+    def set(self, slot, v) -> None:
+        self.b.store(v, slot)
+
+    @contextmanager
+    def when(self, cond):
+        with self.b.if_then(cond):
+            yield
+
+    @contextmanager
+    def if_else(self, cond):
+        """Yields ``(then, otherwise)`` context managers, as llvmlite's ``if_else``."""
+        with self.b.if_else(cond) as (then, otherwise):
+            yield then, otherwise
+
+    def transpose8(self, dst, doff, dstride, src, soff, sstride) -> None:
+        """``dst[doff + i*dstride + j] = src[soff + j*sstride + i]`` for i, j < 8: eight
+        row loads, three rounds of shuffles, eight row stores (any 8-lane element type)."""
+        elem = lookup_dtype(src.dtype).storage_ir
+        vec, align = ir.VectorType(elem, 8), lookup_dtype(src.dtype).nbytes
+        rows = [self.b.load(self.ctx.element(src, self.add(soff, self.mul(k, sstride))),
+                            typ=vec, align=align) for k in range(8)]
+        for shuffles in TRANSPOSE8:
+            rows = [self.b.shuffle_vector(rows[a], rows[b], ir.Constant(
+                        ir.VectorType(I32, 8), mask)) for a, b, mask in shuffles]
+        for row, k in zip(rows, TRANSPOSE8_ORDER):
+            self.b.store(row, self.ctx.element(dst, self.add(doff, self.mul(k, dstride))),
+                         align=align)
+
+    # ---- values ------------------------------------------------------------------------------
+    def op(self, name: str, dt: str, *args, **attrs):
+        return self.em.op(name, dt, *args, **attrs)
+
+    def const(self, value, dt: str):
+        return self.em.const(value, dt)
+
+    def select(self, cond, x, y):
+        return self.b.select(cond, x, y)
+
+    def reduce(self, kind: str, dt: str, acc, x):
+        """``acc <kind> x``, reassociable so LLVM may vectorize the loop it sits in."""
+        d = lookup_dtype(dt)
+        if not d.is_float:
+            if kind in ("sum", "prod"):
+                return (self.b.add if kind == "sum" else self.b.mul)(acc, x)
+            return self.b.select(self.b.icmp_signed(">" if kind == "max" else "<", acc, x), acc, x)
+        if kind in ("sum", "prod"):
+            return (self.b.fadd if kind == "sum" else self.b.fmul)(acc, x, flags=("reassoc",))
+        name = f"llvm.{'maximum' if kind == 'max' else 'minimum'}.f{d.bits}"
+        module = self.b.module
+        return self.b.call(declare(module, name, d.ir, [d.ir, d.ir]), [acc, x])
+
+    # ---- services ----------------------------------------------------------------------------
+    def parallel(self, count, body, threads: bool) -> None:
+        """``body(e, lo, hi)`` over [0, count): on TVM's thread pool when ``threads``."""
+        if threads:
+            self.ctx.parallel_for(self.i(count), lambda c, lo, hi, _: body(LLVM(c), lo, hi))
+        else:
+            body(self, self.i(0), self.i(count))
+
+    def epilogue(self, stage, origin, extent) -> None:
+        self.ctx.epilogue(stage, [self.i(o) for o in origin], [self.i(x) for x in extent])
+
+
+class C(Ints):
+    """The facade over :class:`jitbyoc.render.c.Ctx`; values are C expressions."""
+
+    def __init__(self, ctx):
+        self.ctx, self.em = ctx, ctx.em
+
+    def i(self, v) -> str:
+        return f"INT64_C({v})" if isinstance(v, int) else v
+
+    def _add(self, x, y):
+        return f"({x} + {y})"
+
+    def _sub(self, x, y):
+        return f"({x} - {y})"
+
+    def _mul(self, x, y):
+        return f"({x} * {y})"
+
+    def _div(self, x, y):
+        return f"({x} / {y})"
+
+    def _rem(self, x, y):
+        return f"({x} % {y})"
+
+    def lt(self, x, y):
+        return f"({self.i(x)} < {self.i(y)})"
+
+    def eq(self, x, y):
+        return f"({self.i(x)} == {self.i(y)})"
+
+    def min(self, x, y):
+        return f"({self.lt(x, y)} ? {self.i(x)} : {self.i(y)})"
+
+    def max(self, x, y):
+        return f"({self.lt(x, y)} ? {self.i(y)} : {self.i(x)})"
+
+    def let(self, v):
+        return v if isinstance(v, int) else self.ctx.let("int64_t", v)
+
+    def index(self, v, dt: str):
+        return f"((int64_t){v})"
+
+    def _name(self, stem: str) -> str:
+        """A fresh C name; the underscore keeps it apart from the ctx's ``t<n>`` temporaries."""
+        self.ctx.n += 1
+        return f"{stem}_{self.ctx.n}"
+
+    def load(self, buf, off):
+        raw = self.ctx.element(buf, self.i(off))
+        return self.ctx.let(lookup_dtype(buf.dtype).c, f"({raw} != 0)" if buf.dtype == "bool" else raw)
+
+    def store(self, buf, off, v) -> None:
+        self.ctx.line(f"{self.ctx.element(buf, self.i(off))} = {v};")
+
+    def copy(self, dst, doff, src, soff) -> None:
+        self.ctx.line(f"{self.ctx.element(dst, self.i(doff))} = {self.ctx.element(src, self.i(soff))};")
+
+    @contextmanager
+    def loop(self, count, start=0, name="i"):
+        var = self._name(name)
+        with self.ctx.loop(var, self.i(count), self.i(start)):
+            yield var
+
+    def var(self, dt: str, init):
+        name = self._name("acc")
+        self.ctx.line(f"{lookup_dtype(dt).c} {name} = {init};")
+        return name
+
+    def get(self, slot):
+        return slot
+
+    def set(self, slot, v) -> None:
+        self.ctx.line(f"{slot} = {v};")
+
+    @contextmanager
+    def when(self, cond):
+        with self.ctx.block(f"if ({cond})"):
+            yield
+
+    @contextmanager
+    def if_else(self, cond):
+        yield self.ctx.block(f"if ({cond})"), self.ctx.block("else")
+
+    def transpose8(self, dst, doff, dstride, src, soff, sstride) -> None:
+        """Mirror of :meth:`LLVM.transpose8` (plain loops)."""
+        with self.loop(8, 0, "ti") as i:
+            with self.loop(8, 0, "tj") as j:
+                self.copy(dst, self.add(doff, self.add(self.mul(i, dstride), j)),
+                          src, self.add(soff, self.add(self.mul(j, sstride), i)))
+
+    def op(self, name: str, dt: str, *args, **attrs):
+        return self.em.op(name, dt, *args, **attrs)
+
+    def const(self, value, dt: str):
+        return self.em.const(value, dt)
+
+    def select(self, cond, x, y):
+        return f"({cond} ? {x} : {y})"
+
+    def reduce(self, kind: str, dt: str, acc, x):
+        """Mirror of :meth:`LLVM.reduce`; max/min keep a NaN, as llvm.maximum does."""
+        if kind in ("sum", "prod"):
+            return f"({acc} {'+' if kind == 'sum' else '*'} {x})"
+        cmp = ">" if kind == "max" else "<"
+        if lookup_dtype(dt).is_float:
+            return f"(({acc} != {acc} || {acc} {cmp} {x}) ? {acc} : {x})"
+        return f"({acc} {cmp} {x} ? {acc} : {x})"
+
+    def parallel(self, count, body, threads: bool) -> None:
+        if threads:
+            self.ctx.parallel_for(self.i(count), lambda c, lo, hi, _: body(C(c), lo, hi))
+        else:
+            body(self, self.i(0), self.i(count))
+
+    def epilogue(self, stage, origin, extent) -> None:
+        self.ctx.epilogue(stage, [self.i(o) for o in origin], [self.i(x) for x in extent])
+
+
+class PortableStage:
+    """Mixin: a :class:`~jitbyoc.ir.kir.KernelStage` that implements ``emit(e)`` once."""
+
+    def emit_llvm(self, ctx) -> None:
+        self.emit(LLVM(ctx))
+
+    def emit_c(self, ctx) -> None:
+        self.emit(C(ctx))

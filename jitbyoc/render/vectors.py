@@ -1,0 +1,113 @@
+"""Explicit vectors for llvmlite builders: splats, lane masks, masked loads and stores.
+
+Kernels and fused loops that write ``<n x T>`` vectors themselves do not depend on
+LLVM's loop vectorizer (and their modules skip it: see :data:`jitbyoc.build.jit.GLUE`).
+VECTOR_BYTES is one AVX-512 register; on narrower hosts LLVM splits each vector.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from ..ir.dtypes import dtype as lookup_dtype
+from ..ir.llvmtypes import I1, I32, I64, PTR, declare
+from .loops import for_range
+
+VECTOR_BYTES = 64
+
+
+def lanes(dt: str) -> int:
+    """Elements of ``dt`` in one vector register."""
+    return VECTOR_BYTES // lookup_dtype(dt).nbytes
+
+
+def vtype(dt: str, n: int | None = None) -> ir.VectorType:
+    return ir.VectorType(lookup_dtype(dt).storage_ir, n or lanes(dt))
+
+
+intrinsic = declare  # an llvm.* intrinsic is declared like any function
+
+
+def suffix(vt: ir.VectorType) -> str:
+    t = vt.element
+    kind = f"i{t.width}" if isinstance(t, ir.IntType) else "f32" if isinstance(t, ir.FloatType) else "f64"
+    return f"v{vt.count}{kind}"
+
+
+class SplatConstant(ir.Constant):
+    """A vector constant with every lane equal, printed as LLVM's ``splat (T v)`` (a
+    sixteenth of the text of the lane-by-lane form: less IR to print and parse)."""
+
+    def __init__(self, value: ir.Constant, n: int):
+        super().__init__(ir.VectorType(value.type, n), value.constant)
+
+    def _get_reference(self):
+        first = self.constant[0]
+        return f"splat ({first.type} {first.get_reference()})"
+
+
+class VectorLiteral(ir.Constant):
+    """A whole-vector literal (``zeroinitializer``, ``poison``), printed as one word."""
+
+    def __init__(self, vt: ir.VectorType, word: str):
+        super().__init__(vt, None)
+        self.word = word
+
+    def _get_reference(self):
+        return self.word
+
+
+def splat(b: ir.IRBuilder, value, n: int):
+    vt = ir.VectorType(value.type, n)
+    v = b.insert_element(VectorLiteral(vt, "poison"), value, I32(0))
+    return b.shuffle_vector(v, VectorLiteral(vt, "poison"), VectorLiteral(ir.VectorType(I32, n), "zeroinitializer"))
+
+
+def lane_mask(b: ir.IRBuilder, limit, n: int):
+    """``<n x i1>``: lane ``l`` is set when ``l < limit`` (an i64 value or int)."""
+    if isinstance(limit, int):
+        return ir.Constant(ir.VectorType(I1, n), [int(l < limit) for l in range(n)])
+    lim = b.trunc(b.select(b.icmp_signed("<", limit, I64(n)), limit, I64(n)), I32)
+    return b.icmp_signed("<", ir.Constant(ir.VectorType(I32, n), list(range(n))), splat(b, lim, n))
+
+
+def vload(b, ptr, dt, mask=None, n: int | None = None):
+    """``n`` (default: one register) elements of ``dt`` at ``ptr``, as stored; with
+    ``mask``, unset lanes read 0 and touch no memory."""
+    vt = vtype(dt, n)
+    align = lookup_dtype(dt).nbytes
+    if mask is None:
+        return b.load(ptr, typ=vt, align=align)
+    fn = intrinsic(b.module, f"llvm.masked.load.{suffix(vt)}.p0", vt,
+                    [PTR, I32, ir.VectorType(I1, vt.count), vt])
+    return b.call(fn, [ptr, I32(align), mask, VectorLiteral(vt, "zeroinitializer")])
+
+
+def vstore(b, value, ptr, dt, mask=None):
+    """Store the vector ``value`` (elements of ``dt``, as stored) at ``ptr``."""
+    align = lookup_dtype(dt).nbytes
+    if mask is None:
+        b.store(value, ptr, align=align)
+        return
+    vt = value.type
+    fn = intrinsic(b.module, f"llvm.masked.store.{suffix(vt)}.p0", ir.VoidType(),
+                    [vt, PTR, I32, ir.VectorType(I1, vt.count)])
+    b.call(fn, [value, ptr, I32(align), mask])
+
+
+def strips(b: ir.IRBuilder, start, stop, n: int, body) -> None:
+    """``body(i, mask)`` for ``i = start, start + n, ...`` below ``stop`` (i64 values):
+    whole vectors with ``mask`` None (masked loads and stores cost 3 % on long loops),
+    then the remainder, if any, once with a lane mask (a constant for constant bounds)."""
+    if isinstance(start, ir.Constant) and isinstance(stop, ir.Constant):
+        whole, rest = divmod(stop.constant - start.constant, n)
+        with for_range(b, I64(whole), "v") as v:
+            body(b.add(start, b.mul(v, I64(n), flags=["nsw"]), flags=["nsw"]), None)
+        if rest > 0:
+            body(I64(start.constant + whole * n), lane_mask(b, rest, n))
+        return
+    with for_range(b, b.sdiv(b.sub(stop, start), I64(n)), "v") as v:
+        body(b.add(start, b.mul(v, I64(n), flags=["nsw"]), flags=["nsw"]), None)
+    tail = b.add(start, b.mul(b.sdiv(b.sub(stop, start), I64(n)), I64(n), flags=["nsw"]), flags=["nsw"])
+    with b.if_then(b.icmp_signed("<", tail, stop)):
+        body(tail, lane_mask(b, b.sub(stop, tail), n))

@@ -1,0 +1,162 @@
+"""The ``tvm.compile`` hook: partition -> RunCodegen -> TVM's own pipeline.
+
+``tvm.compile`` -> ``relax.build(relax_pipeline="default")`` looks the pipeline up in
+``tvm.relax.pipeline.PIPELINE_MAP`` at build time. While jitbyoc may be on, the
+``"default"`` and ``"default_build"`` entries are wrapped so they offload first; once it
+cannot be, the originals are put back exactly (found through the wrappers themselves, so
+reloading this module loses nothing).
+
+The switch is process-wide, like TVM's own pipeline registry, and made of counts, not a
+saved boolean: a *default* (``jitbyoc.enable()``/``disable()``) and the number of open
+``enabled()`` and ``disabled()`` blocks, in any thread. A build offloads when no
+``disabled()`` block is open and the default is on or an ``enabled()`` block is open.
+Blocks nest and overlap across threads: thread A leaving its block never ends thread B's.
+The ``"jitbyoc"`` pipeline always offloads (an explicit opt-in). Builds through these
+pipelines are serialized by :data:`BUILD_LOCK`, which makes concurrent ``tvm.compile``
+calls safe while jitbyoc is enabled (TVM's own pipeline alone is not).
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+from contextlib import contextmanager
+
+import tvm
+from tvm import relax, tirx
+from tvm.relax.pipeline import PIPELINE_MAP
+
+from ..build import buildlog
+from . import report as offload_report
+from .partition import partition_for_jitbyoc, regions
+
+_LOCK = threading.Lock()
+# TVM's Relax passes are not thread-safe (BlockBuilder keeps a class-level stack;
+# LegalizeOps enters a process-global TE tag scope), so builds through our pipeline
+# take turns here; running the built VMs concurrently is unaffected.
+BUILD_LOCK = threading.RLock()
+HOOKED = ("default", "default_build")
+
+
+class _Switch:
+    def __init__(self):
+        self.default = False
+        self.blocks = {True: 0, False: 0}  # open enabled() / disabled() blocks
+
+
+_STATE = _Switch()
+
+
+def _offload_here() -> bool:
+    target = tvm.target.Target.current(allow_none=True)
+    return target is None or target.kind.name == "llvm"
+
+
+ANCHOR = "__jitbyoc_anchor"
+
+
+def _with_anchor(mod: tvm.IRModule) -> tvm.IRModule:
+    """Add an empty PrimFunc so TVM always has a compiled host library to link.
+
+    When every op is offloaded no PrimFunc is left, and TVM's VMLink then stands in an
+    empty C source module, which makes ``VirtualMachine(ex)`` run a C compiler. One empty
+    function keeps the build on the LLVM path.
+    """
+    anchor = tirx.PrimFunc([], tirx.Evaluate(tirx.const(0, "int32"))).with_attr("global_symbol", ANCHOR)
+    mod = mod.shallow_copy() if hasattr(mod, "shallow_copy") else tvm.IRModule(mod.functions, attrs=mod.attrs)
+    mod[ANCHOR] = anchor
+    return mod
+
+
+@contextmanager
+def _gc_paused():
+    """Python's cyclic GC off for the duration: rendering IR makes ~10^5 short-lived
+    llvmlite objects, and the collections they trigger (each scanning TVM's and the
+    user's live objects too) cost up to half of a cold build's Python time (ResNet-18:
+    engines rendered in 123 ms without collections, 146-265 ms with them). Cycles made
+    meanwhile are collected once it is back on."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def offload(mod: tvm.IRModule) -> tvm.IRModule:
+    """Partition ``mod`` and compile its regions; the rest is left for TVM."""
+    t0 = time.perf_counter()
+    with _gc_paused(), buildlog.open_log() as log:
+        part = partition_for_jitbyoc(mod)
+        t1 = time.perf_counter()
+        out = relax.transform.RunCodegen()(part)
+    log.timings.update(partition_s=t1 - t0, codegen_s=time.perf_counter() - t1)
+    offload_report.record(part, log)
+    return _with_anchor(out) if regions(part) else out
+
+
+def _wrap(make_pipeline, always: bool = False):
+    def make(**kwargs):
+        inner = make_pipeline(**kwargs)
+        if not (always or active()):
+            return inner  # TVM's pipeline, untouched
+
+        @tvm.transform.module_pass(opt_level=0, name="jitbyoc.offload")
+        def _offload_then_tvm(mod, _ctx):
+            with BUILD_LOCK:
+                return inner(offload(mod) if _offload_here() else mod)
+
+        return _offload_then_tvm
+
+    make.jitbyoc_original = make_pipeline
+    return make
+
+
+def _original(name: str):
+    make = PIPELINE_MAP[name]
+    while hasattr(make, "jitbyoc_original"):
+        make = make.jitbyoc_original
+    return make
+
+
+def _sync() -> None:
+    """Wrap TVM's pipelines while a build could offload; restore them exactly otherwise."""
+    wanted = _STATE.default or _STATE.blocks[True] > 0
+    for name in HOOKED:
+        hooked = hasattr(PIPELINE_MAP[name], "jitbyoc_original")
+        if wanted and not hooked:
+            PIPELINE_MAP[name] = _wrap(PIPELINE_MAP[name])
+        elif not wanted and hooked:
+            PIPELINE_MAP[name] = _original(name)
+
+
+def set_default(on: bool) -> None:
+    with _LOCK:
+        _STATE.default = on
+        _sync()
+
+
+@contextmanager
+def block(on: bool):
+    """An ``enabled()`` (``on``) or ``disabled()`` block: counted while open."""
+    with _LOCK:
+        _STATE.blocks[on] += 1
+        _sync()
+    try:
+        yield
+    finally:
+        with _LOCK:
+            _STATE.blocks[on] -= 1
+            _sync()
+
+
+def active() -> bool:
+    """Whether a build started now offloads."""
+    return _STATE.blocks[False] == 0 and (_STATE.default or _STATE.blocks[True] > 0)
+
+
+def register_pipeline() -> None:
+    if "jitbyoc" not in PIPELINE_MAP:
+        PIPELINE_MAP["jitbyoc"] = _wrap(lambda **kw: _original("default")(**kw), always=True)

@@ -1,0 +1,203 @@
+"""Merge composite calls into maximal regions, inside every dataflow block.
+
+TVM's ``MergeCompositeFunctions`` cannot see through ``If`` (its graph partitioner has
+no rule for it), so jitbyoc merges itself. Walking each dataflow block in order, composite
+calls join an open region, and so do projections (``t[i]``) of a tuple the region made
+(batch_norm, split), wherever they stand in the block; any other binding that does not
+depend on the open region is moved ahead of it, and one that does closes the region
+first. Every region therefore takes its inputs from before it and hands its outputs to
+what follows: no cycles, and no tuple-typed outputs.
+
+A region holds at most one heavy kernel (rules with ``anchor`` set, :mod:`jitbyoc.ir.rules`: matmul,
+conv): a second one starts a new region, taking along the open region's bindings that
+are independent of its kernel (a weight's ``permute_dims`` feeds the next layer). Elementwise tails still fuse into the kernel
+before them, and layout ops and reductions ride along; but each layer of a network
+becomes its own region, so identical layers share one compiled kernel (their content
+hashes match), the compile cache works per layer, and changing one layer recompiles
+only that layer.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+from tvm.ir import TupleType
+from tvm.relax.utils import copy_with_new_vars
+
+from ..ir.rules import anchor_ops
+
+CODEGEN = "jitbyoc"
+
+
+def _has_anchor(func: relax.Function) -> bool:
+    found, anchors = [], anchor_ops()
+    relax.analysis.post_order_visit(func.body, lambda e: found.append(
+        isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) and e.op.name in anchors))
+    return any(found)
+
+
+class _Merger:
+    def __init__(self, mod: tvm.IRModule):
+        self.composites = {gv: f for gv, f in mod.functions.items()
+                           if isinstance(f, relax.Function) and f.attrs and "Composite" in f.attrs}
+        self.bb = relax.BlockBuilder()  # types the new GlobalVars; collects the regions
+        self.anchors = {gv for gv, f in self.composites.items() if _has_anchor(f)}
+
+    # ---- walking the function ------------------------------------------------------------
+    def expr(self, e):
+        if isinstance(e, relax.SeqExpr):
+            return relax.SeqExpr([self.block(b) for b in e.blocks], self.expr(e.body))
+        if isinstance(e, relax.If):
+            return relax.If(e.cond, self.expr(e.true_branch), self.expr(e.false_branch))
+        return e
+
+    def block(self, block):
+        if not isinstance(block, relax.DataflowBlock):
+            return relax.BindingBlock([self.binding(b) for b in block.bindings])
+        out, region = [], []
+        bindings = list(block.bindings)
+        for k, b in enumerate(bindings):
+            if b is None:  # a projection already moved into a region
+                continue
+            if region and b.value.op in self.anchors if self.is_composite_call(b.value) else False:
+                if any(r.value.op in self.anchors for r in region if self.is_composite_call(r.value)):
+                    moved = self.independent(region)
+                    region = [r for r in region if r not in moved]
+                    self.take_projections(region, bindings, k)
+                    out += self.outline(region, moved + [r for r in bindings[k:] if r is not None])
+                    region = moved
+            if self.is_composite_call(b.value) or self.is_projection(b.value, region):
+                region.append(b)
+                continue
+            if region and self.uses(b.value, region):
+                self.take_projections(region, bindings, k)
+                out += self.outline(region, [r for r in bindings[k:] if r is not None])
+                region = []
+            out.append(self.binding(b))
+        if region:
+            out += self.outline(region, [])
+        return relax.DataflowBlock(out)
+
+    def binding(self, b):
+        if isinstance(b, relax.VarBinding) and isinstance(b.value, (relax.If, relax.SeqExpr)):
+            return relax.VarBinding(b.var, self.expr(b.value))
+        return b
+
+    def is_composite_call(self, value) -> bool:
+        return isinstance(value, relax.Call) and value.op in self.composites
+
+    @staticmethod
+    def is_projection(value, region) -> bool:
+        return isinstance(value, relax.TupleGetItem) and any(
+            value.tuple_value.same_as(b.var) for b in region)
+
+    def take_projections(self, region, bindings, start) -> None:
+        """Move later projections of the region's tuples into it (they depend on nothing
+        else), so a tuple never has to leave a region."""
+        for j in range(start, len(bindings)):
+            if bindings[j] is not None and self.is_projection(bindings[j].value, region):
+                region.append(bindings[j])
+                bindings[j] = None
+
+    def independent(self, region) -> list:
+        """Bindings of ``region`` that neither depend on its heavy kernel nor feed it or
+        anything that does (``permute_dims(w)`` of the *next* linear layer, standing before
+        it): they start the next region instead, next to the kernel that consumes them,
+        which can then fold them (a matmul reads a permuted weight in place)."""
+        free: list = []
+        for b in region:
+            anchor = self.is_composite_call(b.value) and b.value.op in self.anchors
+            bound = {r.var for r in region if r not in free}
+            if not anchor and not isinstance(b.value, relax.TupleGetItem) and not self.uses_vars(b.value, bound):
+                free.append(b)
+        used = set()
+        for b in reversed(region):  # users before operands: what feeds a staying binding stays
+            if b not in free or b.var in used:
+                used.update(relax.analysis.free_vars(b.value))
+        return [b for b in free if b.var not in used]
+
+    @staticmethod
+    def uses_vars(value, defined) -> bool:
+        return any(v in defined for v in relax.analysis.free_vars(value))
+
+    @staticmethod
+    def uses(value, region) -> bool:
+        defined = {b.var for b in region}
+        return any(v in defined for v in relax.analysis.free_vars(value))
+
+    # ---- outlining one region --------------------------------------------------------------
+    def outline(self, region, rest) -> list:
+        defined = {b.var for b in region}
+        inputs: list = []
+        for b in region:
+            for a in getattr(b.value, "args", ()):
+                # operands become parameters, but a shape (a reshape's
+                # symbolic target) stays inline, defined by the parameters' shapes
+                if a not in defined and a not in inputs and \
+                        not isinstance(a, relax.ShapeExpr):
+                    inputs.append(a)
+        later = set()
+        for b in rest:
+            later.update(relax.analysis.free_vars(b.value))
+        outputs = [b.var for b in region
+                   if not isinstance(b.var, relax.DataflowVar) or b.var in later]
+        region, outputs, rebuilt = self.flatten_tuples(region, outputs)
+        gv = self.bb.add_func(self.region_function(region, inputs, outputs), f"{CODEGEN}_region")
+        call = relax.Call(gv, inputs)
+        if len(outputs) == 1:
+            return [relax.VarBinding(outputs[0], call)] + rebuilt
+        tup = relax.DataflowVar("region_out", TupleType([o.ty for o in outputs]))
+        return [relax.VarBinding(tup, call)] + [
+            relax.VarBinding(o, relax.TupleGetItem(tup, k)) for k, o in enumerate(outputs)] + rebuilt
+
+    @staticmethod
+    def flatten_tuples(region, outputs):
+        """A tuple a region must hand out leaves as its fields and is rebuilt after the
+        call: a region's outputs are tensors."""
+        region, flat, rebuilt = list(region), [], []
+        for o in outputs:
+            if not isinstance(o.ty, TupleType):
+                flat.append(o)
+                continue
+            fields = [relax.DataflowVar(f"{o.name}_{k}", t) for k, t in enumerate(o.ty.fields)]
+            region += [relax.VarBinding(f, relax.TupleGetItem(o, k)) for k, f in enumerate(fields)]
+            flat += fields
+            rebuilt.append(relax.VarBinding(o, relax.Tuple(fields)))
+        return region, flat, rebuilt
+
+    def region_function(self, region, inputs, outputs) -> relax.Function:
+        params = [relax.Var(getattr(a, "name", None) or f"const{k}", a.ty) for k, a in enumerate(inputs)]
+        remap = dict(zip(inputs, params))
+        bindings = []
+        for b in region:
+            if isinstance(b.value, relax.TupleGetItem):
+                var = relax.Var(b.var.name, b.var.ty)
+                bindings.append(relax.VarBinding(var, relax.TupleGetItem(
+                    remap[b.value.tuple_value], b.value.index)))
+                remap[b.var] = var
+                continue
+            comp = self.composites[b.value.op]
+            fvar = relax.Var(b.value.op.name_hint, comp.ty)
+            bindings.append(relax.VarBinding(fvar, copy_with_new_vars(comp)))
+            var = relax.Var(b.var.name, b.var.ty)
+            bindings.append(relax.VarBinding(var, relax.Call(fvar, [remap.get(a, a) for a in b.value.args])))
+            remap[b.var] = var
+        ret = [remap[o] for o in outputs]
+        body = relax.SeqExpr([relax.BindingBlock(bindings)], ret[0] if len(ret) == 1 else relax.Tuple(ret))
+        ret_ty = ret[0].ty if len(ret) == 1 else TupleType([r.ty for r in ret])
+        return relax.Function(params, body, ret_ty, True,
+                              tvm.ir.make_node("ir.DictAttrs", **{"Codegen": CODEGEN}))
+
+
+def merge_regions(mod: tvm.IRModule) -> tvm.IRModule:
+    """Outline maximal runs of ``Composite`` calls into ``Codegen="jitbyoc"`` functions."""
+    m = _Merger(mod)
+    funcs = {}
+    for gv, f in mod.functions.items():
+        if gv in m.composites:
+            continue
+        if isinstance(f, relax.Function) and not (f.attrs and "Codegen" in f.attrs):
+            f = relax.Function(f.params, m.expr(f.body), f.ret_ty, f.is_pure, f.attrs)
+        funcs[gv] = f
+    funcs.update(m.bb.get().functions)
+    return relax.transform.Normalize()(tvm.IRModule(funcs, attrs=mod.attrs))

@@ -1,0 +1,163 @@
+"""The package's shape: imports point one way, errors say where they happened, and the
+rule registry is the one table patterns, lowering and the report read."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import numpy as np
+import pytest
+import tvm
+from tvm.script import relax as R
+
+import jitbyoc
+from jitbyoc import lower
+from jitbyoc.ir import rules
+from jitbyoc.ir.errors import CompileError, LoweringError, RenderError
+from jitbyoc.ir.ops import OPS
+from jitbyoc.kernels.softmax import Softmax
+from jitbyoc.tvm import patterns
+from tests.conftest import jit_function
+
+ROOT = pathlib.Path(jitbyoc.__file__).parent
+# Lower layers never import higher ones. Leaf modules (no jitbyoc imports) sit below all.
+LAYERS = ["memo", "version", "compat", "threads", "ir", "render", "engines", "kernels", "lower",
+          "build", "tvm", "__init__"]
+OPTIONAL = {"torch", "onnx", "onnxruntime", "transformers"}
+
+
+def _module(path: pathlib.Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _layer(module: str) -> int:
+    rest = module.split(".")[1:] or ["__init__"]
+    return LAYERS.index(rest[0])
+
+
+def _imports(path: pathlib.Path):
+    """(module-level?, imported jitbyoc module or top-level package) of every import."""
+    tree = ast.parse(path.read_text())
+    package = _module(path) if path.name == "__init__.py" else _module(path).rsplit(".", 1)[0]
+    top = set(map(id, tree.body))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = package.split(".")[:len(package.split(".")) - node.level + 1]
+            target = ".".join(base + ([node.module] if node.module else []))
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                is_module = (ROOT.parent / sub.replace(".", "/")).with_suffix(".py").exists() or \
+                    (ROOT.parent / sub.replace(".", "/")).is_dir()
+                yield id(node) in top, sub if is_module else target
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
+            for name in names:
+                yield id(node) in top, name
+
+
+def test_imports_point_down_the_layers_and_are_made_at_module_level():
+    upward, local = [], []
+    for path in ROOT.rglob("*.py"):
+        here = _module(path)
+        for module_level, target in _imports(path):
+            if not module_level and target.split(".")[0] not in OPTIONAL:
+                local.append(f"{here} -> {target}")
+            if target.startswith("jitbyoc") and target != here and _layer(target) > _layer(here):
+                upward.append(f"{here} -> {target}")
+    assert local == [], "imports inside functions (only optional dependencies may be)"
+    assert upward == [], "imports from a higher layer"
+
+
+def test_no_import_circles():
+    graph = {}
+    for path in ROOT.rglob("*.py"):
+        graph[_module(path)] = {t for top, t in _imports(path) if top and t.startswith("jitbyoc")}
+    state: dict[str, int] = {}
+
+    def visit(m, stack):
+        state[m] = 1
+        for t in graph.get(m, ()):
+            if state.get(t) == 1:
+                pytest.fail(f"import circle: {' -> '.join(stack[stack.index(t):] + [t])}")
+            if t in graph and t not in state:
+                visit(t, stack + [t])
+        state[m] = 2
+
+    for m in graph:
+        if m not in state:
+            visit(m, [m])
+
+
+def test_every_relax_row_and_kernel_has_one_rule():
+    assert {row.relax for row in OPS.values() if row.relax} <= set(rules.RULES)
+    assert rules.anchor_ops() == {"relax.matmul", "relax.nn.conv2d", "relax.nn.conv1d"}
+    names = [p[0] for p in patterns.patterns()]
+    assert len(names) == len(set(names))
+    assert {f"jitbyoc.{op.removeprefix('relax.')}" for op in rules.RULES} <= set(names)
+    with pytest.raises(ValueError, match="two rules"):
+        rules.add(rules.RULES["relax.add"])
+
+
+@R.function
+def _softmax(x: R.Tensor((4, 16), "float32")):
+    with R.dataflow():
+        y = R.nn.softmax(R.add(x, x))
+        R.output(y)
+    return y
+
+
+def _region():
+    (region,) = jitbyoc.inspect(tvm.IRModule({"main": _softmax}))
+    return region
+
+
+def test_lowering_errors_name_the_region_and_the_op(monkeypatch):
+    rule = rules.RULES["relax.nn.softmax"]
+
+    def broken(fe, call, out):
+        raise ZeroDivisionError("boom")
+
+    monkeypatch.setitem(rules.RULES, "relax.nn.softmax", rules.Rule(rule.relax, rule.arity, rule.check, broken))
+    with pytest.raises(LoweringError, match=r"lowering region 'r0', op relax.nn.softmax failed: "
+                                            r"ZeroDivisionError: boom"):
+        lower.lower_region(_softmax, "r0")
+
+
+def test_rendering_errors_name_the_region_and_the_stage(monkeypatch):
+    region = _region()
+    monkeypatch.setattr(Softmax, "emit_llvm", lambda self, ctx: 1 / 0)
+    monkeypatch.setattr(Softmax, "emit_c", lambda self, ctx: 1 / 0)
+    with pytest.raises(RenderError, match=rf"rendering region '{region.kernel.name}', Softmax stage "
+                                          r"in LLVM failed: ZeroDivisionError"):
+        region.llvm_ir  # noqa: B018
+    with pytest.raises(RenderError, match=r"Softmax stage in C failed"):
+        region.c_source  # noqa: B018
+
+
+def test_compile_errors_name_the_region():
+    region = _region()
+    region.__dict__["llvm_ir"] = "this is not LLVM IR"
+    with pytest.raises(CompileError, match=rf"compiling region '{region.symbol}' failed"):
+        region.asm  # noqa: B018
+
+
+def test_the_region_still_builds_and_runs():
+    """(the fixture model above is a real one)"""
+    x = np.random.default_rng(0).standard_normal((4, 16)).astype("float32")
+    out = tvm.runtime.empty((4, 16), "float32")
+    jit_function(_region())(tvm.runtime.tensor(x), out)
+    e = np.exp(2 * x - (2 * x).max(axis=1, keepdims=True))
+    np.testing.assert_allclose(out.numpy(), e / e.sum(axis=1, keepdims=True), rtol=1e-5)
+
+
+def test_no_function_is_longer_than_60_lines():
+    long = []
+    for path in ROOT.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > 60:
+                    long.append(f"{_module(path)}.{node.name}: {n} lines")
+    assert long == []
