@@ -21,7 +21,8 @@ from tvm.ir.expr import Var as SizeVar
 from . import kernels  # noqa: F401 - registers every kernel's rule
 from .ir import kir
 from .ir.errors import LoweringError, error_context
-from .ir.relax_types import SymbolicSizes, dims, naming_sizes
+from .ir import sizes as size_exprs
+from .ir.relax_types import SymbolicSizes, dim, dims, naming_sizes
 from .ir.rules import REWRITES, RULES
 
 PREFIX = "jitbyoc"  # code symbols are jitbyoc_<ops>_<digest>
@@ -102,21 +103,24 @@ class RegionLowering:
 
     def composite(self, inner: relax.Function, args):
         for p, a in zip(inner.params, args):
-            self._bind_sizes(p.ty, a.ty)
+            self._bind_sizes(p.ty, a)
             self.env[p] = self.value(a)
         for block in inner.body.blocks:
             for binding in block.bindings:
                 self.bind(binding)
         return self.value(inner.body.body)
 
-    def _bind_sizes(self, param_ty, arg_ty) -> None:
+    def _bind_sizes(self, param_ty, arg) -> None:
         """A composite function has its own copies of symbolic sizes: each stands for the
-        size its caller passes."""
-        inner = getattr(param_ty, "shape", None)
-        if not isinstance(inner, relax.ShapeExpr):
-            return
-        for d, size in zip(inner.values, dims(arg_ty) or ()):  # dims: None unless a ShapeExpr
-            if isinstance(d, SizeVar):
+        size its caller passes (in a tensor's shape, or in a shape argument: a target
+        shape, or the ``tir_vars`` that carry a size into the function)."""
+        if isinstance(param_ty, relax.ShapeType):
+            inner, outer = param_ty.values, getattr(arg, "values", None) or getattr(arg.ty, "values", None)
+        else:
+            inner, outer = getattr(getattr(param_ty, "shape", None), "values", None), dims(arg.ty)
+        for d, size in zip(inner or (), outer or ()):
+            size = size if isinstance(size, (int, str)) else dim(size)  # a shape argument's PrimExpr
+            if isinstance(d, SizeVar) and size is not None:
                 self.sizes.alias(d, size)
 
     def bind(self, b):
@@ -126,7 +130,7 @@ class RegionLowering:
         elif isinstance(v, relax.Call) and v.op in self.local:
             self.env[b.var] = self.composite(self.local[v.op], v.args)
         elif isinstance(v, relax.Call):
-            with error_context(LoweringError, self.symbol, f"op {getattr(v.op, 'name', v.op)}"):
+            with error_context(LoweringError, self.symbol, f"op {getattr(v.op, 'name', v.op)}", v):
                 self.env[b.var] = self.op(v, b.var.ty)
         elif isinstance(v, relax.Var):  # an alias, as emit_output makes: gv = lv
             self.env[b.var] = self.value(v)
@@ -165,6 +169,16 @@ class RegionLowering:
         fuse_epilogues(self.kernel)
         for rewrite in REWRITES:
             rewrite(self.kernel)
+        self._derived_sizes()
+
+    def _derived_sizes(self) -> None:
+        """Record the derived sizes; each must be computable from sizes the arguments show."""
+        self.kernel.sizes = dict(self.sizes.derived)
+        hidden = set().union(*map(size_exprs.names_in, self.kernel.sizes.values())) - set(self.kernel.plain_sizes)
+        if hidden:
+            shown = sorted(self.sizes.display.get(h, h) for h in hidden)
+            raise LoweringError(f"{self.symbol}: symbolic sizes {shown} occur only inside compound "
+                                f"dims of the region's arguments, so they cannot be read at run time")
 
 
 def fuse_epilogues(kernel: kir.Kernel) -> None:

@@ -15,11 +15,12 @@ import jitbyoc
 from jitbyoc.build import driver
 from jitbyoc.build.region import Region
 from jitbyoc.ir import kir
+from jitbyoc.ir import sizes as size_exprs
 from jitbyoc.ir.ops import OPS
 
 RELAX_ROWS = sorted(name for name, row in OPS.items() if row.relax)
 # everything jitbyoc stores, in the order the tests walk them
-DTYPES = ("float32", "float64", "int32", "int64", "bool")
+DTYPES = ("float32", "float64", "int32", "int64", "bool", "int8", "int16", "uint8", "uint16", "uint32")
 
 
 # ---- models ---------------------------------------------------------------------------
@@ -99,12 +100,19 @@ def jit_function(region: Region):
 def call_region(fn, kernel: kir.Kernel, inputs) -> list[np.ndarray]:
     """Call a region's packed function on ``inputs`` with fresh outputs; symbolic sizes
     are read off the inputs."""
-    sizes = {d: a.shape[i] for b, a in zip(kernel.inputs, inputs)
-             for i, d in enumerate(b.shape) if isinstance(d, str)}
-    outs = [tvm.runtime.tensor(np.zeros([sizes.get(d, d) for d in b.shape], b.dtype))
-            for b in kernel.outputs]
+    outs = [tvm.runtime.tensor(np.zeros(shape, b.dtype))
+            for b, shape in zip(kernel.outputs, output_shapes(kernel, inputs))]
     fn(*[tvm.runtime.tensor(np.asarray(a, order="C")) for a in inputs], *outs)
     return [o.numpy() for o in outs]
+
+
+def output_shapes(kernel: kir.Kernel, inputs) -> list[tuple]:
+    """The shapes of ``kernel``'s outputs for ``inputs``: plain symbolic sizes read off the
+    inputs, derived ones computed from them."""
+    sizes = {d: a.shape[i] for b, a in zip(kernel.inputs, inputs)
+             for i, d in enumerate(b.shape) if isinstance(d, str) and d not in kernel.sizes}
+    sizes |= {name: size_exprs.evaluate(tree, sizes) for name, tree in kernel.sizes.items()}
+    return [tuple(sizes.get(d, d) for d in b.shape) for b in kernel.outputs]
 
 
 def one_op_kernel(name: str, dtype: str, attrs: dict | None = None) -> kir.Kernel:
@@ -119,28 +127,41 @@ def one_op_kernel(name: str, dtype: str, attrs: dict | None = None) -> kir.Kerne
 
 # ---- inputs ----------------------------------------------------------------------------
 
-def sample(name: str, dt: str, k: int, shape, rng) -> np.ndarray:
+def sample(name: str, dt: str, k: int, shape, rng, to: str | None = None) -> np.ndarray:
     """Inputs for operand ``k`` of row ``name`` (``dt``: the row's operand dtype), inside
-    the op's sensible domain: positive for log/sqrt/rsqrt, nonzero denominators, positive
+    the op's sensible domain: positive for log/sqrt/rsqrt, (-1, 1) for asin/acos/atanh,
+    above 1 for acosh, nonzero denominators, positive
     bases for power, halves for floor/ceil, few distinct values for comparisons."""
     row = OPS[name]
     if dt == "bool" or (name == "where" and k == 0):
         return rng.random(shape) < 0.5
+    if name in ("shl", "shr") and k == 1:  # shifts by less than the width
+        return rng.integers(0, np.dtype(dt).itemsize * 8, shape).astype(dt)
+    if name in ("floor_divide", "floor_mod", "mod") and k == 1 and not dt.startswith("float"):
+        signs = rng.choice([-1, 1], shape) if dt.startswith("int") else 1  # never 0 or -1
+        return (rng.integers(2, 50, shape) * signs).astype(dt)
     if dt.startswith("int"):
         return rng.integers(-3, 4, shape).astype(dt) if row.out == "bool" else \
             rng.integers(-1000, 1000, shape).astype(dt)
+    if dt.startswith("uint"):
+        return rng.integers(0, 4, shape).astype(dt) if row.out == "bool" else \
+            rng.integers(0, 1000, shape).astype(dt)
     if row.out == "bool":
         x = rng.integers(-3, 4, shape) * 0.5  # so that equal elements happen
     elif name in ("log", "sqrt", "rsqrt"):
         x = 10.0 ** rng.uniform(-3, 3, shape)
-    elif name == "divide" and k == 1:
+    elif name in ("asin", "acos", "atanh"):
+        x = rng.uniform(-0.999, 0.999, shape)
+    elif name == "acosh":
+        x = 1 + 10.0 ** rng.uniform(-3, 3, shape)
+    elif name in ("divide", "mod") and k == 1:
         x = rng.choice([-1, 1], shape) * 10.0 ** rng.uniform(-2, 2, shape)
     elif name == "power":
         x = rng.uniform(0.1, 4, shape) if k == 0 else rng.uniform(-3, 3, shape)
     elif name in ("floor", "ceil"):
         x = rng.integers(-20, 20, shape) * 0.25
-    elif name == "astype":
-        x = rng.standard_normal(shape) * 50
+    elif name == "astype":  # inside every integer dtype's range (outside: undefined in C and LLVM)
+        x = rng.uniform(-100, 127, shape) if to is None or not to.startswith("uint") else rng.uniform(0, 255, shape)
     else:
         x = rng.standard_normal(shape) * 3
     return np.asarray(x).astype(dt)

@@ -16,6 +16,7 @@ import tvm
 from tvm import relax
 
 import jitbyoc
+from tests.conftest import output_shapes
 
 CC = shutil.which("cc")
 
@@ -96,10 +97,7 @@ def run_c(region, arrays: dict, tmp_path) -> list[np.ndarray]:
                    check=True, capture_output=True)
     kernel = region.kernel
     ins = [arrays[n] for n in region.arg_names[:len(kernel.inputs)]]
-    sizes = {}
-    for buf, a in zip(kernel.inputs, ins):
-        sizes.update({d: n for d, n in zip(buf.shape, a.shape) if isinstance(d, str)})
-    outs = [tvm.runtime.empty([sizes.get(d, d) for d in b.shape], b.dtype) for b in kernel.outputs]
+    outs = [tvm.runtime.empty(shape, b.dtype) for b, shape in zip(kernel.outputs, output_shapes(kernel, ins))]
     mod = tvm.runtime.load_module(str(lib))
     mod[region.symbol](*[tvm.runtime.tensor(a) for a in ins], *outs)
     return [o.numpy() for o in outs]

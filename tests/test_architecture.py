@@ -18,7 +18,7 @@ from jitbyoc.ir.errors import CompileError, LoweringError, RenderError
 from jitbyoc.ir.ops import OPS
 from jitbyoc.kernels.softmax import Softmax
 from jitbyoc.tvm import patterns
-from tests.conftest import jit_function
+from tests.conftest import build_both, jit_function
 
 ROOT = pathlib.Path(jitbyoc.__file__).parent
 # Lower layers never import higher ones. Leaf modules (no jitbyoc imports) sit below all.
@@ -161,3 +161,28 @@ def test_no_function_is_longer_than_60_lines():
                 if n > 60:
                     long.append(f"{_module(path)}.{node.name}: {n} lines")
     assert long == []
+
+
+@pytest.fixture
+def forget_rejections():
+    yield
+    patterns.REJECTED.clear()
+
+
+def test_a_lowering_failure_leaves_the_op_to_tvm(monkeypatch, forget_rejections):
+    """A call whose rule accepts it but whose lowering fails is rejected at partition time:
+    the build succeeds, the op runs in TVM, the report says why (jitbyoc never fails a
+    build that TVM alone passes)."""
+    rule = rules.RULES["relax.nn.softmax"]
+
+    def broken(fe, call, out):
+        raise ZeroDivisionError("boom")
+
+    monkeypatch.setitem(rules.RULES, "relax.nn.softmax", rules.Rule(rule.relax, rule.arity, rule.check, broken))
+    x = np.random.default_rng(1).standard_normal((4, 16)).astype("float32")
+    builds = build_both(tvm.IRModule({"main": _softmax.with_attr("global_symbol", "main")}))
+    (fallback,) = builds.report.fallbacks
+    assert fallback.op == "relax.nn.softmax" and "lowering failed" in fallback.reason and "boom" in fallback.reason
+    assert builds.report.offloaded_ops == 1  # the add
+    tvm_out, jit_out = builds.run(x)
+    np.testing.assert_array_equal(jit_out, tvm_out)

@@ -28,6 +28,7 @@ from tests.conftest import (
     relax_call,
     sample,
 )
+from tests.test_ops import attrs_of
 
 CC = shutil.which("cc")
 pytestmark = pytest.mark.skipif(CC is None, reason="no C compiler (cc) on PATH")
@@ -58,10 +59,7 @@ def c_and_jit(region, tmp_path):
 def row_model(name: str):
     """Row ``name`` once per dtype (and astype target), operands broadcast (5, 37) against
     (1, 37) so both renderings walk strides and odd tails."""
-    ops = [(dt, attrs) for dt in DTYPES if dt in OPS[name].dtypes
-           for attrs in ([{"to": to} for to in DTYPES] if name == "astype" else
-                         [{"lo": -1.5, "hi": 2.0} if dt.startswith("float") else {"lo": -2, "hi": 3}]
-                         if name == "clip" else [{}])]
+    ops = [(dt, attrs) for dt in DTYPES if dt in OPS[name].dtypes for attrs in attrs_of(name, dt)]
     params = {f"op{j}_x{k}": ((5, 37) if k % 2 == 0 else (1, 37), operand_dtype(name, dt, k))
               for j, (dt, _) in enumerate(ops) for k in range(OPS[name].arity)}
 
@@ -76,7 +74,7 @@ def inputs_for(name: str, ops, region, rng) -> list[np.ndarray]:
     arrays = []
     for buf, arg in zip(region.kernel.inputs, region.arg_names):
         j, k = map(int, re.fullmatch(r"op(\d+)_x(\d+)", arg).groups())
-        arrays.append(sample(name, ops[j][0], k, buf.shape, rng))
+        arrays.append(sample(name, ops[j][0], k, buf.shape, rng, ops[j][1].get("to")))
     return arrays
 
 

@@ -11,6 +11,7 @@ import errno
 import hashlib
 import logging
 import os
+import pathlib
 import shutil
 import stat
 import subprocess
@@ -21,6 +22,7 @@ import pytest
 import tvm
 from tvm import relax
 
+import jitbyoc
 from jitbyoc.build import cache
 from tests.conftest import build_model
 from tests.test_cache import build_status, fresh_cache  # noqa: F401 (a fixture)
@@ -343,3 +345,11 @@ def test_build_compiles_again_rather_than_load_entries_others_can_write(fresh_ca
     for path in written:  # rewritten: this user's, private
         st = path.stat()
         assert st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) == 0o600
+
+
+def test_the_code_version_digests_every_source_file_of_the_package():
+    """Editing any jitbyoc file (a renderer, a kernel) must invalidate the cache, not only
+    the files next to cache.py."""
+    package = pathlib.Path(jitbyoc.__file__).resolve().parent
+    assert set(cache.source_files()) == set(package.rglob("*.py"))
+    assert package / "render" / "llvm.py" in cache.source_files()

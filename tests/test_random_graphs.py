@@ -21,8 +21,8 @@ from tests.conftest import RELAX_ROWS, build_both, build_model, relax_call
 
 F32 = "float32"
 LIMIT = 1e6
-POSITIVE_DOMAIN = {"log": (0,), "sqrt": (0,), "rsqrt": (0,), "power": (0,), "divide": (1,)}
-ATTRS = {"clip": {"lo": -2.0, "hi": 3.0}}
+POSITIVE_DOMAIN = {"log": (0,), "sqrt": (0,), "rsqrt": (0,), "power": (0,), "divide": (1,), "mod": (1,)}
+ATTRS = {"clip": {"lo": -2.0, "hi": 3.0}, "leakyrelu": {"alpha": 0.1}}
 # float32 rows by signature; a new row joins the graphs by its arity and result dtype
 FLOAT_ROWS = [n for n in RELAX_ROWS if F32 in OPS[n].dtypes and OPS[n].out is None
               and n not in ("astype", "where")]
@@ -95,7 +95,7 @@ class Graph:
             ops = [self.positive(v) if k in POSITIVE_DOMAIN.get(kind, ()) else v for k, v in enumerate(ops)]
             self.values.append((self.emit(kind, [x for x, _, _ in ops], attrs), F32, max(bound, 1e-30)))
         elif kind in COMPARISONS:
-            self.values.append((self.emit(kind, [self.pick(F32, r)[0] for r in rs[:2]]), "bool", 1))
+            self.values.append((self.emit(kind, [self.pick(F32, r)[0] for r in rs[:row.arity]]), "bool", 1))
         elif kind in LOGIC and self.pick("bool", 0):
             self.values.append((self.emit(kind, [self.pick("bool", r)[0] for r in rs[:row.arity]]), "bool", 1))
         elif kind == "where" and self.pick("bool", 0):

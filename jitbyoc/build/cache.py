@@ -108,12 +108,20 @@ def clear_memory() -> None:
     _MEMORY.clear()
 
 
+PACKAGE = Path(__file__).resolve().parents[1]  # jitbyoc/, every subpackage included
+
+
+def source_files() -> list[Path]:
+    """Every source file of the jitbyoc package: what :func:`code_version` digests."""
+    return sorted(PACKAGE.rglob("*.py"))
+
+
 @lru_cache(maxsize=None)
 def code_version() -> str:
     """jitbyoc's version and a digest of its source: editing jitbyoc invalidates the cache."""
-    root = Path(__file__).parent
+    root = PACKAGE
     h = hashlib.sha256(__version__.encode())
-    for p in sorted(root.rglob("*.py")):
+    for p in source_files():
         h.update(str(p.relative_to(root)).encode())
         h.update(p.read_bytes())
     return f"{__version__}+{h.hexdigest()[:16]}"

@@ -15,7 +15,7 @@ from llvmlite import ir
 
 from ..engines import args as args_engine
 from ..engines import registry
-from ..ir import kir
+from ..ir import kir, sizes
 from ..ir.llvmtypes import I32, I64, PTR
 from ..render.llvm import Facts, emit_compute
 
@@ -47,11 +47,23 @@ def emit_entry(module: ir.Module, kernel: kir.Kernel, compute: ir.Function):
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     nparams, nsyms = len(kernel.params), len(kernel.sym_vars)
     out = b.alloca(I64, size=nparams + nsyms, name="out")  # data pointers, then symbolic sizes
-    table = args_engine.table(module, kernel)
-    rc = b.call(registry.use(module, args_engine.ArgsEngine()), [args, nargs, table, out, names])
-    with b.if_then(b.icmp_signed("!=", rc, I32(0)), likely=False):
-        b.ret(I32(-1))
+    engine = registry.use(module, args_engine.ArgsEngine())
+    bind, derive, check = args_engine.tables(module, kernel)
+    _walk(b, engine, [args, nargs, bind, out, names])
+    if check is not None:  # derived sizes, from the plain ones the first walk bound
+        slot = {s: b.gep(out, [I64(nparams + k)], source_etype=I64) for k, s in enumerate(kernel.sym_vars)}
+        plain = {s: b.load(slot[s], typ=I64) for s in kernel.plain_sizes}
+        for d in derive:
+            b.store(sizes.emit_llvm(b, d.tree, plain), slot[d.name])
+        _walk(b, engine, [args, nargs, check, out, names])
     values = [b.load(b.gep(out, [I64(k)], source_etype=I64), typ=PTR if k < nparams else I64)
               for k in range(nparams + nsyms)]
     b.ret(b.call(compute, values))
     return fn
+
+
+def _walk(b: ir.IRBuilder, engine: ir.Function, operands: list) -> None:
+    """One walk of the argument engine over a table; its error returns at once."""
+    rc = b.call(engine, operands)
+    with b.if_then(b.icmp_signed("!=", rc, I32(0)), likely=False):
+        b.ret(I32(-1))

@@ -176,13 +176,24 @@ class _Walk:
         b.store(b.gep(data, [self.field(dl, abi.DL_BYTE_OFFSET, I64)], source_etype=I8), self.slot)
 
 
-def table(module: ir.Module, kernel: kir.Kernel) -> ir.GlobalVariable:
-    """``kernel``'s argument checks as a table for :class:`ArgsEngine` (see above)."""
+def tables(module: ir.Module, kernel: kir.Kernel) -> tuple[ir.GlobalVariable, list, ir.GlobalVariable | None]:
+    """``kernel``'s argument checks as tables for :class:`ArgsEngine` (see above): the
+    checks before its derived sizes, the derived sizes (:class:`.abi.Derive`, which the
+    entry computes itself), and the checks after them (None without derived sizes)."""
+    checks = abi.plan(kernel)
+    derive = [k for k, chk in enumerate(checks) if isinstance(chk, abi.Derive)]
+    if not derive:
+        return _table(module, kernel, checks, ""), [], None
+    first, last = derive[0], derive[-1] + 1
+    return (_table(module, kernel, checks[:first], ".bind", data=False), checks[first:last],
+            _table(module, kernel, checks[last:], ".check"))
+
+
+def _table(module: ir.Module, kernel: kir.Kernel, checks: list, suffix: str, data: bool = True):
     nparams = len(kernel.params)
     slot = {s: nparams + k for k, s in enumerate(kernel.sym_vars)}
-    records = [chk.record(slot) + tuple(chk.strings) + (0,) * (3 - len(chk.strings))
-               for chk in abi.plan(kernel)]
-    records += [(DATA, i, 0, 0, "", 0, 0, 0, 0) for i in range(nparams)]
+    records = [chk.record(slot) + tuple(chk.strings) + (0,) * (3 - len(chk.strings)) for chk in checks]
+    records += [(DATA, i, 0, 0, "", 0, 0, 0, 0) for i in range(nparams)] if data else []
 
     text, offsets = bytearray(), {}
     start = 8 * (1 + WORDS * len(records))
@@ -192,7 +203,7 @@ def table(module: ir.Module, kernel: kir.Kernel) -> ir.GlobalVariable:
     words = [len(records)] + [v for r in records for v in (*r[:4], offsets[r[4]], *r[5:])]
     init = ir.Constant.literal_struct([ir.Constant(ir.ArrayType(I64, len(words)), words),
                                        ir.Constant(ir.ArrayType(I8, len(text)), text)])
-    g = _private_constant(module, f"{kernel.name}.args", init)
+    g = _private_constant(module, f"{kernel.name}.args{suffix}", init)
     g.align = 8
     return g
 

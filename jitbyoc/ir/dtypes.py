@@ -18,11 +18,17 @@ from llvmlite import ir
 @dataclass(frozen=True)
 class DType:
     name: str
-    kind: str  # "float", "int" or "bool"
+    kind: str  # "float", "int" (signed or not) or "bool"
     bits: int
     dl_code: int  # DLPack type code: 0 int, 1 uint, 2 float, 6 bool
     c: str
     lanes: int = 1
+
+    @property
+    def signed(self) -> bool:
+        """Whether integer compares, extensions, shifts and conversions are signed (bool:
+        an unsigned bit)."""
+        return self.dl_code != 1 and not self.is_bool
 
     def with_lanes(self, lanes: int) -> "DType":
         return self if lanes == self.lanes else dataclasses.replace(self, lanes=lanes)
@@ -91,11 +97,16 @@ DTYPES = {
         DType("int32", "int", 32, 0, "int32_t"),
         DType("int64", "int", 64, 0, "int64_t"),
         DType("bool", "bool", 1, 6, "bool"),
+        DType("int8", "int", 8, 0, "int8_t"),
+        DType("int16", "int", 16, 0, "int16_t"),
+        DType("uint8", "int", 8, 1, "uint8_t"),
+        DType("uint16", "int", 16, 1, "uint16_t"),
+        DType("uint32", "int", 32, 1, "uint32_t"),
     )
 }
 
 FLOATS = frozenset({"float32", "float64"})
-INTS = frozenset({"int32", "int64"})
+INTS = frozenset({"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32"})
 NUMERIC = FLOATS | INTS
 ALL = NUMERIC | {"bool"}
 

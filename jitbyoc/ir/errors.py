@@ -12,7 +12,9 @@ from contextlib import contextmanager
 
 
 class JitbyocError(RuntimeError):
-    """jitbyoc could not lower, render or compile a region."""
+    """jitbyoc could not lower, render or compile a region. ``subject`` is what failed
+    (the Relax call, for a lowering error), when known."""
+    subject = None
 
 
 class LoweringError(JitbyocError):
@@ -31,13 +33,17 @@ STEP = {LoweringError: "lowering", RenderError: "rendering", CompileError: "comp
 
 
 @contextmanager
-def error_context(kind: type[JitbyocError], region: str, what: str | None = None):
+def error_context(kind: type[JitbyocError], region: str, what: str | None = None, subject=None):
     """Re-raise anything but a :class:`JitbyocError` as ``kind``, naming ``region`` and
-    ``what`` (an op or a stage)."""
+    ``what`` (an op or a stage); ``subject`` goes with it."""
     try:
         yield
-    except JitbyocError:
+    except JitbyocError as err:
+        if err.subject is None:
+            err.subject = subject
         raise
     except Exception as err:
         where = f"region '{region}'" + (f", {what}" if what else "")
-        raise kind(f"jitbyoc: {STEP[kind]} {where} failed: {type(err).__name__}: {err}") from err
+        new = kind(f"jitbyoc: {STEP[kind]} {where} failed: {type(err).__name__}: {err}")
+        new.subject = subject
+        raise new from err

@@ -121,20 +121,27 @@ class Kernel:
     stages: list = field(default_factory=list)
     temps: list[Buffer] = field(default_factory=list)
     ops: list[str] = field(default_factory=list)  # Relax ops covered, for the report
+    # derived sizes: name -> definition over the plain ones (jitbyoc.ir.sizes)
+    sizes: dict[str, tuple] = field(default_factory=dict)
 
     @property
     def params(self) -> list[Buffer]:
         return self.inputs + self.outputs
 
     @property
-    def sym_vars(self) -> list[str]:
-        """Symbolic sizes, in order of first appearance among the parameters."""
+    def plain_sizes(self) -> list[str]:
+        """The symbolic sizes read from argument shapes, in order of first appearance."""
         seen: dict[str, None] = {}
         for b in self.params:
             for d in b.shape:
-                if isinstance(d, str):
+                if isinstance(d, str) and d not in self.sizes:
                     seen.setdefault(d)
         return list(seen)
+
+    @property
+    def sym_vars(self) -> list[str]:
+        """Symbolic sizes: the plain ones, then the derived ones."""
+        return self.plain_sizes + list(self.sizes)
 
 
 def describe(stage) -> str:

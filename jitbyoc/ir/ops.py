@@ -48,10 +48,11 @@ class OpDef:
     scalars: tuple[str, ...] = ()  # attributes given as trailing constant call arguments
     relax_attrs_from: tuple[tuple[str, str], ...] = ()  # (attribute, Relax attribute)
     condition: bool = False  # operand 0 is a bool condition; the dtype is the others'
+    traps: bool = False  # on integers, the CPU traps on some operands (division by zero)
 
     def relax_attrs(self, call) -> dict:
         """The attributes this row needs, taken from a Relax call of its op."""
-        attrs = {name: str(getattr(call.attrs, field)) for name, field in self.relax_attrs_from}
+        attrs = {name: _attr_value(getattr(call.attrs, field)) for name, field in self.relax_attrs_from}
         attrs.update((name, float(arg.value)) for name, arg in zip(self.scalars, call.args[self.arity:]))
         return attrs
 
@@ -59,6 +60,15 @@ class OpDef:
         if callable(self.out):
             return self.out(dtype)
         return attrs.get("to") or self.out or dtype
+
+
+def _attr_value(v):
+    """A Relax attribute as a row attribute: a number as a float, anything else (a dtype) as text."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v)
+    if hasattr(v, "value") and isinstance(v.value, (int, float)):
+        return float(v.value)
+    return str(v)
 
 
 # ---- rule factories (one line per row below) -------------------------------------------
@@ -73,7 +83,7 @@ def _cmp(op: str):
     def rule(b, dt, x, y):
         if dt.is_float:
             return b.fcmp_unordered(op, x, y) if op == "!=" else b.fcmp_ordered(op, x, y)
-        return b.icmp_unsigned(op, x, y) if dt.is_bool else b.icmp_signed(op, x, y)
+        return b.icmp_signed(op, x, y) if dt.signed else b.icmp_unsigned(op, x, y)
     return rule
 
 
@@ -81,6 +91,22 @@ def _intrinsic(name: str):
     def rule(b, dt, *xs):
         fname = f"llvm.{name}.{f'v{dt.lanes}' if dt.lanes > 1 else ''}f{dt.bits}"
         return b.call(declare(b.module, fname, dt.ir, [dt.ir] * len(xs)), xs)
+    return rule
+
+
+def _libm_call(name: str):
+    """A call of libm's ``name`` (``namef`` for float32), lane by lane: LLVM has no
+    intrinsic for it."""
+    def rule(b, dt, *xs):
+        scalar = lookup_dtype(dt.name)
+        fn = declare(b.module, f"{name}{scalar.c_suffix}", scalar.ir, [scalar.ir] * len(xs))
+        if dt.lanes == 1:
+            return b.call(fn, xs)
+        out = ir.Constant(dt.ir, ir.Undefined)
+        for lane in range(dt.lanes):
+            at = ir.Constant(ir.IntType(32), lane)
+            out = b.insert_element(out, b.call(fn, [b.extract_element(x, at) for x in xs]), at)
+        return out
     return rule
 
 
@@ -107,12 +133,14 @@ def _cast_llvm(b, dt, x, to):
     if dt.is_float and dst.is_float:
         return b.fpext(x, dst.ir) if dst.bits > dt.bits else b.fptrunc(x, dst.ir)
     if dt.is_float:
-        return b.fptosi(x, dst.ir)
+        return b.fptosi(x, dst.ir) if dst.signed else b.fptoui(x, dst.ir)
     if dst.is_float:
-        return b.sitofp(x, dst.ir)
+        return b.sitofp(x, dst.ir) if dt.signed else b.uitofp(x, dst.ir)
     if dst.bits == dt.bits:
         return x
-    return b.sext(x, dst.ir) if dst.bits > dt.bits else b.trunc(x, dst.ir)
+    if dst.bits < dt.bits:
+        return b.trunc(x, dst.ir)
+    return b.sext(x, dst.ir) if dt.signed else b.zext(x, dst.ir)
 
 
 def _cast_c(dt, x, to):
@@ -131,7 +159,53 @@ def _bitcast_c(dt, x):
 
 
 def _abs_int(b, dt, x):
+    if not dt.signed:
+        return x
     return b.select(b.icmp_signed("<", x, ir.Constant(dt.ir, 0)), b.neg(x), x)
+
+
+def _zero(dt):
+    return ir.Constant(dt.ir, 0.0 if dt.is_float else 0)
+
+
+def _floor_div_llvm(b, dt, x, y):
+    """Integer division rounding down (C's ``/`` truncates): one less where the
+    remainder is nonzero and its sign differs from the divisor's."""
+    if not dt.signed:
+        return b.udiv(x, y)
+    r = b.srem(x, y)
+    return b.sub(b.sdiv(x, y), b.zext(_floor_fix(b, dt, r, y), dt.ir))
+
+
+def _floor_mod_llvm(b, dt, x, y):
+    if not dt.signed:
+        return b.urem(x, y)
+    r = b.srem(x, y)
+    return b.select(_floor_fix(b, dt, r, y), b.add(r, y), r)
+
+
+def _floor_fix(b, dt, r, y):
+    neg = b.icmp_signed("!=", b.icmp_signed("<", r, _zero(dt)), b.icmp_signed("<", y, _zero(dt)))
+    return b.and_(b.icmp_signed("!=", r, _zero(dt)), neg)
+
+
+def _floor_div_c(dt, x, y):
+    if not dt.signed:
+        return f"({x} / {y})"
+    return f"({x} / {y} - ({x} % {y} != 0 && (({x} % {y} < 0) != ({y} < 0))))"
+
+
+def _floor_mod_c(dt, x, y):
+    if not dt.signed:
+        return f"({x} % {y})"
+    return f"({x} % {y} + (({x} % {y} != 0 && (({x} % {y} < 0) != ({y} < 0))) ? {y} : 0))"
+
+
+def _mod_llvm(b, dt, x, y):
+    """Remainder truncated toward zero (C's ``%``, ``fmod``)."""
+    if dt.is_float:
+        return b.frem(x, y)
+    return b.srem(x, y) if dt.signed else b.urem(x, y)
 
 
 def _relu_llvm(b, dt, x):
@@ -227,10 +301,56 @@ OPS: dict[str, OpDef] = {
     # primitives for the expansions
     "select":   OpDef(3, np.where, NB, lambda b, dt, c, x, y: b.select(c, x, y), "({0} ? {1} : {2})"),
     "bitcast":  OpDef(1, None, F | I, _bitcast_llvm, _bitcast_c, out=_BITCAST.__getitem__),
-    "shl":      OpDef(2, np.left_shift, I, lambda b, dt, x, y: b.shl(x, y), "({0} << {1})"),
-    "shr":      OpDef(2, np.right_shift, I, lambda b, dt, x, y: b.ashr(x, y), "({0} >> {1})"),
-    "bitand":   OpDef(2, np.bitwise_and, I, lambda b, dt, x, y: b.and_(x, y), "({0} & {1})"),
-    "bitor":    OpDef(2, np.bitwise_or, I, lambda b, dt, x, y: b.or_(x, y), "({0} | {1})"),
+    # integer bit ops (shifts by the width or more: undefined, as in C and TVM's LLVM build)
+    "shl":      OpDef(2, np.left_shift, I, lambda b, dt, x, y: b.shl(x, y), "({0} << {1})",
+                      relax="relax.left_shift"),
+    "shr":      OpDef(2, np.right_shift, I, lambda b, dt, x, y: b.ashr(x, y) if dt.signed else b.lshr(x, y),
+                      "({0} >> {1})", relax="relax.right_shift"),
+    "bitand":   OpDef(2, np.bitwise_and, I | B, lambda b, dt, x, y: b.and_(x, y), "({0} & {1})",
+                      relax="relax.bitwise_and"),
+    "bitor":    OpDef(2, np.bitwise_or, I | B, lambda b, dt, x, y: b.or_(x, y), "({0} | {1})",
+                      relax="relax.bitwise_or"),
+    "bitxor":   OpDef(2, np.bitwise_xor, I | B, lambda b, dt, x, y: b.xor(x, y), "({0} ^ {1})",
+                      relax="relax.bitwise_xor"),
+    "bitnot":   OpDef(1, np.invert, I, lambda b, dt, x: b.not_(x), "(~{0})", relax="relax.bitwise_not"),
+    "logical_xor": OpDef(2, np.logical_xor, B, lambda b, dt, x, y: b.xor(x, y), "({0} != {1})",
+                         relax="relax.logical_xor"),
+    # integer division and remainders (nonzero divisors; INT_MIN / -1 is undefined, as in C)
+    "floor_divide": OpDef(2, np.floor_divide, I, _floor_div_llvm, _floor_div_c, relax="relax.floor_divide",
+                          traps=True),
+    "floor_mod": OpDef(2, np.mod, I, _floor_mod_llvm, _floor_mod_c, relax="relax.floor_mod", traps=True),
+    "mod":      OpDef(2, np.fmod, N, _mod_llvm, lambda dt, x, y: _libm("fmod")(dt, x, y) if dt.is_float
+                      else f"({x} % {y})", relax="relax.mod", traps=True),
+    # float classification and rounding
+    "isnan":    OpDef(1, np.isnan, F, expand=lambda e, dt, x: e.op("not_equal", dt, x, x), out="bool",
+                      relax="relax.isnan"),
+    "isinf":    OpDef(1, np.isinf, F, expand=lambda e, dt, x: e.op("equal", dt, e.op("abs", dt, x),
+                                                                  e.const(math.inf, dt)),
+                      out="bool", relax="relax.isinf"),
+    "isfinite": OpDef(1, np.isfinite, F, expand=lambda e, dt, x: e.op("less", dt, e.op("abs", dt, x),
+                                                                     e.const(math.inf, dt)),
+                      out="bool", relax="relax.isfinite"),
+    # the C library's (TVM's LLVM build calls the same functions through the same intrinsics)
+    "sin":      OpDef(1, np.sin, F, _intrinsic("sin"), _libm("sin"), relax="relax.sin", ulp=1),
+    "cos":      OpDef(1, np.cos, F, _intrinsic("cos"), _libm("cos"), relax="relax.cos", ulp=1),
+    **{name: OpDef(1, getattr(np, numpy), F, _intrinsic(name), _libm(name), relax=f"relax.{name}", ulp=2)
+       for name, numpy in (("tan", "tan"), ("asin", "arcsin"), ("acos", "arccos"), ("atan", "arctan"),
+                           ("sinh", "sinh"), ("cosh", "cosh"))},
+    **{name: OpDef(1, getattr(np, numpy), F, _libm_call(name), _libm(name), relax=f"relax.{name}", ulp=2)
+       for name, numpy in (("asinh", "arcsinh"), ("acosh", "arccosh"), ("atanh", "arctanh"))},
+    "round":    OpDef(1, np.round, F, _intrinsic("nearbyint"), _libm("nearbyint"), relax="relax.round"),
+    "trunc":    OpDef(1, np.trunc, F, _intrinsic("trunc"), _libm("trunc"), relax="relax.trunc"),
+    # TVM's sign: 0 for NaN (both comparisons are false), where numpy's is NaN
+    "sign":     OpDef(1, lambda x: np.where(x < 0, -1, np.where(x > 0, 1, 0)).astype(x.dtype), N,
+                      expand=lambda e, dt, x: e.op("select", dt, e.op("greater", dt, x, e.const(0, dt)), e.const(1, dt),
+                                                   e.op("select", dt, e.op("less", dt, x, e.const(0, dt)),
+                                                        e.const(-1, dt), e.const(0, dt))
+                                                   if lookup_dtype(dt).signed else e.const(0, dt)),
+                      relax="relax.sign"),
+    "leakyrelu": OpDef(1, lambda x, alpha: np.where(x > 0, x, x * x.dtype.type(alpha)).astype(x.dtype), F,
+                       expand=lambda e, dt, x, alpha: e.op("select", dt, e.op("greater", dt, x, e.const(0, dt)),
+                                                           x, e.op("multiply", dt, x, e.const(alpha, dt))),
+                       relax="relax.nn.leakyrelu", relax_attrs_from=(("alpha", "alpha"),)),
 }
 
 

@@ -1,8 +1,9 @@
 """Reading Relax types: the shapes and dtypes a rule's check and builder see.
 
 Static dims are ints; symbolic sizes (``tirx.Var``) get names from the region being
-lowered (:class:`SymbolicSizes`); anything else (a compound dim such as ``n * 2``) makes
-the shape unreadable, so the op stays with TVM.
+lowered (:class:`SymbolicSizes`), and so do compound dims (``n * 2``, ``min(n, 4) + 1``:
+derived sizes, see :mod:`jitbyoc.ir.sizes`); a dim of any other form makes the shape
+unreadable, so the op stays with TVM.
 """
 
 from __future__ import annotations
@@ -10,10 +11,12 @@ from __future__ import annotations
 from contextlib import contextmanager
 from contextvars import ContextVar
 
-from tvm import relax
+from tvm import relax, tirx
 from tvm.ir.expr import Var as SizeVar
 from tvm.ir.prim import IntImm
+from tvm.sym import Analyzer
 
+from . import sizes as size_exprs
 from .dtypes import DTYPES
 
 
@@ -27,12 +30,26 @@ class SymbolicSizes:
         self._by_handle: dict[int, str | int] = {}
         self._vars: list = []  # keeps each var alive, so its handle stays its own
         self._aliases: list = []
+        self.derived: dict[str, tuple] = {}  # name -> definition over plain sizes
+
+    def derive(self, tree: tuple) -> str:
+        """The name of a compound size (``tree`` over plain sizes' names)."""
+        for name, known in self.derived.items():
+            if known == tree:
+                return name
+        name = f"sym{len(self._vars) + len(self.derived)}"
+        self.derived[name] = tree
+        return name
+
+    def definition(self, name: str):
+        """A size as a tree over plain sizes: a derived size's definition, else itself."""
+        return self.derived.get(name, name)
 
     def name(self, var) -> str | int:
         handle = var.__chandle__()
         found = self._by_handle.get(handle)
         if found is None:
-            found = self._by_handle[handle] = f"sym{len(self._vars)}"
+            found = self._by_handle[handle] = f"sym{len(self._vars) + len(self.derived)}"
             self._vars.append(var)
         return found
 
@@ -45,8 +62,9 @@ class SymbolicSizes:
 
     @property
     def display(self) -> dict[str, str]:
-        """generated name -> the user's name of that size."""
-        return {f"sym{k}": str(v.name) for k, v in enumerate(self._vars)}
+        """generated name -> the user's name of that size (a derived one: its formula)."""
+        plain = {self.name(v): str(v.name) for v in self._vars}
+        return plain | {k: size_exprs.shown(t, plain) for k, t in self.derived.items()}
 
 
 _SIZES: ContextVar[SymbolicSizes | None] = ContextVar("jitbyoc_symbolic_sizes", default=None)
@@ -71,20 +89,48 @@ def size_name(var) -> str | int:
 
 
 def dims(ty) -> list | None:
-    """Static ints and symbolic sizes (see :func:`size_name`) of a tensor type, or None if
-    the shape is unknown or has a compound symbolic dim (``n * 2``)."""
+    """Static ints and symbolic sizes (see :func:`dim`) of a tensor type, or None if the
+    shape is unknown or has a dim :func:`dim` cannot read."""
     shape = getattr(ty, "shape", None)
-    if not isinstance(shape, relax.ShapeExpr):
+    if isinstance(shape, relax.Var):  # a shape held by a variable (a composite's parameter)
+        shape = getattr(shape, "ty", None)
+    values = getattr(shape, "values", None)
+    if not isinstance(shape, (relax.ShapeExpr, relax.ShapeType)) or values is None:
         return None
-    out = []
-    for d in shape.values:
-        if isinstance(d, IntImm):
-            out.append(int(d))
-        elif isinstance(d, SizeVar):
-            out.append(size_name(d))
-        else:
+    out = [dim(d) for d in values]
+    return None if None in out else out
+
+
+def dim(d) -> int | str | None:
+    """One dim: a static int, a symbolic size's name (a plain or a derived one), or None
+    (an expression of another form)."""
+    if isinstance(d, IntImm):
+        return int(d)
+    if isinstance(d, SizeVar):
+        return size_name(d)
+    sizes = _SIZES.get()
+
+    def leaf(var):
+        if not isinstance(var, SizeVar):
             return None
-    return out
+        name = size_name(var)  # inside a composite it may stand for a derived size
+        return sizes.definition(name) if sizes is not None and isinstance(name, str) else name
+
+    tree = size_exprs.from_prim(d, leaf)
+    if tree is None or isinstance(tree, int | str):
+        return tree
+    return sizes.derive(tree) if sizes is not None else f"sym@{tree}"
+
+
+def same_element_count(a, b) -> bool:
+    """Whether two tensor types provably hold as many elements (symbolic sizes too)."""
+    counts = []
+    for ty in (a, b):
+        count = tirx.const(1, "int64")
+        for d in ty.shape.values:
+            count = count * d
+        counts.append(count)
+    return Analyzer().can_prove_equal(*counts)
 
 
 def tensor_problem(ty, allowed) -> str | None:
@@ -94,7 +140,8 @@ def tensor_problem(ty, allowed) -> str | None:
     if str(ty.dtype) not in DTYPES or str(ty.dtype) not in allowed:
         return f"dtype {ty.dtype} not supported (supported: {sorted(set(allowed) & set(DTYPES))})"
     if dims(ty) is None:
-        return f"shape {getattr(ty, 'shape', '?')} is unknown or has a compound symbolic dim"
+        return f"shape {getattr(ty, 'shape', '?')} is unknown or has a dim other than ints and " \
+               f"+ - * min max and floor division by constants of symbolic sizes"
     return None
 
 

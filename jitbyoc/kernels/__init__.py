@@ -19,7 +19,7 @@ import logging
 import sys
 
 KERNEL_MODULES = ("matmul", "conv2d", "pool2d", "softmax", "norm", "reduce", "layout", "slicing",
-                  "fold_permutes")
+                  "fold_permutes", "generate", "scan", "gather", "inference", "argreduce")
 FAILED: dict[str, str] = {}  # kernel module -> why it could not be imported
 
 

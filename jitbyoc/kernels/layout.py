@@ -21,10 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from tvm.ir.expr import Var as SizeVar
 
 from ..ir import kir
 from ..ir.dtypes import ALL
-from ..ir.relax_types import broadcast_problem, dims, tensor_problem
+from ..ir.relax_types import broadcast_problem, dim, dims, same_element_count, tensor_problem
 from ..ir.rules import register
 from ..render.indexing import dot, product, unravel
 from ..render.loops import threaded
@@ -55,9 +56,12 @@ def _check_view(call) -> str | None:
         problem = tensor_problem(ty, ALL)
         if problem:
             return f"{call.op.name} {what}: {problem}"
-    unknown = {d for d in dims(call.ty) if isinstance(d, str)} - set(dims(x.ty))
+    plain = [d for d in call.ty.shape.values if isinstance(d, SizeVar)]
+    unknown = {str(d.name) for d in plain if dim(d) not in dims(x.ty)}
     if unknown:
         return f"{call.op.name}: result dims {sorted(unknown)} do not appear in the input shape"
+    if not same_element_count(x.ty, call.ty):
+        return f"{call.op.name}: cannot prove that {x.ty.shape} and {call.ty.shape} hold as many elements"
     return None
 
 

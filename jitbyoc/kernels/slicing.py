@@ -1,6 +1,7 @@
-"""Index-range copies: concat, strided_slice, split and take (embedding lookup).
+"""Index-range copies: concat, stack, strided_slice, flip, split and take (embedding lookup).
 
-concat copies, for each index of the dims before its axis, every operand's row in turn.
+concat copies, for each index of the dims before its axis, every operand's row in turn;
+stack is a concat of its operands viewed with a unit dim. flip is a slice stepping back.
 strided_slice and each output of split are one :class:`Slice` stage: every output row
 (all dims but the last) starts at a computed input offset and reads with a fixed step, so
 unit-step slices copy contiguous runs. take copies, for every index, the contiguous block
@@ -77,22 +78,33 @@ def _ints(expr) -> list[int] | None:
 
 
 def _slice_plan(call):
-    """(begin, step) per dim of ``x`` for a strided_slice, or a reason string."""
+    """(begin, step) per dim of ``x`` for a strided_slice, or a reason string. On a
+    symbolic axis the slice must be declared in bounds (``assume_inbound``: the frontends'
+    slices are, once :mod:`jitbyoc.tvm.refine_shapes` proved them so), its begin a static
+    non-negative int and its step positive; the result's (symbolic) length says how far
+    to read, and ``end`` may be symbolic there."""
     x, axes, begin, end = call.args[:4]
     shape, out = dims(x.ty), dims(call.ty)
-    parts = [_ints(a) for a in (axes, begin, end)]
-    steps = _ints(call.args[4]) if len(call.args) > 4 else [1] * len(parts[0] or [])
-    if any(p is None for p in parts) or steps is None:
-        return "begin/end/strides are not static integers"
+    axes, begin = _ints(axes), _ints(begin)
+    steps = _ints(call.args[4]) if len(call.args) > 4 else [1] * len(axes or [])
+    ends = _ints(end) or [None] * len(getattr(end, "fields", None) or getattr(end, "values", None) or [])
+    if axes is None or begin is None or steps is None or len(ends) != len(axes):
+        return "begin/strides are not static integers"
     first, step = [0] * len(shape), [1] * len(shape)
-    for a, b, e, s in zip(*parts, steps):
+    for a, b, e, s in zip(axes, begin, ends, steps):
         a %= len(shape)
-        if not isinstance(shape[a], int) or not isinstance(out[a], int) or s == 0:
-            return f"axis {a} is symbolic or has stride 0"
-        rng = range(*slice(b, e, s).indices(shape[a]))
-        if len(rng) != out[a]:
-            return f"axis {a}: cannot reproduce TVM's result length {out[a]}"
-        first[a], step[a] = (rng.start if len(rng) else 0), s
+        if isinstance(shape[a], int) and isinstance(out[a], int) and e is not None and s != 0:
+            rng = range(*slice(b, e, s).indices(shape[a]))
+            if len(rng) != out[a]:
+                return f"axis {a}: cannot reproduce TVM's result length {out[a]}"
+            first[a], step[a] = (rng.start if len(rng) else 0), s
+        elif not call.attrs.assume_inbound:  # TVM clamps: FuseOpsByPattern fails on the
+            # if_then_else that clamping a compound dim puts in the composite's types
+            return f"axis {a} is symbolic (or its end is) and the slice may run out of bounds"
+        elif b >= 0 and s > 0:
+            first[a], step[a] = b, s
+        else:
+            return f"axis {a} is symbolic (or its end is) and the slice starts from its end or steps back"
     return tuple(first), tuple(step)
 
 
@@ -254,18 +266,26 @@ class Concat(PortableStage, kir.KernelStage):
         return np.concatenate(xs, axis=axis)
 
 
-def _check_concat(call) -> str | None:
-    tup = call.args[0]
+def _check_tuple_operands(call) -> str | None:
+    """concat's and stack's operands: a literal tuple of tensors of one dtype."""
+    name, tup = call.op.name, call.args[0]
     if not isinstance(tup, relax.Tuple) or not tup.fields:
-        return "relax.concat: operand is not a literal tuple of tensors"
-    if call.attrs.axis is None:
-        return "relax.concat: axis=None (flattening concat) is left to TVM"
+        return f"{name}: operand is not a literal tuple of tensors"
     for t in list(tup.fields) + [call]:
         problem = tensor_problem(t.ty, ALL)
         if problem:
-            return f"relax.concat: {problem}"
+            return f"{name}: {problem}"
     if len({str(t.ty.dtype) for t in tup.fields}) != 1:
-        return "relax.concat: operands of mixed dtypes"
+        return f"{name}: operands of mixed dtypes"
+    return None
+
+
+def _check_concat(call) -> str | None:
+    if call.attrs.axis is None:
+        return "relax.concat: axis=None (flattening concat) is left to TVM"
+    problem = _check_tuple_operands(call)
+    if problem:
+        return problem
     if not dims(call.ty):
         return "relax.concat: rank-0 operands"
     return None
@@ -275,3 +295,38 @@ def _check_concat(call) -> str | None:
 def _build_concat(fe, call, out):
     inputs = tuple(fe.buffer(t) for t in call.args[0].fields)
     return Concat(inputs, out, axis=int(call.attrs.axis) % out.ndim)
+
+
+@register("relax.stack", 1, _check_tuple_operands)
+def _build_stack(fe, call, out):
+    """A concat of the operands, each viewed with a unit dim at ``axis``."""
+    axis = int(call.attrs.axis) % out.ndim
+    inputs = []
+    for t in call.args[0].fields:
+        buf = fe.buffer(t)
+        inputs.append(kir.view(buf, buf.shape[:axis] + (1,) + buf.shape[axis:]))
+    return Concat(tuple(inputs), out, axis=axis)
+
+
+def _check_flip(call) -> str | None:
+    x = call.args[0]
+    problem = tensor_problem(x.ty, ALL)
+    if problem:
+        return f"relax.flip: {problem}"
+    shape = dims(x.ty)
+    if not shape:
+        return "relax.flip: rank-0 input"
+    n = shape[int(call.attrs.axis) % len(shape)]
+    if not isinstance(n, int) or n == 0:
+        return f"relax.flip: the flipped dim {n} is symbolic or empty"
+    return None
+
+
+@register("relax.flip", 1, _check_flip)
+def _build_flip(fe, call, out):
+    """A slice that starts at the last index of ``axis`` and steps back."""
+    x = fe.buffer(call.args[0])
+    axis = int(call.attrs.axis) % x.ndim
+    begin, step = [0] * x.ndim, [1] * x.ndim
+    begin[axis], step[axis] = x.shape[axis] - 1, -1
+    return Slice((x,), out, begin=tuple(begin), step=tuple(step))

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ir.dtypes import dtype as lookup_dtype
+from ..ir import sizes
 from ..ir.kir import Kernel
 from .c import product as c_product
 
@@ -163,41 +164,67 @@ def string_index(kernel: Kernel, kind: str, k: int = 0) -> int:
     return {REGION: 0, ARG: 1 + k, SHAPE: 1 + nparams + k, SIZE: 1 + 2 * nparams + k}[kind]
 
 
+@dataclass(frozen=True)
+class Derive:
+    """A derived size (:mod:`jitbyoc.ir.sizes`), computed from the plain sizes bound before
+    it; the dim checks after it compare shapes with it like with any size. Not a record of
+    the argument engine's table: the LLVM entry computes it between two table walks."""
+    name: str
+    tree: tuple
+    strings: tuple = ()
+
+    def emit_c(self, e) -> None:
+        e.line(f"const int64_t {self.name} = {sizes.emit_c(self.tree)};")
+
+
 def plan(kernel: Kernel) -> list:
-    """The entry's checks, in order. Nothing in them depends on the user's names."""
+    """The entry's checks, in order. Nothing in them depends on the user's names. With
+    derived sizes, every argument is read and every plain size bound first, then the
+    derived sizes are computed, then the dims are checked."""
     n_in, n_out = len(kernel.inputs), len(kernel.outputs)
-    checks: list = [ArgCount(len(kernel.params), f"%s: expected {len(kernel.params)} arguments "
-                             f"({n_in} inputs, {n_out} outputs), got %d",
-                             (string_index(kernel, REGION),))]
+    count = ArgCount(len(kernel.params), f"%s: expected {len(kernel.params)} arguments "
+                     f"({n_in} inputs, {n_out} outputs), got %d", (string_index(kernel, REGION),))
     bound: set[str] = set()
-    sizes = kernel.sym_vars
+    heads, tails = [], []
     for i, buf in enumerate(kernel.params):
-        arg = (string_index(kernel, ARG, i),)
-        checks.append(Unpack(i, "%s: expected a tvm.runtime.Tensor or DLTensor, got FFI type index %d", arg))
-        checks.append(FieldEq(i, DL_DEVICE_TYPE, 32, KDL_CPU,
-                              f"%s: expected a CPU tensor (device type {KDL_CPU}), got device type %d",
-                              strings=arg))
-        checks.append(FieldEq(i, DL_NDIM, 32, buf.ndim, f"%s: expected ndim {buf.ndim}, got %d", strings=arg))
-        d = lookup_dtype(buf.dtype)
-        checks.append(FieldEq(i, DL_DTYPE, 32, _dtype_word(buf.dtype),
-                              f"%s: expected dtype {buf.dtype} (DLDataType code {d.dl_code}, "
-                              f"bits {d.storage_bits}, lanes 1), got code %d, bits %d, lanes %d",
-                              ((0, 0xFF), (8, 0xFF), (16, 0xFFFF)), arg))
-        shape = arg + (string_index(kernel, SHAPE, i),)
-        for axis, d in enumerate(buf.shape):
-            if isinstance(d, str) and d not in bound:
-                bound.add(d)
-                checks.append(DimEq(i, axis, d, True, ""))
-            elif isinstance(d, str):
-                checks.append(DimEq(i, axis, d, False, f"%s: expected shape %s, but shape[{axis}] is %lld "
-                                    f"(expected %s = %lld)",
-                                    shape + (string_index(kernel, SIZE, sizes.index(d)),)))
-            else:
-                checks.append(DimEq(i, axis, d, False, f"%s: expected shape %s, but shape[{axis}] is %lld "
-                                    f"(expected {d})", shape))
-        checks.append(Contiguous(i, "%s: expected a contiguous tensor, but strides[%d] is %lld "
-                                    "(expected %lld)", arg, buf.shape))
-    return checks
+        head, tail = _argument_checks(kernel, i, buf, bound)
+        heads.append(head)
+        tails.append(tail)
+    if not kernel.sizes:
+        return [count] + [c for head, tail in zip(heads, tails) for c in head + tail]
+    derive = [Derive(name, tree) for name, tree in kernel.sizes.items()]
+    return [count] + [c for head in heads for c in head] + derive + [c for tail in tails for c in tail]
+
+
+def _argument_checks(kernel: Kernel, i: int, buf, bound: set) -> tuple[list, list]:
+    """Argument ``i``'s checks: those that read it and bind its plain sizes, then those
+    that check its dims and strides (in this order when there are no derived sizes)."""
+    arg = (string_index(kernel, ARG, i),)
+    head: list = [Unpack(i, "%s: expected a tvm.runtime.Tensor or DLTensor, got FFI type index %d", arg),
+                  FieldEq(i, DL_DEVICE_TYPE, 32, KDL_CPU,
+                          f"%s: expected a CPU tensor (device type {KDL_CPU}), got device type %d", strings=arg),
+                  FieldEq(i, DL_NDIM, 32, buf.ndim, f"%s: expected ndim {buf.ndim}, got %d", strings=arg)]
+    d = lookup_dtype(buf.dtype)
+    head.append(FieldEq(i, DL_DTYPE, 32, _dtype_word(buf.dtype),
+                        f"%s: expected dtype {buf.dtype} (DLDataType code {d.dl_code}, "
+                        f"bits {d.storage_bits}, lanes 1), got code %d, bits %d, lanes %d",
+                        ((0, 0xFF), (8, 0xFF), (16, 0xFFFF)), arg))
+    shape = arg + (string_index(kernel, SHAPE, i),)
+    checks: list = []
+    for axis, d in enumerate(buf.shape):
+        if isinstance(d, str) and d not in bound and d not in kernel.sizes:
+            bound.add(d)
+            (head if kernel.sizes else checks).append(DimEq(i, axis, d, True, ""))
+        elif isinstance(d, str):
+            checks.append(DimEq(i, axis, d, False, f"%s: expected shape %s, but shape[{axis}] is %lld "
+                                f"(expected %s = %lld)",
+                                shape + (string_index(kernel, SIZE, kernel.sym_vars.index(d)),)))
+        else:
+            checks.append(DimEq(i, axis, d, False, f"%s: expected shape %s, but shape[{axis}] is %lld "
+                                f"(expected {d})", shape))
+    checks.append(Contiguous(i, "%s: expected a contiguous tensor, but strides[%d] is %lld "
+                                "(expected %lld)", arg, buf.shape))
+    return (head, checks) if kernel.sizes else (head + checks, [])
 
 
 def _shown(text: str, limit: int = 200) -> str:

@@ -56,7 +56,8 @@ def identity(kind: str, dt: str):
     d = lookup_dtype(dt)
     if d.is_float or kind in ("sum", "prod"):
         return IDENTITY[kind]
-    return -(1 << (d.bits - 1)) if kind == "max" else (1 << (d.bits - 1)) - 1
+    lo, hi = (-(1 << (d.bits - 1)), (1 << (d.bits - 1)) - 1) if d.signed else (0, (1 << d.bits) - 1)
+    return lo if kind == "max" else hi
 
 
 def _is(v, k: int) -> bool:

@@ -200,7 +200,7 @@ class Ctx:
         if stage.epilogue is None:
             return
         reads = kir.loads([stage.epilogue])
-        n = vector_lanes(stage.out, reads, stage.out.shape[-1:])
+        n = vector_lanes(stage.out, reads, stage.out.shape[-1:], [stage.epilogue])
         if n:
             self._vector_epilogue(stage, reads, origin, extent, n)
             return
@@ -264,11 +264,15 @@ class Ctx:
         return off
 
 
-def vector_lanes(out: kir.Buffer, bufs, inner) -> int | None:
+def vector_lanes(out: kir.Buffer, bufs, inner, exprs=()) -> int | None:
     """Lanes for an explicitly vectorized loop writing ``out`` along dims ``inner`` (a
-    tuple of dims), touching ``bufs``; None for a scalar loop: every buffer must hold 32-
-    or 64-bit elements, and the loop must not be short."""
+    tuple of dims), touching ``bufs`` and computing ``exprs``; None for a scalar loop:
+    every buffer must hold 32- or 64-bit elements, the loop must not be short, and no op
+    may trap on the masked-off lanes of a tail (integer division by their zeros)."""
     if not inner or any(lookup_dtype(x.dtype).storage_bits not in (32, 64) for x in [out, *bufs]):
+        return None
+    if any(isinstance(n, kir.Op) and op_def(n.op).traps and not lookup_dtype(n.in_dtype).is_float
+           for n in kir.walk(list(exprs))):
         return None
     n = lanes(out.dtype)
     static = all(isinstance(d, int) for d in inner)
@@ -342,7 +346,7 @@ def emit_elementwise(ctx: Ctx, stage: kir.Elementwise) -> None:
     roots = [node for _, node in stage.stores]
     bufs = kir.loads(roots) + [buf for buf, _ in stage.stores]
     layout = kir.nest_layout(stage.shape, bufs)
-    n = layout.extents and vector_lanes(stage.stores[0][0], bufs, layout.extents[-1])
+    n = layout.extents and vector_lanes(stage.stores[0][0], bufs, layout.extents[-1], roots)
     if not n:
         ctx.scalar_loops()
 

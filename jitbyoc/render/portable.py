@@ -79,7 +79,10 @@ class LLVM(Ints):
 
     def index(self, v, dt: str):
         """A loaded integer of dtype ``dt`` as an int64 index."""
-        return self.b.sext(v, I64) if lookup_dtype(dt).bits < 64 else v
+        d = lookup_dtype(dt)
+        if d.bits == 64:
+            return v
+        return self.b.sext(v, I64) if d.signed else self.b.zext(v, I64)
 
     # ---- memory, loops, accumulators -----------------------------------------------------
     def load(self, buf, off):
@@ -154,7 +157,8 @@ class LLVM(Ints):
         if not d.is_float:
             if kind in ("sum", "prod"):
                 return (self.b.add if kind == "sum" else self.b.mul)(acc, x)
-            return self.b.select(self.b.icmp_signed(">" if kind == "max" else "<", acc, x), acc, x)
+            cmp = self.b.icmp_signed if d.signed else self.b.icmp_unsigned
+            return self.b.select(cmp(">" if kind == "max" else "<", acc, x), acc, x)
         if kind in ("sum", "prod"):
             return (self.b.fadd if kind == "sum" else self.b.fmul)(acc, x, flags=("reassoc",))
         name = f"llvm.{'maximum' if kind == 'max' else 'minimum'}.f{d.bits}"

@@ -11,15 +11,23 @@ behind it.
 
 from __future__ import annotations
 
+import logging
+
 import tvm
 from tvm import relax
 from tvm.relax.backend.pattern_registry import get_patterns_with_prefix
 from tvm.relax.transform import FuseOpsByPattern
 
 from .. import lower
+from ..ir.errors import LoweringError
 from ..memo import LRU
+from . import patterns
+from .composite_types import retype_composites
 from .merge import merge_regions
 from .patterns import OPS_USED, PREFIX
+from .refine_shapes import refine_shapes
+
+log = logging.getLogger("jitbyoc")
 
 
 def regions(mod: tvm.IRModule) -> dict[tvm.ir.GlobalVar, relax.Function]:
@@ -83,17 +91,58 @@ def lowered(func: relax.Function) -> lower.Lowered:
     return lower.lower_region(func)
 
 
+MAX_REJECTIONS = 32  # lowering failures one partitioning may reject before leaving all to TVM
+
+
 def _partition(mod: tvm.IRModule) -> tuple[tvm.IRModule, dict]:
+    """Partition and lower every region; a region whose lowering fails rejects the call
+    that failed (or all its calls) and the module is partitioned again without it."""
+    mod = refine_shapes(mod, _ops_in(mod))
+    for _ in range(MAX_REJECTIONS):
+        try:
+            return _partition_once(mod)
+        except LoweringError as err:
+            log.warning("%s; that op stays with TVM", err)
+        except tvm.error.InternalError as err:  # TVM's own passes on what the patterns matched
+            log.warning("jitbyoc: partitioning failed in TVM (%s); all of it stays with TVM",
+                        str(err).strip().splitlines()[-1])
+            return mod, {}
+    log.warning("jitbyoc: %d lowering failures in one module; all of it stays with TVM", MAX_REJECTIONS)
+    return mod, {}
+
+
+def _calls(func: relax.Function) -> list:
+    found: list = []
+    relax.analysis.post_order_visit(func, lambda e: found.append(e) if isinstance(
+        e, relax.Call) and isinstance(e.op, tvm.ir.Op) else None)
+    return found
+
+
+def _lower(gv: tvm.ir.GlobalVar, func: relax.Function) -> lower.Lowered:
+    try:
+        return lower.lower_region(func, gv.name_hint)
+    except LoweringError as err:
+        subject = err.subject
+        for call in [subject] if isinstance(subject, relax.Call) else _calls(func):
+            patterns.reject(call, str(err))
+        raise
+
+
+def _partition_once(mod: tvm.IRModule) -> tuple[tvm.IRModule, dict]:
     # only patterns whose ops all occur (matching costs per pattern and node: ResNet-18's
     # and the encoder's partitioning took 22 ms with all 92)
     ops = _ops_in(mod)
-    patterns = [p for p in get_patterns_with_prefix(PREFIX) if OPS_USED.get(p.name, frozenset()) <= ops]
-    mod = FuseOpsByPattern(patterns, bind_constants=False, annotate_codegen=False)(mod)
+    found = [p for p in get_patterns_with_prefix(PREFIX) if OPS_USED.get(p.name, frozenset()) <= ops]
+    fuse = FuseOpsByPattern(found, bind_constants=False, annotate_codegen=False)
+    mod = fuse(mod)
+    retyped = retype_composites(mod)
+    if retyped is not mod:  # ops after a re-declared composite see their operands' shapes now
+        mod = fuse(retyped)
     mod = merge_regions(mod)
     codes: dict[str, str] = {}  # code symbol -> its key: distinct code never shares a name
     low_by_handle: dict[int, tuple] = {}  # region function handle -> (function, Lowered)
     for gv, func in regions(mod).items():
-        low = lower.lower_region(func, gv.name_hint)
+        low = _lower(gv, func)
         if codes.setdefault(low.kernel.name, low.key) != low.key:
             raise RuntimeError(f"jitbyoc: two different regions share the code symbol "
                                f"'{low.kernel.name}' (a 64-bit digest prefix collision)")

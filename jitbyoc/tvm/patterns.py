@@ -4,7 +4,12 @@ Importing this module registers every pattern with TVM's pattern registry under 
 ``jitbyoc`` prefix (``get_patterns_with_prefix("jitbyoc")``): one per rule, then the
 composites (anchor + bias + activation). A pattern's check function asks the op's rule
 whether jitbyoc can take the matched call; what it refuses stays with TVM, and
-:func:`jitbyoc.ir.rules.why_not` gives the reason for the offload report.
+:func:`reason` gives the reason for the offload report.
+
+A call whose rule accepted it but whose lowering then failed is *rejected*: its
+signature (op, operand and result types, attributes) is remembered with the error, and
+partitioning runs again without it (:func:`jitbyoc.tvm.partition.partition_for_jitbyoc`),
+so a lowering error never fails a build; the call stays with TVM.
 """
 
 from __future__ import annotations
@@ -15,17 +20,40 @@ from tvm.relax.dpl import is_op, wildcard
 
 from .. import kernels  # noqa: F401 - registers every kernel's rule
 from ..ir.rules import RULES, why_not
+from ..memo import LRU
 
 PREFIX = "jitbyoc"
+REJECTED = LRU(1024)  # call signature -> why its lowering failed (lowering is deterministic)
+
+
+def signature(call) -> str:
+    """What a call's lowering depends on: its op, operand types and attributes (the same
+    for the call in the module and its copy inside a region's composite function, whose
+    result type may name a shape parameter instead)."""
+    args = ", ".join(str(getattr(a, "ty", a)) for a in call.args)
+    return f"{getattr(call.op, 'name', call.op)}({args}) {call.attrs}"
+
+
+def reject(call, why: str) -> None:
+    REJECTED.put(signature(call), why)
+
+
+def reason(call) -> str | None:
+    """Why jitbyoc leaves ``call`` to TVM (its rule's reason, or a failed lowering), or None."""
+    found = why_not(call)
+    if found is None and len(REJECTED):
+        failed = REJECTED.get(signature(call))
+        return None if failed is None else f"lowering failed, left to TVM: {failed}"
+    return found
 
 
 def _check(ctx) -> bool:
-    return why_not(ctx.matched_expr) is None
+    return reason(ctx.matched_expr) is None
 
 
 def _check_all(ctx) -> bool:
     """A composite is taken when every call in it is."""
-    return all(why_not(e) is None for e in ctx.annotated_expr.values() if isinstance(e, relax.Call))
+    return all(reason(e) is None for e in ctx.annotated_expr.values() if isinstance(e, relax.Call))
 
 
 def _op(name: str, *args):

@@ -9,7 +9,7 @@ import tvm
 from tvm import relax
 
 from ..build.buildlog import BuildLog
-from ..ir.rules import why_not
+from . import patterns
 from .partition import PREFIX, partition_for_jitbyoc, regions
 
 _LAST = threading.local()
@@ -108,7 +108,7 @@ def _fallbacks(name: str, func: relax.Function) -> list[Fallback]:
             v = b.value
             if not (isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op)):
                 continue
-            reason = why_not(v)
+            reason = patterns.reason(v)
             if reason is None:
                 reason = "outside a dataflow block" if not isinstance(block, relax.DataflowBlock) \
                     else "not matched"

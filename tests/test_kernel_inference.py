@@ -1,0 +1,47 @@
+"""prelu and inference dropout, against TVM's default build and numpy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tvm import relax
+
+from tests.conftest import build_both, build_model
+
+
+def prelu_reference(x, alpha, axis):
+    shape = [1] * x.ndim
+    shape[axis] = alpha.size
+    return np.where(x > 0, x, x * alpha.reshape(shape))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("shape,axis,slopes", [((2, 3, 5, 5), 1, 3), ((4, 7), -1, 7), ((4, 7), 1, 1),
+                                               ((3, 17, 2), 0, 3), ((1, 9, 1, 1), 1, 9)])
+def test_prelu_matches_tvm_and_numpy(shape, axis, slopes, dtype):
+    mod = build_model({"x": (shape, dtype), "a": ((slopes,), dtype)},
+                      lambda bb, x, a: bb.emit(relax.op.add(relax.op.nn.prelu(x, a, axis=axis), x)))
+    builds = build_both(mod)
+    assert builds.report.fallbacks == [], str(builds.report)
+    rng = np.random.default_rng(len(shape) * 10 + slopes)
+    x = rng.standard_normal(shape).astype(dtype)
+    x.flat[::5] = np.nan
+    a = rng.standard_normal(slopes).astype(dtype)
+    want, got = builds.run(x, a)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_allclose(got, prelu_reference(x, a, axis % len(shape)) + x, rtol=1e-6)
+
+
+def test_inference_dropout_is_the_identity_and_a_mask_of_ones():
+    """Both results, as TVM gives them; the dropout costs no copy (it is a value)."""
+    def body(bb, x):
+        d = bb.emit(relax.op.nn.dropout(relax.op.multiply(x, x), rate=0.3))
+        return [bb.emit(relax.op.add(relax.TupleGetItem(d, 0), x)), bb.emit(relax.TupleGetItem(d, 1))]
+    mod = build_model({"x": ((3, 33), "float32")}, body)
+    builds = build_both(mod)
+    assert builds.report.fallbacks == [] and len(builds.report.regions) == 1, str(builds.report)
+    x = np.random.default_rng(0).standard_normal((3, 33)).astype("float32")
+    want, got = builds.run(x)
+    for w, g in zip(want, got):
+        np.testing.assert_array_equal(g, w)
+    np.testing.assert_array_equal(got[1], np.ones_like(x))

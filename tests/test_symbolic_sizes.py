@@ -1,0 +1,185 @@
+"""Compound symbolic dims (derived sizes) and the shapes that slicing clamps hide.
+
+Differential: TVM's default build where it builds the model, numpy where it cannot; the
+entry's checks of derived sizes in both renderers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tvm import relax, tirx
+
+import jitbyoc
+from jitbyoc.ir import sizes as size_exprs
+from jitbyoc.tvm.refine_shapes import refine_shapes
+from tests.diff_util import CC, both, build, one_region, run, run_c
+
+N = tirx.Var("n", "int64")
+
+
+def function(params, make, bounds=None) -> tvm.IRModule:
+    bb = relax.BlockBuilder()
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = make(bb, *params)
+            out = bb.emit_output(relax.Tuple(out) if isinstance(out, list) else out)
+        bb.emit_func_output(out)
+    mod = bb.get()
+    if bounds:
+        lo, hi = bounds
+        mod["main"] = mod["main"].with_attr({"tir_var_lower_bound": {"n": lo}, "tir_var_upper_bound": {"n": hi}})
+    return mod
+
+
+def shifted_difference(bb, x, inbound=False):
+    """transformers' packed-sequence mask prologue: concat a shifted first element, then
+    compare neighbours (a ``(1, n + 1)`` intermediate, ``n``-long slices of it)."""
+    first = bb.emit(relax.op.strided_slice(x, [1], [0], [1], assume_inbound=inbound))
+    joined = bb.emit(relax.op.concat([relax.op.subtract(first, relax.const(1, "int64")), x], axis=1))
+    lo = bb.emit(relax.op.strided_slice(joined, [1], [0], [N], assume_inbound=inbound))
+    hi = bb.emit(relax.op.strided_slice(joined, [1], [1], [N + 1], assume_inbound=inbound))
+    diff = bb.emit(relax.op.subtract(hi, lo))
+    flat = bb.emit(relax.op.reshape(relax.op.add(joined, joined), [N + 1]))
+    return [diff, flat]
+
+
+def numpy_shifted_difference(x):
+    joined = np.concatenate([x[:, :1] - 1, x], axis=1)
+    return [joined[:, 1:] - joined[:, :-1], (joined + joined).reshape(-1)]
+
+
+def test_refining_recovers_the_shapes_clamped_slices_erase():
+    """Without bounds TVM infers ``(1, T.max(T.min(1, n) + n - 1, 0))`` and the like, and
+    the difference of two such slices has no shape; with ``n >= 1`` they are ``n``."""
+    x = relax.Var("x", relax.TensorType((1, N), "int64"))
+    mod = function([x], shifted_difference, bounds=(1, 512))
+    diff_ty = mod["main"].body.blocks[0].bindings[5].var.ty
+    assert diff_ty.shape is None, diff_ty  # what the frontend hands over
+    refined = refine_shapes(mod)
+    diff_ty = refined["main"].body.blocks[0].bindings[5].var.ty
+    one, n = diff_ty.shape.values
+    assert int(one) == 1 and n.same_as(N)
+    relax.analysis.well_formed(refined)  # raises if not
+
+
+@pytest.mark.parametrize("bounded", [True, False])
+def test_compound_dims_run_in_one_region(bounded):
+    """``n + 1`` in concat, slices and reshape: one region, the derived size computed at
+    run time; against numpy at several lengths. Bounded: the frontend's clamped slices
+    (TVM alone cannot build it); unbounded: slices declared in bounds."""
+    x = relax.Var("x", relax.TensorType((1, N), "int64"))
+    mod = function([x], lambda bb, x: shifted_difference(bb, x, inbound=not bounded),
+                   bounds=(1, 512) if bounded else None)
+    info = one_region(refine_shapes(mod))
+    assert "relax.concat" in info.ops and len(info.ops) == 8
+    ex = build(mod, True)
+    for n in (1, 2, 7, 130):
+        xs = (np.arange(n, dtype="int64") * 3 % 7).reshape(1, n)
+        for got, want in zip(run(ex, [xs]), numpy_shifted_difference(xs)):
+            np.testing.assert_array_equal(got, want)
+
+
+def derived_case(bb, x, op, c):
+    """A result whose length is a compound of ``n``: rows ``[0, E)`` of ``x`` for an
+    in-bounds ``E``, or ``x`` flattened (``n * c``), or ``x`` and ``c`` more rows (``n + c``)."""
+    if op == "mul":
+        return bb.emit(relax.op.reshape(relax.op.multiply(x, x), [N * c]))
+    if op == "add":
+        more = relax.const(np.arange(c * c, dtype="float32").reshape(c, c))
+        return bb.emit(relax.op.concat([relax.op.negative(x), more], axis=0))
+    end = {"floordiv": tirx.floordiv(N, c), "floormod": N - tirx.floormod(N, c), "min": tirx.min(N, c),
+           "max": tirx.max(tirx.floordiv(N, 2), 1), "sub": N - tirx.floordiv(N, c + 1)}[op]
+    return bb.emit(relax.op.negative(relax.op.strided_slice(x, [0], [0], [end], assume_inbound=True)))
+
+
+@settings(max_examples=14, deadline=None)
+@given(st.sampled_from(["add", "mul", "floordiv", "floormod", "min", "max", "sub"]),
+       st.integers(1, 5), st.integers(1, 40))
+def test_derived_sizes_match_tvm(op, c, n):
+    """Results of compound length: jitbyoc evaluates the derived size as TVM does, and
+    the values agree (one region, every op offloaded)."""
+    x = relax.Var("x", relax.TensorType((N, c), "float32"))
+    mod = function([x], lambda bb, x: derived_case(bb, x, op, c))
+    one_region(mod)
+    xs = np.random.default_rng(n).standard_normal((n, c)).astype("float32")
+    got, want = both(mod, [xs])
+    assert got[0].shape == want[0].shape
+    np.testing.assert_array_equal(got[0], want[0])
+
+
+def test_floor_division_of_negative_sizes_is_floor():
+    env = {"a": -7}
+    for op in ("floordiv", "floormod"):
+        tree = (op, "a", 3)
+        assert size_exprs.evaluate(tree, env) == (-7 // 3 if op == "floordiv" else -7 % 3)
+    assert size_exprs.from_prim(tirx.floordiv(N, N), lambda v: "n") is None  # divisor may be 0
+
+
+def region_of(mod):
+    (region,) = jitbyoc.inspect(mod)
+    return region
+
+
+def test_a_wrong_derived_size_is_an_error_naming_its_formula(tmp_path):
+    """The entry computes ``n + 1`` from the input and checks the output against it, in
+    the JIT's entry and in the C rendering's, with the same message."""
+    x = relax.Var("x", relax.TensorType((1, N), "int64"))
+    mod = function([x], lambda bb, x: bb.emit(relax.op.concat([x, relax.op.strided_slice(x, [1], [0], [1], assume_inbound=True)], 1)))
+    region = region_of(mod)
+    assert region.kernel.sizes, "the output's dim is a derived size"
+    fn = jitbyoc.build.driver.load_region(region)[region.symbol]
+    xs = tvm.runtime.tensor(np.ones((1, 5), "int64"))
+    with pytest.raises(ValueError, match=r"shape\[1\] is 5 \(expected \(n \+ 1\) = 6\)"):
+        fn(xs, tvm.runtime.empty((1, 5), "int64"))
+    out = tvm.runtime.empty((1, 6), "int64")
+    fn(xs, out)
+    np.testing.assert_array_equal(out.numpy(), np.ones((1, 6)))
+    if CC is not None:
+        got = run_c(region, {"x": np.arange(5, dtype="int64").reshape(1, 5)}, tmp_path)
+        np.testing.assert_array_equal(got[0], [[0, 1, 2, 3, 4, 0]])
+
+
+def test_a_size_seen_only_inside_compound_dims_stays_with_tvm():
+    """``(2 * n, 3)``: ``n`` itself is no argument's dim, so it cannot be read at run time
+    to check ``2 * n``; the region is rejected at partition time, with the reason in the
+    report (TVM cannot build this function either: it cannot compute ``n`` from it)."""
+    x = relax.Var("x", relax.TensorType((N * 2, 3), "float32"))
+    mod = function([x], lambda bb, x: bb.emit(relax.op.negative(x)))
+    rep = jitbyoc.report(mod)
+    assert rep.fallbacks and all("occur only inside compound dims" in f.reason for f in rep.fallbacks), str(rep)
+
+
+def test_a_dim_divided_by_a_size_stays_with_tvm():
+    """``n // k`` could divide by zero at run time: not a derived size; the op stays with
+    TVM with the reason."""
+    k = tirx.Var("k", "int64")
+    x = relax.Var("x", relax.TensorType((N, k), "float32"))
+    mod = function([x], lambda bb, x: bb.emit(relax.op.negative(
+        relax.op.strided_slice(x, [0], [0], [tirx.floordiv(N, k)], assume_inbound=True))))
+    reasons = {f.op: f.reason for f in jitbyoc.report(mod).fallbacks}
+    assert "floor division by constants" in reasons["relax.strided_slice"], reasons
+
+
+def test_the_shape_of_a_static_tensor_is_a_constant():
+    """TVM's ONNX Gather: negative indices wrap through ``shape_to_tensor(shape_of(data))``;
+    folded to a constant, the index arithmetic and the gather are one region."""
+    data = relax.Var("data", relax.TensorType((5, 4, 3), "float32"))
+    idx = relax.Var("idx", relax.TensorType((6,), "int64"))
+
+    def gather(bb, data, idx):
+        dims_ = bb.emit(relax.op.shape_to_tensor(bb.emit(relax.op.shape_of(data))))
+        n = bb.emit(relax.op.take(dims_, relax.const(0, "int64"), axis=0, mode="wrap"))
+        wrapped = bb.emit(relax.op.where(relax.op.less(idx, relax.const(0, "int64")), relax.op.add(idx, n), idx))
+        return bb.emit(relax.op.take(data, wrapped, axis=0))
+
+    mod = function([data, idx], gather)
+    info = one_region(mod)
+    assert "relax.shape_of" not in info.ops and info.ops.count("relax.take") == 2
+    xs = np.random.default_rng(0).standard_normal((5, 4, 3)).astype("float32")
+    ids = np.array([0, -1, 4, -5, 2, -3], "int64")
+    got, want = both(mod, [xs, ids])
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[0], xs[ids])
