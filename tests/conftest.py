@@ -20,7 +20,7 @@ from jitbyoc.ir.ops import OPS
 
 RELAX_ROWS = sorted(name for name, row in OPS.items() if row.relax)
 # everything jitbyoc stores, in the order the tests walk them
-DTYPES = ("float32", "float64", "int32", "int64", "bool", "int8", "int16", "uint8", "uint16", "uint32")
+DTYPES = ("float32", "float64", "int32", "int64", "bool", "int8", "int16", "uint8", "uint16", "uint32", "uint64")
 
 
 # ---- models ---------------------------------------------------------------------------
@@ -137,7 +137,7 @@ def sample(name: str, dt: str, k: int, shape, rng, to: str | None = None) -> np.
         return rng.random(shape) < 0.5
     if name in ("shl", "shr") and k == 1:  # shifts by less than the width
         return rng.integers(0, np.dtype(dt).itemsize * 8, shape).astype(dt)
-    if name in ("floor_divide", "floor_mod", "mod") and k == 1 and not dt.startswith("float"):
+    if name in ("floor_divide", "floor_mod", "mod", "divide") and k == 1 and not dt.startswith("float"):
         signs = rng.choice([-1, 1], shape) if dt.startswith("int") else 1  # never 0 or -1
         return (rng.integers(2, 50, shape) * signs).astype(dt)
     if dt.startswith("int"):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from tvm import relax, tirx
 
-from jitbyoc.kernels.gather import GatherElements, OneHot
+from jitbyoc.kernels.gather import GatherElements, GatherND, OneHot
 from tests.conftest import DTYPES, build_both, build_model
 
 
@@ -42,3 +42,20 @@ def test_one_hot_matches_tvm_and_numpy(shape, depth, axis, dtype, on, off):
     want, got = builds.run(i)
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(got, OneHot.reference(i, on, off, depth, axis, dtype))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int64", "bool"])
+@pytest.mark.parametrize("xshape,ishape,batch", [((2, 3, 4), (2, 2), 0), ((5, 4), (3, 1), 0), ((2, 3, 4), (2, 5, 1), 1),
+                                                 ((3, 4, 5, 2), (3, 2, 2), 1), ((6,), (4, 1), 0)])
+def test_gather_nd_matches_tvm_and_numpy(xshape, ishape, batch, dtype):
+    mod = build_model({"x": (xshape, dtype), "i": (ishape, "int64")},
+                      lambda bb, x, i: bb.emit(relax.op.gather_nd(x, i, batch_dims=batch)))
+    builds = build_both(mod)
+    assert builds.report.fallbacks == [], str(builds.report)
+    rng = np.random.default_rng(sum(xshape) + batch)
+    x = (rng.standard_normal(xshape) * 5).astype(dtype)
+    depth = ishape[-1]
+    i = np.stack([rng.integers(0, xshape[batch + k], ishape[:-1]) for k in range(depth)], axis=-1)
+    want, got = builds.run(x, i)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got, GatherND.reference(x, i, batch))

@@ -9,7 +9,7 @@ import pytest
 from tvm import relax
 
 from jitbyoc.kernels.gather import IndexTensor
-from jitbyoc.kernels.generate import Arange
+from jitbyoc.kernels.generate import Arange, Triangle
 from jitbyoc.kernels.scan import Cumsum
 from tests.conftest import build_both, build_model, build_tvm
 from tests.diff_util import check_c_matches_llvm
@@ -68,6 +68,22 @@ def test_full(dt, fill, tmp_path):
         combine(R.full(x.ty.shape, v, dt), x)), [x, v], 2, tmp_path)
     np.testing.assert_array_equal(jit_out, tvm_out)
     np.testing.assert_array_equal(jit_out, np.full((3, 5), fill, dt))
+
+
+@pytest.mark.parametrize("op", ["tril", "triu"])
+@pytest.mark.parametrize("shape, k", [((5, 7), 0), ((5, 7), 2), ((7, 5), -3), ((2, 3, 9, 4), 1), (("n", 6, 6), -1)])
+@pytest.mark.parametrize("dt", ["float32", "int64", "bool"])
+def test_triangles(op, shape, k, dt, tmp_path):
+    """LLMs' causal masks: tril/triu of the last two dims, offsets above and below the
+    diagonal, a symbolic batch; a following op fused."""
+    concrete = tuple(3 if d == "n" else d for d in shape)
+    x = np.random.default_rng(k + 5).integers(-4, 5, concrete).astype(dt)
+    combine = R.logical_or if dt == "bool" else R.add
+    tvm_out, jit_out = _both({"x": (shape, dt)}, lambda bb, x: bb.emit(
+        combine(getattr(R, op)(x, k), x)), [x], 2, tmp_path)
+    np.testing.assert_array_equal(jit_out, tvm_out)
+    want = Triangle.reference(x, op == "tril", k)
+    np.testing.assert_array_equal(jit_out, want | x if dt == "bool" else want + x)
 
 
 @pytest.mark.parametrize("shape, axis", [((7,), 0), ((3, 17), 1), ((3, 17), 0), ((2, 5, 3), 1), (("n", 9), 0)])

@@ -13,6 +13,7 @@ from tvm import relax
 
 import jitbyoc
 from jitbyoc.kernels.pool2d import Pool2d
+from tests.diff_util import check_c_matches_llvm
 from tests.spatial_util import CC, build, grid_model, random_inputs, run, run_c
 
 F32 = "float32"
@@ -188,3 +189,49 @@ def test_random_configs_match_numpy(config):
     got = run(build(grid_model(cs, pool), True), [x])[0]
     ref = reference(x, attrs, got.shape[2:])  # float64 inside, result in float32
     np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)
+
+
+ND_CASES = [  # (op, input shape, attrs): 1-D pools, and 3-D windows trivial along some dims
+    ("max_pool1d", (2, 3, 17), {"pool_size": (3,), "strides": (2,), "padding": (1, 1)}),
+    ("avg_pool1d", (2, 3, 17), {"pool_size": (4,), "strides": (3,), "padding": (2, 1), "ceil_mode": True}),
+    ("avg_pool1d", (1, 5, 9), {"pool_size": (3,), "padding": (1, 1), "count_include_pad": True}),
+    # ONNX LRN as TVM's frontend writes it: a 3-D average over channels of x*x
+    ("avg_pool3d", (5, 1, 7, 5, 3), {"pool_size": (3, 1, 1), "padding": (1, 0, 0, 1, 0, 0),
+                                     "count_include_pad": True}),
+    ("max_pool3d", (2, 3, 4, 9, 9), {"pool_size": (1, 3, 3), "strides": (1, 2, 2), "padding": (0, 1, 1, 0, 1, 1)}),
+    ("avg_pool3d", (1, 2, 3, 8, 6), {"pool_size": (1, 2, 2), "strides": (1, 2, 2)}),
+]
+
+
+@pytest.mark.parametrize("op,shape,attrs", ND_CASES)
+def test_pool1d_and_pool3d_as_2d_pools_match_tvm(op, shape, attrs, tmp_path):
+    layout = "NCW" if op.endswith("1d") else "NCDHW"
+
+    def make(bb, x):  # and a following op, in the same region
+        return bb.emit(relax.op.negative(getattr(relax.op.nn, op)(x, layout=layout, **attrs)))
+
+    x = relax.Var("x", relax.TensorType(shape, F32))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(make(bb, x))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    rep = jitbyoc.report(mod)
+    assert rep.fallbacks == [], str(rep)
+    xs = np.random.default_rng(len(shape)).standard_normal(shape).astype(F32)
+    got, want = run(build(mod, True), [xs]), run(build(mod, False), [xs])
+    np.testing.assert_array_equal(got[0], want[0])
+    if CC is not None:
+        check_c_matches_llvm(mod, [xs], tmp_path)
+
+
+def test_a_general_3d_window_stays_with_tvm():
+    x = relax.Var("x", relax.TensorType((1, 2, 4, 4, 4), F32))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.avg_pool3d(x, (2, 2, 2), layout="NCDHW"))
+        bb.emit_func_output(out)
+    (left,) = jitbyoc.report(bb.get()).fallbacks
+    assert "3-D window" in left.reason

@@ -44,7 +44,7 @@ CLIP = {"float": {"lo": -1.5, "hi": 2.0}, "int": {"lo": -2, "hi": 3}, "uint": {"
 # TVM 0.27 cannot build negative of an unsigned dtype ("cannot make uint from negative
 # value"); jitbyoc wraps, as numpy and C do
 TVM_FAILS = {("equal", "bool"): "verification failed", ("not_equal", "bool"): "verification failed",
-             **{(op, dt): "cannot make uint" for op in ("negative", "sign") for dt in ("uint8", "uint16", "uint32")}}
+             **{(op, dt): "cannot make uint" for op in ("negative", "sign") for dt in ("uint8", "uint16", "uint32", "uint64")}}
 
 
 def dtypes_of(name: str) -> list[str]:

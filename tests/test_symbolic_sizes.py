@@ -14,7 +14,7 @@ from tvm import relax, tirx
 
 import jitbyoc
 from jitbyoc.ir import sizes as size_exprs
-from jitbyoc.tvm.refine_shapes import refine_shapes
+from jitbyoc.tvm.prepare import prepare
 from tests.diff_util import CC, both, build, one_region, run, run_c
 
 N = tirx.Var("n", "int64")
@@ -58,7 +58,7 @@ def test_refining_recovers_the_shapes_clamped_slices_erase():
     mod = function([x], shifted_difference, bounds=(1, 512))
     diff_ty = mod["main"].body.blocks[0].bindings[5].var.ty
     assert diff_ty.shape is None, diff_ty  # what the frontend hands over
-    refined = refine_shapes(mod)
+    refined = prepare(mod)
     diff_ty = refined["main"].body.blocks[0].bindings[5].var.ty
     one, n = diff_ty.shape.values
     assert int(one) == 1 and n.same_as(N)
@@ -73,7 +73,7 @@ def test_compound_dims_run_in_one_region(bounded):
     x = relax.Var("x", relax.TensorType((1, N), "int64"))
     mod = function([x], lambda bb, x: shifted_difference(bb, x, inbound=not bounded),
                    bounds=(1, 512) if bounded else None)
-    info = one_region(refine_shapes(mod))
+    info = one_region(prepare(mod))
     assert "relax.concat" in info.ops and len(info.ops) == 8
     ex = build(mod, True)
     for n in (1, 2, 7, 130):

@@ -102,11 +102,12 @@ DTYPES = {
         DType("uint8", "int", 8, 1, "uint8_t"),
         DType("uint16", "int", 16, 1, "uint16_t"),
         DType("uint32", "int", 32, 1, "uint32_t"),
+        DType("uint64", "int", 64, 1, "uint64_t"),
     )
 }
 
 FLOATS = frozenset({"float32", "float64"})
-INTS = frozenset({"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32"})
+INTS = frozenset({"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"})
 NUMERIC = FLOATS | INTS
 ALL = NUMERIC | {"bool"}
 

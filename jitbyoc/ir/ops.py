@@ -94,6 +94,13 @@ def _intrinsic(name: str):
     return rule
 
 
+def _np_divide(x, y):
+    if x.dtype.kind == "f":
+        return np.divide(x, y)
+    q = np.abs(x.astype(np.int64)) // np.abs(y.astype(np.int64)) if x.dtype != np.uint64 else x // y
+    return (q * np.sign(x.astype(np.int64)) * np.sign(y.astype(np.int64)) if x.dtype != np.uint64 else q).astype(x.dtype)
+
+
 def _libm_call(name: str):
     """A call of libm's ``name`` (``namef`` for float32), lane by lane: LLVM has no
     intrinsic for it."""
@@ -247,7 +254,10 @@ OPS: dict[str, OpDef] = {
     "add":      OpDef(2, np.add, N, _arith("fadd", "add"), "({0} + {1})", relax="relax.add"),
     "subtract": OpDef(2, np.subtract, N, _arith("fsub", "sub"), "({0} - {1})", relax="relax.subtract"),
     "multiply": OpDef(2, np.multiply, N, _arith("fmul", "mul"), "({0} * {1})", relax="relax.multiply"),
-    "divide":   OpDef(2, np.divide, F, _arith("fdiv"), "({0} / {1})", relax="relax.divide"),
+    # integers: C's (and TVM's) truncating division
+    "divide":   OpDef(2, _np_divide, N, lambda b, dt, x, y: b.fdiv(x, y) if dt.is_float
+                      else (b.sdiv if dt.signed else b.udiv)(x, y), "({0} / {1})", relax="relax.divide",
+                      traps=True),
     "maximum":  OpDef(2, np.maximum, N, _select_rule(">"), "({0} > {1} ? {0} : {1})", relax="relax.maximum"),
     "minimum":  OpDef(2, np.minimum, N, _select_rule("<"), "({0} < {1} ? {0} : {1})", relax="relax.minimum"),
     "negative": OpDef(1, np.negative, N, lambda b, dt, x: b.fneg(x) if dt.is_float else b.neg(x),

@@ -19,7 +19,8 @@ import logging
 import sys
 
 KERNEL_MODULES = ("matmul", "conv2d", "pool2d", "softmax", "norm", "reduce", "layout", "slicing",
-                  "fold_permutes", "generate", "scan", "gather", "inference", "argreduce")
+                  "fold_permutes", "generate", "scan", "gather", "inference", "argreduce", "scatter", "pad",
+                  "conv_transpose")
 FAILED: dict[str, str] = {}  # kernel module -> why it could not be imported
 
 

@@ -1,4 +1,4 @@
-"""Gathers by index tensors: ``index_tensor``, ``gather_elements`` and ``one_hot``.
+"""Gathers by index tensors: ``index_tensor``, ``gather_elements``, ``gather_nd`` and ``one_hot``.
 
 ``index_tensor`` is NumPy advanced indexing ``x[i0, i1, ...]`` with integer index tensors
 that broadcast against each other; the result is their broadcast shape followed by the
@@ -22,7 +22,7 @@ from ..ir import kir
 from ..ir.dtypes import ALL, DTYPES, INTS
 from ..ir.relax_types import broadcast_problem, dims, tensor_problem
 from ..ir.rules import register
-from ..render.indexing import dot, unravel
+from ..render.indexing import dot, each_row, unravel
 from ..render.loops import threaded
 from ..render.portable import PortableStage
 
@@ -86,14 +86,6 @@ def _wrapped(e, raw, n):
     return e.let(e.rem(e.add(e.rem(raw, n), n), n))
 
 
-def _rows(e, shape, body, threads) -> None:
-    """``body(e, row, pos)`` for each row (all dims but the last) of ``shape``, in parallel."""
-    def run(e, lo, hi):
-        with e.loop(hi, lo, "row") as r:
-            body(e, r, unravel(e, r, [e.dim(d) for d in shape[:-1]]))
-    e.parallel(e.product(shape[:-1]), run, threads)
-
-
 @dataclass(eq=False)
 class GatherElements(PortableStage, kir.KernelStage):
     """``inputs``: ``x``, then the index tensor (of the result's shape)."""
@@ -114,7 +106,7 @@ class GatherElements(PortableStage, kir.KernelStage):
             if self.epilogue is not None:
                 e.epilogue(self, pos + [0], [1] * len(pos) + [width])
 
-        _rows(e, out.shape, row, threaded(out.shape, "copy"))
+        each_row(e, out.shape, row, threaded(out.shape, "copy"))
 
     @staticmethod
     def reference(x: np.ndarray, indices: np.ndarray, axis: int = 0) -> np.ndarray:
@@ -170,7 +162,7 @@ class OneHot(PortableStage, kir.KernelStage):
             if self.epilogue is not None:
                 e.epilogue(self, pos + [0], [1] * len(pos) + [width])
 
-        _rows(e, out.shape, row, threaded(out.shape, "copy"))
+        each_row(e, out.shape, row, threaded(out.shape, "copy"))
 
     @staticmethod
     def reference(indices: np.ndarray, on=1.0, off=0.0, depth: int = 1, axis: int = -1, dtype="float32"):
@@ -197,3 +189,60 @@ def _build_one_hot(fe, call, out):
     value = int if isinstance(on, IntImm) else float
     return OneHot((fe.buffer(call.args[0]),), out, on=value(on.value), off=value(off.value),
                   axis=int(call.attrs.axis) % out.ndim)
+
+
+@dataclass(eq=False)
+class GatherND(PortableStage, kir.KernelStage):
+    """``inputs``: ``x`` and the indices ``(..., m)``; with ``batch_dims`` b the first b
+    dims of both are a shared batch. Each index tuple selects the block of ``x`` after its
+    b + m leading dims (ONNX GatherND)."""
+    batch_dims: int = 0
+
+    def emit(self, e) -> None:
+        x, ind = self.inputs
+        out, b, m = self.out, self.batch_dims, ind.shape[-1]
+        strides = [e.product(x.shape[k + 1:]) for k in range(b + m)]
+        width = e.product(x.shape[b + m:])
+        lead = ind.shape[:-1]
+
+        def body(e, lo, hi):
+            with e.loop(hi, lo, "p") as p:
+                batch = unravel(e, p, [e.dim(d) for d in lead])[:b]
+                coords = [_wrapped(e, e.index(e.load(ind, e.add(e.mul(p, m), k)), ind.dtype), e.dim(x.shape[b + k]))
+                          for k in range(m)]
+                src, dst = e.let(dot(e, batch + coords, strides)), e.let(e.mul(p, width))
+                with e.loop(width, 0, "j") as j:
+                    e.copy(out, e.add(dst, j), x, e.add(src, j))
+                if self.epilogue is not None:
+                    pos = unravel(e, p, [e.dim(d) for d in lead])
+                    e.epilogue(self, pos + [0] * (out.ndim - len(lead)),
+                               [1] * len(lead) + [e.dim(d) for d in out.shape[len(lead):]])
+
+        e.parallel(e.product(lead), body, threaded(out.shape, "copy"))
+
+    @staticmethod
+    def reference(x: np.ndarray, indices: np.ndarray, batch_dims: int = 0) -> np.ndarray:
+        b, m = batch_dims, indices.shape[-1]
+        out = np.empty(indices.shape[:-1] + x.shape[b + m:], x.dtype)
+        for pos in np.ndindex(*indices.shape[:-1]):
+            at = tuple((int(i) % n + n) % n for i, n in zip(indices[pos], x.shape[b:]))
+            out[pos] = x[pos[:b] + at]
+        return out
+
+
+def _check_gather_nd(call) -> str | None:
+    x, ind = call.args
+    problem = tensor_problem(x.ty, ALL) or tensor_problem(ind.ty, INTS) or tensor_problem(call.ty, ALL)
+    if problem:
+        return f"relax.gather_nd: {problem}"
+    xd, idd, b = dims(x.ty), dims(ind.ty), int(call.attrs.batch_dims)
+    if not idd or not isinstance(idd[-1], int) or not 1 <= idd[-1] <= len(xd) - b or 0 in xd + idd:
+        return "relax.gather_nd: the index depth is not a static 1..rank, or an empty tensor"
+    if xd[:b] != idd[:b]:
+        return "relax.gather_nd: batch dims of data and indices differ"
+    return None
+
+
+@register("relax.gather_nd", 2, _check_gather_nd)
+def _build_gather_nd(fe, call, out):
+    return GatherND(tuple(fe.buffer(a) for a in call.args), out, batch_dims=int(call.attrs.batch_dims))

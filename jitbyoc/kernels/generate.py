@@ -1,5 +1,6 @@
-"""Tensors made from attributes: ``relax.arange`` (a stage) and ``relax.full`` (a value
-that broadcasts where it is used, as ``full_like``)."""
+"""Tensors made from attributes: ``relax.arange`` (a stage), ``relax.full`` (a value
+that broadcasts where it is used, as ``full_like``), and the triangles ``tril``/``triu``
+(``x`` where column - row is at most / at least ``k`` in the last two dims, else 0)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from ..ir import kir
 from ..ir.dtypes import ALL, INTS
 from ..ir.relax_types import dims, tensor_problem
 from ..ir.rules import register
+from ..render.indexing import each_row
 from ..render.loops import threaded
 from ..render.portable import PortableStage
 
@@ -81,3 +83,49 @@ def _build_full(fe, call, out):
     if fill.dtype == out.dtype:
         return fill
     return kir.Op("astype", (fill,), fill.dtype, out.dtype, (("to", out.dtype),))
+
+
+@dataclass(eq=False)
+class Triangle(PortableStage, kir.KernelStage):
+    lower: bool = True
+    k: int = 0
+
+    def emit(self, e) -> None:
+        (x,), out, dt = self.inputs, self.out, self.out.dtype
+        width, zero = e.dim(out.shape[-1]), e.const(0, dt)
+
+        def row(e, r, pos):
+            first = e.let(e.add(pos[-1], self.k))  # row + k: the last (tril) / first (triu) column kept
+            with e.loop(width, 0, "j") as j:
+                at = e.let(e.add(e.mul(r, width), j))
+                keep = e.lt(j, e.add(first, 1)) if self.lower else e.lt(e.sub(first, 1), j)
+                e.store(out, at, e.select(keep, e.load(x, at), zero))
+            if self.epilogue is not None:
+                e.epilogue(self, pos + [0], [1] * len(pos) + [width])
+
+        each_row(e, out.shape, row, threaded(out.shape, "elementwise"))
+
+    @staticmethod
+    def reference(x: np.ndarray, lower: bool, k: int) -> np.ndarray:
+        return np.tril(x, k) if lower else np.triu(x, k)
+
+
+def _check_triangle(call) -> str | None:
+    name = call.op.name
+    problem = tensor_problem(call.args[0].ty, ALL)
+    if problem:
+        return f"{name}: {problem}"
+    if len(dims(call.args[0].ty)) < 2 or 0 in dims(call.args[0].ty):
+        return f"{name}: fewer than two dims, or empty"
+    if _number(call.args[1]) is None:
+        return f"{name}: the diagonal offset is not a constant"
+    return None
+
+
+def _build_triangle(fe, call, out):
+    return Triangle((fe.buffer(call.args[0]),), out, lower=call.op.name == "relax.tril",
+                    k=int(_number(call.args[1])))
+
+
+register("relax.tril", 2, _check_triangle)(_build_triangle)
+register("relax.triu", 2, _check_triangle)(_build_triangle)

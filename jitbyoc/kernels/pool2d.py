@@ -1,4 +1,6 @@
-"""relax.nn.max_pool2d, relax.nn.avg_pool2d and relax.nn.adaptive_avg_pool2d (NCHW).
+"""relax.nn.max_pool2d, relax.nn.avg_pool2d and relax.nn.adaptive_avg_pool2d (NCHW); max
+and avg pool1d (NCW) and pool3d (NCDHW, windows trivial along depth or along rows and
+columns, as ONNX's LRN gives) as 2-D pools of views.
 
 Threads take (image, channel) planes. Windowed pooling runs per output row: the row is
 set to the identity, then for each kernel row inside the input and each kernel column it
@@ -195,6 +197,53 @@ def _builder(kind: str):
     return build
 
 
+def _as_2d(call):
+    """A 1-D pool, or a 3-D pool whose window is trivial along depth or along rows and
+    columns, as a 2-D pool of views: ``(x shape, out shape, size, stride, dilation, pad)``
+    in 2-D terms, or why not. (ONNX's LRN reaches TVM as an avg_pool3d over channels.)"""
+    a, x = call.attrs, call.args[0]
+    xd, od = dims(x.ty), dims(call.ty)
+    k, st, dl, pad = (tuple(int(i) for i in v) for v in (a.pool_size, a.strides, a.dilation, a.padding))
+    if len(xd) == 3:
+        return ((*xd[:2], 1, xd[2]), (*od[:2], 1, od[2]), (1, *k), (1, *st), (1, *dl), (0, pad[0], 0, pad[1]))
+    if len(xd) != 5 or any(isinstance(d, str) for d in xd[1:]):
+        return "input is not rank 3 or 5 with static dims after the batch"
+    if k[1:] == (1, 1) and st[1:] == (1, 1) and pad[1:3] + pad[4:] == (0, 0, 0, 0):
+        return ((*xd[:3], xd[3] * xd[4]), (*od[:3], od[3] * od[4]), (k[0], 1), (st[0], 1), (dl[0], 1),
+                (pad[0], 0, pad[3], 0))
+    if k[0] == 1 and st[0] == 1 and pad[0] == pad[3] == 0:
+        return ((xd[0], xd[1] * xd[2], *xd[3:]), (od[0], od[1] * od[2], *od[3:]), k[1:], st[1:], dl[1:],
+                (pad[1], pad[2], pad[4], pad[5]))
+    return "a 3-D window that is not trivial along depth nor along rows and columns"
+
+
+def _check_nd(call) -> str | None:
+    name, a = call.op.name, call.attrs
+    for arg in (call.args[0], call):
+        problem = tensor_problem(arg.ty, FLOATS)
+        if problem:
+            return f"{name}: {problem}"
+    layout = (str(a.layout), str(a.out_layout) if a.out_layout is not None else str(a.layout))
+    if layout not in (("NCW", "NCW"), ("NCDHW", "NCDHW")):
+        return f"{name}: layout {layout[0]}->{layout[1]} not supported (only NCW, NCDHW)"
+    if min(tuple(a.strides) + tuple(a.dilation) + tuple(a.pool_size)) < 1 or min(a.padding) < 0:
+        return f"{name}: pool size/stride/dilation < 1 or negative padding"
+    plan = _as_2d(call)
+    return f"{name}: {plan}" if isinstance(plan, str) else None
+
+
+def _builder_nd(kind: str):
+    def build(fe, call, out):
+        xshape, oshape, size, stride, dilation, pad = _as_2d(call)
+        x = kir.view(fe.buffer(call.args[0]), xshape)
+        return Pool2d((x,), kir.view(out, oshape), kind=kind, size=size, stride=stride, dilation=dilation,
+                      pad=pad, include_pad=bool(call.attrs.count_include_pad))
+    return build
+
+
+for _d in ("1d", "3d"):
+    register(f"relax.nn.max_pool{_d}", 1, _check_nd)(_builder_nd("max"))
+    register(f"relax.nn.avg_pool{_d}", 1, _check_nd)(_builder_nd("avg"))
 register("relax.nn.max_pool2d", 1, _check)(_builder("max"))
 register("relax.nn.avg_pool2d", 1, _check)(_builder("avg"))
 register("relax.nn.adaptive_avg_pool2d", 1, _check)(_builder("adaptive"))

@@ -80,7 +80,7 @@ def _ints(expr) -> list[int] | None:
 def _slice_plan(call):
     """(begin, step) per dim of ``x`` for a strided_slice, or a reason string. On a
     symbolic axis the slice must be declared in bounds (``assume_inbound``: the frontends'
-    slices are, once :mod:`jitbyoc.tvm.refine_shapes` proved them so), its begin a static
+    slices are, once :mod:`jitbyoc.tvm.prepare` proved them so), its begin a static
     non-negative int and its step positive; the result's (symbolic) length says how far
     to read, and ``end`` may be symbolic there."""
     x, axes, begin, end = call.args[:4]

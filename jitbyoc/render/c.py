@@ -52,7 +52,11 @@ def c_literal(value, dt: str) -> str:
         return "1" if value else "0"
     v = d.held(value)
     if d.is_int:
-        return f"(({d.c}){v})" if d.bits < 64 else (f"INT64_C({v})" if v > -2**63 else "INT64_MIN")
+        if d.bits < 64:
+            return f"(({d.c}){v})"
+        if not d.signed:
+            return f"UINT64_C({v % 2**64})"
+        return f"INT64_C({v})" if v > -2**63 else "INT64_MIN"
     if math.isnan(v):
         text = "NAN"
     elif math.isinf(v):

@@ -110,3 +110,12 @@ class Ints:
     def as_float(self, v, dt: str):
         """An int64 count as a ``dt`` value (a constant when static)."""
         return self.const(v, dt) if isinstance(v, int) else self.op("astype", "int64", v, to=dt)
+
+
+def each_row(e, shape, body, threads: bool) -> None:
+    """``body(e, row, pos)`` for each row of ``shape`` (an index of all dims but the last;
+    ``pos``: its coordinates), rows split across the thread pool when ``threads``."""
+    def run(e, lo, hi):
+        with e.loop(hi, lo, "row") as r:
+            body(e, r, unravel(e, r, [e.dim(d) for d in shape[:-1]]))
+    e.parallel(e.product(shape[:-1]), run, threads)

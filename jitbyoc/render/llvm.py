@@ -213,9 +213,9 @@ class Ctx:
 
             def load(buf):
                 sub = pos[nd - buf.ndim:]
-                return self.load(buf, self.offset(buf.shape, sub, broadcast=True))
+                return self.em.loaded(self.load(buf, self.offset(buf.shape, sub, broadcast=True)), buf.dtype)
 
-            acc = self.load(out, offset)
+            acc = self.em.loaded(self.load(out, offset), out.dtype)
             values = evaluate(self.em, [stage.epilogue], load, acc)
             self.store(out, offset, values[id(stage.epilogue)])
 
@@ -238,7 +238,7 @@ class Ctx:
             def load(buf):
                 off = self.offset(buf.shape, start[nd - buf.ndim:], broadcast=True)
                 if not _walks(out, buf, nd - 1):  # constant along the run
-                    return splat(b, self.load(buf, off), n)
+                    return splat(b, self.em.loaded(self.load(buf, off), buf.dtype), n)
                 return vload(b, self.element(buf, b.add(off, j)), buf.dtype, mask, n)
 
             ptr = self.element(out, b.add(self.offset(out.shape, start), j))

@@ -25,7 +25,7 @@ from . import patterns
 from .composite_types import retype_composites
 from .merge import merge_regions
 from .patterns import OPS_USED, PREFIX
-from .refine_shapes import refine_shapes
+from .prepare import prepare
 
 log = logging.getLogger("jitbyoc")
 
@@ -97,7 +97,7 @@ MAX_REJECTIONS = 32  # lowering failures one partitioning may reject before leav
 def _partition(mod: tvm.IRModule) -> tuple[tvm.IRModule, dict]:
     """Partition and lower every region; a region whose lowering fails rejects the call
     that failed (or all its calls) and the module is partitioned again without it."""
-    mod = refine_shapes(mod, _ops_in(mod))
+    mod = prepare(mod, _ops_in(mod))
     for _ in range(MAX_REJECTIONS):
         try:
             return _partition_once(mod)

@@ -1,0 +1,128 @@
+"""Facts the frontends leave implicit, made explicit before partitioning.
+
+* **Static shapes are constants.** ``shape_to_tensor(shape_of(x))`` of a static shape
+  (ONNX's ``Shape``, which TVM's ONNX frontend also emits for every ``Gather`` to wrap
+  negative indices) becomes a constant, so the arithmetic on it and the ops around it
+  join a region instead of waiting for the shape op, which no region can take.
+* **Slices proven in bounds.** ``torch.export`` with ``Dim("seq", min=1, max=...)`` gives
+  the function ``tir_var_lower_bound``/``tir_var_upper_bound`` attributes, but shape
+  inference does not use them: a ``strided_slice`` that may run out of bounds keeps
+  clamps such as ``T.min(1, s) + s`` in its shape, and an op whose operands have two such
+  shapes gets no shape at all (``R.Tensor(ndim=2)``), which neither jitbyoc nor TVM's
+  sort/scan lowering can build. A slice whose clamped and unclamped lengths are provably
+  equal under the bounds is re-declared ``assume_inbound=True`` (same values, the plain
+  shape), and the bindings after it are normalized again.
+* **Zero padding belongs to the convolution.** ``conv2d(pad(x))`` with a zero constant
+  pad of rows and columns only (``torch.export`` of MobileNet-style nets) becomes one
+  ``conv2d(x)`` with the pad added to its own padding: no padded copy, one region.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.ir import Op, Range
+from tvm.ir.prim import IntImm
+from tvm.sym import Analyzer
+
+BOUND_ATTRS = ("tir_var_lower_bound", "tir_var_upper_bound")
+UNBOUNDED = (1 << 62) - 1  # a size with a lower bound only: sizes are non-negative int64
+STRIDED_SLICE = Op.get("relax.strided_slice")
+SHAPE_TO_TENSOR = Op.get("relax.shape_to_tensor")
+CONV2D, PAD = Op.get("relax.nn.conv2d"), Op.get("relax.nn.pad")
+TRIGGERS = frozenset({"relax.shape_to_tensor", "relax.nn.pad"})  # ops worth a pass without bounds
+
+
+def _analyzer(func: relax.Function) -> Analyzer | None:
+    """An analyzer that knows the declared range of each bounded size, or None."""
+    attrs = func.attrs or {}
+    lower, upper = (attrs.get(name) for name in BOUND_ATTRS)
+    if not lower and not upper:
+        return None
+    analyzer = Analyzer()
+    for var in relax.analysis.defined_symbolic_vars(func):
+        name = str(var.name)
+        lo = int(lower[name]) if lower and name in lower else 0
+        hi = int(upper[name]) if upper and name in upper else UNBOUNDED
+        if lo <= hi:
+            analyzer.bind(var, Range(lo, hi + 1))
+    return analyzer
+
+
+def _same_shape(a, b, analyzer: Analyzer) -> bool:
+    """Whether two tensor types provably have the same shape."""
+    dims_a = getattr(getattr(a, "shape", None), "values", None)
+    dims_b = getattr(getattr(b, "shape", None), "values", None)
+    if dims_a is None or dims_b is None or len(dims_a) != len(dims_b):
+        return False
+    return all(analyzer.can_prove_equal(x, y) for x, y in zip(dims_a, dims_b))
+
+
+def _static_shape(expr) -> list[int] | None:
+    values = getattr(expr.ty, "values", None) if isinstance(expr.ty, relax.ShapeType) else None
+    return [int(v) for v in values] if values is not None and all(isinstance(v, IntImm) for v in values) else None
+
+
+def _spatial_zero_pad(call) -> list[int] | None:
+    """The (top, left, bottom, right) widths of an NCHW zero pad of rows and columns only."""
+    if not (isinstance(call, relax.Call) and call.op.same_as(PAD)) or str(call.attrs.pad_mode) != "constant":
+        return None
+    widths = [int(w) for w in call.attrs.pad_width]
+    if len(widths) != 8 or any(widths[:4]) or min(widths) < 0 or float(call.attrs.pad_value) != 0.0:
+        return None
+    return [widths[4], widths[6], widths[5], widths[7]]
+
+
+@relax.expr_functor.mutator
+class _Prepare(relax.PyExprMutator):
+    def __init__(self, mod, analyzer: Analyzer | None):
+        super().__init__(mod)
+        self.analyzer = analyzer
+
+    def visit_call_(self, call):
+        call = super().visit_call_(call)
+        if call.op.same_as(SHAPE_TO_TENSOR):
+            shape = _static_shape(call.args[0])
+            return call if shape is None else relax.const(np.array(shape, "int64"), "int64")
+        if call.op.same_as(CONV2D):
+            return self._fold_pad(call)
+        if call.op.same_as(STRIDED_SLICE) and self.analyzer is not None and not call.attrs.assume_inbound:
+            return self._inbound_slice(call)
+        return call
+
+    def _fold_pad(self, call):
+        data, weight = call.args
+        a = call.attrs
+        source = self.lookup_binding(data) if isinstance(data, relax.Var) else None
+        widths = _spatial_zero_pad(source)
+        if widths is None or str(a.data_layout) != "NCHW":
+            return call
+        padding = [int(p) + w for p, w in zip(a.padding, widths)]
+        return relax.op.nn.conv2d(source.args[0], weight, a.strides, padding, a.dilation, a.groups,
+                                  str(a.data_layout), str(a.kernel_layout),
+                                  None if a.out_layout is None else str(a.out_layout), a.out_dtype)
+
+    def _inbound_slice(self, call):
+        data, axes, *rest = call.args
+        ndim = data.ty.ndim
+        if ndim < 0 or not all(isinstance(x, IntImm) for x in axes.fields):
+            return call
+        # non-negative axes: TVM's legalization of an in-bounds slice rejects axis -1
+        axes = [int(x.value) % ndim for x in axes.fields]
+        inbound = self.builder_.normalize(relax.op.strided_slice(data, axes, *rest, assume_inbound=True))
+        return inbound if _same_shape(call.ty, inbound.ty, self.analyzer) else call
+
+
+def prepare(mod: tvm.IRModule, ops: frozenset | set = frozenset()) -> tvm.IRModule:
+    """``mod`` (which calls ``ops``) with the facts above made explicit."""
+    out = {}
+    for gv, func in mod.functions.items():
+        analyzer = _analyzer(func) if isinstance(func, relax.Function) else None
+        if not isinstance(func, relax.Function) or (analyzer is None and not TRIGGERS & set(ops)):
+            out[gv] = func
+            continue
+        out[gv] = relax.analysis.remove_all_unused(_Prepare(mod, analyzer).visit_expr(func))
+    if all(out[gv].same_as(f) for gv, f in mod.functions.items()):
+        return mod
+    return tvm.IRModule(out, attrs=mod.attrs)
