@@ -9,10 +9,12 @@ Cases: sgemm 2048^3, a linear layer in torch.export's form (``permute_dims`` + `
 + bias + relu), and the MLP 784-1024-1024-10 at batch 64 (matmul+bias+relu), also in
 the linear form.
 
-Peak: an LLVM IR loop of 12 independent ``<16 x float>`` FMA chains (llvmlite MCJIT,
-called through ctypes from ``threads`` Python threads; the GIL is released), best of 5 —
-the FLOP rate the cores sustain at the clock they actually run (for znver4: 32 FLOP per
-cycle per core, one 512-bit FMA per cycle).
+Peak: an LLVM IR loop of 12 independent FMA chains of one vector register each
+(``<16 x float>`` with AVX-512, ``<8 x float>`` with AVX2: wider vectors would not fit
+in the registers and measure spills), compiled by llvmlite's MCJIT, called through ctypes
+from ``threads`` Python threads (the GIL is released), best of 5 — the FLOP rate the cores
+sustain at the clock they actually run (znver4: 32 FLOP per cycle per core, one 512-bit
+FMA per cycle; znver3: 32, two 256-bit FMAs per cycle).
 
 Nothing heavy is imported at module level: ``--threads`` must reach TVM_NUM_THREADS and
 OPENBLAS_NUM_THREADS before those libraries start their pools.
@@ -41,11 +43,18 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 # ---- peak ---------------------------------------------------------------------------------------
 
-CHAINS, UNROLL = 12, 4  # independent FMA chains (>= latency 4 x 1 per cycle), unrolled
+CHAINS, UNROLL = 12, 4  # independent FMA chains (>= latency 4 x 2 per cycle: fit 16 registers), unrolled
+
+
+def _lanes() -> int:
+    """float32 lanes of one vector register of this machine."""
+    from jitbyoc.render.isa import vector_bits
+
+    return vector_bits() // 32
 
 
 def _peak_loop():
-    """``float peak(int64 n)``: n iterations of CHAINS x UNROLL ``<16 x float>`` FMAs,
+    """``float peak(int64 n)``: n iterations of CHAINS x UNROLL ``<LANES x float>`` FMAs,
     compiled by llvmlite's MCJIT; returns (callable, engine) (keep the engine alive)."""
     import ctypes
 
@@ -55,10 +64,11 @@ def _peak_loop():
     from jitbyoc.build import jit
 
     f32, i64 = ir.FloatType(), ir.IntType(64)
-    vec = ir.VectorType(f32, 16)
+    LANES = _lanes()  # noqa: N806
+    vec = ir.VectorType(f32, LANES)
     module = ir.Module(name="peak")
     module.triple = llvm.get_process_triple()
-    fma = ir.Function(module, ir.FunctionType(vec, [vec, vec, vec]), "llvm.fma.v16f32")
+    fma = ir.Function(module, ir.FunctionType(vec, [vec, vec, vec]), f"llvm.fma.v{LANES}f32")
     fn = ir.Function(module, ir.FunctionType(f32, [i64]), "peak")
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     entry, loop, done = b.block, fn.append_basic_block("loop"), fn.append_basic_block("done")
@@ -69,11 +79,11 @@ def _peak_loop():
     accs = [b.phi(vec) for _ in range(CHAINS)]
     cur = list(accs)
     for _ in range(UNROLL):
-        cur = [b.call(fma, [c, ir.Constant(vec, [1.0000001] * 16), ir.Constant(vec, [0.999999] * 16)])
+        cur = [b.call(fma, [c, ir.Constant(vec, [1.0000001] * LANES), ir.Constant(vec, [0.999999] * LANES)])
                for c in cur]
     i.add_incoming(b.add(i, i64(1)), loop)
     for k, (acc, c) in enumerate(zip(accs, cur)):
-        acc.add_incoming(ir.Constant(vec, [float(k)] * 16), entry)
+        acc.add_incoming(ir.Constant(vec, [float(k)] * LANES), entry)
         acc.add_incoming(c, loop)
     b.cbranch(b.icmp_signed("<", b.add(i, i64(1)), fn.args[0]), loop, done)
     b.position_at_end(done)
@@ -104,7 +114,7 @@ def fma_peak(threads: int, iters: int = 20_000_000) -> float:
             w.start()
         for w in workers:
             w.join()
-        rates.append(threads * iters * CHAINS * UNROLL * 32 / (time.perf_counter() - start) / 1e9)
+        rates.append(threads * iters * CHAINS * UNROLL * 2 * _lanes() / (time.perf_counter() - start) / 1e9)
     return max(rates)
 
 

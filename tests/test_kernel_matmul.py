@@ -315,3 +315,16 @@ def test_unsupported_stays_with_tvm_with_reason(dtypes, reason):
     rep = jitbyoc.report(bb.get())
     assert [f.op for f in rep.fallbacks] == ["relax.matmul"]
     assert reason in rep.fallbacks[0].reason
+
+
+def test_single_row_products_take_the_gemv_paths():
+    """One row of A (static, or a symbolic row count that is 1 at run time) against B
+    read along k (``linear``: the row-dot GEMV) or along n (``x @ W``: the column GEMV),
+    sizes around the vector width and the 4-row / 4-vector blocks, epilogues fused."""
+    cases = []
+    for j, (k, n) in enumerate([(1, 1), (17, 3), (64, 4), (65, 5), (300, 129), (16, 63), (33, 70)]):
+        cases += [case((1, k), (n, k), bias=(n,), act="relu", linear=True),
+                  case(("m", k), (k, n), bias=(n,), act="tanh"),
+                  case((1, 1, k), (n, k), linear=True),
+                  case((1, k), (k, n + 64), dtype="float64")]
+    differential(cases, sizes=[{"m": 1}, {"m": 3}], sym=("m",))

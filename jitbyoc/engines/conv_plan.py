@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ..ir.dtypes import dtype as lookup_dtype
+from ..render.isa import vector_bits, vector_registers
 
 DENSE_MAX_KW = 16  # the dense layout copies the input once per kernel column: not for wide windows
 MIN_TASKS = 16  # split rows into bands until there are this many tasks (load balance)
@@ -127,6 +128,10 @@ def _valid_range(count: int, step: int, shift: int, size: int) -> tuple[int, int
     return lo, max(lo, hi)
 
 
+def _registers_per_vector(lanes: int, dt: str) -> int:
+    return max(1, lanes * lookup_dtype(dt).bits // vector_bits())
+
+
 def max_lanes(dt: str) -> int:
     return 512 // lookup_dtype(dt).bits
 
@@ -158,15 +163,16 @@ def cost(plan: Plan, dt: str) -> float:
 
 def candidates(geo, dt: str):
     """Every plan :func:`choose_plan` weighs: layouts, vector widths (512 and 256 bits)
-    and register blocks J x V that fit 32 vector registers; row bands give enough tasks
-    to keep the thread pool busy."""
+    and register blocks J x V (plus a broadcast) that fit the machine's vector registers
+    (32 of 512 bits with AVX-512; 16 of 256 with AVX2, where a 512-bit vector takes two);
+    row bands give enough tasks to keep the thread pool busy."""
     batch = geo.n if isinstance(geo.n, int) else 1
     layouts = [Layout(geo, False)] + ([Layout(geo, True)] if geo.kw <= DENSE_MAX_KW else [])
     for layout in layouts:
         for lanes in (max_lanes(dt), max_lanes(dt) // 2):
             for v in range(1, MAX_V + 1):
                 for j in range(1, min(geo.kg, 16) + 1):
-                    if (j + 1) * v > 31:
+                    if (j + 1) * v * _registers_per_vector(lanes, dt) > vector_registers() - 1:
                         continue
                     blocks = batch * geo.groups * math.ceil(geo.kg / j)
                     rows = math.ceil(geo.oh / min(geo.oh, math.ceil(MIN_TASKS / blocks)))

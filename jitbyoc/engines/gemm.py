@@ -79,6 +79,7 @@ from llvmlite import ir
 from ..ir.dtypes import dtype as lookup_dtype
 from ..ir.llvmtypes import I64
 from ..render.indexing import dot
+from ..render.isa import vector_bits
 from ..render.loops import THREAD_MIN, for_range
 from ..render.portable import LLVM, C
 from . import gemm_micro as mk
@@ -107,8 +108,14 @@ class Blocking:
     nc: int
 
 
-BLOCKING = {"float32": Blocking(mr=6, nv=4, unroll=2, mc=1020, kc=384, nc=512),
-            "float64": Blocking(mr=12, nv=2, unroll=2, mc=516, kc=256, nc=320)}
+# per register-file width (jitbyoc.render.isa): AVX-512's 32 zmm hold a 6x64 float32 tile
+# (24 accumulators); AVX2's 16 ymm the classic 6x16 (12 accumulators, each 64-byte vector
+# is two ymm), with B panels sized for a 512 KiB L2.
+BLOCKINGS = {512: {"float32": Blocking(mr=6, nv=4, unroll=2, mc=1020, kc=384, nc=512),
+                   "float64": Blocking(mr=12, nv=2, unroll=2, mc=516, kc=256, nc=320)},
+             256: {"float32": Blocking(mr=6, nv=1, unroll=2, mc=1020, kc=384, nc=256),
+                   "float64": Blocking(mr=6, nv=1, unroll=2, mc=516, kc=256, nc=128)}}
+BLOCKING = BLOCKINGS[vector_bits()]
 KC = BLOCKING["float32"].kc
 SERIAL_MAX_MACS = THREAD_MIN["gemm"]  # a static problem smaller than this runs on the calling thread
 C_COLUMN_BLOCK = 64        # the C rendering applies the epilogue per row and 64 columns

@@ -22,6 +22,7 @@ from ..ir.llvmtypes import I32, I64
 from . import registry
 from .gemm import Gemm, Output, Strided, _dims, _is_one
 from .gemm_llvm import emit
+from .gemv import emit_gemv, emit_gemv_columns
 
 BATCH_RANK = 4  # the smallest engine batch rank (see call)
 
@@ -61,6 +62,14 @@ class GemmEngine(registry.Engine):
         g = Gemm("m", "n", "k", operand("a", self.a), operand("b", self.b),
                  Output(bufs["c"], tuple(f"cb{i}" for i in r), "crow"), self.dtype,
                  tuple(f"d{i}" for i in r), _callback)
+        if self.a == "k" and self.b in ("k", "x"):  # A's row contiguous: one row is a GEMV
+            b, one = ctx.b, I64(1)
+            single = b.icmp_signed("==", ctx.syms["m"], one)
+            for i in r:
+                single = b.and_(single, b.icmp_signed("==", ctx.syms[f"d{i}"], one))
+            with b.if_then(single):
+                (emit_gemv if self.b == "k" else emit_gemv_columns)(ctx, bufs, self.dtype, _callback, self.batch)
+                b.ret(I32(0))
         emit(g, ctx)
         ctx.b.ret(I32(0))
 
