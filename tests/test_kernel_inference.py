@@ -45,3 +45,28 @@ def test_inference_dropout_is_the_identity_and_a_mask_of_ones():
     for w, g in zip(want, got):
         np.testing.assert_array_equal(g, w)
     np.testing.assert_array_equal(got[1], np.ones_like(x))
+
+
+@pytest.mark.parametrize("out_dtype", ["int8", "uint8", "int16", "uint16"])
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_quantize_dequantize_match_tvm(out_dtype, per_channel):
+    """ONNX QuantizeLinear/DequantizeLinear as TVM's frontend writes them: per tensor or
+    per channel (axis 1), values that round both ways and saturate at both ends."""
+    shape, c = (2, 3, 5), 3
+    pshape = (c,) if per_channel else ()
+
+    def body(bb, x, s, z):
+        q = bb.emit(relax.op.quantize(x, s, z, axis=1, out_dtype=out_dtype))
+        return [q, bb.emit(relax.op.dequantize(q, s, z, axis=1, out_dtype="float32"))]
+
+    mod = build_model({"x": (shape, "float32"), "s": (pshape, "float32"), "z": (pshape, out_dtype)}, body)
+    builds = build_both(mod)
+    assert builds.report.fallbacks == [], str(builds.report)
+    rng = np.random.default_rng(len(out_dtype) + per_channel)
+    x = (rng.standard_normal(shape) * 200).astype("float32")
+    x.flat[::7] = np.float32(2.5)  # halves: round to even
+    s = np.asarray(rng.uniform(0.5, 2.0, pshape), "float32")
+    z = np.asarray(rng.integers(0, 5, pshape), out_dtype)
+    want, got = builds.run(x, s, z)
+    for w, g in zip(want, got):
+        np.testing.assert_array_equal(g, w)

@@ -1,15 +1,22 @@
-"""Ops that are elementwise expressions at inference: ``nn.prelu`` and ``nn.dropout``.
+"""Ops that are elementwise expressions at inference: ``nn.prelu``, ``nn.dropout``,
+``quantize`` and ``dequantize``.
 
 prelu is ``x > 0 ? x : alpha[c] * x`` with ``alpha`` broadcast along ``axis`` (TVM's
 ``topi.nn.prelu``; a NaN input gives NaN). Inference dropout is the identity: TVM's own
 lowering returns ``(x, ones_like(x))``, and so does jitbyoc, as values, so no copy is
 made and the op disappears into the loop nest around it.
+
+quantize and dequantize follow TVM's legalization (``legalize_ops/qdq.py``) step for
+step, per-tensor or per-channel (``axis``): ``clip(round(x / scale) + zp)`` in float, then
+the cast; ``(int32(q) - zp) * scale`` in float32 (clipped and cast for another float).
 """
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..ir import kir
-from ..ir.dtypes import FLOATS
+from ..ir.dtypes import FLOATS, INTS
 from ..ir.relax_types import dims, tensor_problem
 from ..ir.rules import register
 from .layout import reshaped
@@ -49,3 +56,69 @@ def _check_dropout(call) -> str | None:
 @register("relax.nn.dropout", 1, _check_dropout)
 def _build_dropout(fe, call, out):
     return fe.value(call.args[0]), kir.Const(1, out[1].dtype)
+
+
+def _op(name: str, in_dt: str, out_dt: str, *args, **attrs):
+    return kir.Op(name, args, in_dt, out_dt, tuple(sorted(attrs.items())))
+
+
+def _cast(value, to: str):
+    return value if value.dtype == to else _op("astype", value.dtype, to, value, to=to)
+
+
+def _param(fe, call, k: int, shape):
+    """Scale or zero point ``k`` broadcast along the op's axis (a per-channel vector), or
+    as it is (a scalar or a single element)."""
+    arg = call.args[k]
+    if len(dims(arg.ty)) == 1 and dims(arg.ty)[0] != 1:
+        axis = int(call.attrs.axis) % len(shape)
+        return reshaped(fe, arg, (dims(arg.ty)[0],) + (1,) * (len(shape) - axis - 1))
+    return reshaped(fe, arg, ()) if dims(arg.ty) else fe.value(arg)
+
+
+def _clip_cast(value, to: str):
+    """TVM's clip_cast: clamp to ``to``'s range in the value's dtype, then cast."""
+    info = np.iinfo(to) if to in INTS else np.finfo(to)
+    dt = value.dtype
+    low, high = kir.Const(float(info.min) if dt in FLOATS else int(info.min), dt), \
+        kir.Const(float(info.max) if dt in FLOATS else int(info.max), dt)
+    return _cast(_op("maximum", dt, dt, _op("minimum", dt, dt, value, high), low), to)
+
+
+def _check_qdq(call) -> str | None:
+    x, scale, zp = call.args
+    name, out = call.op.name, str(call.attrs.out_dtype)
+    quantize = name == "relax.quantize"
+    data_types, out_types = (FLOATS, INTS) if quantize else (INTS, FLOATS)
+    problem = tensor_problem(x.ty, data_types) or tensor_problem(scale.ty, {"float32"}) or \
+        tensor_problem(zp.ty, INTS) or tensor_problem(call.ty, out_types)
+    if problem or out not in out_types:
+        return f"{name}: {problem or f'out_dtype {out}'}"
+    shape = dims(x.ty)
+    if not shape:
+        return f"{name}: rank-0 input"
+    axis = int(call.attrs.axis) % len(shape)
+    for p in (scale, zp):
+        n = dims(p.ty)
+        if len(n) > 1 or (n and n[0] not in (1, shape[axis])):
+            return f"{name}: scale/zero point of shape {n} for dim {axis} of {shape}"
+    return None
+
+
+@register("relax.quantize", 3, _check_qdq)
+def _build_quantize(fe, call, out):
+    x = fe.value(call.args[0])
+    shape, dt, to = dims(call.args[0].ty), x.dtype, str(call.attrs.out_dtype)
+    scale, zp = (_param(fe, call, k, shape) for k in (1, 2))
+    scaled = _op("round", dt, dt, _op("divide", dt, dt, x, _cast(scale, dt)))
+    return _clip_cast(_op("add", dt, dt, scaled, _cast(zp, dt)), to)
+
+
+@register("relax.dequantize", 3, _check_qdq)
+def _build_dequantize(fe, call, out):
+    q = fe.value(call.args[0])
+    shape, to = dims(call.args[0].ty), str(call.attrs.out_dtype)
+    scale, zp = (_param(fe, call, k, shape) for k in (1, 2))
+    diff = _op("subtract", "int32", "int32", _cast(q, "int32"), _cast(zp, "int32"))
+    value = _op("multiply", "float32", "float32", _cast(diff, "float32"), _cast(scale, "float32"))
+    return value if to == "float32" else _clip_cast(value, to)

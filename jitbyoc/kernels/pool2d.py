@@ -197,7 +197,7 @@ def _builder(kind: str):
     return build
 
 
-def _as_2d(call):
+def as_2d(call):
     """A 1-D pool, or a 3-D pool whose window is trivial along depth or along rows and
     columns, as a 2-D pool of views: ``(x shape, out shape, size, stride, dilation, pad)``
     in 2-D terms, or why not. (ONNX's LRN reaches TVM as an avg_pool3d over channels.)"""
@@ -217,7 +217,9 @@ def _as_2d(call):
     return "a 3-D window that is not trivial along depth nor along rows and columns"
 
 
-def _check_nd(call) -> str | None:
+def check_nd(call, any_window: bool = False) -> str | None:
+    """Why a 1-D or 3-D pool cannot be taken (``any_window``: as :mod:`.pool3d` runs the
+    3-D windows a 2-D pool cannot), or None."""
     name, a = call.op.name, call.attrs
     for arg in (call.args[0], call):
         problem = tensor_problem(arg.ty, FLOATS)
@@ -228,22 +230,23 @@ def _check_nd(call) -> str | None:
         return f"{name}: layout {layout[0]}->{layout[1]} not supported (only NCW, NCDHW)"
     if min(tuple(a.strides) + tuple(a.dilation) + tuple(a.pool_size)) < 1 or min(a.padding) < 0:
         return f"{name}: pool size/stride/dilation < 1 or negative padding"
-    plan = _as_2d(call)
+    plan = as_2d(call)
+    if any_window and len(dims(call.args[0].ty)) == 5 and not any(isinstance(d, str) for d in dims(call.args[0].ty)[1:]):
+        return None
     return f"{name}: {plan}" if isinstance(plan, str) else None
 
 
-def _builder_nd(kind: str):
+def builder_nd(kind: str):
     def build(fe, call, out):
-        xshape, oshape, size, stride, dilation, pad = _as_2d(call)
+        xshape, oshape, size, stride, dilation, pad = as_2d(call)
         x = kir.view(fe.buffer(call.args[0]), xshape)
         return Pool2d((x,), kir.view(out, oshape), kind=kind, size=size, stride=stride, dilation=dilation,
                       pad=pad, include_pad=bool(call.attrs.count_include_pad))
     return build
 
 
-for _d in ("1d", "3d"):
-    register(f"relax.nn.max_pool{_d}", 1, _check_nd)(_builder_nd("max"))
-    register(f"relax.nn.avg_pool{_d}", 1, _check_nd)(_builder_nd("avg"))
+register("relax.nn.max_pool1d", 1, check_nd)(builder_nd("max"))  # pool3d: in .pool3d
+register("relax.nn.avg_pool1d", 1, check_nd)(builder_nd("avg"))
 register("relax.nn.max_pool2d", 1, _check)(_builder("max"))
 register("relax.nn.avg_pool2d", 1, _check)(_builder("avg"))
 register("relax.nn.adaptive_avg_pool2d", 1, _check)(_builder("adaptive"))

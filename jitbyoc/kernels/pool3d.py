@@ -1,0 +1,103 @@
+"""Max and average pool3d (NCDHW) with any window: the ones :mod:`.pool2d` cannot run as a
+2-D pool of views (a window that is not trivial along depth nor along rows and columns).
+
+A direct loop nest in TVM's order (planes split across the thread pool; each output sums
+or maxes its window's taps in (depth, row, column) order, skipping the padding, then an
+average divides once by TVM's count), so results match TVM's default build exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..ir import kir
+from ..ir.rules import register
+from ..render.indexing import dot
+from ..render.loops import threaded
+from ..render.portable import PortableStage
+from .pool2d import as_2d, builder_nd, check_nd
+
+
+@dataclass(eq=False)
+class Pool3d(PortableStage, kir.KernelStage):
+    average: bool = False
+    size: tuple = (1, 1, 1)
+    stride: tuple = (1, 1, 1)
+    dilation: tuple = (1, 1, 1)
+    pad: tuple = (0, 0, 0, 0, 0, 0)  # front, top, left, back, bottom, right
+    include_pad: bool = False
+
+    def emit(self, e) -> None:
+        (x,), out, dt = self.inputs, self.out, self.out.dtype
+        sizes, outs = x.shape[2:], out.shape[2:]
+        in_plane, out_plane = int(np.prod(sizes)), int(np.prod(outs))
+        start = 0 if self.average else np.finfo(np.dtype(dt)).min.item()
+
+        def body(e, lo, hi):
+            with e.loop(hi, lo, "pl") as pl, e.loop(outs[0], 0, "od") as od, \
+                    e.loop(outs[1], 0, "oh") as oh, e.loop(outs[2], 0, "ow") as ow:
+                acc = e.var(dt, e.const(start, dt))
+                firsts = [e.let(e.sub(e.mul(o, s), p)) for o, s, p in zip((od, oh, ow), self.stride, self.pad)]
+                self._window(e, acc, firsts, e.let(e.mul(pl, in_plane)))
+                total = e.get(acc)
+                if self.average:
+                    count = e.max(self._count(e, (od, oh, ow)), 1)
+                    total = e.op("divide", dt, total, e.as_float(count, dt))
+                at = e.let(e.add(e.mul(pl, out_plane), dot(e, [od, oh, ow], [outs[1] * outs[2], outs[2], 1])))
+                e.store(out, at, total)
+            if self.epilogue is not None:
+                e.epilogue(self, [0] * 5, [e.dim(d) for d in out.shape])
+
+        e.parallel(e.product(out.shape[:2]), body, threaded(out.shape, "stage"))
+
+    def _count(self, e, outs):
+        """TVM's divisor: taps inside the input, or (``count_include_pad``) inside the
+        padded input but not the extra cells of ``ceil_mode``; a product over the dims."""
+        total = 1
+        for d, o in enumerate(outs):
+            s, dl, k, before, after = self.stride[d], self.dilation[d], self.size[d], self.pad[d], self.pad[d + 3]
+            n = self.inputs[0].shape[2 + d]
+            start = e.let(e.sub(e.mul(o, s), before))
+            last = e.add(start, (k - 1) * dl)
+            if self.include_pad:
+                taps = e.add(e.div(e.sub(e.min(last, n + after - 1), start), dl), 1)
+            else:
+                skip = e.max(e.div(e.sub(dl - 1, start), dl), 0)
+                taps = e.add(e.div(e.sub(e.min(last, n - 1), e.add(start, e.mul(skip, dl))), dl), 1)
+            total = e.mul(total, e.max(taps, 0))
+        return total
+
+    def _window(self, e, acc, firsts, base) -> None:
+        (x,), dt = self.inputs, self.out.dtype
+        sizes = x.shape[2:]
+        with e.loop(self.size[0], 0, "i") as i, e.loop(self.size[1], 0, "j") as j, \
+                e.loop(self.size[2], 0, "l") as l:
+            pos = [e.let(e.add(f, e.mul(k, d))) for f, k, d in zip(firsts, (i, j, l), self.dilation)]
+            ok = None
+            for p, n in zip(pos, sizes):
+                inside = e.select(e.lt(p, 0), e.eq(1, 0), e.lt(p, n))
+                ok = inside if ok is None else e.select(ok, inside, ok)
+            with e.when(ok):
+                v = e.load(x, e.add(base, dot(e, pos, [sizes[1] * sizes[2], sizes[2], 1])))
+                e.set(acc, e.op("add" if self.average else "maximum", dt, e.get(acc), v))
+
+
+def _build(average: bool):
+    def build(fe, call, out):
+        if not isinstance(as_2d(call), str):  # trivial along some dims: a 2-D pool of views
+            return builder_nd("avg" if average else "max")(fe, call, out)
+        a = call.attrs
+        ints = [tuple(int(v) for v in vals) for vals in (a.pool_size, a.strides, a.dilation, a.padding)]
+        return Pool3d((fe.buffer(call.args[0]),), out, average=average, size=ints[0], stride=ints[1],
+                      dilation=ints[2], pad=ints[3], include_pad=bool(a.count_include_pad))
+    return build
+
+
+def _check(call) -> str | None:
+    return check_nd(call, any_window=True)
+
+
+register("relax.nn.max_pool3d", 1, _check)(_build(False))
+register("relax.nn.avg_pool3d", 1, _check)(_build(True))
