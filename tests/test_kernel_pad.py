@@ -31,6 +31,21 @@ def test_pad_matches_tvm_and_numpy(shape, width, dtype, mode, tmp_path):
         check_c_matches_llvm(mod, [x], tmp_path)
 
 
+@pytest.mark.parametrize("mode", ["constant", "reflect", "replicate", "circular"])
+def test_pad_with_a_following_op_fused(mode):
+    """An elementwise op after the pad runs in the pad's loop (its epilogue), once per
+    element."""
+    mod = build_model({"x": ((2, 3, 5, 6), "float32")}, lambda bb, x: bb.emit(relax.op.add(relax.op.multiply(
+        relax.op.nn.pad(x, (0, 0, 1, 0, 2, 1, 1, 2), pad_mode=mode, pad_value=1.5), relax.const(3.0, "float32")),
+        relax.const(1.0, "float32"))))
+    builds = build_both(mod)
+    assert builds.report.fallbacks == [] and len(builds.report.regions) == 1, str(builds.report)
+    x = np.random.default_rng(5).standard_normal((2, 3, 5, 6)).astype("float32")
+    want, got = builds.run(x)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_allclose(got, Pad.reference(x, (0, 1, 2, 1), (0, 0, 1, 2), mode, 1.5) * 3 + 1, rtol=1e-6)
+
+
 def test_a_zero_pad_before_a_conv_folds_into_its_padding():
     """torch.export's MobileNet-style ``pad -> conv2d``: one conv with the widths added to
     its padding (no pad op left, one region), same values as TVM's build of the pad."""

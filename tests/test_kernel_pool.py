@@ -228,6 +228,7 @@ def test_pool1d_and_pool3d_as_2d_pools_match_tvm(op, shape, attrs, tmp_path):
 
 GENERAL_3D = [  # windows no 2-D pool of views can run
     ("avg_pool3d", (1, 2, 5, 6, 7), {"pool_size": (2, 2, 2)}),
+    ("avg_pool3d", (1, 3, 32, 32, 32), {"pool_size": (2, 2, 2), "count_include_pad": True}),  # ONNX LpPool; threads
     ("max_pool3d", (2, 3, 6, 5, 7), {"pool_size": (3, 2, 3), "strides": (2, 1, 2), "padding": (1, 0, 1, 1, 1, 0)}),
     ("avg_pool3d", (1, 2, 7, 7, 7), {"pool_size": (3, 3, 3), "strides": (2, 2, 2), "padding": (1, 1, 1, 1, 1, 1),
                                      "count_include_pad": True, "ceil_mode": True}),
@@ -241,7 +242,10 @@ def test_general_3d_windows_match_tvm(op, shape, attrs):
     bb = relax.BlockBuilder()
     with bb.function("main", [x]):
         with bb.dataflow():
-            out = bb.emit_output(relax.op.nn.relu(getattr(relax.op.nn, op)(x, layout="NCDHW", **attrs)))
+            # LpPool's form: a following multiply and power, fused (applied once per output)
+            pooled = getattr(relax.op.nn, op)(x, layout="NCDHW", **attrs)
+            out = bb.emit_output(relax.op.power(relax.op.multiply(pooled, relax.const(8.0, F32)),
+                                                relax.const(2.0, F32)))
         bb.emit_func_output(out)
     mod = bb.get()
     rep = jitbyoc.report(mod)

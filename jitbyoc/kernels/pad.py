@@ -36,8 +36,14 @@ class Pad(PortableStage, kir.KernelStage):
         (x,), out = self.inputs, self.out
         strides = [e.product(x.shape[k + 1:]) for k in range(x.ndim)]
         width = e.dim(out.shape[-1])
-        row = self._constant_row if self.mode == "constant" else self._mapped_row
-        each_row(e, out.shape, lambda e, r, pos: row(e, r, pos, strides, width), threaded(out.shape, "copy"))
+        fill_row = self._constant_row if self.mode == "constant" else self._mapped_row
+
+        def row(e, r, pos):
+            fill_row(e, r, pos, strides, width)
+            if self.epilogue is not None:  # an elementwise op after the pad, on this row
+                e.epilogue(self, pos + [0], [1] * len(pos) + [width])
+
+        each_row(e, out.shape, row, threaded(out.shape, "copy"))
 
     def _constant_row(self, e, r, pos, strides, width) -> None:
         (x,), out, dt = self.inputs, self.out, self.out.dtype

@@ -30,27 +30,34 @@ class Pool3d(PortableStage, kir.KernelStage):
     include_pad: bool = False
 
     def emit(self, e) -> None:
-        (x,), out, dt = self.inputs, self.out, self.out.dtype
-        sizes, outs = x.shape[2:], out.shape[2:]
-        in_plane, out_plane = int(np.prod(sizes)), int(np.prod(outs))
-        start = 0 if self.average else np.finfo(np.dtype(dt)).min.item()
+        out = self.out
+        outs = out.shape[2:]
+        in_plane, out_plane = int(np.prod(self.inputs[0].shape[2:])), int(np.prod(outs))
+        start = 0 if self.average else np.finfo(np.dtype(out.dtype)).min.item()
 
         def body(e, lo, hi):
-            with e.loop(hi, lo, "pl") as pl, e.loop(outs[0], 0, "od") as od, \
-                    e.loop(outs[1], 0, "oh") as oh, e.loop(outs[2], 0, "ow") as ow:
-                acc = e.var(dt, e.const(start, dt))
-                firsts = [e.let(e.sub(e.mul(o, s), p)) for o, s, p in zip((od, oh, ow), self.stride, self.pad)]
-                self._window(e, acc, firsts, e.let(e.mul(pl, in_plane)))
-                total = e.get(acc)
-                if self.average:
-                    count = e.max(self._count(e, (od, oh, ow)), 1)
-                    total = e.op("divide", dt, total, e.as_float(count, dt))
-                at = e.let(e.add(e.mul(pl, out_plane), dot(e, [od, oh, ow], [outs[1] * outs[2], outs[2], 1])))
-                e.store(out, at, total)
-            if self.epilogue is not None:
-                e.epilogue(self, [0] * 5, [e.dim(d) for d in out.shape])
+            with e.loop(hi, lo, "pl") as pl:
+                with e.loop(outs[0], 0, "od") as od, e.loop(outs[1], 0, "oh") as oh, \
+                        e.loop(outs[2], 0, "ow") as ow:
+                    self._output(e, pl, (od, oh, ow), start, in_plane, out_plane)
+                if self.epilogue is not None:  # this plane's outputs, once
+                    n, c = e.let(e.div(pl, out.shape[1])), e.let(e.rem(pl, out.shape[1]))
+                    e.epilogue(self, [n, c, 0, 0, 0], [1, 1, *[e.dim(d) for d in outs]])
 
         e.parallel(e.product(out.shape[:2]), body, threaded(out.shape, "stage"))
+
+    def _output(self, e, pl, at, start, in_plane, out_plane) -> None:
+        """Pool the window of output ``at`` of plane ``pl``."""
+        (x,), out, dt = self.inputs, self.out, self.out.dtype
+        outs = out.shape[2:]
+        acc = e.var(dt, e.const(start, dt))
+        firsts = [e.let(e.sub(e.mul(o, s), p)) for o, s, p in zip(at, self.stride, self.pad)]
+        self._window(e, acc, firsts, e.let(e.mul(pl, in_plane)))
+        total = e.get(acc)
+        if self.average:
+            count = e.max(self._count(e, at), 1)
+            total = e.op("divide", dt, total, e.as_float(count, dt))
+        e.store(out, e.add(e.mul(pl, out_plane), dot(e, list(at), [outs[1] * outs[2], outs[2], 1])), total)
 
     def _count(self, e, outs):
         """TVM's divisor: taps inside the input, or (``count_include_pad``) inside the
