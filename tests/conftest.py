@@ -39,6 +39,12 @@ def build_model(params: dict, body) -> tvm.IRModule:
 
     args = [relax.Var(name, relax.TensorType([dim(d) for d in shape], dtype))
             for name, (shape, dtype) in params.items()]
+    return function_of(args, body)
+
+
+def function_of(args: list, body) -> tvm.IRModule:
+    """``main(*args)`` (Relax vars) whose dataflow block is ``body(bb, *args)`` (see
+    :func:`build_model`)."""
     bb = relax.BlockBuilder()
     with bb.function("main", args):
         with bb.dataflow():

@@ -30,6 +30,16 @@ def exact(got, ref):
         np.testing.assert_array_equal(g, r)
 
 
+def one_exact_region(mod, cases):
+    """Check ``mod`` (made of ``cases``) is one region, run it with jitbyoc and TVM and
+    check the results are identical; returns (inputs, jitbyoc's results)."""
+    one_region(mod)
+    arrays = inputs(cases)
+    got, ref = both(mod, arrays)
+    exact(got, ref)
+    return arrays, got
+
+
 def test_reshape_family_is_exact_in_every_dtype_and_costs_no_copy():
     cases = [([((3, 17, 4), dt)], op) for dt in DTYPES for op in range(4)]
 
@@ -39,10 +49,7 @@ def test_reshape_family_is_exact_in_every_dtype_and_costs_no_copy():
                         R.squeeze(R.reshape(x, (3, 1, 17, 4)), [1])][op])
 
     mod = model(cases, make)
-    one_region(mod)
-    arrays = inputs(cases)
-    got, ref = both(mod, arrays)
-    exact(got, ref)
+    arrays, got = one_exact_region(mod, cases)
     exact(got, [a.reshape(g.shape) for a, g in zip(arrays, got)])
     (region,) = jitbyoc.inspect(mod)
     assert region.kernel.temps == [], "views need no temporary"
@@ -92,10 +99,7 @@ def test_permute_dims_all_permutations(epilogue):
         return bb.emit(R.add(y, relax.const(1.5, "float32")) if epilogue else y)
 
     mod = model(cases, make)
-    one_region(mod)
-    arrays = inputs(cases)
-    got, ref = both(mod, arrays)
-    exact(got, ref)
+    arrays, got = one_exact_region(mod, cases)
     shift = np.float32(1.5) if epilogue else np.float32(0)
     exact(got, [Permute.reference(a, axes) + shift for a, (_, axes) in zip(arrays, cases)])
 
@@ -109,10 +113,7 @@ def test_permute_dims_large_tiles_threads_and_dtypes():
         return bb.emit(R.permute_dims(vs[0], None if axes is None else list(axes)))
 
     mod = model(cases, make)
-    one_region(mod)
-    arrays = inputs(cases)
-    got, ref = both(mod, arrays)
-    exact(got, ref)
+    arrays, got = one_exact_region(mod, cases)
     exact(got, [np.transpose(a, axes) for a, (_, axes) in zip(arrays, cases)])
     (region,) = jitbyoc.inspect(mod)
     assert "TVMBackendParallelLaunch" in region.llvm_ir
@@ -153,10 +154,7 @@ def test_concat_split_in_every_dtype_and_axis():
         return [c] + [bb.emit(relax.TupleGetItem(parts, k)) for k in range(3)]
 
     mod = model(cases, make)
-    one_region(mod)
-    arrays = inputs(cases)
-    got, ref = both(mod, arrays)
-    exact(got, ref)
+    arrays, got = one_exact_region(mod, cases)
     want = []
     pos = 0
     for shapes_, axis in cases:
@@ -179,10 +177,7 @@ def test_stack_and_flip_in_every_dtype_and_axis():
         return [stacked, bb.emit(combine(flipped, vs[1]))]
 
     mod = model(cases, make)
-    one_region(mod)
-    arrays = inputs(cases)
-    got, ref = both(mod, arrays)
-    exact(got, ref)
+    arrays, got = one_exact_region(mod, cases)
     want = []
     for k, (_, axis) in enumerate(cases):
         a, b, c = arrays[3 * k:3 * k + 3]
@@ -200,10 +195,7 @@ def test_split_sections_uneven_and_fused_epilogue():
         n = len(parts.ty.fields)
         return [bb.emit(R.nn.relu(relax.TupleGetItem(parts, k))) for k in range(n)]
 
-    mod = model(cases, make)
-    one_region(mod)
-    got, ref = both(mod, inputs(cases))
-    exact(got, ref)
+    one_exact_region(model(cases, make), cases)
 
 
 SLICES = [  # axes, begin, end, strides (None: the 4-operand form)
@@ -222,10 +214,7 @@ def test_strided_slice_grid(dtype):
         return bb.emit(R.strided_slice(vs[0], axes, begin, end, strides))
 
     mod = model(cases, make)
-    one_region(mod)
-    arrays = inputs(cases)
-    got, ref = both(mod, arrays)
-    exact(got, ref)
+    arrays, got = one_exact_region(mod, cases)
     for a, g, (_, (axes, begin, end, strides)) in zip(arrays, got, cases):
         index = [slice(None)] * 3
         for k, ax in enumerate(axes):
@@ -403,10 +392,7 @@ def test_broadcasts_and_fills_are_values_that_fuse():
         return [bb.emit(R.add(R.ones_like(vs[0]), vs[0])), bb.emit(R.zeros_like(vs[0], "int64"))]
 
     mod = model(cases, make)
-    one_region(mod)
-    arrays = inputs(cases)
-    got, ref = both(mod, arrays)
-    exact(got, ref)
+    arrays, got = one_exact_region(mod, cases)
     x, y, f = arrays[0], arrays[1], arrays[3]
     exact(got[:3], [x * y, arrays[2] + f, np.full((6, 4), f, "float32").astype("int32")])
     exact(got[3:4], [np.ascontiguousarray(np.broadcast_to(arrays[4], (3, 7)).T)])

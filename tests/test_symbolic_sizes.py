@@ -15,19 +15,15 @@ from tvm import relax, tirx
 import jitbyoc
 from jitbyoc.ir import sizes as size_exprs
 from jitbyoc.tvm.prepare import prepare
+from tests.conftest import function_of
 from tests.diff_util import CC, both, build, one_region, run, run_c
 
 N = tirx.Var("n", "int64")
 
 
 def function(params, make, bounds=None) -> tvm.IRModule:
-    bb = relax.BlockBuilder()
-    with bb.function("main", params):
-        with bb.dataflow():
-            out = make(bb, *params)
-            out = bb.emit_output(relax.Tuple(out) if isinstance(out, list) else out)
-        bb.emit_func_output(out)
-    mod = bb.get()
+    """``main(*params)`` of ``make``; with ``bounds``, ``n``'s declared range."""
+    mod = function_of(params, make)
     if bounds:
         lo, hi = bounds
         mod["main"] = mod["main"].with_attr({"tir_var_lower_bound": {"n": lo}, "tir_var_upper_bound": {"n": hi}})

@@ -95,10 +95,13 @@ def _intrinsic(name: str):
 
 
 def _np_divide(x, y):
+    """numpy's division with C's integer semantics (truncation toward zero)."""
     if x.dtype.kind == "f":
         return np.divide(x, y)
-    q = np.abs(x.astype(np.int64)) // np.abs(y.astype(np.int64)) if x.dtype != np.uint64 else x // y
-    return (q * np.sign(x.astype(np.int64)) * np.sign(y.astype(np.int64)) if x.dtype != np.uint64 else q).astype(x.dtype)
+    if x.dtype.kind == "u":
+        return x // y
+    x64, y64 = x.astype(np.int64), y.astype(np.int64)
+    return (np.abs(x64) // np.abs(y64) * np.sign(x64) * np.sign(y64)).astype(x.dtype)
 
 
 def _libm_call(name: str):
@@ -196,16 +199,22 @@ def _floor_fix(b, dt, r, y):
     return b.and_(b.icmp_signed("!=", r, _zero(dt)), neg)
 
 
+def _floor_fix_c(x, y) -> str:
+    """C twin of :func:`_floor_fix`: the remainder is nonzero and its sign differs from
+    the divisor's."""
+    return f"({x} % {y} != 0 && (({x} % {y} < 0) != ({y} < 0)))"
+
+
 def _floor_div_c(dt, x, y):
     if not dt.signed:
         return f"({x} / {y})"
-    return f"({x} / {y} - ({x} % {y} != 0 && (({x} % {y} < 0) != ({y} < 0))))"
+    return f"({x} / {y} - {_floor_fix_c(x, y)})"
 
 
 def _floor_mod_c(dt, x, y):
     if not dt.signed:
         return f"({x} % {y})"
-    return f"({x} % {y} + (({x} % {y} != 0 && (({x} % {y} < 0) != ({y} < 0))) ? {y} : 0))"
+    return f"({x} % {y} + ({_floor_fix_c(x, y)} ? {y} : 0))"
 
 
 def _mod_llvm(b, dt, x, y):

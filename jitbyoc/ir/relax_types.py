@@ -37,9 +37,13 @@ class SymbolicSizes:
         for name, known in self.derived.items():
             if known == tree:
                 return name
-        name = f"sym{len(self._vars) + len(self.derived)}"
+        name = self._next_name()
         self.derived[name] = tree
         return name
+
+    def _next_name(self) -> str:
+        """Plain and derived sizes share one numbering."""
+        return f"sym{len(self._vars) + len(self.derived)}"
 
     def definition(self, name: str):
         """A size as a tree over plain sizes: a derived size's definition, else itself."""
@@ -49,7 +53,7 @@ class SymbolicSizes:
         handle = var.__chandle__()
         found = self._by_handle.get(handle)
         if found is None:
-            found = self._by_handle[handle] = f"sym{len(self._vars) + len(self.derived)}"
+            found = self._by_handle[handle] = self._next_name()
             self._vars.append(var)
         return found
 

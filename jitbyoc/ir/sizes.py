@@ -23,7 +23,7 @@ from .llvmtypes import I64
 
 class SizeOp(NamedTuple):
     python: object  # (a, b) -> int
-    c: str  # format with {a} {b}
+    c: object  # (a, b) -> C expression text (operands already rendered)
     shown: str  # the user's view, format with {a} {b}
 
 
@@ -32,13 +32,13 @@ def _floordiv_c(a: str, b: str) -> str:  # b is a positive constant
 
 
 SIZE_OPS: dict[str, SizeOp] = {
-    "add": SizeOp(lambda a, b: a + b, "({a} + {b})", "{a} + {b}"),
-    "sub": SizeOp(lambda a, b: a - b, "({a} - {b})", "{a} - {b}"),
-    "mul": SizeOp(lambda a, b: a * b, "({a} * {b})", "{a} * {b}"),
-    "min": SizeOp(min, "(({a}) < ({b}) ? ({a}) : ({b}))", "min({a}, {b})"),
-    "max": SizeOp(max, "(({a}) > ({b}) ? ({a}) : ({b}))", "max({a}, {b})"),
-    "floordiv": SizeOp(lambda a, b: a // b, "", "{a} // {b}"),
-    "floormod": SizeOp(lambda a, b: a % b, "", "{a} % {b}"),
+    "add": SizeOp(lambda a, b: a + b, lambda a, b: f"({a} + {b})", "{a} + {b}"),
+    "sub": SizeOp(lambda a, b: a - b, lambda a, b: f"({a} - {b})", "{a} - {b}"),
+    "mul": SizeOp(lambda a, b: a * b, lambda a, b: f"({a} * {b})", "{a} * {b}"),
+    "min": SizeOp(min, lambda a, b: f"(({a}) < ({b}) ? ({a}) : ({b}))", "min({a}, {b})"),
+    "max": SizeOp(max, lambda a, b: f"(({a}) > ({b}) ? ({a}) : ({b}))", "max({a}, {b})"),
+    "floordiv": SizeOp(lambda a, b: a // b, _floordiv_c, "{a} // {b}"),
+    "floormod": SizeOp(lambda a, b: a % b, lambda a, b: f"(({a}) - {_floordiv_c(a, b)} * {b})", "{a} % {b}"),
 }
 _PRIM_OPS = {prim.Add: "add", prim.Sub: "sub", prim.Mul: "mul", prim.Min: "min", prim.Max: "max",
              prim.FloorDiv: "floordiv", prim.FloorMod: "floormod"}
@@ -82,12 +82,7 @@ def shown(tree, names: dict[str, str]) -> str:
 def emit_c(tree) -> str:
     if not isinstance(tree, tuple):
         return str(tree) if isinstance(tree, str) else f"INT64_C({tree})"
-    op, a, b = tree[0], emit_c(tree[1]), emit_c(tree[2])
-    if op == "floordiv":
-        return _floordiv_c(a, b)
-    if op == "floormod":
-        return f"(({a}) - {_floordiv_c(a, b)} * {b})"
-    return SIZE_OPS[op].c.format(a=a, b=b)
+    return SIZE_OPS[tree[0]].c(emit_c(tree[1]), emit_c(tree[2]))
 
 
 def emit_llvm(b: ir.IRBuilder, tree, syms: dict) -> ir.Value:

@@ -46,6 +46,19 @@ POOL_KINDS = {"max": PoolKind(False, False), "avg": PoolKind(False, True),
               "adaptive": PoolKind(True, True)}
 
 
+def window_taps(ops, o, size: int, k: int, stride: int, dilation: int, before: int, after: int,
+                include_pad: bool):
+    """TVM's divisor factor along one dim for output index ``o``: the window's taps inside
+    the input, or (``count_include_pad``) inside the padded input but not the extra cells
+    of ``ceil_mode``. ``ops``: an integer facade (:class:`jitbyoc.render.indexing.Ints`)."""
+    start = ops.sub(ops.mul(o, stride), before)
+    last = ops.add(start, (k - 1) * dilation)
+    if include_pad:
+        return ops.add(ops.div(ops.sub(ops.min(last, size + after - 1), start), dilation), 1)
+    skip = ops.max(ops.div(ops.sub(dilation - 1, start), dilation), 0)
+    return ops.add(ops.div(ops.sub(ops.min(last, size - 1), ops.add(start, ops.mul(skip, dilation))), dilation), 1)
+
+
 @dataclass(eq=False)
 class Pool2d(kir.KernelStage):
     kind: str = "max"  # a key of POOL_KINDS
@@ -65,15 +78,8 @@ class Pool2d(kir.KernelStage):
 
     def counts(self, d: int, o, ops):
         """Window size along dim ``d`` for output index ``o`` (TVM's divisor factor)."""
-        (x,) = self.inputs
-        s, dl, k, before = self.stride[d], self.dilation[d], self.size[d], self.pad[d]
-        size, after = x.shape[2 + d], self.pad[d + 2]
-        start = ops.sub(ops.mul(o, s), before)
-        last = ops.add(start, (k - 1) * dl)
-        if self.include_pad:
-            return ops.add(ops.div(ops.sub(ops.min(last, size + after - 1), start), dl), 1)
-        skip = ops.max(ops.div(ops.sub(dl - 1, start), dl), 0)
-        return ops.add(ops.div(ops.sub(ops.min(last, size - 1), ops.add(start, ops.mul(skip, dl))), dl), 1)
+        return window_taps(ops, o, self.inputs[0].shape[2 + d], self.size[d], self.stride[d], self.dilation[d],
+                           self.pad[d], self.pad[d + 2], self.include_pad)
 
     def col_range(self, kw: int) -> tuple[int, int]:
         """Output columns [lo, hi) whose tap ``kw`` lies inside the input."""
@@ -204,10 +210,10 @@ def as_2d(call):
     a, x = call.attrs, call.args[0]
     xd, od = dims(x.ty), dims(call.ty)
     k, st, dl, pad = (tuple(int(i) for i in v) for v in (a.pool_size, a.strides, a.dilation, a.padding))
+    if len(xd) not in (3, 5) or any(isinstance(d, str) for d in xd[1:]):
+        return "input is not rank 3 or 5 with static dims after the batch"
     if len(xd) == 3:
         return ((*xd[:2], 1, xd[2]), (*od[:2], 1, od[2]), (1, *k), (1, *st), (1, *dl), (0, pad[0], 0, pad[1]))
-    if len(xd) != 5 or any(isinstance(d, str) for d in xd[1:]):
-        return "input is not rank 3 or 5 with static dims after the batch"
     if k[1:] == (1, 1) and st[1:] == (1, 1) and pad[1:3] + pad[4:] == (0, 0, 0, 0):
         return ((*xd[:3], xd[3] * xd[4]), (*od[:3], od[3] * od[4]), (k[0], 1), (st[0], 1), (dl[0], 1),
                 (pad[0], 0, pad[3], 0))
@@ -230,9 +236,10 @@ def check_nd(call, any_window: bool = False) -> str | None:
         return f"{name}: layout {layout[0]}->{layout[1]} not supported (only NCW, NCDHW)"
     if min(tuple(a.strides) + tuple(a.dilation) + tuple(a.pool_size)) < 1 or min(a.padding) < 0:
         return f"{name}: pool size/stride/dilation < 1 or negative padding"
+    xd = dims(call.args[0].ty)
+    if any_window and len(xd) == 5 and not any(isinstance(d, str) for d in xd[1:]):
+        return None  # every such window: .pool3d
     plan = as_2d(call)
-    if any_window and len(dims(call.args[0].ty)) == 5 and not any(isinstance(d, str) for d in dims(call.args[0].ty)[1:]):
-        return None
     return f"{name}: {plan}" if isinstance(plan, str) else None
 
 

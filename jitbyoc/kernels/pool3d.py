@@ -17,7 +17,7 @@ from ..ir.rules import register
 from ..render.indexing import dot
 from ..render.loops import threaded
 from ..render.portable import PortableStage
-from .pool2d import as_2d, builder_nd, check_nd
+from .pool2d import as_2d, builder_nd, check_nd, window_taps
 
 
 @dataclass(eq=False)
@@ -48,7 +48,7 @@ class Pool3d(PortableStage, kir.KernelStage):
 
     def _output(self, e, pl, at, start, in_plane, out_plane) -> None:
         """Pool the window of output ``at`` of plane ``pl``."""
-        (x,), out, dt = self.inputs, self.out, self.out.dtype
+        out, dt = self.out, self.out.dtype
         outs = out.shape[2:]
         acc = e.var(dt, e.const(start, dt))
         firsts = [e.let(e.sub(e.mul(o, s), p)) for o, s, p in zip(at, self.stride, self.pad)]
@@ -60,19 +60,11 @@ class Pool3d(PortableStage, kir.KernelStage):
         e.store(out, e.add(e.mul(pl, out_plane), dot(e, list(at), [outs[1] * outs[2], outs[2], 1])), total)
 
     def _count(self, e, outs):
-        """TVM's divisor: taps inside the input, or (``count_include_pad``) inside the
-        padded input but not the extra cells of ``ceil_mode``; a product over the dims."""
+        """TVM's divisor: the product over the dims of :func:`.pool2d.window_taps`."""
         total = 1
         for d, o in enumerate(outs):
-            s, dl, k, before, after = self.stride[d], self.dilation[d], self.size[d], self.pad[d], self.pad[d + 3]
-            n = self.inputs[0].shape[2 + d]
-            start = e.let(e.sub(e.mul(o, s), before))
-            last = e.add(start, (k - 1) * dl)
-            if self.include_pad:
-                taps = e.add(e.div(e.sub(e.min(last, n + after - 1), start), dl), 1)
-            else:
-                skip = e.max(e.div(e.sub(dl - 1, start), dl), 0)
-                taps = e.add(e.div(e.sub(e.min(last, n - 1), e.add(start, e.mul(skip, dl))), dl), 1)
+            taps = window_taps(e, o, self.inputs[0].shape[2 + d], self.size[d], self.stride[d], self.dilation[d],
+                               self.pad[d], self.pad[d + 3], self.include_pad)
             total = e.mul(total, e.max(taps, 0))
         return total
 

@@ -97,10 +97,13 @@ MAX_REJECTIONS = 32  # lowering failures one partitioning may reject before leav
 def _partition(mod: tvm.IRModule) -> tuple[tvm.IRModule, dict]:
     """Partition and lower every region; a region whose lowering fails rejects the call
     that failed (or all its calls) and the module is partitioned again without it."""
-    mod = prepare(mod, _ops_in(mod))
-    for _ in range(MAX_REJECTIONS):
+    ops = _ops_in(mod)
+    prepared = prepare(mod, ops)
+    if prepared is not mod:  # folding may have removed ops (shape_of, pad)
+        mod, ops = prepared, _ops_in(prepared)
+    for _ in range(MAX_REJECTIONS):  # a rejection changes no op: ``ops`` stays right
         try:
-            return _partition_once(mod)
+            return _partition_once(mod, ops)
         except LoweringError as err:
             log.warning("%s; that op stays with TVM", err)
         except tvm.error.InternalError as err:  # TVM's own passes on what the patterns matched
@@ -128,10 +131,9 @@ def _lower(gv: tvm.ir.GlobalVar, func: relax.Function) -> lower.Lowered:
         raise
 
 
-def _partition_once(mod: tvm.IRModule) -> tuple[tvm.IRModule, dict]:
-    # only patterns whose ops all occur (matching costs per pattern and node: ResNet-18's
-    # and the encoder's partitioning took 22 ms with all 92)
-    ops = _ops_in(mod)
+def _partition_once(mod: tvm.IRModule, ops: set[str]) -> tuple[tvm.IRModule, dict]:
+    # only patterns whose ops all occur (``ops``; matching costs per pattern and node:
+    # ResNet-18's and the encoder's partitioning took 22 ms with all 92)
     found = [p for p in get_patterns_with_prefix(PREFIX) if OPS_USED.get(p.name, frozenset()) <= ops]
     fuse = FuseOpsByPattern(found, bind_constants=False, annotate_codegen=False)
     mod = fuse(mod)
