@@ -6,7 +6,7 @@
 
 Public API: :func:`enable`, :func:`disable`, :func:`enabled` (context manager),
 :func:`disabled` (context manager), :func:`is_enabled`, :func:`partition_for_jitbyoc`, :func:`report`, :func:`last_report`,
-:func:`inspect`.
+:func:`inspect`, :func:`profile`.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ check_llvm_majors()
 
 from .build import cache  # noqa: E402  (jitbyoc.cache.configure)
 from .build.region import Region  # noqa: E402
+from .profile import Profile, profile  # noqa: E402
 from .tvm import codegen, hook, patterns  # noqa: E402
 from .tvm.partition import partition_for_jitbyoc, regions  # noqa: E402
 from .tvm.report import Report, last_report, report  # noqa: E402
@@ -90,4 +91,4 @@ def inspect(mod) -> list[Region]:
 
 
 __all__ = ["enable", "disable", "enabled", "disabled", "is_enabled", "partition_for_jitbyoc", "report",
-           "last_report", "inspect", "Region", "Report", "cache", "__version__"]
+           "last_report", "inspect", "profile", "Profile", "Region", "Report", "cache", "__version__"]

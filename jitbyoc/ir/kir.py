@@ -106,6 +106,11 @@ class KernelStage:
         extra = loads([self.epilogue]) if self.epilogue is not None else []
         return list(self.inputs) + extra
 
+    def macs(self) -> tuple[Dim, ...] | None:
+        """Multiply-adds this stage makes, as a product of dims (the profiler's FLOP count
+        is twice it); None for stages that are not products (pools, norms, layout)."""
+        return None
+
     def needs_loop_vectorizer(self) -> bool:
         """Whether ``emit_llvm`` leaves scalar loops for LLVM's loop vectorizer (the
         default), rather than writing its vectors itself (then its region may skip that

@@ -34,6 +34,7 @@ from ..ir.dtypes import FLOATS
 from ..ir.dtypes import dtype as lookup_dtype
 from ..ir.relax_types import dims, tensor_problem
 from ..ir.rules import register
+from .matmul import MatMul
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,11 @@ class ConvGeometry:
     def taps(self) -> int:
         return self.kh * self.kw
 
+    @property
+    def pointwise(self) -> bool:
+        """A 1x1 convolution over every pixel: ``out[n] = W (K x C) @ x[n] (C x H*W)``."""
+        return self.taps == 1 and self.stride == (1, 1) and not any(self.pad) and self.groups == 1
+
 
 def _conv_geometry(call) -> ConvGeometry:
     x, w, out = (dims(a.ty) for a in (call.args[0], call.args[1], call))
@@ -86,7 +92,28 @@ class Conv2d(kir.KernelStage):
     work: kir.Buffer = None
 
     def emit_llvm(self, ctx) -> None:
-        conv_engine.call(self, ctx)
+        if self.geo.pointwise:
+            self._emit_as_matmul(ctx)
+        else:
+            conv_engine.call(self, ctx)
+
+    def _emit_as_matmul(self, ctx) -> None:
+        """A pointwise convolution is a matrix product (the GEMM engine runs it at GEMM
+        speed, where vectors over pixels waste lanes on 14x14 and 7x7 maps), on views of
+        the operands: no copy. The epilogue runs in the engine's blocks when every buffer
+        it reads maps onto the ``(K, H*W)`` view, else once over the output after it."""
+        g, (x, w) = self.geo, self.inputs
+        lead = () if g.n == 1 else (g.n,)
+        flat = _flat_epilogue(self.epilogue, self.out, lead)
+        product = MatMul((kir.view(w, (g.k, g.c)), kir.view(x, lead + (g.c, g.h * g.w))),
+                         kir.view(self.out, lead + (g.k, g.oh * g.ow)), epilogue=flat)
+        product.emit_llvm(ctx)
+        if self.epilogue is not None and flat is None:
+            ctx.epilogue(self, [0] * self.out.ndim, [ctx.dim(d) for d in self.out.shape])
+
+    def macs(self) -> tuple:
+        g = self.geo
+        return (g.n, g.k, g.oh, g.ow, g.cg, g.kh, g.kw)
 
     def needs_loop_vectorizer(self) -> bool:
         return False  # the conv engine is explicit vectors
@@ -133,6 +160,23 @@ class Conv2d(kir.KernelStage):
                 win = xg[:, :, :, i * dh:i * dh + sh * (oh - 1) + 1:sh, j * dw:j * dw + sw * (ow - 1) + 1:sw]
                 out += np.einsum("ngchw,gkc->ngkhw", win, wg[:, :, :, i, j])
         return out.reshape(n, k, oh, ow).astype(x.dtype)
+
+
+def _flat_epilogue(epilogue, out: kir.Buffer, lead: tuple):
+    """``epilogue`` (over NCHW ``out``) over the ``lead + (K, H*W)`` view of it: each load
+    viewed alike (a per-channel bias ``(1, K, 1, 1)`` as ``(K, 1)``); None when a load
+    broadcasts along only one of H and W, or along the batch, and so has no such view."""
+    if epilogue is None:
+        return None
+    h, w = out.shape[-2:]
+    mapping = {}
+    for load in (n for n in kir.walk([epilogue]) if isinstance(n, kir.Load)):
+        shape = (1,) * (out.ndim - load.buf.ndim) + tuple(load.buf.shape)
+        if shape[-2:] not in ((1, 1), (h, w)) or (not lead and shape[0] != 1) or (lead and shape[0] not in (1, lead[0])):
+            return None
+        pixels = 1 if shape[-2:] == (1, 1) else h * w
+        mapping[load] = kir.Load(kir.view(load.buf, (shape[0],) * len(lead) + (shape[1], pixels)))
+    return kir.substitute(epilogue, mapping)
 
 
 def _layout_problem(call) -> str | None:
@@ -183,6 +227,8 @@ def _geometry_problem(name: str, g: ConvGeometry, w_in: int) -> str | None:
 def _build(fe, call, out):
     x, w = fe.buffer(call.args[0]), fe.buffer(call.args[1])
     geo = _conv_geometry(call)
+    if geo.pointwise:  # a matrix product on views: no plan, no workspace
+        return Conv2d((x, w), out, geo=geo)
     plan = choose_plan(geo, x.dtype)
     work = fe.temp((geo.n, workspace_size(plan, x.dtype)), x.dtype)
     return Conv2d((x, w), out, geo=geo, plan=plan, work=work)

@@ -29,6 +29,10 @@ class Conv2dTranspose(PortableStage, kir.KernelStage):
     dilation: tuple = (1, 1)
     groups: int = 1
 
+    def macs(self) -> tuple:  # every input pixel meets every tap of its group's filters
+        x, w = self.inputs
+        return tuple(x.shape) + (self.out.shape[1] // self.groups,) + tuple(w.shape[2:])
+
     def emit(self, e) -> None:
         x, w = self.inputs
         out, dt = self.out, self.out.dtype

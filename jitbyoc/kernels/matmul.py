@@ -89,6 +89,9 @@ class MatMul(kir.KernelStage):
         g = self.gemm()
         (gemm_engine.call if gemm_engine.fits(g) else gemm_llvm.emit)(g, ctx)
 
+    def macs(self) -> tuple:
+        return tuple(self.out.shape) + (self.operand(0)[0][-1],)
+
     def needs_loop_vectorizer(self) -> bool:
         return False  # the GEMM engine's packers and microkernels are explicit vectors
 

@@ -9,6 +9,7 @@ import tvm
 
 from ..build import driver
 from ..build.region import Region
+from ..profile import remember
 from .partition import lowered
 
 
@@ -19,7 +20,10 @@ def region_of(func) -> Region:
 
 
 def _codegen(functions, options, constant_names):
-    module = driver.compile_regions([region_of(f) for f in functions])
+    regions = [region_of(f) for f in functions]
+    for r in regions:
+        remember(r.symbol, r.kernel)
+    module = driver.compile_regions(regions)
     return [module] if module is not None else []
 
 

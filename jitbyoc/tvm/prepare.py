@@ -15,6 +15,9 @@
 * **Zero padding belongs to the convolution.** ``conv2d(pad(x))`` with a zero constant
   pad of rows and columns only (``torch.export`` of MobileNet-style nets) becomes one
   ``conv2d(x)`` with the pad added to its own padding: no padded copy, one region.
+* **Inference rewrites on constant weights** (:mod:`jitbyoc.tvm.inference`): batch norm
+  folded into the convolution before it, ONNX's N-ary ``Sum`` as adds, identity
+  ``broadcast_to`` dropped.
 """
 
 from __future__ import annotations
@@ -26,12 +29,15 @@ from tvm.ir import Op, Range
 from tvm.ir.prim import IntImm
 from tvm.sym import Analyzer
 
+from . import inference
+
 BOUND_ATTRS = ("tir_var_lower_bound", "tir_var_upper_bound")
 UNBOUNDED = (1 << 62) - 1  # a size with a lower bound only: sizes are non-negative int64
 STRIDED_SLICE = Op.get("relax.strided_slice")
 SHAPE_TO_TENSOR = Op.get("relax.shape_to_tensor")
 CONV2D, PAD = Op.get("relax.nn.conv2d"), Op.get("relax.nn.pad")
-TRIGGERS = frozenset({"relax.shape_to_tensor", "relax.nn.pad"})  # ops worth a pass without bounds
+# ops worth a pass without bounds
+TRIGGERS = frozenset({"relax.shape_to_tensor", "relax.nn.pad"}) | inference.TRIGGERS
 
 
 def _analyzer(func: relax.Function) -> Analyzer | None:
@@ -76,9 +82,26 @@ def _spatial_zero_pad(call) -> list[int] | None:
 
 @relax.expr_functor.mutator
 class _Prepare(relax.PyExprMutator):
-    def __init__(self, mod, analyzer: Analyzer | None):
+    def __init__(self, mod, analyzer: Analyzer | None, uses: dict):
         super().__init__(mod)
         self.analyzer = analyzer
+        self.uses = uses  # variable name -> uses before rewriting (names: vars may be remade)
+
+    def visit_tuple_getitem_(self, op):
+        op = super().visit_tuple_getitem_(op)
+        bn = self.lookup_binding(op.tuple_value) if isinstance(op.tuple_value, relax.Var) else None
+        if op.index != 0 or not (isinstance(bn, relax.Call) and bn.op.same_as(inference.BATCH_NORM)):
+            return op
+        data = bn.args[0]
+        conv = self.lookup_binding(data) if isinstance(data, relax.Var) else None
+        # a conv output used elsewhere too would be computed twice
+        if not (isinstance(conv, relax.Call) and conv.op.same_as(CONV2D)) or \
+                self.uses.get(str(data.name)) != 1:
+            return op
+        folded = inference.folded_batch_norm(bn, conv)
+        if folded is None:
+            return op
+        return relax.op.add(self.builder_.emit(folded[0]), folded[1])
 
     def visit_call_(self, call):
         call = super().visit_call_(call)
@@ -87,6 +110,17 @@ class _Prepare(relax.PyExprMutator):
             return call if shape is None else relax.const(np.array(shape, "int64"), "int64")
         if call.op.same_as(CONV2D):
             return self._fold_pad(call)
+        if call.op.same_as(inference.BROADCAST_TO):
+            same = inference.unbroadcast(call)
+            return call if same is None else same
+        if call.op.same_as(inference.SUM):
+            items = inference.summed_stack(call, lambda v: self.lookup_binding(v) if isinstance(v, relax.Var) else None)
+            if items is None:
+                return call
+            total = items[0]
+            for item in items[1:-1]:
+                total = self.builder_.emit(relax.op.add(total, item))
+            return relax.op.add(total, items[-1]) if len(items) > 1 else total
         if call.op.same_as(STRIDED_SLICE) and self.analyzer is not None and not call.attrs.assume_inbound:
             return self._inbound_slice(call)
         return call
@@ -122,7 +156,10 @@ def prepare(mod: tvm.IRModule, ops: frozenset | set = frozenset()) -> tvm.IRModu
         if not isinstance(func, relax.Function) or (analyzer is None and not TRIGGERS & set(ops)):
             out[gv] = func
             continue
-        out[gv] = relax.analysis.remove_all_unused(_Prepare(mod, analyzer).visit_expr(func))
+        uses = {}
+        for var, n in inference.use_counts(func).items():
+            uses[str(var.name)] = uses.get(str(var.name), 0) + n
+        out[gv] = relax.analysis.remove_all_unused(_Prepare(mod, analyzer, uses).visit_expr(func))
     if all(out[gv].same_as(f) for gv, f in mod.functions.items()):
         return mod
     return tvm.IRModule(out, attrs=mod.attrs)

@@ -1,0 +1,95 @@
+"""The machine's measured float32 FMA peak, the yardstick for "% of peak" in
+:func:`jitbyoc.profile` and the benchmarks.
+
+An LLVM IR loop of :data:`CHAINS` independent FMA chains of one vector register each
+(``<16 x float>`` with AVX-512, ``<8 x float>`` with AVX2: wider vectors would not fit in
+the registers and would measure spills), compiled by llvmlite's MCJIT and called through
+ctypes from ``threads`` Python threads (ctypes releases the GIL), best of 5: the FLOP rate
+the cores sustain at the clock they actually run. Zen 4 retires one 512-bit FMA per cycle
+per core (32 FLOP/cycle), Zen 5 two (64), Zen 3 two 256-bit ones (32): measuring, not
+assuming, is what keeps the figure right on each.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+from functools import lru_cache
+
+import llvmlite.binding as llvm
+from llvmlite import ir
+
+from .build import jit
+from .render.isa import vector_bits
+
+CHAINS, UNROLL = 12, 4  # independent chains (>= FMA latency x ports, fit 16 registers), unrolled
+
+
+def lanes() -> int:
+    """float32 lanes of one vector register of this machine."""
+    return vector_bits() // 32
+
+
+def _peak_ir(width: int) -> str:
+    """``float peak(int64 n)``: n iterations of CHAINS x UNROLL ``<width x float>`` FMAs."""
+    f32, i64 = ir.FloatType(), ir.IntType(64)
+    vec = ir.VectorType(f32, width)
+    module = ir.Module(name="peak")
+    module.triple = llvm.get_process_triple()
+    fma = ir.Function(module, ir.FunctionType(vec, [vec, vec, vec]), f"llvm.fma.v{width}f32")
+    fn = ir.Function(module, ir.FunctionType(f32, [i64]), "peak")
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    entry, loop, done = b.block, fn.append_basic_block("loop"), fn.append_basic_block("done")
+    b.branch(loop)
+    b.position_at_end(loop)
+    i = b.phi(i64)
+    i.add_incoming(i64(0), entry)
+    accs = [b.phi(vec) for _ in range(CHAINS)]
+    cur = list(accs)
+    for _ in range(UNROLL):
+        cur = [b.call(fma, [c, ir.Constant(vec, [1.0000001] * width), ir.Constant(vec, [0.999999] * width)])
+               for c in cur]
+    i.add_incoming(b.add(i, i64(1)), loop)
+    for k, (acc, c) in enumerate(zip(accs, cur)):
+        acc.add_incoming(ir.Constant(vec, [float(k)] * width), entry)
+        acc.add_incoming(c, loop)
+    b.cbranch(b.icmp_signed("<", b.add(i, i64(1)), fn.args[0]), loop, done)
+    b.position_at_end(done)
+    total = cur[0]
+    for c in cur[1:]:  # every chain must be live, or LLVM deletes it
+        total = b.fadd(total, c)
+    b.ret(b.extract_element(total, ir.IntType(32)(0)))
+    return str(module)
+
+
+def peak_loop():
+    """The compiled loop as ``(callable(n) -> float, engine)``; keep the engine alive."""
+    jit.target_machine()  # initializes LLVM's native target
+    # MCJIT takes ownership of its target machine: give it its own, never jitbyoc's cached one
+    tm = llvm.Target.from_triple(llvm.get_process_triple()).create_target_machine(
+        cpu=llvm.get_host_cpu_name(), features=jit.host_features(), opt=3)
+    engine = llvm.create_mcjit_compiler(llvm.parse_assembly(_peak_ir(lanes())), tm)
+    engine.finalize_object()
+    return ctypes.CFUNCTYPE(ctypes.c_float, ctypes.c_int64)(engine.get_function_address("peak")), engine
+
+
+def fma_peak(threads: int, iters: int = 20_000_000) -> float:
+    """GFLOP/s of ``threads`` threads each running :func:`peak_loop`, best of 5."""
+    peak, _engine = peak_loop()
+    rates = []
+    for _ in range(5):
+        workers = [threading.Thread(target=peak, args=(iters,)) for _ in range(threads)]
+        start = time.perf_counter()
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        rates.append(threads * iters * CHAINS * UNROLL * 2 * lanes() / (time.perf_counter() - start) / 1e9)
+    return max(rates)
+
+
+@lru_cache(maxsize=None)
+def measured_peak(threads: int) -> float:
+    """:func:`fma_peak` for ``threads`` threads, measured once per process (about 0.2 s)."""
+    return fma_peak(threads, iters=5_000_000)

@@ -1,0 +1,105 @@
+"""Inference-time rewrites of what the frontends emit, done once at build time (the way
+onnxruntime's graph optimizer and oneDNN do before they run a model):
+
+* **Batch norm folds into the convolution before it.** ``batch_norm(conv2d(x, W))`` with
+  constant ``W``, ``gamma``, ``beta``, ``mean``, ``var`` and ``training=False`` is
+  ``conv2d(x, W * s) + (beta - mean * s)`` with ``s = gamma / sqrt(var + eps)``, computed
+  in float64 here. The kernel then adds one bias per channel in its output loop instead
+  of a subtract, a square root, a divide, a multiply and an add per element (ResNet-50
+  puts one after each of its 53 convolutions). Only the weights change, and weights are
+  arguments of the compiled code, so models that differ only in weights still share it.
+* **An N-ary sum is adds.** ONNX ``Sum`` reaches Relax as ``sum(stack([a, b, ...]),
+  axis)``: a copy of every operand into a stacked buffer, then a reduction. Operands of
+  one shape become ``((a + b) + ...)``, the order TVM's reduction adds them in, so the
+  add joins the producer's fused output loop (ResNet's residual connections).
+* **broadcast_to a tensor's own shape** is the tensor.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from tvm import relax
+from tvm.ir import Op
+from tvm.ir.expr import Constant
+
+CONV2D, BATCH_NORM = Op.get("relax.nn.conv2d"), Op.get("relax.nn.batch_norm")
+SUM, STACK, BROADCAST_TO = Op.get("relax.sum"), Op.get("relax.stack"), Op.get("relax.broadcast_to")
+TRIGGERS = frozenset({"relax.nn.batch_norm", "relax.stack", "relax.broadcast_to"})
+
+
+def _static_dims(expr) -> tuple[int, ...] | None:
+    shape = getattr(getattr(expr, "ty", None), "shape", None)
+    values = getattr(shape, "values", None)
+    if values is None or not all(hasattr(v, "value") for v in values):
+        return None
+    return tuple(int(v.value) for v in values)
+
+
+def _constant(expr) -> np.ndarray | None:
+    value = getattr(expr, "value", None) if isinstance(expr, Constant) else None
+    return value.numpy() if hasattr(value, "numpy") else None
+
+
+def use_counts(func: relax.Function) -> dict:
+    """How many times each variable of ``func`` is used."""
+    counts: dict = {}
+
+    @relax.expr_functor.visitor
+    class _Count(relax.PyExprVisitor):
+        def visit_var_(self, var):
+            counts[var] = counts.get(var, 0) + 1
+
+        def visit_dataflow_var_(self, var):
+            counts[var] = counts.get(var, 0) + 1
+
+    _Count().visit_expr(func)
+    return counts
+
+
+def folded_batch_norm(bn: relax.Call, conv: relax.Call):
+    """``(conv2d call with scaled weights, bias constant)`` for ``bn(conv)``, or None when
+    the pair does not fold (not constant, not NCHW/OIHW on axis 1, training, not float)."""
+    a = conv.attrs
+    if str(a.data_layout) != "NCHW" or str(a.kernel_layout) != "OIHW" or \
+            (a.out_layout is not None and str(a.out_layout) != "NCHW") or bn.attrs.training:
+        return None
+    if int(bn.attrs.axis) % 4 != 1 or len(_static_dims(conv) or ()) != 4:
+        return None
+    weight, *stats = (_constant(e) for e in (conv.args[1], *bn.args[1:]))
+    if weight is None or any(s is None for s in stats) or weight.dtype.kind != "f":
+        return None
+    gamma, beta, mean, var = (s.astype(np.float64) for s in stats)
+    scale = 1.0 / np.sqrt(var + float(bn.attrs.epsilon))
+    if bn.attrs.scale:
+        scale = scale * gamma
+    shift = -mean * scale + (beta if bn.attrs.center else 0.0)
+    dt = weight.dtype
+    w = (weight.astype(np.float64) * scale.reshape(-1, 1, 1, 1)).astype(dt)
+    new_conv = relax.op.nn.conv2d(conv.args[0], relax.const(w, str(dt)), a.strides, a.padding,
+                                  a.dilation, a.groups, "NCHW", "OIHW", "NCHW", a.out_dtype)
+    return new_conv, relax.const(shift.astype(dt).reshape(1, -1, 1, 1), str(dt))
+
+
+def summed_stack(call: relax.Call, lookup):
+    """The operands of ``sum(stack(xs, axis=k), axis=[k])`` when they can simply be added
+    (same static shape and dtype, no keepdims), else None. ``lookup`` maps a variable to
+    the expression bound to it."""
+    if call.attrs.keepdims or call.attrs.axis is None or len(call.attrs.axis) != 1:
+        return None
+    stacked = lookup(call.args[0])
+    if not (isinstance(stacked, relax.Call) and stacked.op.same_as(STACK)):
+        return None
+    ndim = len(_static_dims(stacked) or ())
+    if not ndim or int(call.attrs.axis[0]) % ndim != int(stacked.attrs.axis) % ndim:
+        return None
+    items = list(stacked.args[0].fields) if isinstance(stacked.args[0], relax.Tuple) else None
+    if not items or len({_static_dims(x) for x in items}) != 1 or \
+            len({str(x.ty.dtype) for x in items}) != 1:
+        return None
+    return items
+
+
+def unbroadcast(call: relax.Call):
+    """``broadcast_to(x, shape)``'s ``x`` when ``shape`` is ``x``'s own, else None."""
+    dims = _static_dims(call.args[0])
+    return call.args[0] if dims is not None and dims == _static_dims(call) else None

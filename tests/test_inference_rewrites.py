@@ -1,0 +1,153 @@
+"""Build-time rewrites on constant weights (jitbyoc/tvm/inference.py) and pointwise
+convolutions run as matrix products (jitbyoc/kernels/conv2d.py): each checked against
+TVM's default build, and each checked to have happened (a test that passes without the
+rewrite would not test it)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tvm import relax
+
+import jitbyoc
+from jitbyoc.tvm.partition import regions
+from tests.conftest import build_both, build_model, run
+
+RNG = np.random.default_rng(7)
+
+
+def _const(shape, low=None):
+    data = RNG.uniform(low, 1.5, shape) if low is not None else RNG.standard_normal(shape)
+    return relax.const(data.astype("float32"))
+
+
+def _conv_bn(bb, x, k, *, kernel=3, stride=1, relu=True, keep_conv=False):
+    c = x.ty.shape.values[1].value
+    w = _const((k, c, kernel, kernel))
+    conv = bb.emit(relax.op.nn.conv2d(x, w, strides=stride, padding=kernel // 2))
+    bn = bb.emit(relax.op.nn.batch_norm(conv, _const((k,), 0.5), _const((k,)), _const((k,)),
+                                        _const((k,), 0.5), axis=1, epsilon=1e-5,
+                                        training=False))
+    y = bb.emit(relax.TupleGetItem(bn, 0))
+    y = bb.emit(relax.op.nn.relu(y)) if relu else y
+    return [y, conv] if keep_conv else y
+
+
+def _region_ops(mod) -> list[str]:
+    part = jitbyoc.partition_for_jitbyoc(mod)
+    return [str(f.attrs["global_symbol"]) for f in regions(part).values()]
+
+
+def _assert_close(got, want, rtol=2e-5):
+    scale = max(float(np.max(np.abs(want))), 1e-30)
+    assert float(np.max(np.abs(got - want))) <= rtol * scale
+
+
+@pytest.mark.parametrize("kernel,stride", [(3, 1), (1, 1), (1, 2), (7, 2)])
+def test_batch_norm_folds_into_the_conv_before_it(kernel, stride):
+    mod = build_model({"x": ((1, 5, 15, 13), "float32")},
+                      lambda bb, x: _conv_bn(bb, x, 19, kernel=kernel, stride=stride))
+    assert not any("batch_norm" in s for s in _region_ops(mod)), "batch_norm was not folded"
+    x = RNG.standard_normal((1, 5, 15, 13)).astype("float32")
+    builds = build_both(mod)
+    want, got = builds.run(x)
+    _assert_close(got, want)
+
+
+def test_batch_norm_stays_when_the_conv_output_is_used_twice():
+    mod = build_model({"x": ((1, 4, 9, 9), "float32")},
+                      lambda bb, x: _conv_bn(bb, x, 8, keep_conv=True))
+    assert any("batch_norm" in s for s in _region_ops(mod)), "the conv would be computed twice"
+    x = RNG.standard_normal((1, 4, 9, 9)).astype("float32")
+    want, got = build_both(mod).run(x)
+    for g, w in zip(got, want):
+        _assert_close(g, w)
+
+
+def test_batch_norm_of_a_non_constant_weight_is_not_folded():
+    def body(bb, x, w):
+        conv = bb.emit(relax.op.nn.conv2d(x, w, padding=1))
+        bn = bb.emit(relax.op.nn.batch_norm(conv, _const((6,), 0.5), _const((6,)), _const((6,)),
+                                            _const((6,), 0.5), axis=1, training=False))
+        return bb.emit(relax.TupleGetItem(bn, 0))
+
+    mod = build_model({"x": ((1, 3, 8, 8), "float32"), "w": ((6, 3, 3, 3), "float32")}, body)
+    assert any("batch_norm" in s for s in _region_ops(mod))
+    x, w = RNG.standard_normal((1, 3, 8, 8)).astype("float32"), RNG.standard_normal((6, 3, 3, 3)).astype("float32")
+    want, got = build_both(mod).run(x, w)
+    _assert_close(got, want)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_onnx_sum_of_a_stack_is_adds(n):
+    """ONNX Sum as TVM's frontend emits it: broadcast_to each operand, stack, sum."""
+    shape = (1, 6, 7, 5)
+
+    def body(bb, *xs):
+        same = [bb.emit(relax.op.broadcast_to(x, relax.ShapeExpr(shape))) for x in xs]
+        stacked = bb.emit(relax.op.stack(same, axis=0))
+        return bb.emit(relax.op.nn.relu(bb.emit(relax.op.sum(stacked, axis=[0]))))
+
+    mod = build_model({f"x{i}": (shape, "float32") for i in range(n)}, body)
+    symbols = _region_ops(mod)
+    assert not any("stack" in s or "broadcast_to" in s for s in symbols), symbols
+    xs = [RNG.standard_normal(shape).astype("float32") for _ in range(n)]
+    want, got = build_both(mod).run(*xs)
+    np.testing.assert_array_equal(got, want)  # adds in the order TVM's reduction makes them
+
+
+def test_sum_with_keepdims_or_another_axis_is_left_as_it_is():
+    def body(bb, a, b):
+        stacked = bb.emit(relax.op.stack([a, b], axis=1))
+        return bb.emit(relax.op.sum(stacked, axis=[1], keepdims=True))
+
+    mod = build_model({"a": ((3, 4), "float32"), "b": ((3, 4), "float32")}, body)
+    a, b = (RNG.standard_normal((3, 4)).astype("float32") for _ in range(2))
+    want, got = build_both(mod).run(a, b)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+# ---- pointwise convolutions on the GEMM engine --------------------------------------------
+
+def _pointwise(epilogue):
+    def body(bb, x, w, *extra):
+        y = bb.emit(relax.op.nn.conv2d(x, w))
+        return bb.emit(epilogue(y, *extra)) if epilogue else y
+    return body
+
+
+EPILOGUES = {
+    "none": (None, []),
+    "bias+relu": (lambda y, b: relax.op.nn.relu(relax.op.add(y, b)), [(1, 24, 1, 1)]),
+    "residual": (lambda y, r: relax.op.add(y, r), [(1, 24, 9, 7)]),
+    "row bias (no flat view)": (lambda y, r: relax.op.multiply(y, r), [(1, 1, 1, 7)]),
+    "column bias (no flat view)": (lambda y, r: relax.op.subtract(y, r), [(9, 1)]),
+}
+
+
+@pytest.mark.parametrize("name", EPILOGUES)
+@pytest.mark.parametrize("batch", [1, 2])
+def test_pointwise_conv_runs_as_a_matrix_product(name, batch):
+    epilogue, extra = EPILOGUES[name]
+    extra = [(batch,) + s[1:] if len(s) == 4 and s[0] == 1 and name == "residual" else s for s in extra]
+    params = {"x": ((batch, 37, 9, 7), "float32"), "w": ((24, 37, 1, 1), "float32")}
+    params.update({f"e{i}": (s, "float32") for i, s in enumerate(extra)})
+    mod = build_model(params, _pointwise(epilogue))
+    (region,) = jitbyoc.inspect(mod)
+    assert any("gemm" in e for e in region.engines), region.engines
+    arrays = [RNG.standard_normal(s).astype("float32") for s, _ in params.values()]
+    want, got = build_both(mod).run(*arrays)
+    _assert_close(got, want, rtol=1e-5)
+
+
+def test_pointwise_conv_with_a_symbolic_batch():
+    mod = build_model({"x": (("n", 16, 5, 5), "float32"), "w": ((8, 16, 1, 1), "float32"),
+                       "b": ((1, 8, 1, 1), "float32")},
+                      _pointwise(lambda y, b: relax.op.add(y, b)))
+    builds = build_both(mod)
+    for n in (1, 3):
+        x = RNG.standard_normal((n, 16, 5, 5)).astype("float32")
+        w, b = RNG.standard_normal((8, 16, 1, 1)).astype("float32"), RNG.standard_normal((1, 8, 1, 1)).astype("float32")
+        want, got = builds.run(x, w, b)
+        _assert_close(got, want, rtol=1e-5)
+        assert got.shape == (n, 8, 5, 5)

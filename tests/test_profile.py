@@ -1,0 +1,73 @@
+"""jitbyoc.profile: per-callee times of a built model, with the FLOPs of its products
+counted from the kernel IR (checked against counts made by hand here)."""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+
+import jitbyoc
+from tests.conftest import build_model
+
+RNG = np.random.default_rng(3)
+
+
+def _build(mod):
+    with jitbyoc.enabled():
+        return tvm.compile(mod, target="llvm")
+
+
+def _model(batch):
+    def body(bb, x, w, m):
+        y = bb.emit(relax.op.nn.relu(bb.emit(relax.op.nn.conv2d(x, w, padding=1))))
+        flat = bb.emit(relax.op.reshape(y, relax.ShapeExpr([batch, 8 * 6 * 6]) if isinstance(batch, int)
+                                        else (y.ty.shape.values[0], 8 * 6 * 6)))
+        z = bb.emit(relax.op.matmul(flat, m))
+        return bb.emit(relax.op.sort(z, axis=1))  # stays with TVM
+
+    return build_model({"x": ((batch, 3, 6, 6), "float32"), "w": ((8, 3, 3, 3), "float32"),
+                        "m": ((8 * 6 * 6, 10), "float32")}, body)
+
+
+def _args(n):
+    return [RNG.standard_normal(s).astype("float32")
+            for s in ((n, 3, 6, 6), (8, 3, 3, 3), (8 * 6 * 6, 10))]
+
+
+def _expected_gflop(n):
+    conv = 2 * n * 8 * 6 * 6 * 3 * 3 * 3
+    matmul = 2 * n * 10 * 8 * 6 * 6
+    return (conv + matmul) / 1e9
+
+
+def test_profile_times_every_callee_and_counts_the_flops_of_products():
+    ex = _build(_model(2))
+    prof = jitbyoc.profile(ex, *_args(2), repeat=3, warmup=1, peak_gflops=100.0)
+    owners = {r.owner for r in prof.rows}
+    assert {"jitbyoc", "tvm"} <= owners, [(r.name, r.owner) for r in prof.rows]
+    assert any("sort" in r.name for r in prof.rows if r.owner == "tvm")
+    assert abs(prof.gflop - _expected_gflop(2)) < 1e-12
+    assert abs(sum(r.share for r in prof.rows) - 1.0) < 1e-9
+    for r in prof.rows:
+        assert r.seconds > 0 and r.calls >= 1
+        if r.gflops is not None:
+            assert abs(r.peak_share - r.gflops / 100.0) < 1e-12
+    text = str(prof)
+    assert "conv2d" in text and "GFLOP/s" in text and "3x6x6" in text
+
+
+def test_profile_binds_symbolic_sizes_from_the_arguments():
+    ex = _build(_model(tvm.ir.expr.Var("n", "int64")))
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    for n in (1, 3):
+        prof = jitbyoc.profile(vm, *_args(n), repeat=2, warmup=1, peak_gflops=100.0)
+        assert abs(prof.gflop - _expected_gflop(n)) < 1e-12
+
+
+def test_profile_of_tvm_alone_has_no_jitbyoc_rows():
+    with jitbyoc.disabled():
+        ex = tvm.compile(_model(1), target="llvm")
+    prof = jitbyoc.profile(ex, *_args(1), repeat=2, warmup=0, peak_gflops=100.0)
+    assert prof.rows and all(r.owner != "jitbyoc" for r in prof.rows)
+    assert prof.gflop == 0.0
