@@ -151,3 +151,25 @@ def test_pointwise_conv_with_a_symbolic_batch():
         want, got = builds.run(x, w, b)
         _assert_close(got, want, rtol=1e-5)
         assert got.shape == (n, 8, 5, 5)
+
+
+def test_a_residual_sum_fuses_into_the_conv_before_it():
+    """The ONNX ResNet form: conv -> Sum(conv, shortcut) -> relu -> next conv. The adds
+    and the relu run in the first conv's output loop; no region starts with them (a
+    leftover ``y = x`` binding from a dropped broadcast_to used to end the region)."""
+    shape = (1, 8, 6, 6)
+
+    def body(bb, x, w1, w2):
+        y = bb.emit(relax.op.nn.conv2d(x, w1))
+        same = [bb.emit(relax.op.broadcast_to(v, relax.ShapeExpr(shape))) for v in (y, x)]
+        total = bb.emit(relax.op.sum(bb.emit(relax.op.stack(same, axis=0)), axis=[0]))
+        return bb.emit(relax.op.nn.conv2d(bb.emit(relax.op.nn.relu(total)), w2, padding=1))
+
+    mod = build_model({"x": (shape, "float32"), "w1": ((8, 8, 1, 1), "float32"),
+                       "w2": ((4, 8, 3, 3), "float32")}, body)
+    symbols = _region_ops(mod)
+    assert len(symbols) == 2 and all(s.startswith("jitbyoc_nn_conv2d_") for s in symbols), symbols
+    assert "add_nn_relu" in symbols[0] or "add_nn_relu" in symbols[1]
+    arrays = [RNG.standard_normal(s).astype("float32") for s in (shape, (8, 8, 1, 1), (4, 8, 3, 3))]
+    want, got = build_both(mod).run(*arrays)
+    _assert_close(got, want, rtol=1e-5)

@@ -162,4 +162,5 @@ def prepare(mod: tvm.IRModule, ops: frozenset | set = frozenset()) -> tvm.IRModu
         out[gv] = relax.analysis.remove_all_unused(_Prepare(mod, analyzer, uses).visit_expr(func))
     if all(out[gv].same_as(f) for gv, f in mod.functions.items()):
         return mod
-    return tvm.IRModule(out, attrs=mod.attrs)
+    # a dropped broadcast_to leaves ``y = x``: such a binding is no op, so it would end a region
+    return relax.transform.CanonicalizeBindings()(tvm.IRModule(out, attrs=mod.attrs))
