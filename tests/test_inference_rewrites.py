@@ -109,9 +109,10 @@ def test_sum_with_keepdims_or_another_axis_is_left_as_it_is():
 
 # ---- pointwise convolutions on the GEMM engine --------------------------------------------
 
-def _pointwise(epilogue):
+def _pointwise(epilogue, groups=1):
     def body(bb, x, w, *extra):
-        y = bb.emit(relax.op.nn.conv2d(x, w))
+        conv = relax.op.nn.conv1d if x.ty.ndim == 3 else relax.op.nn.conv2d
+        y = bb.emit(conv(x, w, groups=groups))
         return bb.emit(epilogue(y, *extra)) if epilogue else y
     return body
 
@@ -126,16 +127,28 @@ EPILOGUES = {
 
 
 @pytest.mark.parametrize("name", EPILOGUES)
-@pytest.mark.parametrize("batch", [1, 2])
-def test_pointwise_conv_runs_as_a_matrix_product(name, batch):
+@pytest.mark.parametrize("batch,groups", [(1, 1), (2, 1), (1, 3), (2, 3)])
+def test_pointwise_conv_runs_as_a_matrix_product(name, batch, groups):
+    """Grouped too (ShuffleNet, ResNeXt, RegNet): one product per group."""
     epilogue, extra = EPILOGUES[name]
     extra = [(batch,) + s[1:] if len(s) == 4 and s[0] == 1 and name == "residual" else s for s in extra]
-    params = {"x": ((batch, 37, 9, 7), "float32"), "w": ((24, 37, 1, 1), "float32")}
+    params = {"x": ((batch, 3 * 11, 9, 7), "float32"), "w": ((24, 3 * 11 // groups, 1, 1), "float32")}
     params.update({f"e{i}": (s, "float32") for i, s in enumerate(extra)})
-    mod = build_model(params, _pointwise(epilogue))
+    mod = build_model(params, _pointwise(epilogue, groups))
     (region,) = jitbyoc.inspect(mod)
     assert any("gemm" in e for e in region.engines), region.engines
     arrays = [RNG.standard_normal(s).astype("float32") for s, _ in params.values()]
+    want, got = build_both(mod).run(*arrays)
+    _assert_close(got, want, rtol=1e-5)
+
+
+def test_pointwise_conv1d_runs_as_a_matrix_product():
+    mod = build_model({"x": ((2, 16, 13), "float32"), "w": ((12, 16, 1), "float32"),
+                       "b": ((1, 12, 1), "float32")},
+                      _pointwise(lambda y, b: relax.op.nn.relu(relax.op.add(y, b))))
+    (region,) = jitbyoc.inspect(mod)
+    assert any("gemm" in e for e in region.engines), region.engines
+    arrays = [RNG.standard_normal(s).astype("float32") for s in ((2, 16, 13), (12, 16, 1), (1, 12, 1))]
     want, got = build_both(mod).run(*arrays)
     _assert_close(got, want, rtol=1e-5)
 

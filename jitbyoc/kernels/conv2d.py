@@ -37,6 +37,9 @@ from ..ir.rules import register
 from .matmul import MatMul
 
 
+MIN_POINTWISE_CG = 8  # input channels per group for a pointwise conv to run as a product
+
+
 @dataclass(frozen=True)
 class ConvGeometry:
     """Sizes of one convolution; only the batch ``n`` may be symbolic."""
@@ -68,8 +71,10 @@ class ConvGeometry:
 
     @property
     def pointwise(self) -> bool:
-        """A 1x1 convolution over every pixel: ``out[n] = W (K x C) @ x[n] (C x H*W)``."""
-        return self.taps == 1 and self.stride == (1, 1) and not any(self.pad) and self.groups == 1
+        """A 1x1 convolution over every pixel, a matrix product per group:
+        ``out[n, g] = W[g] (K/g x C/g) @ x[n, g] (C/g x H*W)`` (not for depthwise-like
+        groups, whose products are too thin to pay for the engine)."""
+        return self.taps == 1 and self.stride == (1, 1) and not any(self.pad) and self.cg >= MIN_POINTWISE_CG
 
 
 def _conv_geometry(call) -> ConvGeometry:
@@ -98,15 +103,17 @@ class Conv2d(kir.KernelStage):
             conv_engine.call(self, ctx)
 
     def _emit_as_matmul(self, ctx) -> None:
-        """A pointwise convolution is a matrix product (the GEMM engine runs it at GEMM
-        speed, where vectors over pixels waste lanes on 14x14 and 7x7 maps), on views of
-        the operands: no copy. The epilogue runs in the engine's blocks when every buffer
-        it reads maps onto the ``(K, H*W)`` view, else once over the output after it."""
+        """A pointwise convolution is a matrix product per group (the GEMM engine runs it
+        at GEMM speed, where vectors over pixels waste lanes on 14x14 and 7x7 maps), on
+        views of the operands: no copy. The epilogue runs in the engine's blocks when every
+        buffer it reads has a view shaped like the product's output, else once after it."""
         g, (x, w) = self.geo, self.inputs
         lead = () if g.n == 1 else (g.n,)
-        flat = _flat_epilogue(self.epilogue, self.out, lead)
-        product = MatMul((kir.view(w, (g.k, g.c)), kir.view(x, lead + (g.c, g.h * g.w))),
-                         kir.view(self.out, lead + (g.k, g.oh * g.ow)), epilogue=flat)
+        chans = (g.groups,) if g.groups > 1 else ()
+        pixels = g.oh * g.ow
+        flat = _flat_epilogue(self.epilogue, self.out, lead, g.groups)
+        product = MatMul((kir.view(w, chans + (g.kg, g.cg)), kir.view(x, lead + chans + (g.cg, pixels))),
+                         kir.view(self.out, lead + chans + (g.kg, pixels)), epilogue=flat)
         product.emit_llvm(ctx)
         if self.epilogue is not None and flat is None:
             ctx.epilogue(self, [0] * self.out.ndim, [ctx.dim(d) for d in self.out.shape])
@@ -162,20 +169,22 @@ class Conv2d(kir.KernelStage):
         return out.reshape(n, k, oh, ow).astype(x.dtype)
 
 
-def _flat_epilogue(epilogue, out: kir.Buffer, lead: tuple):
-    """``epilogue`` (over NCHW ``out``) over the ``lead + (K, H*W)`` view of it: each load
-    viewed alike (a per-channel bias ``(1, K, 1, 1)`` as ``(K, 1)``); None when a load
-    broadcasts along only one of H and W, or along the batch, and so has no such view."""
+def _flat_epilogue(epilogue, out: kir.Buffer, lead: tuple, groups: int):
+    """``epilogue`` (over ``out``: N, K, spatial...) over the view the product writes,
+    ``lead + [groups,] (K / groups, pixels)``, each load viewed alike (a per-channel bias
+    ``(1, K, 1, 1)`` as ``(K, 1)``); None when a load has no such view (it broadcasts
+    along some spatial dims but not all, or along the batch of a single image)."""
     if epilogue is None:
         return None
-    h, w = out.shape[-2:]
+    spatial, k = tuple(out.shape[2:]), out.shape[1]
     mapping = {}
     for load in (n for n in kir.walk([epilogue]) if isinstance(n, kir.Load)):
-        shape = (1,) * (out.ndim - load.buf.ndim) + tuple(load.buf.shape)
-        if shape[-2:] not in ((1, 1), (h, w)) or (not lead and shape[0] != 1) or (lead and shape[0] not in (1, lead[0])):
+        n, c, *where = (1,) * (out.ndim - load.buf.ndim) + tuple(load.buf.shape)
+        if (not lead and n != 1) or tuple(where) not in ((1,) * len(spatial), spatial):
             return None
-        pixels = 1 if shape[-2:] == (1, 1) else h * w
-        mapping[load] = kir.Load(kir.view(load.buf, (shape[0],) * len(lead) + (shape[1], pixels)))
+        chans = ((groups, k // groups) if c == k else (1, 1)) if groups > 1 else (c,)
+        pixels = 1 if all(d == 1 for d in where) else int(np.prod(spatial))
+        mapping[load] = kir.Load(kir.view(load.buf, (n,) * len(lead) + chans + (pixels,)))
     return kir.substitute(epilogue, mapping)
 
 
