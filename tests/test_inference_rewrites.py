@@ -186,3 +186,22 @@ def test_a_residual_sum_fuses_into_the_conv_before_it():
     arrays = [RNG.standard_normal(s).astype("float32") for s in (shape, (8, 8, 1, 1), (4, 8, 3, 3))]
     want, got = build_both(mod).run(*arrays)
     _assert_close(got, want, rtol=1e-5)
+
+
+def test_a_conv_bias_between_conv_and_batch_norm_folds_too():
+    """ONNX Conv with B, then BatchNormalization: TVM's frontend emits conv2d, add of a
+    reshaped bias, batch_norm."""
+    def body(bb, x):
+        w, bias = _const((6, 3, 3, 3)), _const((6,))
+        conv = bb.emit(relax.op.nn.conv2d(x, w, padding=1))
+        y = bb.emit(relax.op.add(conv, bb.emit(relax.op.reshape(bias, (1, 6, 1, 1)))))
+        bn = bb.emit(relax.op.nn.batch_norm(y, _const((6,), 0.5), _const((6,)), _const((6,)),
+                                            _const((6,), 0.5), axis=1, training=False))
+        return bb.emit(relax.op.nn.relu(bb.emit(relax.TupleGetItem(bn, 0))))
+
+    mod = build_model({"x": ((1, 3, 10, 10), "float32")}, body)
+    symbols = _region_ops(mod)
+    assert not any("batch_norm" in s or "reshape" in s for s in symbols), symbols
+    x = RNG.standard_normal((1, 3, 10, 10)).astype("float32")
+    want, got = build_both(mod).run(x)
+    _assert_close(got, want)

@@ -12,7 +12,8 @@ onnxruntime's graph optimizer and oneDNN do before they run a model):
   axis)``: a copy of every operand into a stacked buffer, then a reduction. Operands of
   one shape become ``((a + b) + ...)``, the order TVM's reduction adds them in, so the
   add joins the producer's fused output loop (ResNet's residual connections).
-* **broadcast_to a tensor's own shape** is the tensor.
+* **broadcast_to a tensor's own shape** is the tensor, and a **reshaped constant** a constant.
+  A bias the frontend adds between the conv and the batch norm folds with it.
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ from tvm import relax
 from tvm.ir import Op
 from tvm.ir.expr import Constant
 
-CONV2D, BATCH_NORM = Op.get("relax.nn.conv2d"), Op.get("relax.nn.batch_norm")
+CONV2D, BATCH_NORM, ADD = Op.get("relax.nn.conv2d"), Op.get("relax.nn.batch_norm"), Op.get("relax.add")
+RESHAPE = Op.get("relax.reshape")
 SUM, STACK, BROADCAST_TO = Op.get("relax.sum"), Op.get("relax.stack"), Op.get("relax.broadcast_to")
-TRIGGERS = frozenset({"relax.nn.batch_norm", "relax.stack", "relax.broadcast_to"})
+TRIGGERS = frozenset({"relax.nn.batch_norm", "relax.stack", "relax.broadcast_to", "relax.reshape"})
 
 
 def _static_dims(expr) -> tuple[int, ...] | None:
@@ -56,28 +58,65 @@ def use_counts(func: relax.Function) -> dict:
     return counts
 
 
-def folded_batch_norm(bn: relax.Call, conv: relax.Call):
-    """``(conv2d call with scaled weights, bias constant)`` for ``bn(conv)``, or None when
-    the pair does not fold (not constant, not NCHW/OIHW on axis 1, training, not float)."""
-    a = conv.attrs
+def _bn_source(bn: relax.Call, lookup, uses: dict):
+    """``(conv2d call, constant bias or None)`` that ``bn``'s input is made of, when the
+    conv (and its bias add) feed nothing else: a conv output used elsewhere too would be
+    computed twice. ``uses`` counts the uses of each variable name."""
+    def single(var):
+        value = lookup(var) if isinstance(var, relax.Var) else None
+        return value if isinstance(value, relax.Call) and uses.get(str(var.name)) == 1 else None
+
+    first = single(bn.args[0])
+    if first is not None and first.op.same_as(ADD):
+        operand = first.args[1]
+        bound = lookup(operand) if isinstance(operand, relax.Var) else None  # a folded reshape
+        conv, bias = single(first.args[0]), _constant(operand if bound is None else bound)
+        if conv is not None and conv.op.same_as(CONV2D) and bias is not None:
+            return conv, bias
+        return None
+    return (first, None) if first is not None and first.op.same_as(CONV2D) else None
+
+
+def folded_batch_norm(bn: relax.Call, lookup, uses: dict):
+    """``(conv2d call with scaled weights, bias constant)`` for ``bn(conv(x) [+ bias])``,
+    or None when it does not fold (not constant, not NCHW/OIHW on axis 1, training, a
+    bias that is not per channel, not float)."""
+    source = _bn_source(bn, lookup, uses)
+    if source is None or bn.attrs.training:
+        return None
+    conv, bias = source
+    a, k = conv.attrs, (_static_dims(conv) or (0, 0))[1]
     if str(a.data_layout) != "NCHW" or str(a.kernel_layout) != "OIHW" or \
-            (a.out_layout is not None and str(a.out_layout) != "NCHW") or bn.attrs.training:
+            (a.out_layout is not None and str(a.out_layout) != "NCHW"):
         return None
     if int(bn.attrs.axis) % 4 != 1 or len(_static_dims(conv) or ()) != 4:
         return None
     weight, *stats = (_constant(e) for e in (conv.args[1], *bn.args[1:]))
     if weight is None or any(s is None for s in stats) or weight.dtype.kind != "f":
         return None
+    if bias is not None and (bias.size not in (1, k) or bias.ndim > 4 or
+                             (bias.size == k and bias.shape[-3 if bias.ndim >= 3 else 0] != k)):
+        return None  # not one value per output channel
     gamma, beta, mean, var = (s.astype(np.float64) for s in stats)
     scale = 1.0 / np.sqrt(var + float(bn.attrs.epsilon))
     if bn.attrs.scale:
         scale = scale * gamma
-    shift = -mean * scale + (beta if bn.attrs.center else 0.0)
+    before = mean if bias is None else mean - np.broadcast_to(bias.astype(np.float64).reshape(-1), (k,))
+    shift = -before * scale + (beta if bn.attrs.center else 0.0)
     dt = weight.dtype
     w = (weight.astype(np.float64) * scale.reshape(-1, 1, 1, 1)).astype(dt)
     new_conv = relax.op.nn.conv2d(conv.args[0], relax.const(w, str(dt)), a.strides, a.padding,
                                   a.dilation, a.groups, "NCHW", "OIHW", "NCHW", a.out_dtype)
     return new_conv, relax.const(shift.astype(dt).reshape(1, -1, 1, 1), str(dt))
+
+
+def constant_reshape(call: relax.Call):
+    """``reshape(constant, static shape)`` as a constant (frontends reshape biases for
+    broadcasting), else None."""
+    value, dims = _constant(call.args[0]), _static_dims(call)
+    if value is None or dims is None:
+        return None
+    return relax.const(value.reshape(dims), str(value.dtype))
 
 
 def summed_stack(call: relax.Call, lookup):

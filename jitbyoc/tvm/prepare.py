@@ -92,13 +92,7 @@ class _Prepare(relax.PyExprMutator):
         bn = self.lookup_binding(op.tuple_value) if isinstance(op.tuple_value, relax.Var) else None
         if op.index != 0 or not (isinstance(bn, relax.Call) and bn.op.same_as(inference.BATCH_NORM)):
             return op
-        data = bn.args[0]
-        conv = self.lookup_binding(data) if isinstance(data, relax.Var) else None
-        # a conv output used elsewhere too would be computed twice
-        if not (isinstance(conv, relax.Call) and conv.op.same_as(CONV2D)) or \
-                self.uses.get(str(data.name)) != 1:
-            return op
-        folded = inference.folded_batch_norm(bn, conv)
+        folded = inference.folded_batch_norm(bn, self.lookup_binding, self.uses)
         if folded is None:
             return op
         return relax.op.add(self.builder_.emit(folded[0]), folded[1])
@@ -110,6 +104,9 @@ class _Prepare(relax.PyExprMutator):
             return call if shape is None else relax.const(np.array(shape, "int64"), "int64")
         if call.op.same_as(CONV2D):
             return self._fold_pad(call)
+        if call.op.same_as(inference.RESHAPE):
+            const = inference.constant_reshape(call)
+            return call if const is None else const
         if call.op.same_as(inference.BROADCAST_TO):
             same = inference.unbroadcast(call)
             return call if same is None else same
