@@ -201,8 +201,11 @@ def run_with_plan(mod, args, layout_dense: bool, lanes: int, j: int, v: int, row
     (region,) = jitbyoc.inspect(mod)
     (stage,) = region.kernel.stages
     plan = Plan(Layout(stage.geo, layout_dense), lanes, j, v, min(rows, stage.geo.oh))
-    work = kir.Buffer(stage.work.name, (stage.geo.n, workspace_size(plan, F32)), F32)
-    region.kernel.temps[region.kernel.temps.index(stage.work)] = work
+    work = kir.Buffer(stage.work.name if stage.work else "forced_work", (stage.geo.n, workspace_size(plan, F32)), F32)
+    if stage.work is None:  # a depthwise conv (depthwise_llvm) plans no workspace
+        region.kernel.temps.append(work)
+    else:
+        region.kernel.temps[region.kernel.temps.index(stage.work)] = work
     stage.plan, stage.work = plan, work
     out = tvm.runtime.empty(tuple(stage.out.shape), F32)
     driver.load_region(region)[region.symbol](

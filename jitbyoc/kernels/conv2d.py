@@ -34,6 +34,7 @@ from ..ir.dtypes import FLOATS
 from ..ir.dtypes import dtype as lookup_dtype
 from ..ir.relax_types import dims, tensor_problem
 from ..ir.rules import register
+from . import depthwise_llvm
 from .matmul import MatMul
 
 
@@ -99,6 +100,8 @@ class Conv2d(kir.KernelStage):
     def emit_llvm(self, ctx) -> None:
         if self.geo.pointwise:
             self._emit_as_matmul(ctx)
+        elif self.plan is None:  # depthwise_llvm.fits: no workspace was planned
+            depthwise_llvm.emit(self, ctx)
         else:
             conv_engine.call(self, ctx)
 
@@ -236,7 +239,7 @@ def _geometry_problem(name: str, g: ConvGeometry, w_in: int) -> str | None:
 def _build(fe, call, out):
     x, w = fe.buffer(call.args[0]), fe.buffer(call.args[1])
     geo = _conv_geometry(call)
-    if geo.pointwise:  # a matrix product on views: no plan, no workspace
+    if geo.pointwise or depthwise_llvm.fits(geo, x.dtype):  # no plan, no workspace
         return Conv2d((x, w), out, geo=geo)
     plan = choose_plan(geo, x.dtype)
     work = fe.temp((geo.n, workspace_size(plan, x.dtype)), x.dtype)

@@ -1,0 +1,120 @@
+"""LLVM rendering of a depthwise :class:`~jitbyoc.kernels.conv2d.Conv2d` (groups = input
+channels = output channels: MobileNet, EfficientNet, ShuffleNet, ConvNeXt).
+
+Each output channel reads one input plane and ``KH x KW`` weights, so there is no
+channel reuse to block registers over, and the general engine's packed, zero-padded
+workspace costs more than the arithmetic. Here a task takes whole (image, channel)
+planes and computes each output row one vector of ``lanes`` columns at a time, straight
+from the input: per tap one masked load (stride 1) or one wider masked load whose every
+``stride``-th lane is kept (stride 2 to :data:`MAX_STRIDE`), and one fused multiply-add
+with the tap's weight, splatted once per plane. Which lanes of a tap fall inside the
+input's columns depends only on the column block and the tap, all static, so those masks
+are constants; a tap row above or below the input masks every lane (no memory is
+touched). The epilogue runs on each finished plane while it is in cache.
+
+Accumulation: per output, the taps in row-major order with fused multiply-adds, taps
+outside the input skipped (TVM adds their ``0 * w``: the same value), as
+:mod:`jitbyoc.kernels.conv2d` documents for the general engine.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from ..ir.dtypes import dtype as lookup_dtype
+from ..ir.llvmtypes import I1, I32, I64
+from ..render.loops import for_range, threaded
+from ..render.vectors import VectorLiteral, intrinsic, lanes, splat, suffix, vload, vstore, vtype
+
+MAX_STRIDE = 4  # a wider load per tap costs stride registers' worth of loads
+
+
+def fits(geo, dt: str) -> bool:
+    """Whether :func:`emit` takes this convolution: depthwise with one filter per
+    channel, a float dtype, a column stride it can load as a vector."""
+    return (geo.groups == geo.c == geo.k and geo.cg == 1 and dt in ("float32", "float64")
+            and 1 <= geo.stride[1] <= MAX_STRIDE)
+
+
+def _column_masks(geo, n: int, ow0: int) -> list[list[bool] | None]:
+    """Per kernel column j: which of the ``n * stride`` loaded lanes to keep for the output
+    block starting at column ``ow0`` (lane ``q`` holds input column ``base + q``; output
+    lane ``l`` takes lane ``l * stride``), or None when no lane is inside the input."""
+    sw, dw, pl = geo.stride[1], geo.dilation[1], geo.pad[1]
+    out = []
+    for j in range(geo.kw):
+        keep = [False] * (n * sw)
+        for l in range(min(n, geo.ow - ow0)):
+            col = (ow0 + l) * sw + j * dw - pl
+            keep[l * sw] = 0 <= col < geo.w
+        out.append(keep if any(keep) else None)
+    return out
+
+
+def _tap(c, stage, n: int, row_ptr, offset: int, keep: list[bool], row_valid):
+    """The ``n`` input values of one tap for one output block: a masked load of
+    ``n * stride`` columns from ``row_ptr + offset``, every ``stride``-th lane kept."""
+    b, (x, _), dt = c.b, stage.inputs, stage.out.dtype
+    sw = stage.geo.stride[1]
+    mask = b.and_(ir.Constant(ir.VectorType(I1, n * sw), keep), splat(b, row_valid, n * sw))
+    # not inbounds: at the image's edge the block starts left of the row (those lanes are masked)
+    ptr = b.gep(row_ptr, [I64(offset)], source_etype=lookup_dtype(dt).ir)
+    wide = vload(b, ptr, dt, mask, n * sw)
+    if sw == 1:
+        return wide
+    picks = ir.Constant(ir.VectorType(I32, n), [l * sw for l in range(n)])
+    return b.shuffle_vector(wide, VectorLiteral(wide.type, "poison"), picks)
+
+
+def _row(c, stage, n, src, ow0, masks, weights, oh):
+    """One output block: row ``oh``, columns ``ow0 .. ow0 + n``; returns the sums."""
+    b, g, dt = c.b, stage.geo, stage.out.dtype
+    vt = vtype(dt, n)
+    fma = intrinsic(b.module, f"llvm.fma.{suffix(vt)}", vt, [vt, vt, vt])
+    (x, _) = stage.inputs
+    (sh, sw), (dh, dw), (pt, pl, _, _) = g.stride, g.dilation, g.pad
+    acc = VectorLiteral(vt, "zeroinitializer")
+    for i in range(g.kh):
+        ih = b.add(b.mul(oh, I64(sh)), I64(i * dh - pt))
+        inside = b.and_(b.icmp_signed(">=", ih, I64(0)), b.icmp_signed("<", ih, I64(g.h)))
+        row_ptr = c.b.gep(c.ptrs[x.storage], [b.add(src, b.mul(ih, I64(g.w)))],
+                          source_etype=lookup_dtype(dt).ir)
+        for j, keep in enumerate(masks):
+            if keep is not None:
+                v = _tap(c, stage, n, row_ptr, ow0 * sw + j * dw - pl, keep, inside)
+                acc = b.call(fma, [v, weights[i * g.kw + j], acc])
+    return acc
+
+
+def _planes(stage, c, lo, hi) -> None:
+    b, g, dt = c.b, stage.geo, stage.out.dtype
+    (x, w), out = stage.inputs, stage.out
+    n = lanes(dt)
+    while n // 2 >= g.ow and n > 4:  # a 7-wide map fills 7 of 8 lanes, not 7 of 16
+        n //= 2
+    with for_range(b, hi, "pl", start=lo) as pl:
+        ch = b.srem(pl, I64(g.c))
+        src, dst = b.mul(pl, I64(g.h * g.w)), b.mul(pl, I64(g.oh * g.ow))
+        weights = [splat(b, c.load(w, b.add(b.mul(ch, I64(g.taps)), I64(t))), n) for t in range(g.taps)]
+        for ow0 in range(0, g.ow, n):
+            masks = _column_masks(g, n, ow0)
+            store_mask = None if ow0 + n <= g.ow else \
+                ir.Constant(ir.VectorType(I1, n), [ow0 + l < g.ow for l in range(n)])
+            with for_range(b, I64(g.oh), "oh") as oh:
+                acc = _row(c, stage, n, src, ow0, masks, weights, oh)
+                at = b.add(dst, b.add(b.mul(oh, I64(g.ow)), I64(ow0)))
+                vstore(b, acc, c.element(out, at), dt, store_mask)
+        if stage.epilogue is not None:
+            c.epilogue(stage, [b.sdiv(pl, I64(g.c)), ch] + [I64(0)] * (out.ndim - 2),
+                       [1, 1] + list(out.shape[2:]))
+
+
+def emit(stage, ctx) -> None:
+    """The convolution at ``ctx``'s insertion point, planes split across the thread pool
+    when there is enough work."""
+    g = stage.geo
+    planes = ctx.product((g.n, g.c))
+    if threaded(stage.out.shape, "stage"):
+        ctx.parallel_for(planes, lambda c, lo, hi, _: _planes(stage, c, lo, hi))
+    else:
+        _planes(stage, ctx, ir.Constant(I64, 0), planes)

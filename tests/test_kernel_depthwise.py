@@ -1,0 +1,86 @@
+"""Depthwise convolutions (jitbyoc/kernels/depthwise_llvm.py): against TVM's default build
+and the float64 numpy reference, over strides 1-4 (5 takes the general engine), dilation,
+uneven padding, widths spanning several vector blocks, float64, fused epilogues and a
+symbolic batch (tolerance: tests/test_kernel_conv.check)."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tvm import relax
+
+import jitbyoc
+from jitbyoc.kernels import depthwise_llvm
+from tests.conftest import build_both, build_model
+from tests.spatial_util import build, grid_model, random_inputs, run
+from tests.test_kernel_conv import cases, check, conv
+
+# (x shape, w shape, attrs): groups = channels in every case
+DEPTHWISE = [
+    ((1, 16, 14, 14), (16, 1, 3, 3), dict(padding=(1, 1, 1, 1), groups=16)),
+    ((2, 5, 7, 7), (5, 1, 5, 5), dict(padding=(2, 2, 2, 2), groups=5)),
+    ((1, 3, 37, 35), (3, 1, 3, 3), dict(strides=(2, 2), padding=(1, 1, 1, 1), groups=3)),
+    ((1, 4, 23, 40), (4, 1, 3, 3), dict(strides=(3, 3), padding=(0, 2, 1, 0), groups=4)),
+    ((1, 2, 19, 33), (2, 1, 2, 4), dict(strides=(4, 4), padding=(1, 3, 0, 1), groups=2)),
+    ((1, 3, 21, 21), (3, 1, 3, 3), dict(strides=(5, 5), groups=3)),  # general engine
+    ((1, 6, 17, 18), (6, 1, 3, 3), dict(dilation=(2, 3), padding=(2, 3, 2, 3), groups=6)),
+    ((1, 7, 9, 70), (7, 1, 7, 7), dict(padding=(3, 3, 3, 3), groups=7)),  # ConvNeXt-style 7x7
+    ((1, 2, 3, 3), (2, 1, 5, 5), dict(padding=(2, 2, 2, 2), groups=2)),  # window > image
+    ((1, 2, 6, 6), (2, 1, 3, 3), dict(padding=(4, 4, 4, 4), groups=2)),  # all-padding rows
+    ((3, 8, 1, 29), (8, 1, 1, 5), dict(strides=(1, 2), padding=(0, 2, 0, 2), groups=8)),
+]
+
+
+def test_which_convolutions_take_the_depthwise_path():
+    from jitbyoc.kernels.conv2d import ConvGeometry
+    geo = ConvGeometry(1, 8, 9, 9, 8, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1), 8, 9, 9)
+    assert depthwise_llvm.fits(geo, "float32") and depthwise_llvm.fits(geo, "float64")
+    assert not depthwise_llvm.fits(geo, "int32")
+    multiplier = ConvGeometry(1, 8, 9, 9, 16, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1), 8, 9, 9)
+    assert not depthwise_llvm.fits(multiplier, "float32")
+    wide_stride = ConvGeometry(1, 8, 9, 9, 8, 3, 3, (1, 5), (1, 1), (0, 0, 0, 0), 8, 7, 2)
+    assert not depthwise_llvm.fits(wide_stride, "float32")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_depthwise_grid_matches_tvm_and_numpy(dtype):
+    cs = cases(DEPTHWISE, dtype)
+    mod = grid_model(cs, conv)
+    args = random_inputs(cs)
+    got, ref = run(build(mod, True), args), run(build(mod, False), args)
+    for k, (_, attrs) in enumerate(cs):
+        check(got[k], args[2 * k], args[2 * k + 1], attrs, [ref[k]])
+
+
+def test_depthwise_with_a_fused_epilogue_and_a_symbolic_batch():
+    def body(bb, x, w, bias):
+        y = bb.emit(relax.op.nn.conv2d(x, w, padding=1, groups=12))
+        return bb.emit(relax.op.clip(bb.emit(relax.op.add(y, bias)), 0.0, 6.0))  # ReLU6
+
+    mod = build_model({"x": (("n", 12, 20, 19), "float32"), "w": ((12, 1, 3, 3), "float32"),
+                       "b": ((1, 12, 1, 1), "float32")}, body)
+    (region,) = jitbyoc.inspect(mod)
+    assert not any("conv" in e for e in region.engines), "the general conv engine was called"
+    builds = build_both(mod)
+    rng = np.random.default_rng(5)
+    for n in (1, 3):
+        x, w, b = (rng.standard_normal(s).astype("float32") for s in ((n, 12, 20, 19), (12, 1, 3, 3), (1, 12, 1, 1)))
+        want, got = builds.run(x, w, b)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.data())
+def test_random_depthwise_convs(data):
+    c = data.draw(st.integers(1, 6))
+    kh, kw = data.draw(st.integers(1, 5)), data.draw(st.integers(1, 5))
+    sh, sw = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 4))
+    dh, dw = data.draw(st.integers(1, 2)), data.draw(st.integers(1, 2))
+    pad = tuple(data.draw(st.integers(0, 3)) for _ in range(4))
+    h = data.draw(st.integers(max(1, dh * (kh - 1) + 1 - pad[0] - pad[2]), 20))
+    w = data.draw(st.integers(max(1, dw * (kw - 1) + 1 - pad[1] - pad[3]), 40))
+    cs = cases([((1, c, h, w), (c, 1, kh, kw), dict(strides=(sh, sw), dilation=(dh, dw), padding=pad, groups=c))])
+    mod = grid_model(cs, conv)
+    args = random_inputs(cs)
+    got, ref = run(build(mod, True), args), run(build(mod, False), args)
+    check(got[0], *args, cs[0][1], [ref[0]])
