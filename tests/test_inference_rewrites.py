@@ -54,10 +54,12 @@ def test_batch_norm_folds_into_the_conv_before_it(kernel, stride):
     _assert_close(got, want)
 
 
-def test_batch_norm_stays_when_the_conv_output_is_used_twice():
+def test_batch_norm_does_not_fold_into_a_conv_whose_output_is_used_twice():
     mod = build_model({"x": ((1, 4, 9, 9), "float32")},
                       lambda bb, x: _conv_bn(bb, x, 8, keep_conv=True))
-    assert any("batch_norm" in s for s in _region_ops(mod)), "the conv would be computed twice"
+    symbols = _region_ops(mod)
+    assert sum(s.count("conv2d") for s in symbols) == 1, symbols  # not computed twice
+    assert any("multiply_add" in s for s in symbols), symbols  # the norm as x * s + t
     x = RNG.standard_normal((1, 4, 9, 9)).astype("float32")
     want, got = build_both(mod).run(x)
     for g, w in zip(got, want):
@@ -72,7 +74,8 @@ def test_batch_norm_of_a_non_constant_weight_is_not_folded():
         return bb.emit(relax.TupleGetItem(bn, 0))
 
     mod = build_model({"x": ((1, 3, 8, 8), "float32"), "w": ((6, 3, 3, 3), "float32")}, body)
-    assert any("batch_norm" in s for s in _region_ops(mod))
+    symbols = _region_ops(mod)
+    assert any("multiply_add" in s for s in symbols), symbols  # not folded: x * s + t
     x, w = RNG.standard_normal((1, 3, 8, 8)).astype("float32"), RNG.standard_normal((6, 3, 3, 3)).astype("float32")
     want, got = build_both(mod).run(x, w)
     _assert_close(got, want)
@@ -204,4 +207,20 @@ def test_a_conv_bias_between_conv_and_batch_norm_folds_too():
     assert not any("batch_norm" in s or "reshape" in s for s in symbols), symbols
     x = RNG.standard_normal((1, 3, 10, 10)).astype("float32")
     want, got = build_both(mod).run(x)
+    _assert_close(got, want)
+
+
+def test_a_batch_norm_before_an_activation_becomes_a_multiply_and_an_add():
+    """DenseNet's pre-activation norm (on a concat, not after a conv): x * s + t."""
+    def body(bb, a, b):
+        cat = bb.emit(relax.op.concat([a, b], axis=1))
+        bn = bb.emit(relax.op.nn.batch_norm(cat, _const((7,), 0.5), _const((7,)), _const((7,)),
+                                            _const((7,), 0.5), axis=1, epsilon=1e-3, training=False))
+        return bb.emit(relax.op.nn.relu(bb.emit(relax.TupleGetItem(bn, 0))))
+
+    mod = build_model({"a": ((2, 3, 5, 6), "float32"), "b": ((2, 4, 5, 6), "float32")}, body)
+    symbols = _region_ops(mod)
+    assert not any("batch_norm" in s for s in symbols) and any("multiply" in s for s in symbols), symbols
+    a, b = RNG.standard_normal((2, 3, 5, 6)).astype("float32"), RNG.standard_normal((2, 4, 5, 6)).astype("float32")
+    want, got = build_both(mod).run(a, b)
     _assert_close(got, want)

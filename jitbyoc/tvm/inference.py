@@ -110,6 +110,28 @@ def folded_batch_norm(bn: relax.Call, lookup, uses: dict):
     return new_conv, relax.const(shift.astype(dt).reshape(1, -1, 1, 1), str(dt))
 
 
+def affine_batch_norm(bn: relax.Call):
+    """``x * s + t`` for an inference ``batch_norm`` with constant parameters that feeds
+    no convolution it could fold into (DenseNet's and Inception's pre-activation norms):
+    a multiply and an add per element, where the op itself takes a square root and a
+    divide. None when a parameter is not constant or the norm is training."""
+    x = bn.args[0]
+    stats = [_constant(e) for e in bn.args[1:]]
+    ndim = len(_static_dims(x) or ())
+    if bn.attrs.training or any(s is None for s in stats) or not ndim or stats[0].dtype.kind != "f":
+        return None
+    gamma, beta, mean, var = (s.astype(np.float64) for s in stats)
+    scale = 1.0 / np.sqrt(var + float(bn.attrs.epsilon))
+    if bn.attrs.scale:
+        scale = scale * gamma
+    shift = -mean * scale + (beta if bn.attrs.center else 0.0)
+    axis = int(bn.attrs.axis) % ndim
+    shape = (-1,) + (1,) * (ndim - axis - 1)
+    dt = str(stats[0].dtype)
+    return relax.op.add(relax.op.multiply(x, relax.const(scale.astype(dt).reshape(shape), dt)),
+                        relax.const(shift.astype(dt).reshape(shape), dt))
+
+
 def constant_reshape(call: relax.Call):
     """``reshape(constant, static shape)`` as a constant (frontends reshape biases for
     broadcasting), else None."""

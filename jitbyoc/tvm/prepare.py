@@ -94,7 +94,10 @@ class _Prepare(relax.PyExprMutator):
             return op
         folded = inference.folded_batch_norm(bn, self.lookup_binding, self.uses)
         if folded is None:
-            return op
+            affine = inference.affine_batch_norm(bn)
+            if affine is None:
+                return op
+            return relax.op.add(self.builder_.emit(affine.args[0]), affine.args[1])
         return relax.op.add(self.builder_.emit(folded[0]), folded[1])
 
     def visit_call_(self, call):
