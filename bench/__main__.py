@@ -22,16 +22,19 @@ QUICK_REPEAT_CAP = 10
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="the smoke suite (under 2 minutes)")
+    p.add_argument("--suite", default="default", metavar="NAME",
+                   help="'default' (small models, jitbyoc vs TVM default) or 'zoo' (real "
+                   "architectures at full size vs onnxruntime and torch); see --list")
     p.add_argument("--model", action="append", metavar="NAME",
                    help="run only this model (repeatable); see --list")
-    p.add_argument("--list", action="store_true", help="list the models and exit")
-    p.add_argument("--repeat", type=int, metavar="N", help="timed runs per candidate "
-                   "(default: per model, few for heavy models)")
+    p.add_argument("--list", action="store_true", help="list the suites and models and exit")
+    p.add_argument("--repeat", type=int, metavar="N", help="timed runs per candidate; zoo "
+                   "suite: rounds of timed blocks (default: per model, few for heavy models)")
     p.add_argument("--warmup", type=int, default=1, metavar="N", help="untimed rounds first")
     p.add_argument("--threads", type=int, metavar="N",
                    help="TVM_NUM_THREADS, torch and onnxruntime threads")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, metavar="DIR",
-                   help=f"where results.json/.csv and speedup.png go (default {DEFAULT_OUT})")
+    p.add_argument("--out", type=Path, metavar="DIR", help="where results.json/.csv and the "
+                   f"plot go (default {DEFAULT_OUT}, {DEFAULT_OUT / 'zoo'} for the zoo suite)")
     p.add_argument("--no-peers", action="store_true", help="skip torch and onnxruntime")
     p.add_argument("--keep-cache", action="store_true", help="use jitbyoc's own disk cache "
                    "(default: an empty temporary one, so cold builds are cold)")
@@ -80,6 +83,22 @@ def write_outputs(args, rows, skipped, machine, seconds) -> list[Path]:
     return paths
 
 
+def list_models(models) -> str:
+    """Every suite and its models: name, tags (quick, tvm) and description."""
+    lines = []
+    for suite in models.SUITES:
+        cmd = "python -m bench" + ("" if suite == "default" else f" --suite {suite}")
+        lines.append(f"suite {suite} ({cmd}):")
+        for e in (e for e in models.ZOO.values() if e.suite == suite):
+            tags = ["quick" if e.quick else ""]
+            if suite == "zoo":  # the default suite always builds TVM default
+                tags.append("tvm" if e.tvm_default else "")
+            lines.append(f"  {e.name:24s} {' '.join(f'{t:5s}' for t in tags)} {e.description}")
+    if any(e.suite == "zoo" for e in models.ZOO.values()):
+        lines.append("(quick: in --quick; tvm: the zoo suite also builds and times TVM default)")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.keep_cache:
@@ -107,15 +126,25 @@ def bench(args: argparse.Namespace) -> int:
     from . import models, peers, report, run
 
     if args.list:
-        print("\n".join(f"{e.name:22s} {'quick ' if e.quick else '      '}{e.description}"
-                        for e in models.ZOO.values()))
+        print(list_models(models))
         return 0
     try:
-        entries = models.select(args.model, args.quick)
+        entries = models.select(args.model, args.quick, args.suite)
     except KeyError as err:
         log.error("%s", err.args[0])
         return 2
+    zoo = bool(entries) and entries[0].suite == "zoo"
+    args.out = args.out or (DEFAULT_OUT / "zoo" if zoo else DEFAULT_OUT)
+    if zoo:  # every runtime gets TVM's thread count, explicitly (its pool is not started
+        # yet: it starts at the first parallel call; importing jitbyoc set the default)
+        args.threads = args.threads or int(os.environ.get("TVM_NUM_THREADS") or os.cpu_count())
+        os.environ["TVM_NUM_THREADS"] = str(args.threads)
     peers.set_torch_threads(args.threads)
+    if zoo:
+        from . import zoo_run
+
+        with logging_redirect_tqdm():
+            return zoo_run.main(args, entries, tqdm)
     machine = run.machine_info(args.threads)
     print(report.format_machine(machine), flush=True)
     start = time.perf_counter()

@@ -44,8 +44,12 @@ def torch_twin(forward, ops_class):
     return Twin().eval()
 
 
-def _from_torch(net, example):
-    """``torch.export`` -> ``from_exported_program``; weights become Relax constants."""
+def from_torch(net, example):
+    """``torch.export`` -> ``from_exported_program``; weights become Relax constants.
+
+    ``net`` (eval mode) is also the case's torch form: the torch eager peer, and the
+    source of onnxruntime's file.
+    """
     import torch
     from tvm.relax.frontend.torch import from_exported_program
 
@@ -75,7 +79,7 @@ def torch_export_mlp():
             h = self.l2(self.ln(torch.relu(self.l1(x))))
             return torch.tanh(h) * torch.sigmoid(h) + x
 
-    return _from_torch(Net(), torch.randn(32, 256))
+    return from_torch(Net(), torch.randn(32, 256))
 
 
 def torch_export_cnn():
@@ -94,7 +98,7 @@ def torch_export_cnn():
 
     net = nn.Sequential(*stage(3, 32), *stage(32, 64), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
                         nn.Linear(64, 10))
-    return _from_torch(net, torch.randn(4, 3, 64, 64))
+    return from_torch(net, torch.randn(4, 3, 64, 64))
 
 
 def onnx_mlp():

@@ -9,12 +9,8 @@ Cases: sgemm 2048^3, a linear layer in torch.export's form (``permute_dims`` + `
 + bias + relu), and the MLP 784-1024-1024-10 at batch 64 (matmul+bias+relu), also in
 the linear form.
 
-Peak: an LLVM IR loop of 12 independent FMA chains of one vector register each
-(``<16 x float>`` with AVX-512, ``<8 x float>`` with AVX2: wider vectors would not fit
-in the registers and measure spills), compiled by llvmlite's MCJIT, called through ctypes
-from ``threads`` Python threads (the GIL is released), best of 5 — the FLOP rate the cores
-sustain at the clock they actually run (znver4: 32 FLOP per cycle per core, one 512-bit
-FMA per cycle; znver3: 32, two 256-bit FMAs per cycle).
+Peak: :func:`jitbyoc.peak.machine_peak`, the FMA rate the cores sustain at the clock
+they actually run (an LLVM loop of independent one-register FMA chains).
 
 Nothing heavy is imported at module level: ``--threads`` must reach TVM_NUM_THREADS and
 OPENBLAS_NUM_THREADS before those libraries start their pools.
@@ -26,9 +22,9 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 from .kernel_common import module, vm_function
+from .timing import time_blocks
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -41,81 +37,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-# ---- peak ---------------------------------------------------------------------------------------
+# ---- peak: jitbyoc.peak (one FMA loop for the library's profiler and the benchmarks) ----------
 
-CHAINS, UNROLL = 12, 4  # independent FMA chains (>= latency 4 x 2 per cycle: fit 16 registers), unrolled
+def machine_peak(threads: int) -> float:
+    from jitbyoc.peak import machine_peak as peak
 
-
-def _lanes() -> int:
-    """float32 lanes of one vector register of this machine."""
-    from jitbyoc.render.isa import vector_bits
-
-    return vector_bits() // 32
-
-
-def _peak_loop():
-    """``float peak(int64 n)``: n iterations of CHAINS x UNROLL ``<LANES x float>`` FMAs,
-    compiled by llvmlite's MCJIT; returns (callable, engine) (keep the engine alive)."""
-    import ctypes
-
-    import llvmlite.binding as llvm
-    from llvmlite import ir
-
-    from jitbyoc.build import jit
-
-    f32, i64 = ir.FloatType(), ir.IntType(64)
-    LANES = _lanes()  # noqa: N806
-    vec = ir.VectorType(f32, LANES)
-    module = ir.Module(name="peak")
-    module.triple = llvm.get_process_triple()
-    fma = ir.Function(module, ir.FunctionType(vec, [vec, vec, vec]), f"llvm.fma.v{LANES}f32")
-    fn = ir.Function(module, ir.FunctionType(f32, [i64]), "peak")
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
-    entry, loop, done = b.block, fn.append_basic_block("loop"), fn.append_basic_block("done")
-    b.branch(loop)
-    b.position_at_end(loop)
-    i = b.phi(i64)
-    i.add_incoming(i64(0), entry)
-    accs = [b.phi(vec) for _ in range(CHAINS)]
-    cur = list(accs)
-    for _ in range(UNROLL):
-        cur = [b.call(fma, [c, ir.Constant(vec, [1.0000001] * LANES), ir.Constant(vec, [0.999999] * LANES)])
-               for c in cur]
-    i.add_incoming(b.add(i, i64(1)), loop)
-    for k, (acc, c) in enumerate(zip(accs, cur)):
-        acc.add_incoming(ir.Constant(vec, [float(k)] * LANES), entry)
-        acc.add_incoming(c, loop)
-    b.cbranch(b.icmp_signed("<", b.add(i, i64(1)), fn.args[0]), loop, done)
-    b.position_at_end(done)
-    total = cur[0]
-    for c in cur[1:]:  # every chain must be live, or LLVM deletes it
-        total = b.fadd(total, c)
-    b.ret(b.extract_element(total, ir.IntType(32)(0)))
-    jit.target_machine()  # initializes LLVM's native target
-    # MCJIT takes ownership of its target machine: give it its own, never jitbyoc's cached one
-    tm = llvm.Target.from_triple(module.triple).create_target_machine(
-        cpu=llvm.get_host_cpu_name(), features=jit.host_features(), opt=3)
-    engine = llvm.create_mcjit_compiler(llvm.parse_assembly(str(module)), tm)
-    engine.finalize_object()
-    return ctypes.CFUNCTYPE(ctypes.c_float, ctypes.c_int64)(engine.get_function_address("peak")), engine
-
-
-def fma_peak(threads: int, iters: int = 20_000_000) -> float:
-    """GFLOP/s of ``threads`` threads each running :func:`_peak_loop`, best of 5 (called
-    through ctypes, which releases the GIL)."""
-    import threading
-
-    peak, _engine = _peak_loop()
-    rates = []
-    for _ in range(5):
-        workers = [threading.Thread(target=peak, args=(iters,)) for _ in range(threads)]
-        start = time.perf_counter()
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
-        rates.append(threads * iters * CHAINS * UNROLL * 2 * _lanes() / (time.perf_counter() - start) / 1e9)
-    return max(rates)
+    return peak(threads)
 
 
 # ---- models -------------------------------------------------------------------------------------
@@ -197,30 +124,6 @@ def _torch_run(case):
     return case["torch"](torch.from_numpy)
 
 
-def time_blocks(fns: dict, rounds: int, budget: float = 0.1, settle: float = 0.1) -> dict:
-    """Per-call seconds of each candidate, taken in blocks that take turns.
-
-    A candidate's thread pool keeps spinning for a while after a call returns (OpenBLAS,
-    TVM, torch alike), which on 2 cores starves whichever candidate runs next; timing
-    call-by-call alternation measures that interference, not the kernels. So each round
-    gives every candidate, in turn, ``settle`` seconds of quiet, one untimed call, then a
-    block of calls worth about ``budget`` seconds, each timed. Round order alternates."""
-    samples = {name: [] for name in fns}
-    names = list(fns)
-    for r in range(rounds):
-        for name in (names if r % 2 == 0 else names[::-1]):
-            time.sleep(settle)
-            fns[name]()
-            start = time.perf_counter()
-            while True:
-                t0 = time.perf_counter()
-                fns[name]()
-                samples[name].append(time.perf_counter() - t0)
-                if time.perf_counter() - start > budget:
-                    break
-    return {name: statistics.median(s) for name, s in samples.items()}
-
-
 def bench_case(case, rounds: int, with_tvm: bool) -> dict:
     """Median seconds per call per candidate; jitbyoc is checked against numpy first."""
     import numpy as np
@@ -234,7 +137,7 @@ def bench_case(case, rounds: int, with_tvm: bool) -> dict:
         fns["torch"] = torch_run
     if with_tvm:
         fns["tvm"] = vm_function(case["mod"], False, case["args"])
-    out = time_blocks(fns, rounds)
+    out = {name: statistics.median(t) for name, t in time_blocks(fns, rounds).items()}
     out["relerr"] = err
     return out
 
@@ -262,16 +165,13 @@ def main(argv=None) -> None:
     rng = np.random.default_rng(0)
     n = 1024 if args.quick else 2048
     rounds = min(args.rounds, 2) if args.quick else args.rounds
-    def machine_peak():  # one busy core is likelier than two: threads x the 1-thread rate
-        return max(fma_peak(args.threads), args.threads * fma_peak(1))
-
-    early = machine_peak()
+    early = machine_peak(args.threads)
     print(f"threads {args.threads}, load average at start {os.getloadavg()[0]:.2f}; "
           f"per-call medians over {rounds} rounds of timed blocks", flush=True)
     cases = [sgemm_case(n, rng), linear_case(64, 784, 1024, rng), mlp_case(64, rng),
              mlp_case(64, rng, linear=True)]
     results = [bench_case(c, rounds, args.tvm or not c["name"].startswith("sgemm")) for c in cases]
-    peak = max(early, machine_peak())
+    peak = max(early, machine_peak(args.threads))
     print(f"measured FMA peak {peak:.1f} GFLOP/s = {peak / args.threads / 32:.2f} GHz x 32 FLOP/cycle "
           f"x {args.threads} cores (best of {args.threads} threads and {args.threads} x 1 thread, at start and end)")
     for case, t in zip(cases, results):

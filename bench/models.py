@@ -3,7 +3,8 @@
 Models written in :mod:`bench.ops` are built with ``relax.BlockBuilder`` and get a torch
 twin for free (same numpy inputs, weights passed as inputs). The ``torch_export_*`` and
 ``onnx_*`` models come through TVM's own frontends instead (weights bound as constants);
-see :mod:`bench.frontends`.
+see :mod:`bench.frontends`. The entries of the zoo suite (``--suite zoo``: real
+architectures at full size, :mod:`bench.zoo`) are registered here too, with suite "zoo".
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from tvm import relax
 
-from . import frontends
+from . import frontends, zoo
 from .case import Case, Skip
 from .ops import RelaxOps, TorchOps, he_scale
 
@@ -25,17 +26,22 @@ class Entry:
     name: str
     make: Callable[[], Case | Skip]
     description: str
-    repeat: int  # default timed repeats; heavy models get few
+    repeat: int  # default timed repeats (zoo suite: rounds of blocks); heavy models get few
     quick: bool = False
     tags: list[str] = field(default_factory=list)
+    suite: str = "default"  # "default" (python -m bench) or "zoo" (--suite zoo)
+    # zoo suite: build and time TVM's default build too (it is single-threaded and
+    # unscheduled: seconds per call on the big models), else check against onnxruntime
+    tvm_default: bool = True
 
 
 ZOO: dict[str, Entry] = {}
+SUITES = ("default", "zoo")
 
 
 def register(name: str, make: Callable[[], Case | Skip], description: str, repeat: int,
-             quick: bool = False) -> None:
-    ZOO[name] = Entry(name, make, description, repeat, quick)
+             quick: bool = False, suite: str = "default", tvm_default: bool = True) -> None:
+    ZOO[name] = Entry(name, make, description, repeat, quick, suite=suite, tvm_default=tvm_default)
 
 
 def rng_for(name: str) -> np.random.Generator:
@@ -218,22 +224,30 @@ def _register_all() -> None:
              "torch CNN (conv+BN+relu+pool+linear) via torch.export", 5)
     register("onnx_mlp", frontends.onnx_mlp, "ONNX graph (onnx.helper) via relax.frontend.onnx",
              20, quick=True)
+    for name, make, description, rounds, quick, tvm_default in zoo.ENTRIES:
+        register(name, make, description, rounds, quick, suite="zoo", tvm_default=tvm_default)
 
 
 _register_all()
 
 
-def select(names: list[str] | None, quick: bool) -> list[Entry]:
-    """The entries to run: ``names`` if given (in that order), else the quick or full suite.
+def select(names: list[str] | None, quick: bool, suite: str = "default") -> list[Entry]:
+    """The entries to run: ``names`` if given (in that order, from any one suite), else
+    the quick or full ``suite``.
 
     Raises
     ------
     KeyError
-        A name not in the zoo; the message lists the known names.
+        A name not in the zoo, a mix of suites, or an unknown suite; the message says
+        what is known.
     """
     if names:
         unknown = [n for n in names if n not in ZOO]
         if unknown:
             raise KeyError(f"unknown model(s) {unknown}; known: {sorted(ZOO)}")
+        if len({ZOO[n].suite for n in names}) > 1:  # the suites' rows have different columns
+            raise KeyError(f"models {names} come from different suites; run each suite apart")
         return [ZOO[n] for n in names]
-    return [e for e in ZOO.values() if e.quick or not quick]
+    if suite not in SUITES:
+        raise KeyError(f"unknown suite {suite!r}; known: {list(SUITES)}")
+    return [e for e in ZOO.values() if e.suite == suite and (e.quick or not quick)]

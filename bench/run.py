@@ -94,7 +94,8 @@ def offload_fields(report) -> dict:
             "left_to_tvm": " ".join(f"{op}x{n}" for op, n in sorted(left.items())) or None}
 
 
-def _failure(entry: Entry, stage: str, err: Exception) -> Skip:
+def failure(entry: Entry, stage: str, err: Exception) -> Skip:
+    """A Skip saying which stage failed and how (the traceback goes to the debug log)."""
     log.warning("%s: %s failed", entry.name, stage, exc_info=log.isEnabledFor(logging.DEBUG))
     lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
     # the first line, plus LLVM's "error:" line when the first only says "parsing error"
@@ -111,20 +112,20 @@ def prepare(entry: Entry) -> tuple[Case, dict, dict] | Skip:
     try:
         case = entry.make()
     except Exception as err:
-        return _failure(entry, "making the model", err)
+        return failure(entry, "making the model", err)
     if isinstance(case, Skip):
         return case
     try:
         built = compile_both(case.mod)
     except Exception as err:
-        return _failure(entry, "build", err)
+        return failure(entry, "build", err)
     runners = {"tvm": vm_runner(built["ex_tvm"], case.inputs),
                "jitbyoc": vm_runner(built["ex_jit"], case.inputs)}
     try:  # these first calls are not timed: time_alternating warms up again anyway
         ref = peers_mod.as_numpy(runners["tvm"]())
         abs_err, rel_err = max_errors(peers_mod.as_numpy(runners["jitbyoc"]()), ref)
     except Exception as err:
-        return _failure(entry, "run", err)
+        return failure(entry, "run", err)
     built["model_ops"] = count_ops(case.mod)
     return case, built, {"runners": runners, "ref": ref, "max_abs_err": abs_err,
                          "max_rel_err": rel_err}

@@ -1,4 +1,4 @@
-"""Statistics and the alternating timer.
+"""Statistics, the alternating timer and the block timer.
 
 Every timing in the harness is wall time from one clock (``time.perf_counter`` unless a
 test passes a fake one) around one call. Run time is measured by :func:`time_alternating`:
@@ -7,7 +7,8 @@ that is never counted as run time), then ``repeat`` timed rounds in which the ca
 take turns in a fixed order (tvm, jitbyoc, tvm, jitbyoc, ...), so slow drift of a noisy
 machine hits both alike. The harness times the peers (torch, onnxruntime) in a second
 alternating loop of their own: their worker threads keep spinning after a call returns,
-which on a small machine would slow whichever candidate comes next.
+which on a small machine would slow whichever candidate comes next. The zoo suite and the
+kernel benchmarks time every candidate in blocks of calls instead (:func:`time_blocks`).
 """
 
 from __future__ import annotations
@@ -89,6 +90,50 @@ def time_alternating(fns: Mapping[str, Callable[[], Any]], repeat: int, warmup: 
     for _ in range(repeat):
         for name, fn in fns.items():
             samples[name].append(timed(fn, clock)[1])
+    return samples
+
+
+def time_blocks(fns: Mapping[str, Callable[[], Any]], rounds: int, budget: float = 0.1,
+                settle: float = 0.1, clock: Clock = time.perf_counter,
+                sleep: Callable[[float], Any] = time.sleep) -> dict[str, list[float]]:
+    """Per-call seconds of each candidate, taken in blocks that take turns.
+
+    A candidate's thread pool keeps spinning for a while after a call returns (OpenBLAS,
+    TVM, torch, onnxruntime alike), which on 2 cores starves whichever candidate runs
+    next; call-by-call alternation measures that interference, not the candidate. So each
+    round gives every candidate, in turn, ``settle`` seconds of quiet, one untimed call,
+    then a block of timed calls worth about ``budget`` seconds (at least one). Round
+    order alternates (A, B, C, then C, B, A), so drift hits all alike.
+
+    Parameters
+    ----------
+    fns : mapping of str to callable
+        The candidates, in the order of the first round.
+    rounds : int
+        Rounds of blocks; at least 1.
+    budget, settle : float
+        Seconds of timed calls per block; seconds of sleep before each block.
+    clock, sleep : callable
+        The timer and the pause (tests pass fakes).
+
+    Returns
+    -------
+    dict of str to list of float
+        Every timed call of each candidate (take the median of all of them).
+    """
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1 (got {rounds})")
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    names = list(fns)
+    for r in range(rounds):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            sleep(settle)
+            fns[name]()  # untimed: the first call after another candidate's block
+            start = clock()
+            while True:
+                samples[name].append(timed(fns[name], clock)[1])
+                if clock() - start > budget:
+                    break
     return samples
 
 

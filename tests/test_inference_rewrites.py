@@ -11,7 +11,7 @@ from tvm import relax
 
 import jitbyoc
 from jitbyoc.tvm.partition import regions
-from tests.conftest import build_both, build_model, run
+from tests.conftest import build_both, build_model
 
 RNG = np.random.default_rng(7)
 

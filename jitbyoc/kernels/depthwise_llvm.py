@@ -54,7 +54,7 @@ def _column_masks(geo, n: int, ow0: int) -> list[list[bool] | None]:
 def _tap(c, stage, n: int, row_ptr, offset: int, keep: list[bool], row_valid):
     """The ``n`` input values of one tap for one output block: a masked load of
     ``n * stride`` columns from ``row_ptr + offset``, every ``stride``-th lane kept."""
-    b, (x, _), dt = c.b, stage.inputs, stage.out.dtype
+    b, dt = c.b, stage.out.dtype
     sw = stage.geo.stride[1]
     mask = b.and_(ir.Constant(ir.VectorType(I1, n * sw), keep), splat(b, row_valid, n * sw))
     # not inbounds: at the image's edge the block starts left of the row (those lanes are masked)
@@ -71,7 +71,7 @@ def _row(c, stage, n, src, ow0, masks, weights, oh):
     b, g, dt = c.b, stage.geo, stage.out.dtype
     vt = vtype(dt, n)
     fma = intrinsic(b.module, f"llvm.fma.{suffix(vt)}", vt, [vt, vt, vt])
-    (x, _) = stage.inputs
+    x = stage.inputs[0]
     (sh, sw), (dh, dw), (pt, pl, _, _) = g.stride, g.dilation, g.pad
     acc = VectorLiteral(vt, "zeroinitializer")
     for i in range(g.kh):
@@ -88,7 +88,7 @@ def _row(c, stage, n, src, ow0, masks, weights, oh):
 
 def _planes(stage, c, lo, hi) -> None:
     b, g, dt = c.b, stage.geo, stage.out.dtype
-    (x, w), out = stage.inputs, stage.out
+    w, out = stage.inputs[1], stage.out
     n = lanes(dt)
     while n // 2 >= g.ow and n > 4:  # a 7-wide map fills 7 of 8 lanes, not 7 of 16
         n //= 2

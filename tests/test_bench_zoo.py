@@ -1,0 +1,140 @@
+"""The zoo suite's own pieces (``python -m bench --suite zoo``), without running it: the
+ONNX light-model materializer, the FLOP counter, the block timer, the ratios and ``--list``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench import models
+from bench.timing import Stats, time_blocks
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _light(stem: str):
+    onnx = pytest.importorskip("onnx")
+    from bench.zoo_onnx import light_path
+
+    path = light_path(stem)
+    if not Path(path).exists():
+        pytest.skip(f"{path} is not in this onnx wheel")
+    return onnx, onnx.load(path)
+
+
+@pytest.mark.parametrize("stem", ["squeezenet", "shufflenet"])
+def test_materializer_turns_every_fill_into_an_initializer(stem):
+    from onnx import numpy_helper
+
+    from bench.zoo_onnx import materialize
+
+    onnx, model = _light(stem)
+    inits = {t.name: t for t in model.graph.initializer}
+    fills = {n.output[0]: tuple(numpy_helper.to_array(inits[n.input[0]]))
+             for n in model.graph.node if n.op_type == "ConstantOfShape"}
+    assert fills  # the light files keep their weights as fills
+    out = materialize(model, stem)
+    onnx.checker.check_model(out)
+    assert not [n for n in out.graph.node if n.op_type == "ConstantOfShape"]
+    weights = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}
+    for name, shape in fills.items():
+        w = weights[name]
+        assert w.shape == shape and w.dtype == np.float32 and np.isfinite(w).all()
+        assert w.size == 1 or w.std() > 0  # random, not the fill's constant
+    assert not {i.name for i in out.graph.input} & set(weights)  # constants, not inputs
+    assert [i.name for i in out.graph.input] == ["gpu_0/data_0" if stem == "shufflenet" else "data_0"]
+
+
+def test_materializer_is_deterministic_and_batch_norm_variances_are_positive():
+    from onnx import numpy_helper
+
+    from bench.zoo_onnx import materialize
+
+    _, first = _light("shufflenet")
+    _, second = _light("shufflenet")
+    a, b = materialize(first, "shufflenet"), materialize(second, "shufflenet")
+    assert a.SerializeToString() == b.SerializeToString()
+    weights = {t.name: numpy_helper.to_array(t) for t in a.graph.initializer}
+    variances = [n.input[4] for n in a.graph.node if n.op_type == "BatchNormalization"]
+    assert variances and all((weights[v] > 0).all() for v in variances if v in weights)
+
+
+def test_flop_count_of_a_tiny_module_is_exact():
+    from tvm import relax
+
+    from bench.flops import count_flops
+    from bench.kernel_common import module
+
+    def body(bb, x, w, g, gw, a, b):
+        bb.emit(relax.op.nn.conv2d(x, w, padding=1))  # (1, 4, 8, 8)
+        bb.emit(relax.op.nn.conv2d(g, gw, groups=2))  # (1, 4, 4, 4)
+        return bb.emit(relax.op.matmul(a, b))  # (2, 5, 3)
+
+    mod = module([("x", (1, 3, 8, 8)), ("w", (4, 3, 3, 3)), ("g", (1, 4, 6, 6)),
+                  ("gw", (4, 2, 3, 3)), ("a", (2, 5, 7)), ("b", (7, 3))], body)
+    conv = 1 * 4 * 8 * 8 * (3 * 3 * 3)  # outputs x (input channels x window)
+    grouped = 1 * 4 * 4 * 4 * (2 * 3 * 3)  # 2 input channels per group
+    matmul = 2 * 5 * 3 * 7
+    assert count_flops(mod) == 2 * (conv + grouped + matmul) == 16548
+
+
+def test_block_timer_takes_turns_in_blocks():
+    now, log = [0.0], []
+
+    def clock():
+        return now[0]
+
+    def make(name, cost):
+        def run():
+            log.append(name)
+            now[0] += cost
+        return run
+
+    samples = time_blocks({"a": make("a", 0.375), "b": make("b", 0.25)}, rounds=2, budget=0.5,
+                          settle=0.0, clock=clock, sleep=lambda s: None)
+    # per block: one untimed call, then timed calls until the budget is spent (the costs
+    # are binary fractions: exact sums); the second round runs in the reverse order
+    assert log == ["a"] * 3 + ["b"] * 4 + ["b"] * 4 + ["a"] * 3
+    assert samples == {"a": [0.375] * 4, "b": [0.25] * 6}
+    with pytest.raises(ValueError):
+        time_blocks({"a": make("a", 1.0)}, rounds=0)
+
+
+def test_ratios_and_peak_share():
+    from bench.zoo_run import geomean, timing_fields
+
+    stats = {"jitbyoc": Stats(0.02, 0.02, 0.02, 3), "onnxruntime": Stats(0.01, 0.01, 0.01, 3),
+             "torch": Stats(0.04, 0.04, 0.04, 3)}
+    row = timing_fields(stats, flops=2_000_000_000, peak=200.0)
+    assert row["jitbyoc_gflops"] == pytest.approx(100.0)
+    assert row["jitbyoc_peak_pct"] == pytest.approx(50.0)
+    assert row["ratio_onnxruntime"] == pytest.approx(2.0) and row["ratio_torch"] == pytest.approx(0.5)
+    assert row["fastest_peer"] == "onnxruntime" and row["ratio_fastest"] == pytest.approx(2.0)
+    assert geomean([2.0, 0.5, None]) == pytest.approx(1.0)
+
+
+def test_suites_select_apart():
+    zoo = models.select(None, quick=False, suite="zoo")
+    default = models.select(None, quick=False)
+    assert zoo and all(e.suite == "zoo" for e in zoo)
+    assert default and all(e.suite == "default" for e in default)
+    assert {"onnx_resnet50", "torch_bert_base", "torch_vit_base"} <= {e.name for e in zoo}
+    assert any(e.tvm_default for e in zoo) and not all(e.tvm_default for e in zoo)
+    with pytest.raises(KeyError, match="suites"):
+        models.select(["mlp", "onnx_squeezenet"], quick=False)
+    with pytest.raises(KeyError, match="suite"):
+        models.select(None, quick=False, suite="nope")
+
+
+def test_list_shows_the_zoo_suite():
+    pytest.importorskip("tqdm", reason="the harness needs the bench extra: pip install '.[bench]'")
+    proc = subprocess.run([sys.executable, "-m", "bench", "--list"], check=False, cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "suite default" in proc.stdout and "suite zoo (python -m bench --suite zoo)" in proc.stdout
+    for name in ("onnx_vgg19", "torch_resnet50", "torch_bert_base", "mlp"):
+        assert name in proc.stdout
