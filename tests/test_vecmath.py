@@ -1,10 +1,11 @@
 """Accuracy of every vecmath expansion against the exact function, through the JIT.
 
 Each expansion row of the op table is compiled as a one-op kernel and run on dense grids
-(plus random points, tiny and subnormal inputs and the overflow edges); its results must
-lie within the row's documented ``ulp`` bound (the bounds in vecmath's docstring) of the
-exact values. float32 results are checked against float64 numpy/math references, float64
-results against mpmath at 120 bits, as (hi, lo) pairs of doubles.
+(plus random points, tiny and subnormal inputs, the overflow edges and both sides of every
+branch switch); its results must lie within the row's documented ``ulp`` bound (the bounds
+in vecmath's docstring) of the exact values. float32 results are checked against float64
+numpy/math references, float64 results against mpmath at 120 bits, as (hi, lo) pairs of
+doubles.
 """
 
 from __future__ import annotations
@@ -82,8 +83,26 @@ def _tiny_inputs(dt: str) -> np.ndarray:
     return np.concatenate([mags, -mags, np.array([0.0, -0.0], dt)])
 
 
+def _branch_edges(name: str, dt: str) -> np.ndarray:
+    """Both sides of every input where the expansion switches branch or caps its input
+    (erf's polynomial/erfc split and cap, gelu's cap): a dense window and the nearest
+    floats, for both signs."""
+    edges = [edge for (use, d), (_, lo, hi, _) in vecmath._ERFCX.items() if use == name and d == dt
+             for edge in (lo, hi) if edge > 0]
+    pts = []
+    for edge in edges:
+        near = np.array([edge], dt)
+        for _ in range(4):
+            near = np.concatenate([near, np.nextafter(near, np.array(np.inf, dt)),
+                                   np.nextafter(near, np.array(-np.inf, dt))])
+        pts += [np.linspace(edge * (1 - 1e-3), edge * (1 + 1e-3), 64), near]
+    x = np.unique(np.concatenate(pts).astype(dt)) if pts else np.zeros(0, dt)
+    return np.concatenate([x, -x])
+
+
 def grid(name: str, dt: str, n: int) -> np.ndarray:
-    """Dense grid + random points over the row's range, small inputs, tiny inputs."""
+    """Dense grid + random points over the row's range, small inputs, tiny inputs, both
+    sides of branch switches."""
     rng = np.random.default_rng(7)
     if name == "log":
         fi = np.finfo(dt)
@@ -95,7 +114,7 @@ def grid(name: str, dt: str, n: int) -> np.ndarray:
         x = np.concatenate([np.linspace(lo, hi, n), rng.uniform(lo, hi, n),
                             np.linspace(-1, 1, n), rng.uniform(-1, 1, n) * 10.0 ** rng.uniform(-8, 0, n)])
     tiny = _tiny_inputs(dt)
-    return np.concatenate([x.astype(dt), tiny[tiny > 0] if name == "log" else tiny])
+    return np.concatenate([x.astype(dt), tiny[tiny > 0] if name == "log" else tiny, _branch_edges(name, dt)])
 
 
 def exact(name: str, dt: str, *xs):

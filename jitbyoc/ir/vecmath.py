@@ -67,14 +67,25 @@ def _pow2(e, dt, n):
 
 def _exp_parts(e, dt, x):
     """(n, p) with exp(x) = 2**n * (1 + p) and p = expm1(r), |r| <= ln2/2."""
-    it, _, _, lo, hi, deg = _F[dt]
+    lo, hi = _F[dt][3:5]
     x = e.op("select", dt, _isnan(e, dt, x), e.const(0, dt), x)
     x = e.op("minimum", dt, e.op("maximum", dt, x, e.const(lo, dt)), e.const(hi, dt))
+    return _exp_reduced(e, dt, x)
+
+
+def _exp_reduced(e, dt, x, s=None):
+    """(n, p) with exp(x + s) = 2**n * (1 + p), p = expm1(r), for x in exp's clamped range.
+    ``x - n*ln2_hi`` is exact, so a small ``s`` added after it is the only rounding of the
+    argument: x + s itself is never rounded (exp would amplify that by |x + s|)."""
+    it, deg = _F[dt][0], _F[dt][5]
     ln2_hi, ln2_lo = _split_ln2(dt)
-    t = e.op("floor", dt, e.op("add", dt, e.op("multiply", dt, x, e.const(1 / math.log(2), dt)),
+    xs = x if s is None else e.op("add", dt, x, s)  # only chooses n
+    t = e.op("floor", dt, e.op("add", dt, e.op("multiply", dt, xs, e.const(1 / math.log(2), dt)),
                                e.const(0.5, dt)))
     r = e.op("subtract", dt, e.op("subtract", dt, x, e.op("multiply", dt, t, e.const(ln2_hi, dt))),
              e.op("multiply", dt, t, e.const(ln2_lo, dt)))
+    if s is not None:
+        r = e.op("add", dt, r, s)
     p = e.op("multiply", dt, r, _horner(e, dt, r, [1 / math.factorial(k) for k in range(1, deg + 1)]))
     return e.op("astype", dt, t, to=it), p
 
@@ -220,90 +231,143 @@ def chebyshev(f, lo: float, hi: float, n: int = 64) -> list[Decimal]:
         return coeffs
 
 
-# erfc(x)*exp(x**2) is fitted on [0.5, top]: past top, gelu's result is below the
-# smallest normal number (and erf has long rounded to +-1)
-_ERFC_TOP = {"float32": 9.5, "float64": 27.5}
+def _power_series(cheb: list[Decimal], lo: float, hi: float) -> list[Decimal]:
+    """The coefficients in x of ``sum(c_k T_k(u))``, u = (2x - lo - hi)/(hi - lo): Horner's
+    rule then costs 2 ops a term where Clenshaw's recurrence costs 3."""
+    with localcontext(Context(prec=90)):
+        span = Decimal(hi - lo) / 2
+        u0, u1 = -Decimal(hi + lo) / 2 / span, 1 / span  # u = u0 + u1*x
+        out = [cheb[0]] + [Decimal(0)] * (len(cheb) - 1)
+        t_prev, t_cur = [Decimal(1)], [u0, u1]  # T_0, T_1 as polynomials in x
+        for c in cheb[1:]:
+            for i, v in enumerate(t_cur):
+                out[i] += c * v
+            t_next = [2 * u0 * v for v in t_cur] + [Decimal(0)]  # T_{k+1} = 2u T_k - T_{k-1}
+            for i, v in enumerate(t_cur):
+                t_next[i + 1] += 2 * u1 * v
+            for i, v in enumerate(t_prev):
+                t_next[i] -= v
+            t_prev, t_cur = t_cur, t_next
+        return out
+
+
+def _fit(f, lo: float, hi: float, dt: str, floor: Decimal, n: int) -> tuple[float, ...]:
+    """Power-series coefficients (in x) of the shortest truncation of f's Chebyshev
+    interpolant on [lo, hi] (n nodes) whose dropped terms add up to less than ``floor``."""
+    cheb = chebyshev(f, lo, hi, n)
+    keep = next((k for k in range(2, n) if sum(abs(c) for c in cheb[k:]) < floor), None)
+    if keep is None:
+        raise ValueError(f"{n} Chebyshev nodes are too few for {dt}")
+    return tuple(float(np.array(float(c), dt)) for c in _power_series(cheb[:keep], lo, hi))
+
+
+def _rounded(v: float, dt: str) -> float:
+    return float(np.array(v, dt))
+
+
+# erfc(a)*exp(a*a), a = s*x (erf: s = 1; gelu: s = 1/sqrt2 and x gelu's input), is
+# w*G(u) for x in [lo, hi], w = c/(x + k) and u = p - w, which maps [lo, hi] onto [-1, 1]:
+# w carries the function's 1/x decay, so G(u), a polynomial, varies little and Horner's
+# rule does not cancel (a polynomial in x or 1/x would need far more terms, or cancel).
+# k trades terms for accuracy: the rounding of x + k reaches the result amplified by
+# |d ln erfcx(s*x)/dx| * (x + k), 0.8*k near x = 0, so a small k is more accurate and a
+# large one needs fewer terms (gelu float32: 15 terms at k = 1, 12 at 2, 11 at 3).
+# lo: erf's polynomial takes over below. hi: erf has rounded to 1 (erfc(hi) < eps/4);
+# gelu's exact result is below tiny*|x| and, for -inf, exp(-hi*hi/2) rounds to 0.
+_ERFCX = {  # (use, dtype) -> (s**2, lo, hi, k)
+    ("erf", "float32"): (1, 0.625, 4.0, 2.0),
+    ("erf", "float64"): (1, 0.875, 6.0, 3.0),
+    ("gelu", "float32"): (0.5, 0.0, 14.5, 2.0),
+    ("gelu", "float64"): (0.5, 0.0, 38.75, 3.0),
+}
 
 
 @lru_cache(maxsize=None)
-def erf_coefficients(dt: str) -> tuple[tuple[float, ...], tuple[float, ...], float]:
-    """Taylor coefficients of erf(x)/x in x**2 on |x| < 1, Chebyshev coefficients of
-    x*erfc(x)*exp(x**2) (0.31 at 0.5, rising to 1/sqrt(pi)) in 1/x on [0.5, top], and
-    ``top``."""
+def erfcx_coefficients(use: str, dt: str) -> tuple[tuple[float, ...], float, float, float]:
+    """(power series of G in u, p, c, k) for ``_ERFCX[use, dt]``; p, c and k are rounded
+    to ``dt`` first and G fits the map they make, so only evaluation rounds. gelu's G
+    includes the 1/2 of erfc(-x/sqrt2)/2."""
+    s2, lo, hi, k = _ERFCX[use, dt]
+    k = _rounded(k, dt)
+    p = _rounded((hi + lo + 2 * k) / (hi - lo), dt)
+    c = _rounded((p + 1) * (lo + k), dt)
     eps = Decimal(float(np.finfo(dt).eps))
-    top = _ERFC_TOP[dt]
-    taylor, n = [], 0
-    while True:
-        c = 2 / math.sqrt(math.pi) * (-1) ** n / (math.factorial(n) * (2 * n + 1))
-        taylor.append(c)
-        if abs(c) < eps / 8:
-            break
-        n += 1
-    cheb = chebyshev(lambda u: scaled_erfc(1 / u) / u, 1 / top, 2.0, 64)
-    # keep the shortest prefix whose dropped coefficients add up to less than eps/8 of
-    # the function's minimum (at x = 0.5)
     with localcontext(Context(prec=90)):
-        floor = eps / 8 * scaled_erfc(Decimal("0.5")) / 2
-        keep = next(k for k in range(4, len(cheb)) if sum(abs(c) for c in cheb[k:]) < floor)
-    return tuple(taylor), tuple(float(c) for c in cheb[:keep]), top
+        s, half = Decimal(s2).sqrt(), Decimal("0.5") if use == "gelu" else Decimal(1)
+        dp, dc, dk = Decimal(p), Decimal(c), Decimal(k)
+        f = lambda u: half * scaled_erfc(s * (dc / (dp - u) - dk)) / (dp - u)
+        floor = eps / 8 * min(f(Decimal(-1)), f(Decimal(1)))
+    return _fit(f, -1.0, 1.0, dt, floor, 24 if dt == "float32" else 48), p, c, k
 
 
-def _clenshaw(e, dt, t, cheb):
-    b1, b2 = e.const(0, dt), e.const(0, dt)
-    t2 = e.op("add", dt, t, t)
-    for c in reversed(cheb[1:]):
-        b1, b2 = e.op("add", dt, e.op("subtract", dt, e.op("multiply", dt, t2, b1), b2),
-                      e.const(c, dt)), b1
-    return e.op("add", dt, e.op("subtract", dt, e.op("multiply", dt, t, b1), b2), e.const(cheb[0], dt))
+@lru_cache(maxsize=None)
+def erf_coefficients(dt: str) -> tuple[float, ...]:
+    """Power series in x*x of erf(x)/x for |x| below lo of ``_ERFCX['erf', dt]``."""
+    lo = _ERFCX["erf", dt][1]
+    eps = Decimal(float(np.finfo(dt).eps))
+
+    def f(w):  # erf(x)/x = 2/sqrt(pi) sum (-w)**n / (n! (2n+1)), w = x*x
+        term, total, n = Decimal(1), Decimal(1), 0
+        while abs(term) > _TINY:
+            n += 1
+            term = -term * w / n
+            total += term / (2 * n + 1)
+        return 2 / _PI.sqrt() * total
+    with localcontext(Context(prec=90)):
+        floor = eps / 8 * f(Decimal(lo * lo))
+    return _fit(f, 0.0, lo * lo, dt, floor, 16 if dt == "float32" else 24)
 
 
-def _scaled_erfc(e, dt, ax):
-    """erfc(ax)*exp(ax**2) for ax >= 0 (clamped to [0.5, top])."""
-    _, cheb, top = erf_coefficients(dt)
-    ax = e.op("minimum", dt, e.op("maximum", dt, ax, e.const(0.5, dt)), e.const(top, dt))
-    u = e.op("divide", dt, e.const(1, dt), ax)
-    lo, hi = 1 / top, 2.0
-    t = e.op("divide", dt, e.op("subtract", dt, e.op("add", dt, u, u), e.const(hi + lo, dt)),
-             e.const(hi - lo, dt))
-    return e.op("multiply", dt, _clenshaw(e, dt, t, cheb), u)
+def _erfcx(e, dt, use, ax):
+    """erfc(s*ax)*exp((s*ax)**2) (times 1/2 for gelu) for ax in [lo, hi] of ``_ERFCX``:
+    one divide, then Horner's rule."""
+    coeffs, p, c, k = erfcx_coefficients(use, dt)
+    w = e.op("divide", dt, e.const(c, dt), e.op("add", dt, ax, e.const(k, dt)))
+    u = e.op("subtract", dt, e.const(p, dt), w)
+    return e.op("multiply", dt, w, _horner(e, dt, u, list(coeffs)))
 
 
-def erf(e, dt, x):
-    taylor, _, _ = erf_coefficients(dt)
-    small = e.op("multiply", dt, x, _horner(e, dt, e.op("multiply", dt, x, x), list(taylor)))
-    ax = e.op("abs", dt, x)
-    tail = e.op("multiply", dt, exp(e, dt, e.op("negative", dt, e.op("multiply", dt, ax, ax))),
-                _scaled_erfc(e, dt, ax))
-    large = _copysign(e, dt, x, e.op("subtract", dt, e.const(1, dt), tail))
-    # NaN fails the test and takes the Taylor branch, which keeps it NaN
-    return e.op("select", dt, e.op("greater_equal", dt, ax, e.const(1, dt)), large, small)
-
-
-def _exp_neg_half_square(e, dt, x):
-    """exp(-x*x/2) for |x| <= 2**60, with x*x split into hi*hi (exact: hi keeps half the
-    significand) + lo*(x + hi): rounding x*x itself would be amplified by exp to x*x/2 ulp."""
+def _times_exp_neg_square(e, dt, y, x, scale):
+    """y * exp(-scale*x*x) (scale 1 or 1/2) for |x| <= 2**60 and scale*x*x below
+    2*(bias - 1)*ln2, where _ldexp's factors stay normal (results past the subnormal range
+    round to 0). x*x is split into hi*hi (exact: hi keeps half the significand) +
+    lo*(x + hi), and only the small second part joins after exp's exact reduction:
+    rounding x*x itself would be amplified by exp to x*x ulp. One exp, where two (of
+    hi*hi and of the rest) would cost twice. y*(1 + p) is y + y*p, which keeps p's low
+    bits that rounding 1 + p drops."""
     it, mant = _F[dt][:2]
     drop = mant + 1 - (mant + 1) // 2
     hi = e.op("bitcast", it, e.op("bitand", it, e.op("bitcast", dt, x), e.const(-1 << drop, it)))
     lo = e.op("subtract", dt, x, hi)
-    half = e.const(-0.5, dt)
-    big = exp(e, dt, e.op("multiply", dt, e.op("multiply", dt, hi, hi), half))
-    small = exp(e, dt, e.op("multiply", dt, e.op("multiply", dt, lo, e.op("add", dt, x, hi)), half))
-    return e.op("multiply", dt, big, small)
+    m = e.const(-scale, dt)
+    n, p = _exp_reduced(e, dt, e.op("multiply", dt, e.op("multiply", dt, hi, hi), m),
+                        e.op("multiply", dt, e.op("multiply", dt, lo, e.op("add", dt, x, hi)), m))
+    return _ldexp(e, dt, e.op("add", dt, y, e.op("multiply", dt, y, p)), n)
+
+
+def erf(e, dt, x):
+    """x*P(x*x) below lo, else +-(1 - exp(-x*x) * erfcx(|x|)), |x| capped at hi."""
+    s2, lo, hi, _ = _ERFCX["erf", dt]
+    small = e.op("multiply", dt, x, _horner(e, dt, e.op("multiply", dt, x, x), list(erf_coefficients(dt))))
+    a = e.op("abs", dt, x)
+    ax = e.op("minimum", dt, a, e.const(hi, dt))  # inf -> hi, where erf is +-1
+    tail = _times_exp_neg_square(e, dt, _erfcx(e, dt, "erf", ax), ax, s2)
+    large = _copysign(e, dt, x, e.op("subtract", dt, e.const(1, dt), tail))
+    # NaN fails the test and takes the polynomial, which keeps it NaN
+    return e.op("select", dt, e.op("greater_equal", dt, a, e.const(lo, dt)), large, small)
 
 
 def gelu(e, dt, x):
-    """x * (1 + erf(x/sqrt2)) / 2; where erf(x/sqrt2) < -0.5 the sum cancels, so there it is
-    x/2 * exp(-x*x/2) * (erfc(t)*exp(t*t)) with t = |x|/sqrt2, exp's argument kept exact."""
-    half = e.const(0.5, dt)
-    t = e.op("multiply", dt, x, e.const(math.sqrt(0.5), dt))
-    main = e.op("multiply", dt, x, e.op("add", dt, half, e.op("multiply", dt, erf(e, dt, t), half)))
-    _, _, top = erf_coefficients(dt)
-    xt = e.op("maximum", dt, x, e.const(-2 * top, dt))  # -inf -> a finite x whose result is 0
-    tail = e.op("multiply", dt, e.op("multiply", dt, xt, half),
-                e.op("multiply", dt, _exp_neg_half_square(e, dt, xt),
-                     _scaled_erfc(e, dt, e.op("abs", dt, t))))
-    return e.op("select", dt, e.op("less", dt, t, e.const(-0.5, dt)), tail, main)
+    """x * erfc(-x/sqrt2)/2, as x*(1 - q) for x > 0 and x*q otherwise, with
+    q = erfc(|x|/sqrt2)/2 = exp(-x*x/2) * erfcx(|x|/sqrt2)/2 <= 1/2: one exp (its argument
+    kept exact) and one series for every x, and no cancellation (1 - q >= 1/2)."""
+    s2, _, hi, _ = _ERFCX["gelu", dt]
+    ax = e.op("minimum", dt, e.op("abs", dt, x), e.const(hi, dt))  # NaN, inf -> hi: q = 0
+    q = _times_exp_neg_square(e, dt, _erfcx(e, dt, "gelu", ax), ax, s2)
+    phi = e.op("select", dt, e.op("greater", dt, x, e.const(0, dt)),
+               e.op("subtract", dt, e.const(1, dt), q), q)
+    # -inf -> -hi, whose q is 0, so the result is -0; NaN stays NaN
+    return e.op("multiply", dt, e.op("maximum", dt, e.const(-hi, dt), x), phi)
 
 
 def gelu_tanh(e, dt, x):
