@@ -224,3 +224,22 @@ def test_a_batch_norm_before_an_activation_becomes_a_multiply_and_an_add():
     a, b = RNG.standard_normal((2, 3, 5, 6)).astype("float32"), RNG.standard_normal((2, 4, 5, 6)).astype("float32")
     want, got = build_both(mod).run(a, b)
     _assert_close(got, want)
+
+
+def test_a_linear_layers_transposed_constant_weight_is_made_once_at_build_time():
+    """torch.export's linear: matmul(x, permute_dims(W)) with W a constant. The permute is
+    folded into a transposed constant, so no region transposes (repacks) it per call."""
+    w = RNG.standard_normal((24, 40)).astype("float32")
+
+    def body(bb, x):
+        wt = bb.emit(relax.op.permute_dims(relax.const(w), [1, 0]))
+        return bb.emit(relax.op.nn.relu(bb.emit(relax.op.matmul(x, wt))))
+
+    mod = build_model({"x": ((5, 40), "float32")}, body)
+    (region,) = jitbyoc.inspect(mod)
+    assert "permute_dims" not in region.kernel.ops, region.kernel.ops
+    assert [tuple(b.shape) for b in region.kernel.inputs] == [(5, 40), (40, 24)]
+    x = RNG.standard_normal((5, 40)).astype("float32")
+    want, got = build_both(mod).run(x)
+    np.testing.assert_allclose(got, np.maximum(x @ w.T, 0), rtol=1e-5, atol=1e-5)
+    _assert_close(got, want, rtol=1e-6)

@@ -12,7 +12,8 @@ onnxruntime's graph optimizer and oneDNN do before they run a model):
   axis)``: a copy of every operand into a stacked buffer, then a reduction. Operands of
   one shape become ``((a + b) + ...)``, the order TVM's reduction adds them in, so the
   add joins the producer's fused output loop (ResNet's residual connections).
-* **broadcast_to a tensor's own shape** is the tensor, and a **reshaped constant** a constant.
+* **broadcast_to a tensor's own shape** is the tensor; a **reshaped or transposed
+  constant** is a constant (a linear layer's ``permute_dims(W)`` made once, not per call).
   A bias the frontend adds between the conv and the batch norm folds with it.
 """
 
@@ -24,9 +25,10 @@ from tvm.ir import Op
 from tvm.ir.expr import Constant
 
 CONV2D, BATCH_NORM, ADD = Op.get("relax.nn.conv2d"), Op.get("relax.nn.batch_norm"), Op.get("relax.add")
-RESHAPE = Op.get("relax.reshape")
+RESHAPE, PERMUTE_DIMS = Op.get("relax.reshape"), Op.get("relax.permute_dims")
 SUM, STACK, BROADCAST_TO = Op.get("relax.sum"), Op.get("relax.stack"), Op.get("relax.broadcast_to")
-TRIGGERS = frozenset({"relax.nn.batch_norm", "relax.stack", "relax.broadcast_to", "relax.reshape"})
+TRIGGERS = frozenset({"relax.nn.batch_norm", "relax.stack", "relax.broadcast_to", "relax.reshape",
+                      "relax.permute_dims"})
 
 
 def _static_dims(expr) -> tuple[int, ...] | None:
@@ -132,12 +134,18 @@ def affine_batch_norm(bn: relax.Call):
                         relax.const(shift.astype(dt).reshape(shape), dt))
 
 
-def constant_reshape(call: relax.Call):
-    """``reshape(constant, static shape)`` as a constant (frontends reshape biases for
-    broadcasting), else None."""
+def constant_layout(call: relax.Call):
+    """``reshape`` or ``permute_dims`` of a constant as a constant, else None. Frontends
+    reshape biases for broadcasting and transpose every linear layer's weight
+    (``x @ W.T``): made once here, the GEMM engine streams a row-major weight as it is,
+    where a transposed one is repacked on every call."""
     value, dims = _constant(call.args[0]), _static_dims(call)
     if value is None or dims is None:
         return None
+    if call.op.same_as(PERMUTE_DIMS):
+        axes = call.attrs.axes
+        order = list(range(value.ndim))[::-1] if axes is None else [int(a) for a in axes]
+        value = np.ascontiguousarray(np.transpose(value, order))
     return relax.const(value.reshape(dims), str(value.dtype))
 
 

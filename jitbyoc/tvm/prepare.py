@@ -107,8 +107,8 @@ class _Prepare(relax.PyExprMutator):
             return call if shape is None else relax.const(np.array(shape, "int64"), "int64")
         if call.op.same_as(CONV2D):
             return self._fold_pad(call)
-        if call.op.same_as(inference.RESHAPE):
-            const = inference.constant_reshape(call)
+        if call.op.same_as(inference.RESHAPE) or call.op.same_as(inference.PERMUTE_DIMS):
+            const = inference.constant_layout(call)
             return call if const is None else const
         if call.op.same_as(inference.BROADCAST_TO):
             same = inference.unbroadcast(call)
