@@ -243,3 +243,24 @@ def test_a_linear_layers_transposed_constant_weight_is_made_once_at_build_time()
     want, got = build_both(mod).run(x)
     np.testing.assert_allclose(got, np.maximum(x @ w.T, 0), rtol=1e-5, atol=1e-5)
     _assert_close(got, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("shape,stride,groups", [((1, 32, 14, 14), (2, 2), 1), ((2, 24, 9, 11), (2, 3), 3),
+                                                 ((1, 16, 7, 7), (3, 1), 1)])
+def test_strided_pointwise_conv_subsamples_then_multiplies(shape, stride, groups):
+    """ResNet's strided 1x1 shortcut: x[:, :, ::s, ::s] gathered once, then the product."""
+    k = 12 * groups
+
+    def body(bb, x, w, b, r):
+        y = bb.emit(relax.op.add(bb.emit(relax.op.nn.conv2d(x, w, strides=stride, groups=groups)), b))
+        return bb.emit(relax.op.nn.relu(bb.emit(relax.op.add(y, r))))
+
+    out_hw = tuple((d - 1) // s + 1 for d, s in zip(shape[2:], stride))
+    params = {"x": (shape, "float32"), "w": ((k, shape[1] // groups, 1, 1), "float32"),
+              "b": ((1, k, 1, 1), "float32"), "r": ((shape[0], k) + out_hw, "float32")}
+    mod = build_model(params, body)
+    (region,) = jitbyoc.inspect(mod)
+    assert any("gemm" in e for e in region.engines), region.engines
+    arrays = [RNG.standard_normal(s).astype("float32") for s, _ in params.values()]
+    want, got = build_both(mod).run(*arrays)
+    _assert_close(got, want, rtol=1e-5)

@@ -33,7 +33,9 @@ from ..ir import kir
 from ..ir.dtypes import FLOATS
 from ..ir.dtypes import dtype as lookup_dtype
 from ..ir.relax_types import dims, tensor_problem
+from ..ir.llvmtypes import I64
 from ..ir.rules import register
+from ..render.loops import for_range, threaded
 from . import depthwise_llvm
 from .matmul import MatMul
 
@@ -72,10 +74,10 @@ class ConvGeometry:
 
     @property
     def pointwise(self) -> bool:
-        """A 1x1 convolution over every pixel, a matrix product per group:
-        ``out[n, g] = W[g] (K/g x C/g) @ x[n, g] (C/g x H*W)`` (not for depthwise-like
-        groups, whose products are too thin to pay for the engine)."""
-        return self.taps == 1 and self.stride == (1, 1) and not any(self.pad) and self.cg >= MIN_POINTWISE_CG
+        """A 1x1 convolution, a matrix product per group: ``out[n, g] = W[g] (K/g x C/g)
+        @ x[n, g] (C/g x OH*OW)``, ``x`` subsampled first when strided (not for
+        depthwise-like groups, whose products are too thin to pay for the engine)."""
+        return self.taps == 1 and not any(self.pad) and self.cg >= MIN_POINTWISE_CG
 
 
 def _conv_geometry(call) -> ConvGeometry:
@@ -108,9 +110,12 @@ class Conv2d(kir.KernelStage):
     def _emit_as_matmul(self, ctx) -> None:
         """A pointwise convolution is a matrix product per group (the GEMM engine runs it
         at GEMM speed, where vectors over pixels waste lanes on 14x14 and 7x7 maps), on
-        views of the operands: no copy. The epilogue runs in the engine's blocks when every
+        views of the operands: no copy unless strided. The epilogue runs in the engine's blocks when every
         buffer it reads has a view shaped like the product's output, else once after it."""
         g, (x, w) = self.geo, self.inputs
+        if self.work is not None:  # strided: the pixels the product reads, gathered densely
+            _subsample(self, ctx)
+            x = self.work
         lead = () if g.n == 1 else (g.n,)
         chans = (g.groups,) if g.groups > 1 else ()
         pixels = g.oh * g.ow
@@ -170,6 +175,29 @@ class Conv2d(kir.KernelStage):
                 win = xg[:, :, :, i * dh:i * dh + sh * (oh - 1) + 1:sh, j * dw:j * dw + sw * (ow - 1) + 1:sw]
                 out += np.einsum("ngchw,gkc->ngkhw", win, wg[:, :, :, i, j])
         return out.reshape(n, k, oh, ow).astype(x.dtype)
+
+
+def _subsample(stage, ctx) -> None:
+    """``work[n, c] = x[n, c, ::sh, ::sw]`` (ResNet's strided 1x1 shortcuts): a quarter of
+    the input, copied once so the product reads a dense matrix."""
+    g, x, b = stage.geo, stage.inputs[0], ctx.b
+    (sh, sw) = g.stride
+
+    def planes(c, lo, hi, _extra=()):
+        cb = c.b
+        with for_range(cb, hi, "pl", start=lo) as pl:
+            src, dst = cb.mul(pl, I64(g.h * g.w)), cb.mul(pl, I64(g.oh * g.ow))
+            with for_range(cb, I64(g.oh), "oh") as oh:
+                row_in = cb.add(src, cb.mul(oh, I64(sh * g.w)))
+                row_out = cb.add(dst, cb.mul(oh, I64(g.ow)))
+                with for_range(cb, I64(g.ow), "ow") as ow:
+                    c.store(stage.work, cb.add(row_out, ow), c.load(x, cb.add(row_in, cb.mul(ow, I64(sw)))))
+
+    count = ctx.product((g.n, g.c))
+    if threaded(stage.work.shape, "copy"):
+        ctx.parallel_for(count, planes)
+    else:
+        planes(ctx, I64(0), count)
 
 
 def _flat_epilogue(epilogue, out: kir.Buffer, lead: tuple, groups: int):
@@ -239,7 +267,11 @@ def _geometry_problem(name: str, g: ConvGeometry, w_in: int) -> str | None:
 def _build(fe, call, out):
     x, w = fe.buffer(call.args[0]), fe.buffer(call.args[1])
     geo = _conv_geometry(call)
-    if geo.pointwise or depthwise_llvm.fits(geo, x.dtype):  # no plan, no workspace
+    if geo.pointwise:  # a matrix product: no plan; a workspace only to subsample
+        strided = geo.stride != (1, 1)
+        work = fe.temp((geo.n, geo.c, geo.oh, geo.ow), x.dtype) if strided else None
+        return Conv2d((x, w), out, geo=geo, work=work)
+    if depthwise_llvm.fits(geo, x.dtype):  # no plan, no workspace
         return Conv2d((x, w), out, geo=geo)
     plan = choose_plan(geo, x.dtype)
     work = fe.temp((geo.n, workspace_size(plan, x.dtype)), x.dtype)
