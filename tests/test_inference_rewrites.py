@@ -226,20 +226,24 @@ def test_a_batch_norm_before_an_activation_becomes_a_multiply_and_an_add():
     _assert_close(got, want)
 
 
-def test_a_linear_layers_transposed_constant_weight_is_made_once_at_build_time():
-    """torch.export's linear: matmul(x, permute_dims(W)) with W a constant. The permute is
-    folded into a transposed constant, so no region transposes (repacks) it per call."""
+@pytest.mark.parametrize("rows,folds", [(5, True), ((2, 3), True), (1, False), ("n", False)])
+def test_a_linear_layers_transposed_constant_weight_is_made_once_at_build_time(rows, folds):
+    """torch.export's linear: matmul(x, permute_dims(W)) with W a constant. With several
+    rows the permute becomes a transposed constant, so no region repacks it per call; one
+    row (or a symbolic count: decoders) keeps W.T for the GEMV path's row dot products."""
     w = RNG.standard_normal((24, 40)).astype("float32")
 
     def body(bb, x):
         wt = bb.emit(relax.op.permute_dims(relax.const(w), [1, 0]))
         return bb.emit(relax.op.nn.relu(bb.emit(relax.op.matmul(x, wt))))
 
-    mod = build_model({"x": ((5, 40), "float32")}, body)
+    lead = rows if isinstance(rows, tuple) else (rows,)
+    mod = build_model({"x": (lead + (40,), "float32")}, body)
     (region,) = jitbyoc.inspect(mod)
-    assert "permute_dims" not in region.kernel.ops, region.kernel.ops
-    assert [tuple(b.shape) for b in region.kernel.inputs] == [(5, 40), (40, 24)]
-    x = RNG.standard_normal((5, 40)).astype("float32")
+    assert ("relax.permute_dims" not in region.kernel.ops) == folds, region.kernel.ops
+    assert ((40, 24) in [tuple(b.shape) for b in region.kernel.inputs]) == folds
+    shape = tuple(3 if d == "n" else d for d in lead) + (40,)
+    x = RNG.standard_normal(shape).astype("float32")
     want, got = build_both(mod).run(x)
     np.testing.assert_allclose(got, np.maximum(x @ w.T, 0), rtol=1e-5, atol=1e-5)
     _assert_close(got, want, rtol=1e-6)

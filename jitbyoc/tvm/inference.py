@@ -12,8 +12,9 @@ onnxruntime's graph optimizer and oneDNN do before they run a model):
   axis)``: a copy of every operand into a stacked buffer, then a reduction. Operands of
   one shape become ``((a + b) + ...)``, the order TVM's reduction adds them in, so the
   add joins the producer's fused output loop (ResNet's residual connections).
-* **broadcast_to a tensor's own shape** is the tensor; a **reshaped or transposed
-  constant** is a constant (a linear layer's ``permute_dims(W)`` made once, not per call).
+* **broadcast_to a tensor's own shape** is the tensor, and a **reshaped constant** a
+  constant. A linear layer's transposed constant weight is made once, here, when the
+  layer multiplies several rows (see :func:`pretransposed_weight`).
   A bias the frontend adds between the conv and the batch norm folds with it.
 """
 
@@ -25,10 +26,10 @@ from tvm.ir import Op
 from tvm.ir.expr import Constant
 
 CONV2D, BATCH_NORM, ADD = Op.get("relax.nn.conv2d"), Op.get("relax.nn.batch_norm"), Op.get("relax.add")
-RESHAPE, PERMUTE_DIMS = Op.get("relax.reshape"), Op.get("relax.permute_dims")
+RESHAPE, PERMUTE_DIMS, MATMUL = (Op.get(f"relax.{n}") for n in ("reshape", "permute_dims", "matmul"))
 SUM, STACK, BROADCAST_TO = Op.get("relax.sum"), Op.get("relax.stack"), Op.get("relax.broadcast_to")
 TRIGGERS = frozenset({"relax.nn.batch_norm", "relax.stack", "relax.broadcast_to", "relax.reshape",
-                      "relax.permute_dims"})
+                      "relax.matmul"})
 
 
 def _static_dims(expr) -> tuple[int, ...] | None:
@@ -134,19 +135,33 @@ def affine_batch_norm(bn: relax.Call):
                         relax.const(shift.astype(dt).reshape(shape), dt))
 
 
-def constant_layout(call: relax.Call):
-    """``reshape`` or ``permute_dims`` of a constant as a constant, else None. Frontends
-    reshape biases for broadcasting and transpose every linear layer's weight
-    (``x @ W.T``): made once here, the GEMM engine streams a row-major weight as it is,
-    where a transposed one is repacked on every call."""
+def constant_reshape(call: relax.Call):
+    """``reshape(constant, static shape)`` as a constant (frontends reshape biases for
+    broadcasting), else None."""
     value, dims = _constant(call.args[0]), _static_dims(call)
     if value is None or dims is None:
         return None
-    if call.op.same_as(PERMUTE_DIMS):
-        axes = call.attrs.axes
-        order = list(range(value.ndim))[::-1] if axes is None else [int(a) for a in axes]
-        value = np.ascontiguousarray(np.transpose(value, order))
     return relax.const(value.reshape(dims), str(value.dtype))
+
+
+def pretransposed_weight(matmul: relax.Call, lookup):
+    """``matmul(x, W.T)`` with ``W`` constant and ``x`` a static stack of more than one row
+    (a linear layer at batch > 1: BERT, ViT) as ``matmul(x, Wt)`` with ``Wt`` made here:
+    the GEMM engine streams a row-major weight as it is, where a transposed one is
+    repacked on every call. One row (or a symbolic count that may be one: decoders)
+    keeps ``W.T``, which the GEMV path reads fastest as dot products of ``W``'s rows."""
+    x, weight = matmul.args
+    rows = _static_dims(x)
+    if rows is None or len(rows) < 2 or int(np.prod(rows[:-1])) <= 1:
+        return None
+    permute = lookup(weight) if isinstance(weight, relax.Var) else None
+    if not (isinstance(permute, relax.Call) and permute.op.same_as(PERMUTE_DIMS)):
+        return None
+    value, axes = _constant(permute.args[0]), permute.attrs.axes
+    if value is None or value.ndim != 2 or (axes is not None and [int(a) for a in axes] != [1, 0]):
+        return None
+    return relax.op.matmul(x, relax.const(np.ascontiguousarray(value.T), str(value.dtype)),
+                           matmul.attrs.out_dtype)
 
 
 def summed_stack(call: relax.Call, lookup):

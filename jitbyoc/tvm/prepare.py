@@ -107,9 +107,12 @@ class _Prepare(relax.PyExprMutator):
             return call if shape is None else relax.const(np.array(shape, "int64"), "int64")
         if call.op.same_as(CONV2D):
             return self._fold_pad(call)
-        if call.op.same_as(inference.RESHAPE) or call.op.same_as(inference.PERMUTE_DIMS):
-            const = inference.constant_layout(call)
+        if call.op.same_as(inference.RESHAPE):
+            const = inference.constant_reshape(call)
             return call if const is None else const
+        if call.op.same_as(inference.MATMUL):
+            folded = inference.pretransposed_weight(call, self.lookup_binding)
+            return call if folded is None else folded
         if call.op.same_as(inference.BROADCAST_TO):
             same = inference.unbroadcast(call)
             return call if same is None else same
