@@ -268,3 +268,21 @@ def test_strided_pointwise_conv_subsamples_then_multiplies(shape, stride, groups
     arrays = [RNG.standard_normal(s).astype("float32") for s, _ in params.values()]
     want, got = build_both(mod).run(*arrays)
     _assert_close(got, want, rtol=1e-5)
+
+
+def test_a_failing_rewrite_leaves_the_model_as_it_was(monkeypatch, caplog):
+    """The rewrites are optimizations: if one raises, the function is partitioned as it
+    is (here the batch norm is then offloaded as a norm) and the build still succeeds."""
+    from jitbyoc.tvm import inference
+
+    def broken(*_args):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(inference, "folded_batch_norm", broken)
+    mod = build_model({"x": ((1, 5, 15, 13), "float32")}, lambda bb, x: _conv_bn(bb, x, 19))
+    with caplog.at_level("WARNING", logger="jitbyoc"):
+        symbols = _region_ops(mod)
+    assert any("batch_norm" in s for s in symbols) and "boom" in caplog.text
+    x = RNG.standard_normal((1, 5, 15, 13)).astype("float32")
+    want, got = build_both(mod).run(x)
+    _assert_close(got, want)

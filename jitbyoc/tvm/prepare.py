@@ -22,6 +22,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import tvm
 from tvm import relax
@@ -30,6 +32,8 @@ from tvm.ir.prim import IntImm
 from tvm.sym import Analyzer
 
 from . import inference
+
+log = logging.getLogger("jitbyoc")
 
 BOUND_ATTRS = ("tir_var_lower_bound", "tir_var_upper_bound")
 UNBOUNDED = (1 << 62) - 1  # a size with a lower bound only: sizes are non-negative int64
@@ -159,11 +163,22 @@ def prepare(mod: tvm.IRModule, ops: frozenset | set = frozenset()) -> tvm.IRModu
         if not isinstance(func, relax.Function) or (analyzer is None and not TRIGGERS & set(ops)):
             out[gv] = func
             continue
-        uses = {}
-        for var, n in inference.use_counts(func).items():
-            uses[str(var.name)] = uses.get(str(var.name), 0) + n
-        out[gv] = relax.analysis.remove_all_unused(_Prepare(mod, analyzer, uses).visit_expr(func))
+        out[gv] = _prepared(mod, gv, func, analyzer)
     if all(out[gv].same_as(f) for gv, f in mod.functions.items()):
         return mod
     # a dropped broadcast_to leaves ``y = x``: such a binding is no op, so it would end a region
     return relax.transform.CanonicalizeBindings()(tvm.IRModule(out, attrs=mod.attrs))
+
+
+def _prepared(mod, gv, func: relax.Function, analyzer) -> relax.Function:
+    """``func`` rewritten; as it is if a rewrite fails (they are optimizations: a model
+    jitbyoc could not prepare still builds, as TVM would build it)."""
+    uses = {}
+    for var, n in inference.use_counts(func).items():
+        uses[str(var.name)] = uses.get(str(var.name), 0) + n
+    try:
+        return relax.analysis.remove_all_unused(_Prepare(mod, analyzer, uses).visit_expr(func))
+    except Exception as err:  # noqa: BLE001 - any failure leaves the function as it was
+        log.warning("jitbyoc: preparing %s failed (%s: %s); it is partitioned as it is",
+                    gv.name_hint, type(err).__name__, str(err).strip().splitlines()[-1][:200])
+        return func
