@@ -19,6 +19,7 @@ calls safe while jitbyoc is enabled (TVM's own pipeline alone is not).
 from __future__ import annotations
 
 import gc
+import logging
 import threading
 import time
 from contextlib import contextmanager
@@ -30,6 +31,9 @@ from tvm.relax.pipeline import PIPELINE_MAP
 from ..build import buildlog
 from . import report as offload_report
 from .partition import partition_for_jitbyoc, regions
+from .target import host_mismatch
+
+log = logging.getLogger("jitbyoc")
 
 _LOCK = threading.Lock()
 # TVM's Relax passes are not thread-safe (BlockBuilder keeps a class-level stack;
@@ -48,9 +52,18 @@ class _Switch:
 _STATE = _Switch()
 
 
-def _offload_here() -> bool:
+def _offload_here(mod: tvm.IRModule) -> bool:
+    """Whether this build's target is one jitbyoc compiles for (an LLVM CPU target that
+    is this machine, :mod:`.target`); a foreign one is left to TVM, with the reason in
+    the offload report."""
     target = tvm.target.Target.current(allow_none=True)
-    return target is None or target.kind.name == "llvm"
+    if target is not None and target.kind.name != "llvm":
+        return False
+    mismatch = host_mismatch(target)
+    if mismatch is not None:
+        log.warning("jitbyoc: %s; the build is left to TVM", mismatch)
+        offload_report.record_declined(mod, mismatch)
+    return mismatch is None
 
 
 ANCHOR = "__jitbyoc_anchor"
@@ -106,7 +119,7 @@ def _wrap(make_pipeline, always: bool = False):
         @tvm.transform.module_pass(opt_level=0, name="jitbyoc.offload")
         def _offload_then_tvm(mod, _ctx):
             with BUILD_LOCK:
-                return inner(offload(mod) if _offload_here() else mod)
+                return inner(offload(mod) if _offload_here(mod) else mod)
 
         return _offload_then_tvm
 

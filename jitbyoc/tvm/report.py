@@ -94,7 +94,7 @@ def _region_info(func: relax.Function) -> RegionInfo:
                       [f"{p.name}: {_ty(p)}" for p in func.params], [_ty(o) for o in outs])
 
 
-def _fallbacks(name: str, func: relax.Function) -> list[Fallback]:
+def _fallbacks(name: str, func: relax.Function, why: str | None = None) -> list[Fallback]:
     found: list[Fallback] = []
     in_dataflow: set = set()
 
@@ -108,7 +108,7 @@ def _fallbacks(name: str, func: relax.Function) -> list[Fallback]:
             v = b.value
             if not (isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op)):
                 continue
-            reason = patterns.reason(v)
+            reason = why or patterns.reason(v)
             if reason is None:
                 reason = "outside a dataflow block" if not isinstance(block, relax.DataflowBlock) \
                     else "not matched"
@@ -176,6 +176,16 @@ def record(partitioned: tvm.IRModule, log: BuildLog) -> None:
         r.cache = {"memory": "cache hit (memory)", "disk": "cache hit (disk)"}.get(status.get(r.symbol, ""),
                                                                                 status.get(r.symbol, ""))
     rep.timings = dict(log.timings)
+    _LAST.report = rep
+
+
+def record_declined(mod: tvm.IRModule, why: str) -> None:
+    """Keep, for :func:`last_report`, the report of a build jitbyoc left to TVM whole
+    (every op with the reason ``why``)."""
+    rep = Report()
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            rep.fallbacks.extend(_fallbacks(gv.name_hint, func, why))
     _LAST.report = rep
 
 
