@@ -26,7 +26,7 @@ import jitbyoc
 
 from . import peers as peers_mod
 from .models import Case, Entry, Skip, from_forward
-from .timing import Stats, max_errors, speedup, time_alternating, timed
+from .timing import Stats, max_errors, speedup, time_alternating, time_blocks, timed
 
 log = logging.getLogger(__name__)
 TOLERANCE = 1e-3  # max normwise relative error of jitbyoc vs TVM before a row is flagged
@@ -158,6 +158,9 @@ def make_row(entry: Entry, repeat: int, built: dict, check: dict, stats: dict[st
     return row
 
 
+PEER_ROUNDS = 3  # rounds of blocks for jitbyoc alone and the peers (each ~0.1 s of calls)
+
+
 def measure(entry: Entry, repeat: int, warmup: int, workdir: str,
             threads: int | None, with_peers: bool = True) -> dict | Skip:
     """Build, check and time one model; a result row, or a :class:`Skip` saying why not.
@@ -183,8 +186,9 @@ def measure(entry: Entry, repeat: int, warmup: int, workdir: str,
         else ([], ["peers off (--no-peers)"])
     samples = time_alternating(check["runners"], repeat, warmup)
     if peers:  # separately: their thread pools spin after a call and would slow the next slot
-        samples["jitbyoc_alone"] = time_alternating({"j": check["runners"]["jitbyoc"]}, repeat, warmup)["j"]
-        samples.update(time_alternating({p.name: p.run for p in peers}, repeat, warmup))
+        # each in blocks of warm calls of its own, taking turns (never call by call)
+        samples.update(time_blocks({"jitbyoc_alone": check["runners"]["jitbyoc"],
+                                    **{p.name: p.run for p in peers}}, PEER_ROUNDS))
     stats = {k: Stats.of(v) for k, v in samples.items()}
     return make_row(entry, repeat, built, check, stats, peers, notes)
 

@@ -1,16 +1,24 @@
 """relax.nn.conv2d (NCHW/OIHW) and relax.nn.conv1d (NCW/OIW): any stride, padding,
 dilation and groups, depthwise included, with a fused elementwise epilogue.
 
-LLVM rendering: a call of the direct-convolution library engine (:mod:`jitbyoc.engines.conv_engine`,
-compiled once per register block and shared by every layer). The input is first copied
-into a zero-padded workspace laid out so that every tap of the kernel window reads a
-*contiguous* run of it (:mod:`jitbyoc.engines.conv_plan`: phase planes, or one shifted plane per kernel
-column for small images); outputs are then computed ``lanes`` pixels per vector,
-register-blocked over ``J`` output channels x ``V`` vectors, with weights read straight
-from OIHW as broadcast scalars. Layout, vector width and blocking are chosen per conv by
-a cost model. Threads take (image, group, channel block, row band) tasks; each task
-applies the epilogue to its band while it is in cache. The C rendering is the plain
-loop nest.
+LLVM rendering, by geometry:
+
+* *pointwise* (1x1, no padding, at least 8 input channels per group): a matrix product
+  per group on the GEMM engine, on views of the operands (a strided one first gathers
+  the pixels it reads into a workspace);
+* *depthwise* (one filter per channel, column stride up to 4): straight from the input,
+  vectors of output columns, one masked load per tap (:mod:`.depthwise_llvm`);
+* otherwise a call of the direct-convolution library engine (:mod:`jitbyoc.engines.conv_engine`,
+  compiled once per register block and shared by every layer). The input is first copied
+  into a zero-padded workspace laid out so that every tap of the kernel window reads a
+  *contiguous* run of it (:mod:`jitbyoc.engines.conv_plan`: phase planes, or one shifted
+  plane per kernel column for small images); outputs are then computed ``lanes`` pixels
+  per vector, register-blocked over ``J`` output channels x ``V`` vectors, with weights
+  read straight from OIHW as broadcast scalars. Layout, vector width and blocking are
+  chosen per conv by a cost model. Threads take (image, group, channel block, row band)
+  tasks; each task applies the epilogue to its band while it is in cache.
+
+The C rendering is the plain loop nest.
 
 Accuracy: every output is a sum of ``K = Cin/groups * KH * KW`` products accumulated in
 one fixed order per output (LLVM: input channel, then the window's taps in row-major
