@@ -142,6 +142,28 @@ def bench_case(case, rounds: int, with_tvm: bool) -> dict:
     return out
 
 
+OPENBLAS_HOLDS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+
+
+def openblas_unheld() -> dict:
+    """Unset, in this process only (before numpy loads OpenBLAS), the variables some
+    machines set to hold OpenBLAS to an older kernel (Haswell's AVX2 one on AVX-512 CPUs:
+    about half its speed), so numpy is measured at its proper speed; returns them."""
+    return {k: os.environ.pop(k) for k in OPENBLAS_HOLDS if k in os.environ}
+
+
+def openblas_kernel(held: dict) -> str:
+    """Which kernel numpy's OpenBLAS runs (threadpoolctl), and what was unset for it."""
+    note = f" (unset here: {', '.join(f'{k}={v}' for k, v in held.items())})" if held else ""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return f"numpy's BLAS kernel: unknown (pip install threadpoolctl){note}"
+    blas = [i for i in threadpool_info() if i.get("user_api") == "blas"]
+    kinds = ", ".join(f"{i.get('internal_api')} {i.get('version')} {i.get('architecture')}" for i in blas)
+    return f"numpy's BLAS: {kinds or 'none found'}{note}"
+
+
 def report(case, t: dict, peak: float) -> str:
     gf = case["flops"] / t["jitbyoc"] / 1e9
     ratios = "  ".join(f"vs {k} {t[k] / t['jitbyoc']:.2f}x" for k in ("numpy", "torch", "tvm") if k in t)
@@ -154,9 +176,11 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     os.environ["TVM_NUM_THREADS"] = str(args.threads)
     os.environ["OPENBLAS_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    held = openblas_unheld()
     if "numpy" in sys.modules:
         print("note: numpy was imported before --threads applied; OpenBLAS keeps its default pool")
     import numpy as np
+    print(openblas_kernel(held), flush=True)
     try:
         import torch
         torch.set_num_threads(args.threads)
@@ -172,8 +196,8 @@ def main(argv=None) -> None:
              mlp_case(64, rng, linear=True)]
     results = [bench_case(c, rounds, args.tvm or not c["name"].startswith("sgemm")) for c in cases]
     peak = max(early, machine_peak(args.threads))
-    print(f"measured FMA peak {peak:.1f} GFLOP/s = {peak / args.threads / 32:.2f} GHz x 32 FLOP/cycle "
-          f"x {args.threads} cores (best of {args.threads} threads and {args.threads} x 1 thread, at start and end)")
+    print(f"measured FMA peak {peak:.1f} GFLOP/s, {peak / args.threads:.1f} per core "
+          f"(best of {args.threads} threads and {args.threads} x 1 thread, at start and end)")
     for case, t in zip(cases, results):
         print(report(case, t, peak))
     print(f"load average at end {os.getloadavg()[0]:.2f}: other processes on the machine make every "
