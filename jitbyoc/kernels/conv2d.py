@@ -188,7 +188,7 @@ class Conv2d(kir.KernelStage):
 def _subsample(stage, ctx) -> None:
     """``work[n, c] = x[n, c, ::sh, ::sw]`` (ResNet's strided 1x1 shortcuts): a quarter of
     the input, copied once so the product reads a dense matrix."""
-    g, x, b = stage.geo, stage.inputs[0], ctx.b
+    g, x = stage.geo, stage.inputs[0]
     (sh, sw) = g.stride
 
     def planes(c, lo, hi, _extra=()):

@@ -45,17 +45,19 @@ def _constant(expr) -> np.ndarray | None:
     return value.numpy() if hasattr(value, "numpy") else None
 
 
-def use_counts(func: relax.Function) -> dict:
-    """How many times each variable of ``func`` is used."""
-    counts: dict = {}
+def use_counts(func: relax.Function) -> dict[str, int]:
+    """How many times the variables of each name are used in ``func`` (by name: the
+    rewriting remakes variables; two variables of one name only make a count larger,
+    which only stops a fold)."""
+    counts: dict[str, int] = {}
 
     @relax.expr_functor.visitor
     class _Count(relax.PyExprVisitor):
         def visit_var_(self, var):
-            counts[var] = counts.get(var, 0) + 1
+            counts[str(var.name)] = counts.get(str(var.name), 0) + 1
 
         def visit_dataflow_var_(self, var):
-            counts[var] = counts.get(var, 0) + 1
+            counts[str(var.name)] = counts.get(str(var.name), 0) + 1
 
     _Count().visit_expr(func)
     return counts
@@ -114,7 +116,7 @@ def folded_batch_norm(bn: relax.Call, lookup, uses: dict):
 
 
 def affine_batch_norm(bn: relax.Call):
-    """``x * s + t`` for an inference ``batch_norm`` with constant parameters that feeds
+    """``(x * s, t)`` (to be added) for an inference ``batch_norm`` with constant parameters that feeds
     no convolution it could fold into (DenseNet's and Inception's pre-activation norms):
     a multiply and an add per element, where the op itself takes a square root and a
     divide. None when a parameter is not constant or the norm is training."""
@@ -131,8 +133,8 @@ def affine_batch_norm(bn: relax.Call):
     axis = int(bn.attrs.axis) % ndim
     shape = (-1,) + (1,) * (ndim - axis - 1)
     dt = str(stats[0].dtype)
-    return relax.op.add(relax.op.multiply(x, relax.const(scale.astype(dt).reshape(shape), dt)),
-                        relax.const(shift.astype(dt).reshape(shape), dt))
+    return (relax.op.multiply(x, relax.const(scale.astype(dt).reshape(shape), dt)),
+            relax.const(shift.astype(dt).reshape(shape), dt))
 
 
 def constant_reshape(call: relax.Call):

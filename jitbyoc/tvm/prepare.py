@@ -16,8 +16,9 @@
   pad of rows and columns only (``torch.export`` of MobileNet-style nets) becomes one
   ``conv2d(x)`` with the pad added to its own padding: no padded copy, one region.
 * **Inference rewrites on constant weights** (:mod:`jitbyoc.tvm.inference`): batch norm
-  folded into the convolution before it, ONNX's N-ary ``Sum`` as adds, identity
-  ``broadcast_to`` dropped.
+  folded into the convolution before it (else ``x * s + t``), ONNX's N-ary ``Sum`` as
+  adds, identity ``broadcast_to`` and reshapes of constants dropped, a multi-row linear
+  layer's transposed weight made once.
 """
 
 from __future__ import annotations
@@ -96,13 +97,12 @@ class _Prepare(relax.PyExprMutator):
         bn = self.lookup_binding(op.tuple_value) if isinstance(op.tuple_value, relax.Var) else None
         if op.index != 0 or not (isinstance(bn, relax.Call) and bn.op.same_as(inference.BATCH_NORM)):
             return op
-        folded = inference.folded_batch_norm(bn, self.lookup_binding, self.uses)
-        if folded is None:
-            affine = inference.affine_batch_norm(bn)
-            if affine is None:
-                return op
-            return relax.op.add(self.builder_.emit(affine.args[0]), affine.args[1])
-        return relax.op.add(self.builder_.emit(folded[0]), folded[1])
+        rewritten = inference.folded_batch_norm(bn, self.lookup_binding, self.uses) \
+            or inference.affine_batch_norm(bn)
+        if rewritten is None:
+            return op
+        scaled, shift = rewritten
+        return relax.op.add(self.builder_.emit(scaled), shift)
 
     def visit_call_(self, call):
         call = super().visit_call_(call)
@@ -121,16 +121,21 @@ class _Prepare(relax.PyExprMutator):
             same = inference.unbroadcast(call)
             return call if same is None else same
         if call.op.same_as(inference.SUM):
-            items = inference.summed_stack(call, lambda v: self.lookup_binding(v) if isinstance(v, relax.Var) else None)
-            if items is None:
-                return call
-            total = items[0]
-            for item in items[1:-1]:
-                total = self.builder_.emit(relax.op.add(total, item))
-            return relax.op.add(total, items[-1]) if len(items) > 1 else total
+            items = inference.summed_stack(call, self._bound)
+            return call if items is None else self._adds(items)
         if call.op.same_as(STRIDED_SLICE) and self.analyzer is not None and not call.attrs.assume_inbound:
             return self._inbound_slice(call)
         return call
+
+    def _bound(self, value):
+        return self.lookup_binding(value) if isinstance(value, relax.Var) else None
+
+    def _adds(self, items: list):
+        """``((items[0] + items[1]) + ...)``, the order TVM's reduction adds them in."""
+        total = items[0]
+        for item in items[1:-1]:
+            total = self.builder_.emit(relax.op.add(total, item))
+        return relax.op.add(total, items[-1]) if len(items) > 1 else total
 
     def _fold_pad(self, call):
         data, weight = call.args
@@ -173,12 +178,11 @@ def prepare(mod: tvm.IRModule, ops: frozenset | set = frozenset()) -> tvm.IRModu
 def _prepared(mod, gv, func: relax.Function, analyzer) -> relax.Function:
     """``func`` rewritten; as it is if a rewrite fails (they are optimizations: a model
     jitbyoc could not prepare still builds, as TVM would build it)."""
-    uses = {}
-    for var, n in inference.use_counts(func).items():
-        uses[str(var.name)] = uses.get(str(var.name), 0) + n
     try:
+        uses = inference.use_counts(func)
         return relax.analysis.remove_all_unused(_Prepare(mod, analyzer, uses).visit_expr(func))
     except Exception as err:  # noqa: BLE001 - any failure leaves the function as it was
+        last = (str(err).strip().splitlines() or [""])[-1][:200]
         log.warning("jitbyoc: preparing %s failed (%s: %s); it is partitioned as it is",
-                    gv.name_hint, type(err).__name__, str(err).strip().splitlines()[-1][:200])
+                    gv.name_hint, type(err).__name__, last)
         return func
