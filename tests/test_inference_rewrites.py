@@ -286,3 +286,13 @@ def test_a_failing_rewrite_leaves_the_model_as_it_was(monkeypatch, caplog):
     x = RNG.standard_normal((1, 5, 15, 13)).astype("float32")
     want, got = build_both(mod).run(x)
     _assert_close(got, want)
+
+
+def test_models_that_differ_only_in_weights_share_code_after_folding():
+    """Folding makes new constants, but constants are arguments of the compiled code:
+    two models with other weights (and norms) run the same code."""
+    codes = []
+    for _ in range(2):
+        mod = build_model({"x": ((1, 4, 9, 9), "float32")}, lambda bb, x: _conv_bn(bb, x, 8))
+        codes.append([r.kernel.name for r in jitbyoc.inspect(mod)])
+    assert codes[0] == codes[1] and codes[0]
