@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from jitbyoc.build.region import Region
-from jitbyoc.ir import vecmath
+from jitbyoc.ir import fitting, vecmath
 from jitbyoc.ir.ops import OPS
 from jitbyoc.lower import Names
 from tests.conftest import (
@@ -87,7 +87,7 @@ def _branch_edges(name: str, dt: str) -> np.ndarray:
     """Both sides of every input where the expansion switches branch or caps its input
     (erf's polynomial/erfc split and cap, gelu's cap): a dense window and the nearest
     floats, for both signs."""
-    edges = [edge for (use, d), (_, lo, hi, _) in vecmath._ERFCX.items() if use == name and d == dt
+    edges = [edge for (use, d), (_, lo, hi, _) in fitting.ERFCX.items() if use == name and d == dt
              for edge in (lo, hi) if edge > 0]
     pts = []
     for edge in edges:
