@@ -210,7 +210,7 @@ def machine_info(threads: int | None) -> dict:
     info = {"cpu": llvm.get_host_cpu_name(), "cpu_model": _cpu_model(),
             "cores": os.cpu_count(), "threads": threads,
             "TVM_NUM_THREADS": os.environ.get("TVM_NUM_THREADS"),
-            "loadavg": _loadavg(), "platform": platform.platform(),
+            "loadavg": loadavg(), "platform": platform.platform(),
             "python": sys.version.split()[0],
             "tvm": tvm.__version__, "llvmlite": llvmlite.__version__, "numpy": np.__version__,
             "jitbyoc": jitbyoc.__version__}
@@ -227,7 +227,7 @@ def _cpu_model() -> str | None:
         return platform.processor() or None
 
 
-def _loadavg() -> list[float] | None:
+def loadavg() -> list[float] | None:
     """1/5/15-minute load: other work on the machine shows up here (and in the noise)."""
     try:
         return [round(x, 2) for x in os.getloadavg()]

@@ -25,7 +25,7 @@ from . import peers as peers_mod
 from .case import Skip
 from .flops import count_flops
 from .models import Entry
-from .run import TOLERANCE, count_ops, failure, offload_fields, vm_runner
+from .run import TOLERANCE, count_ops, failure, loadavg, offload_fields, vm_runner
 from .timing import Stats, max_errors, time_blocks, timed
 
 log = logging.getLogger(__name__)
@@ -161,18 +161,11 @@ def measure(entry: Entry, rounds: int, workdir: str, threads: int, with_peers: b
     row = dict.fromkeys(columns())
     row.update(model=entry.name, description=entry.description, tvm_default=entry.tvm_default,
                gflop=flops / 1e9, model_ops=count_ops(case.mod), import_s=import_s,
-               rounds=rounds, loadavg=_load(), **offload_fields(built["report"]), **checked,
+               rounds=rounds, loadavg=(loadavg() or [None])[0], **offload_fields(built["report"]), **checked,
                **{k: v for k, v in built.items() if k.startswith("build_")},
                **timing_fields({k: Stats.of(v) for k, v in samples.items()}, flops, peak))
     row["notes"] = "; ".join(notes) or None
     return row
-
-
-def _load() -> float | None:
-    try:
-        return round(os.getloadavg()[0], 2)
-    except OSError:
-        return None
 
 
 def run_suite(entries: list[Entry], args, threads: int, peak: float, tqdm) -> tuple[list, list]:

@@ -117,8 +117,8 @@ class Profile:
         return "\n".join(lines)
 
 
-def _owner(symbol: str) -> str:
-    if _WORK.get(symbol) is not None:
+def _owner(symbol: str, work: Work | None) -> str:
+    if work is not None:
         return "jitbyoc"
     return "vm" if symbol.startswith("vm.") else "tvm"
 
@@ -158,7 +158,7 @@ def _rows(rec: _Recorder, peak: float) -> list[Row]:
     for name in names:
         per_run = [sum(run.get(name, [])) for run in rec.runs]
         work = _WORK.get(name)
-        rows.append(Row(name, _owner(name), ", ".join(work.ops) if work else name,
+        rows.append(Row(name, _owner(name, work), ", ".join(work.ops) if work else name,
                         work.signature() if work else "", len(rec.runs[-1].get(name, [])),
                         statistics.median(per_run)))
     total = sum(r.seconds for r in rows) or 1.0

@@ -90,7 +90,7 @@ def _fit(f, lo: float, hi: float, dt: str, floor: Decimal, n: int) -> tuple[floa
     keep = next((k for k in range(2, n) if sum(abs(c) for c in cheb[k:]) < floor), None)
     if keep is None:
         raise ValueError(f"{n} Chebyshev nodes are too few for {dt}")
-    return tuple(float(np.array(float(c), dt)) for c in _power_series(cheb[:keep], lo, hi))
+    return tuple(_rounded(float(c), dt) for c in _power_series(cheb[:keep], lo, hi))
 
 
 def _rounded(v: float, dt: str) -> float:

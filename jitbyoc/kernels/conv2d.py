@@ -110,7 +110,7 @@ class Conv2d(kir.KernelStage):
     def emit_llvm(self, ctx) -> None:
         if self.geo.pointwise:
             self._emit_as_matmul(ctx)
-        elif self.plan is None:  # depthwise_llvm.fits: no workspace was planned
+        elif depthwise_llvm.fits(self.geo, self.out.dtype):
             depthwise_llvm.emit(self, ctx)
         else:
             conv_engine.call(self, ctx)

@@ -82,6 +82,16 @@ def _bn_source(bn: relax.Call, lookup, uses: dict):
     return (first, None) if first is not None and first.op.same_as(CONV2D) else None
 
 
+def _scale_shift(bn: relax.Call, stats: list) -> tuple[np.ndarray, np.ndarray]:
+    """Inference batch norm as ``x * scale + shift``, in float64, from its constant
+    ``gamma, beta, mean, var``."""
+    gamma, beta, mean, var = (s.astype(np.float64) for s in stats)
+    scale = 1.0 / np.sqrt(var + float(bn.attrs.epsilon))
+    if bn.attrs.scale:
+        scale = scale * gamma
+    return scale, -mean * scale + (beta if bn.attrs.center else 0.0)
+
+
 def folded_batch_norm(bn: relax.Call, lookup, uses: dict):
     """``(conv2d call with scaled weights, bias constant)`` for ``bn(conv(x) [+ bias])``,
     or None when it does not fold (not constant, not NCHW/OIHW on axis 1, training, a
@@ -102,12 +112,9 @@ def folded_batch_norm(bn: relax.Call, lookup, uses: dict):
     if bias is not None and (bias.size not in (1, k) or bias.ndim > 4 or
                              (bias.size == k and bias.shape[-3 if bias.ndim >= 3 else 0] != k)):
         return None  # not one value per output channel
-    gamma, beta, mean, var = (s.astype(np.float64) for s in stats)
-    scale = 1.0 / np.sqrt(var + float(bn.attrs.epsilon))
-    if bn.attrs.scale:
-        scale = scale * gamma
-    before = mean if bias is None else mean - np.broadcast_to(bias.astype(np.float64).reshape(-1), (k,))
-    shift = -before * scale + (beta if bn.attrs.center else 0.0)
+    if bias is not None:  # (conv + b - mean): the bias moves the mean
+        stats[2] = stats[2].astype(np.float64) - np.broadcast_to(bias.astype(np.float64).reshape(-1), (k,))
+    scale, shift = _scale_shift(bn, stats)
     dt = weight.dtype
     w = (weight.astype(np.float64) * scale.reshape(-1, 1, 1, 1)).astype(dt)
     new_conv = relax.op.nn.conv2d(conv.args[0], relax.const(w, str(dt)), a.strides, a.padding,
@@ -125,11 +132,7 @@ def affine_batch_norm(bn: relax.Call):
     ndim = len(_static_dims(x) or ())
     if bn.attrs.training or any(s is None for s in stats) or not ndim or stats[0].dtype.kind != "f":
         return None
-    gamma, beta, mean, var = (s.astype(np.float64) for s in stats)
-    scale = 1.0 / np.sqrt(var + float(bn.attrs.epsilon))
-    if bn.attrs.scale:
-        scale = scale * gamma
-    shift = -mean * scale + (beta if bn.attrs.center else 0.0)
+    scale, shift = _scale_shift(bn, stats)
     axis = int(bn.attrs.axis) % ndim
     shape = (-1,) + (1,) * (ndim - axis - 1)
     dt = str(stats[0].dtype)
