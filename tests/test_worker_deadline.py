@@ -5,6 +5,7 @@ import logging
 import os
 import signal
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -78,6 +79,31 @@ def test_deadline_grows_with_the_job(monkeypatch):
     monkeypatch.delenv("JITBYOC_COMPILE_TIMEOUT", raising=False)
     assert compile_pool.deadline("x") >= compile_pool.TIMEOUT_FLOOR_S
     assert compile_pool.deadline("x" * 2**22) > compile_pool.deadline("x") + 60
+
+
+def test_a_recycled_worker_is_never_missing_from_the_pool(monkeypatch):
+    """The successor starts before the old worker leaves, so a caller that just got its
+    result always finds a worker (a slow start used to leave ``workers`` empty)."""
+    from jitbyoc.build import jit
+    monkeypatch.setattr(compile_pool, "RECYCLE_JOBS", 1)
+    start = compile_pool._Worker.__init__
+
+    def slow_start(self):
+        start(self)
+        time.sleep(0.3)
+
+    monkeypatch.setattr(compile_pool._Worker, "__init__", slow_start)
+    pool = compile_pool.Pool(1)
+    (region,) = jitbyoc.inspect(_model(4))[:1]
+    try:
+        for _ in range(2):
+            pool.submit(region.llvm_ir).result(timeout=120)
+            until = time.monotonic() + 0.6  # spans the recycling that follows the result
+            while time.monotonic() < until:
+                assert pool.workers, "the pool had no worker while one was being replaced"
+                time.sleep(0.005)
+    finally:
+        pool.close()
 
 
 def test_workers_are_replaced_after_their_job_budget(monkeypatch):

@@ -142,9 +142,9 @@ class Pool:
             try:
                 worker = worker or self._start()
                 future.set_result(worker.compile(ir_text, pipeline))
-                if worker.jobs >= RECYCLE_JOBS:
-                    self._drop(worker)
-                    worker = self._start()
+                if worker.jobs >= RECYCLE_JOBS:  # the successor first: never a pool without one
+                    worker, old = self._start(), worker
+                    self._drop(old)
             except Exception as err:  # noqa: BLE001 - fall back, never fail the build
                 log.warning("jitbyoc: compile worker failed (%s); compiling in process", err)
                 self._drop(worker)
