@@ -84,7 +84,6 @@ def test_deadline_grows_with_the_job(monkeypatch):
 def test_a_recycled_worker_is_never_missing_from_the_pool(monkeypatch):
     """The successor starts before the old worker leaves, so a caller that just got its
     result always finds a worker (a slow start used to leave ``workers`` empty)."""
-    from jitbyoc.build import jit
     monkeypatch.setattr(compile_pool, "RECYCLE_JOBS", 1)
     start = compile_pool._Worker.__init__
 
