@@ -95,4 +95,6 @@ def test_regions_of_explicit_vectors_skip_the_loop_vectorizer():
                    lambda bb, x, y: bb.emit(relax.op.less(x, y)))
     assert flags.pipeline == GLUE
     soft = region({"x": ((8, 40), "float32")}, lambda bb, x: bb.emit(relax.op.nn.softmax(x)))
-    assert soft.pipeline == GLUE  # its row loops are scalar
+    assert soft.pipeline == GLUE_VECTORS  # rows along the last axis are vectors
+    across = region({"x": ((8, 40), "float32")}, lambda bb, x: bb.emit(relax.op.nn.softmax(x, axis=0)))
+    assert across.pipeline == GLUE  # columns: scalar rows, for the loop vectorizer

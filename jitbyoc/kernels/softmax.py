@@ -19,10 +19,12 @@ from llvmlite import ir
 from ..ir import kir
 from ..ir.dtypes import FLOATS
 from ..ir.dtypes import dtype as lookup_dtype
-from ..ir.llvmtypes import I64
+from ..ir.llvmtypes import I32, I64
 from ..ir.relax_types import dims, tensor_problem
 from ..ir.rules import register
+from ..render.llvm import Emitter
 from ..render.loops import for_range, threaded
+from ..render.vectors import lanes, splat, strips, vload, vstore
 
 
 @dataclass(eq=False)
@@ -35,10 +37,13 @@ class Softmax(kir.KernelStage):
         return shape[:self.axis], shape[self.axis], shape[self.axis + 1:]
 
     # ---- LLVM ----------------------------------------------------------------------------------
+    def needs_loop_vectorizer(self) -> bool:
+        return bool(self.split()[2])  # rows along the last axis are written as vectors
+
     def emit_llvm(self, ctx) -> None:
         outer, length, inner = self.split()
         rows = ctx.product(outer + inner)
-        body = self._llvm_rows
+        body = self._llvm_rows if inner else self._llvm_vector_rows
         if threaded(self.out.shape, "rows"):
             ctx.parallel_for(rows, body)
         else:
@@ -76,6 +81,43 @@ class Softmax(kir.KernelStage):
                 c.store(out, at(k), v)
             if not inner:
                 c.epilogue(self, c.unravel(r, outer) + [0], [1] * len(outer) + [length])
+
+    def _llvm_vector_rows(self, c, lo, hi, _extra) -> None:
+        """Rows along the last (contiguous) axis on explicit vectors: the max, the sum of
+        exponentials and the scaling each one pass of whole vectors and a masked tail."""
+        b, dt, n = c.b, self.out.dtype, c.dim(self.split()[1])
+        (x,), out, outer, width = self.inputs, self.out, self.split()[0], lanes(self.out.dtype)
+        em = Emitter(b, width)
+        with for_range(b, hi, "row", start=lo) as r:
+            src, dst = c.element(x, b.mul(r, n)), c.element(out, b.mul(r, n))
+
+            def strip_load(ptr, i, mask, fill):
+                v = vload(b, b.gep(ptr, [i], source_etype=lookup_dtype(dt).ir), dt, mask)
+                return v if mask is None else b.select(mask, v, em.const(fill, dt))
+
+            def strip_store(v, i, mask):
+                vstore(b, v, b.gep(dst, [i], source_etype=lookup_dtype(dt).ir), dt, mask)
+
+            m = _lanes_reduce(b, em, "maximum", dt, n, float("-inf"),
+                              lambda acc, i, mask: em.op("maximum", dt, acc, strip_load(src, i, mask, "-inf")))
+
+            def add_exp(acc, i, mask):
+                e = em.op("exp", dt, em.op("subtract", dt, strip_load(src, i, mask, 0), splat(b, m, width)))
+                if not self.log:
+                    strip_store(e, i, mask)
+                return b.fadd(acc, b.select(mask, e, em.const(0, dt)) if mask is not None else e,
+                              flags=("reassoc",))
+
+            s = _lanes_reduce(b, em, "add", dt, n, 0, add_exp)
+            if self.log:
+                shift = splat(b, b.fadd(m, c.em.op("log", dt, s)), width)
+                strips(b, I64(0), n, width, lambda i, mask: strip_store(
+                    b.fsub(strip_load(src, i, mask, 0), shift), i, mask))
+            else:
+                scale = splat(b, c.em.op("divide", dt, c.em.const(1, dt), s), width)
+                strips(b, I64(0), n, width, lambda i, mask: strip_store(
+                    b.fmul(strip_load(dst, i, mask, 0), scale), i, mask))
+            c.epilogue(self, c.unravel(r, outer) + [0], [1] * len(outer) + [self.split()[1]])
 
     @staticmethod
     def _reduce(c, n, step, init):
@@ -128,6 +170,22 @@ class Softmax(kir.KernelStage):
         e = np.exp(shifted)
         s = e.sum(axis=axis, keepdims=True)
         return (shifted - np.log(s) if log else e / s).astype(x.dtype)
+
+
+def _lanes_reduce(b, em, op: str, dt: str, n, init, step):
+    """Fold ``step(acc, i, mask)`` over the strips of ``[0, n)`` into one vector, then its
+    lanes into a scalar with ``op`` (halving shuffles: log2(lanes) steps)."""
+    acc = b.alloca(em.const(init, dt).type)
+    b.store(em.const(init, dt), acc)
+    strips(b, I64(0), n, em.lanes, lambda i, mask: b.store(step(b.load(acc), i, mask), acc))
+    v, width = b.load(acc), em.lanes
+    while width > 1:
+        width //= 2
+        lo = b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, width), list(range(width))))
+        hi = b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, width), list(range(width, 2 * width))))
+        v = Emitter(b, width).op(op, dt, lo, hi) if width > 1 else \
+            Emitter(b).op(op, dt, b.extract_element(lo, I32(0)), b.extract_element(hi, I32(0)))
+    return v
 
 
 def _check(call) -> str | None:
