@@ -50,7 +50,7 @@ def test_waiting_jobs_run_largest_first(monkeypatch):
     class FakeWorker:
         jobs = 0
 
-        def compile(self, text, pipeline):
+        def compile(self, text, pipeline, machine):
             gate.wait(60)
             done.append(len(text))
             return text

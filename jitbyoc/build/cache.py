@@ -127,9 +127,14 @@ def code_version() -> str:
     return f"{__version__}+{h.hexdigest()[:16]}"
 
 
-@lru_cache(maxsize=None)
 def _environment() -> str:
-    return json.dumps({"jitbyoc": code_version(), "tvm": tvm.__version__, **jit.host()}, sort_keys=True)
+    """The code's and compilers' versions and the build's machine (:func:`jit.host`)."""
+    return _environment_of(tuple(sorted(jit.host().items())))
+
+
+@lru_cache(maxsize=None)
+def _environment_of(machine: tuple) -> str:
+    return json.dumps({"jitbyoc": code_version(), "tvm": tvm.__version__, **dict(machine)}, sort_keys=True)
 
 
 @dataclass(frozen=True, order=True)

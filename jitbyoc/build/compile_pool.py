@@ -35,6 +35,8 @@ import threading
 import time
 from concurrent.futures import Future
 
+from ..render import isa
+from ..render.isa import Machine
 from ..render.optimization import GLUE, Pipeline
 from ..threads import physical_cores
 from . import compile_worker, jit
@@ -98,11 +100,11 @@ class _Worker:
             data += chunk
         return bytes(data)
 
-    def compile(self, ir_text: str, pipeline: Pipeline) -> str:
-        h = jit.host()
+    def compile(self, ir_text: str, pipeline: Pipeline, machine: Machine) -> str:
         self.jobs += 1
         until = time.monotonic() + deadline(ir_text)
-        self._send(compile_worker.message((ir_text, tuple(pipeline), h["cpu"], h["features"])), until)
+        self._send(compile_worker.message((ir_text, tuple(pipeline), machine.triple, machine.cpu,
+                                           machine.features)), until)
         size = struct.unpack("<Q", self._read(8, until))[0]
         ok, text = compile_worker.pickle.loads(self._read(size, until))
         if not ok:
@@ -136,12 +138,12 @@ class Pool:
             _, _, job = self.jobs.get()
             if job is None:
                 break
-            ir_text, pipeline, future = job
+            ir_text, pipeline, machine, future = job
             if not future.set_running_or_notify_cancel():
                 continue
             try:
                 worker = worker or self._start()
-                future.set_result(worker.compile(ir_text, pipeline))
+                future.set_result(worker.compile(ir_text, pipeline, machine))
                 if worker.jobs >= RECYCLE_JOBS:  # the successor first: never a pool without one
                     worker, old = self._start(), worker
                     self._drop(old)
@@ -150,7 +152,7 @@ class Pool:
                 self._drop(worker)
                 worker = None
                 try:
-                    future.set_result(jit.compile_to_assembly(ir_text, pipeline))
+                    future.set_result(jit.compile_to_assembly(ir_text, pipeline, machine))
                 except Exception as err2:  # noqa: BLE001 - the build reports it
                     future.set_exception(err2)
         self._drop(worker)
@@ -168,10 +170,12 @@ class Pool:
                 self.workers.remove(worker)
 
     def submit(self, ir_text: str, pipeline: Pipeline = GLUE) -> Future:
+        """Compile ``ir_text`` for the build's machine (taken now: the serving threads
+        do not see the build's context)."""
         future: Future = Future()
         with self.lock:
             self.count += 1
-            self.jobs.put((-len(ir_text), self.count, (ir_text, pipeline, future)))
+            self.jobs.put((-len(ir_text), self.count, (ir_text, pipeline, isa.current(), future)))
             if len(self.threads) < self.size:
                 self.threads.append(threading.Thread(target=self._serve, daemon=True,
                                                      name=f"jitbyoc-compile-{len(self.threads)}"))

@@ -6,7 +6,7 @@ llvmlite serializes every LLVM call behind one process-wide lock, so regions can
 compiled in parallel in separate processes; :mod:`jitbyoc.build.compile_pool` runs these.
 
 Protocol: each message is an 8-byte little-endian length and a pickle. Requests are
-``(ir_text, pipeline, cpu, features)`` (``pipeline`` a plain tuple of
+``(ir_text, pipeline, triple, cpu, features)`` (``pipeline`` a plain tuple of
 :class:`jitbyoc.render.optimization.Pipeline`);
 replies ``(True, asm)`` or ``(False, error)``. The compile steps are those of
 :func:`jitbyoc.build.jit.compile_to_assembly`.
@@ -37,11 +37,14 @@ def _write(stream, obj) -> None:
     stream.flush()
 
 
-def make_machine(llvm, cpu: str, features: str):
+def make_machine(llvm, triple: str, cpu: str, features: str):
     """The target machine jitbyoc compiles for (the same in process and in workers)."""
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
-    target = llvm.Target.from_triple(llvm.get_process_triple())
+    if triple.split("-")[0] != llvm.get_process_triple().split("-")[0]:
+        llvm.initialize_all_targets()  # cross compiling: AArch64 from x86-64, say
+        llvm.initialize_all_asmprinters()
+    target = llvm.Target.from_triple(triple)
     return target.create_target_machine(cpu=cpu, features=features, opt=3, reloc="pic",
                                         codemodel="default")
 
@@ -120,11 +123,11 @@ def main() -> None:
         req = _read(inp)
         if req is None:
             return
-        ir_text, pipeline, cpu, features = req
+        ir_text, pipeline, machine = req[0], req[1], tuple(req[2:])  # (triple, cpu, features)
         try:
-            if (cpu, features) not in machines:
-                machines[cpu, features] = make_machine(llvm, cpu, features)
-            reply = (True, compile_to_assembly(llvm, machines[cpu, features], ir_text, pipeline))
+            if machine not in machines:
+                machines[machine] = make_machine(llvm, *machine)
+            reply = (True, compile_to_assembly(llvm, machines[machine], ir_text, pipeline))
         except Exception as err:  # reported to the parent, which compiles in process instead
             reply = (False, f"{type(err).__name__}: {err}")
         _write(out, reply)

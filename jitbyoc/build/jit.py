@@ -1,4 +1,5 @@
-"""LLVM IR text in, optimized IR (and assembly) out, for the host CPU.
+"""LLVM IR text in, optimized IR (and assembly) out, for the build's machine (the host CPU
+unless the TVM target names another: :mod:`jitbyoc.render.isa`).
 
 How a module is compiled is a :class:`~jitbyoc.render.optimization.Pipeline` chosen by what
 the module is (:data:`~jitbyoc.render.optimization.GLUE` for regions, each engine kind its own). O3 added nothing
@@ -16,39 +17,44 @@ from functools import lru_cache
 import llvmlite
 import llvmlite.binding as llvm
 
+from ..render import isa
+from ..render.isa import Machine
 from ..render.optimization import GLUE, Pipeline
 from . import compile_worker
 
 LOCK = threading.RLock()
 
 
+def target_machine(machine: Machine | None = None) -> llvm.TargetMachine:
+    """LLVM's target machine for ``machine`` (default: the build's, :func:`isa.current`)."""
+    return _target_machine(machine or isa.current())
+
+
 @lru_cache(maxsize=None)
-def target_machine() -> llvm.TargetMachine:
+def _target_machine(machine: Machine) -> llvm.TargetMachine:
     with LOCK:
-        return compile_worker.make_machine(llvm, llvm.get_host_cpu_name(), host_features())
+        return compile_worker.make_machine(llvm, machine.triple, machine.cpu, machine.features)
 
 
-@lru_cache(maxsize=None)
 def host_features() -> str:
-    return llvm.get_host_cpu_features().flatten()
-
-
-@lru_cache(maxsize=None)
-def _host() -> tuple:
-    with LOCK:
-        return (("triple", llvm.get_process_triple()), ("cpu", llvm.get_host_cpu_name()),
-                ("features", host_features()), ("llvm", ".".join(map(str, llvm.llvm_version_info))),
-                ("llvmlite", llvmlite.__version__))
+    return isa.host().features
 
 
 def host() -> dict:
-    """What compiled code is specialized for; part of every cache key."""
-    return dict(_host())
+    """What compiled code is specialized for (the build's machine, :func:`isa.current`,
+    and the compiler's versions); part of every cache key."""
+    m = isa.current()
+    return {"triple": m.triple, "cpu": m.cpu, "features": m.features,
+            "llvm": ".".join(map(str, llvm.llvm_version_info)), "llvmlite": llvmlite.__version__}
+
+
+def data_layout() -> str:
+    return _data_layout(isa.current())
 
 
 @lru_cache(maxsize=None)
-def data_layout() -> str:
-    return str(target_machine().target_data)
+def _data_layout(machine: Machine) -> str:
+    return str(_target_machine(machine).target_data)
 
 
 def optimize(ir_text: str, pipeline: Pipeline = GLUE) -> str:
@@ -58,8 +64,9 @@ def optimize(ir_text: str, pipeline: Pipeline = GLUE) -> str:
             return str(mod)
 
 
-def compile_to_assembly(ir_text: str, pipeline: Pipeline = GLUE) -> str:
-    """IR text -> host assembly in one pass (no text round trip of the optimized IR)."""
+def compile_to_assembly(ir_text: str, pipeline: Pipeline = GLUE, machine: Machine | None = None) -> str:
+    """IR text -> assembly for ``machine`` (default: the build's) in one pass (no text
+    round trip of the optimized IR)."""
     with LOCK:
-        return compile_worker.compile_to_assembly(llvm, target_machine(), ir_text, pipeline)
+        return compile_worker.compile_to_assembly(llvm, target_machine(machine), ir_text, pipeline)
 

@@ -79,7 +79,7 @@ from llvmlite import ir
 from ..ir.dtypes import dtype as lookup_dtype
 from ..ir.llvmtypes import I64
 from ..render.indexing import dot
-from ..render.isa import vector_bits
+from ..render.isa import vector_bits, vector_registers
 from ..render.loops import THREAD_MIN, for_range
 from ..render.portable import LLVM, C
 from . import gemm_micro as mk
@@ -108,15 +108,28 @@ class Blocking:
     nc: int
 
 
-# per register-file width (jitbyoc.render.isa): AVX-512's 32 zmm hold a 6x64 float32 tile
-# (24 accumulators); AVX2's 16 ymm the classic 6x16 (12 accumulators, each 64-byte vector
-# is two ymm), with B panels sized for a 512 KiB L2.
-BLOCKINGS = {512: {"float32": Blocking(mr=6, nv=4, unroll=2, mc=1020, kc=384, nc=512),
-                   "float64": Blocking(mr=12, nv=2, unroll=2, mc=516, kc=256, nc=320)},
-             256: {"float32": Blocking(mr=6, nv=1, unroll=2, mc=1020, kc=384, nc=256),
-                   "float64": Blocking(mr=6, nv=1, unroll=2, mc=516, kc=256, nc=128)}}
-BLOCKING = BLOCKINGS[vector_bits()]
-KC = BLOCKING["float32"].kc
+# per register file (jitbyoc.render.isa: vector bits, registers): AVX-512's 32 zmm hold a
+# 6x64 float32 tile (24 accumulators); AVX2's 16 ymm the classic 6x16 (12 accumulators,
+# each 64-byte vector is two ymm), with B panels sized for a 512 KiB L2; SSE2's 16 xmm a
+# 2x16 (8 accumulators: a 64-byte vector is four xmm); NEON's 32 q registers a 6x16 (24).
+# ``kc`` is the same for a dtype everywhere: it fixes the summation order (see above).
+_F32, _F64 = dict(unroll=2, mc=1020, kc=384), dict(unroll=2, mc=516, kc=256)
+BLOCKINGS = {(512, 32): {"float32": Blocking(mr=6, nv=4, nc=512, **_F32),
+                         "float64": Blocking(mr=12, nv=2, nc=320, **_F64)},
+             (256, 16): {"float32": Blocking(mr=6, nv=1, nc=256, **_F32),
+                         "float64": Blocking(mr=6, nv=1, nc=128, **_F64)},
+             (128, 16): {"float32": Blocking(mr=2, nv=1, nc=256, **_F32),
+                         "float64": Blocking(mr=2, nv=1, nc=128, **_F64)},
+             (128, 32): {"float32": Blocking(mr=6, nv=1, nc=256, **_F32),
+                         "float64": Blocking(mr=6, nv=1, nc=128, **_F64)}}
+KC = _F32["kc"]
+
+
+def blocking_for(dtype: str) -> Blocking:
+    """The blocking of ``dtype`` on the build's machine (:func:`jitbyoc.render.isa.current`)."""
+    return BLOCKINGS[vector_bits(), vector_registers()][dtype]
+
+
 SERIAL_MAX_MACS = THREAD_MIN["gemm"]  # a static problem smaller than this runs on the calling thread
 C_COLUMN_BLOCK = 64        # the C rendering applies the epilogue per row and 64 columns
 
@@ -257,7 +270,7 @@ class Gemm:
     blocking: Blocking = field(default=None)
 
     def __post_init__(self):
-        self.blocking = self.blocking or BLOCKING[self.dtype]
+        self.blocking = self.blocking or blocking_for(self.dtype)
 
     @property
     def nr(self) -> int:

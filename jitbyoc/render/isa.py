@@ -1,28 +1,81 @@
-"""The vector ISA jitbyoc writes its register-blocked kernels for: the host's, as the JIT
-targets the host. AVX-512 machines have 32 vector registers of 512 bits; AVX2 machines
-(most laptops and desktops, AMD before Zen 4) 16 of 256 bits. Kernels keep writing
-64-byte vectors (:data:`jitbyoc.render.vectors.VECTOR_BYTES`, which LLVM splits in two on
-AVX2); what must follow the ISA is how many of them a register tile holds, or the tile
-spills (a 6x64 float32 GEMM tile is 48 ymm accumulators on AVX2: 53 GFLOP/s where
+"""The machine jitbyoc writes code for: LLVM triple, CPU and features, and the vector ISA
+its register-blocked kernels follow.
+
+A build compiles for one :class:`Machine`: the host by default, or what the TVM target
+names (:mod:`jitbyoc.tvm.target` derives it; :func:`compiling_for` scopes it to the
+build). AVX-512 machines have 32 vector registers of 512 bits; AVX2 machines (most
+laptops and desktops, AMD before Zen 4) 16 of 256 bits; baseline x86-64 16 of 128 (SSE2);
+AArch64 32 of 128 (NEON). Kernels keep writing 64-byte vectors
+(:data:`jitbyoc.render.vectors.VECTOR_BYTES`, which LLVM splits into the machine's
+registers); what must follow the ISA is how many of them a register tile holds, or the
+tile spills (a 6x64 float32 GEMM tile is 48 ymm accumulators on AVX2: 53 GFLOP/s where
 OpenBLAS reaches 155 on a 2-core Zen 3).
 """
 
 from __future__ import annotations
 
+import contextvars
+from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import lru_cache
 
 import llvmlite.binding as llvm
 
 
+@dataclass(frozen=True)
+class Machine:
+    """What code is compiled for, in LLVM's terms. ``features`` is LLVM's feature string
+    (``+avx2,+fma,-avx512f,...``), complete: the CPU's own features spelled out."""
+    triple: str
+    cpu: str
+    features: str
+
+    @property
+    def arch(self) -> str:
+        return self.triple.split("-")[0]
+
+    def has(self, feature: str) -> bool:
+        return f"+{feature}" in self.features.split(",")
+
+    def describe(self) -> str:
+        return f"{self.triple} cpu={self.cpu} ({vector_bits(self)}-bit vectors)"
+
+
 @lru_cache(maxsize=1)
-def host_features() -> frozenset[str]:
-    return frozenset(f[1:] for f in llvm.get_host_cpu_features().flatten().split(",") if f.startswith("+"))
+def host() -> Machine:
+    """This machine, as LLVM sees it."""
+    return Machine(llvm.get_process_triple(), llvm.get_host_cpu_name(),
+                   llvm.get_host_cpu_features().flatten())
 
 
-def vector_bits() -> int:
-    """The width of the host's vector registers."""
-    return 512 if "avx512f" in host_features() else 256
+_CURRENT: contextvars.ContextVar[Machine | None] = contextvars.ContextVar("jitbyoc_machine", default=None)
 
 
-def vector_registers() -> int:
-    return 32 if vector_bits() == 512 else 16
+def current() -> Machine:
+    """The machine the build in progress compiles for (the host outside any build)."""
+    return _CURRENT.get() or host()
+
+
+@contextmanager
+def compiling_for(machine: Machine):
+    """Compile for ``machine`` inside the block (code, engines, cache keys, plans)."""
+    token = _CURRENT.set(machine)
+    try:
+        yield machine
+    finally:
+        _CURRENT.reset(token)
+
+
+def vector_bits(machine: Machine | None = None) -> int:
+    """The width of the machine's vector registers."""
+    m = machine or current()
+    if m.arch in ("x86_64", "i686", "i386"):
+        return 512 if m.has("avx512f") else 256 if m.has("avx") else 128
+    return 128  # AArch64 NEON (SVE's width is not known at compile time: unused)
+
+
+def vector_registers(machine: Machine | None = None) -> int:
+    m = machine or current()
+    if m.arch in ("x86_64", "i686", "i386"):
+        return 32 if m.has("avx512f") else 16
+    return 32

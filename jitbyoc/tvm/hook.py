@@ -28,10 +28,12 @@ import tvm
 from tvm import relax, tirx
 from tvm.relax.pipeline import PIPELINE_MAP
 
+from ..render import isa
+from ..render.isa import Machine
 from ..build import buildlog
 from . import report as offload_report
 from .partition import partition_for_jitbyoc, regions
-from .target import host_mismatch
+from .target import machine_for
 
 log = logging.getLogger("jitbyoc")
 
@@ -52,18 +54,19 @@ class _Switch:
 _STATE = _Switch()
 
 
-def _offload_here(mod: tvm.IRModule) -> bool:
-    """Whether this build's target is one jitbyoc compiles for (an LLVM CPU target that
-    is this machine, :mod:`.target`); a foreign one is left to TVM, with the reason in
-    the offload report."""
+def _machine_here(mod: tvm.IRModule) -> Machine | None:
+    """The machine this build compiles for (:mod:`.target`), or None when jitbyoc does not
+    compile for its target: not an LLVM CPU target, or an architecture jitbyoc's kernels
+    are not written for (left to TVM, with the reason in the offload report)."""
     target = tvm.target.Target.current(allow_none=True)
     if target is not None and target.kind.name != "llvm":
-        return False
-    mismatch = host_mismatch(target)
-    if mismatch is not None:
-        log.warning("jitbyoc: %s; the build is left to TVM", mismatch)
-        offload_report.record_declined(mod, mismatch)
-    return mismatch is None
+        return None
+    machine = machine_for(target)
+    if isinstance(machine, str):
+        log.warning("jitbyoc: %s; the build is left to TVM", machine)
+        offload_report.record_declined(mod, machine)
+        return None
+    return machine
 
 
 ANCHOR = "__jitbyoc_anchor"
@@ -119,7 +122,11 @@ def _wrap(make_pipeline, always: bool = False):
         @tvm.transform.module_pass(opt_level=0, name="jitbyoc.offload")
         def _offload_then_tvm(mod, _ctx):
             with BUILD_LOCK:
-                return inner(offload(mod) if _offload_here(mod) else mod)
+                machine = _machine_here(mod)
+                if machine is None:
+                    return inner(mod)
+                with isa.compiling_for(machine):
+                    return inner(offload(mod))
 
         return _offload_then_tvm
 

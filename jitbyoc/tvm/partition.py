@@ -20,6 +20,7 @@ from tvm.relax.transform import FuseOpsByPattern
 
 from .. import lower
 from ..ir.errors import LoweringError
+from ..render import isa
 from ..memo import LRU
 from . import patterns
 from .composite_types import retype_composites
@@ -43,8 +44,10 @@ _MEMO = LRU(MEMO_ENTRIES)  # identity -> (module, partitioned module, lowered re
 
 
 def _identity(mod: tvm.IRModule) -> tuple:
+    """The module's identity and the machine it is partitioned for (kernel plans follow
+    the machine's registers: :mod:`jitbyoc.render.isa`)."""
     return tuple((gv.name_hint, f.__chandle__()) for gv, f in mod.functions.items()) + \
-        (mod.attrs.__chandle__() if mod.attrs is not None else 0,)
+        (mod.attrs.__chandle__() if mod.attrs is not None else 0, isa.current())
 
 
 def partition_for_jitbyoc(mod: tvm.IRModule) -> tvm.IRModule:

@@ -1,40 +1,52 @@
-"""Which build targets jitbyoc compiles for: this machine's.
+"""Which machine a build compiles for: what its TVM target names.
 
-jitbyoc specializes its code for the host CPU (AVX-512 here). A build whose TVM target
-names another machine -- another architecture (``mtriple``), another CPU (``mcpu``), or
-features the host lacks or the target removes (``mattr``) -- would get code that the
-target may not run (SIGILL on a CPU without AVX-512, x86-64 code in an AArch64 library).
-Until code generation follows the target, such a build is left to TVM whole, and the
-offload report says why. Plain ``"llvm"`` (no CPU named) means this machine.
+Plain ``"llvm"`` (no ``mcpu`` or ``mattr``, no triple of another architecture), or
+``mcpu=native``, means this machine, with every feature it has (TVM's own code for plain ``"llvm"`` is baseline
+x86-64; jitbyoc's is not: that is what a user building on the machine that runs the model
+wants). Otherwise the target decides, as it does for TVM's LLVM codegen: the triple (the
+host's when not given), the CPU (``generic`` when not given) and the complete feature set
+LLVM derives from CPU and ``mattr`` (TVM's ``llvm_get_cpu_features``, so jitbyoc and TVM
+agree on what the target has). Kernels then follow that machine's vector ISA
+(:mod:`jitbyoc.render.isa`): AVX-512, AVX2, SSE-only x86-64, AArch64 NEON. Another
+architecture leaves the build to TVM whole, with the reason in the offload report.
 """
 
 from __future__ import annotations
 
-from ..build import jit
+from tvm.target import codegen
+
+from ..render import isa
+from ..render.isa import Machine
+
+ARCHES = ("x86_64", "aarch64")  # what jitbyoc's kernels are written and tested for
 
 
-def _features(flat: str) -> dict[str, bool]:
-    return {f[1:]: f[0] == "+" for f in flat.split(",") if f and f[0] in "+-"}
+def _names_a_machine(target) -> bool:
+    """Whether ``target`` says more than "this machine": a CPU, features, or another
+    architecture (TVM fills in its own default triple, of this architecture, everywhere)."""
+    attrs = target.attrs
+    arch = str(attrs.get("mtriple") or isa.host().triple).split("-")[0]
+    cpu = str(attrs.get("mcpu") or "")
+    return bool(cpu and cpu != "native" or attrs.get("mattr") or arch != isa.host().arch)
+
+
+def machine_for(target) -> Machine | str:
+    """The machine ``target`` (a ``tvm.target.Target`` of kind llvm, or None) names, or
+    why jitbyoc cannot compile for it."""
+    host = isa.host()
+    if target is None or not _names_a_machine(target):
+        return host
+    attrs = target.attrs
+    triple = str(attrs.get("mtriple") or "") or host.triple
+    arch = triple.split("-")[0]
+    if arch not in ARCHES:
+        return f"target triple {triple}: jitbyoc compiles for {', '.join(ARCHES)} only"
+    cpu = str(attrs.get("mcpu") or "") or "generic"
+    features = sorted(str(f) for f in codegen.llvm_get_cpu_features(target))
+    return Machine(triple, cpu, ",".join(f"+{f}" for f in features))
 
 
 def host_mismatch(target) -> str | None:
-    """Why jitbyoc cannot compile for ``target`` (a ``tvm.target.Target`` or None), or
-    None when the target is this machine."""
-    if target is None or target.kind.name != "llvm":
-        return None
-    attrs, host = target.attrs, jit.host()
-    triple = str(attrs.get("mtriple") or "")
-    arch = host["triple"].split("-")[0]
-    if triple and triple.split("-")[0] != arch:
-        return f"target triple {triple}: jitbyoc compiles for this machine ({arch}) only"
-    cpu = str(attrs.get("mcpu") or "")
-    if cpu and cpu not in (host["cpu"], "native"):
-        return (f"target mcpu={cpu}: jitbyoc compiles for this machine's CPU ({host['cpu']}) "
-                f"only; its code could use instructions {cpu} lacks")
-    have = _features(host["features"])
-    for feat in (str(a) for a in (attrs.get("mattr") or ())):
-        name, on = feat.lstrip("+-"), not feat.startswith("-")
-        if have.get(name, False) != on:
-            return (f"target mattr {feat}: jitbyoc compiles for this machine's features "
-                    f"({'has' if have.get(name) else 'lacks'} {name}) only")
-    return None
+    """Why jitbyoc cannot compile for ``target``, or None when it can."""
+    m = machine_for(target)
+    return m if isinstance(m, str) else None
