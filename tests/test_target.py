@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 import tarfile
 
 import numpy as np
@@ -21,7 +22,7 @@ import tvm
 from tvm import relax
 
 import jitbyoc
-from jitbyoc.build import cache
+from jitbyoc.build import cache, cpu_check
 from jitbyoc.render import isa
 from jitbyoc.tvm.target import machine_for
 from tests.conftest import build_model, build_tvm, run
@@ -138,3 +139,51 @@ def test_builds_for_other_x86_cpus_run_right_here(attrs):
     assert len(jitbyoc.last_report().regions) >= 1
     got = run(relax.VirtualMachine(ex, tvm.cpu()), *args)
     np.testing.assert_allclose(got, run(build_tvm(mod), *args), rtol=1e-5, atol=1e-6)
+
+
+LACKED = next((f for f in sorted(cpu_check.CPUID) if not HOST.has(f)), None)
+CALL_EXPORTED = """
+import sys, numpy as np, tvm
+from tvm import relax
+vm = relax.VirtualMachine(tvm.runtime.load_module(sys.argv[1]), tvm.cpu())
+try:
+    vm["main"](tvm.runtime.tensor(np.ones((4, 16), "float32")))
+except Exception as err:
+    print(type(err).__name__, err)
+assert "jitbyoc" not in sys.modules
+"""
+
+
+def _build_needing(feature: str):
+    mod = build_model({"a": ((4, 16), "float32")}, lambda bb, a: bb.emit(relax.op.nn.relu(a)))
+    with jitbyoc.enabled():
+        ex = tvm.compile(mod, target=_target(mcpu=HOST.cpu, mattr=[f"+{feature}"]))
+    assert len(jitbyoc.last_report().regions) == 1
+    return ex
+
+
+@pytest.mark.skipif(LACKED is None, reason="this CPU has every feature jitbyoc checks")
+def test_code_for_features_this_cpu_lacks_raises_naming_them():
+    vm = relax.VirtualMachine(_build_needing(LACKED), tvm.cpu())
+    with pytest.raises(RuntimeError, match=rf"compiled for {HOST.cpu}.* lacks: .*\b{LACKED}\b"):
+        vm["main"](tvm.runtime.tensor(np.ones((4, 16), "float32")))
+
+
+@pytest.mark.skipif(LACKED is None or shutil.which("gcc") is None,
+                    reason="needs a CPU lacking a checked feature and gcc for export_library")
+def test_an_exported_library_loaded_without_jitbyoc_checks_too(tmp_path):
+    lib = tmp_path / "model.so"
+    _build_needing(LACKED).export_library(str(lib))
+    done = subprocess.run([sys.executable, "-c", CALL_EXPORTED, str(lib)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]  # no SIGILL: an error, caught
+    assert "RuntimeError" in done.stdout and LACKED in done.stdout, done.stdout
+
+
+def test_a_build_for_this_machine_passes_the_check_and_runs():
+    mod = build_model({"a": ((4, 16), "float32")}, lambda bb, a: bb.emit(relax.op.nn.relu(a)))
+    with jitbyoc.enabled():
+        ex = tvm.compile(mod, target=_target(mcpu=HOST.cpu))
+    x = np.linspace(-1, 1, 64, dtype="float32").reshape(4, 16)
+    np.testing.assert_array_equal(run(relax.VirtualMachine(ex, tvm.cpu()), x), np.maximum(x, 0))
+    assert set(cpu_check.required(HOST)) <= {f for f in cpu_check.CPUID if HOST.has(f)}

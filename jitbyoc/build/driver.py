@@ -20,7 +20,7 @@ from ..engines import parse as parse_engine
 from ..engines import references as engines_called
 from ..ir.errors import CompileError, error_context
 from ..memo import LRU
-from ..render import optimization
+from ..render import isa, optimization
 from . import buildlog, cache, compile_pool, jit, runtime
 from .region import Region
 
@@ -150,9 +150,9 @@ def _compile_misses(misses: dict, keys: dict, asm: dict, engines: dict, status: 
 
 
 def _load(asm: dict[str, str], engines: dict[str, str], uses: dict[str, tuple]) -> tvm.runtime.Module:
-    # keyed by everything the module text is made of, compared in full
+    # keyed by everything the module text is made of (the machine: its CPU check), compared in full
     key = (tuple(sorted(asm.items())), tuple(sorted(engines.items())),
-           tuple(sorted((s, c, tuple(t)) for s, (c, t) in uses.items())))
+           tuple(sorted((s, c, tuple(t)) for s, (c, t) in uses.items())), isa.current())
     module = _MODULES.get(key)
     if module is None:
         module = runtime.tvm_module(asm, engines, uses)

@@ -24,7 +24,8 @@ import tvm_ffi
 
 from ..engines import references
 from ..render.abi import names_table
-from . import jit
+from ..render import isa
+from . import cpu_check, jit
 from .llvm_entry import entry_symbol
 
 # assembler directives that must not repeat in (or do not belong to) the shared object
@@ -58,18 +59,20 @@ def _ir_bytes(data: bytes) -> str:
     return "".join(chr(c) if 0x20 <= c < 0x7F and c not in (0x22, 0x5C) else f"\\{c:02X}" for c in data)
 
 
-def _trampoline(symbol: str, code: str, texts: list[str]) -> str:
-    """``__tvm_ffi_<symbol>``: calls the code's entry with this use's names table."""
+def _trampoline(symbol: str, code: str, texts: list[str], checked: bool) -> str:
+    """``__tvm_ffi_<symbol>``: calls the code's entry with this use's names table (after
+    the CPU check, :mod:`.cpu_check`, when the module has one)."""
     offsets, blob = names_table(texts)
     words = ", ".join(f"i64 {o}" for o in offsets)
     ty = f"{{ [{len(offsets)} x i64], [{len(blob)} x i8] }}"
     entry = entry_symbol(code)
-    return (f'@"{symbol}.names" = private unnamed_addr constant {ty} '
-            f'{{ [{len(offsets)} x i64] [{words}], [{len(blob)} x i8] c"{_ir_bytes(blob)}" }}, align 8\n'
-            f"declare i32 @{entry}(ptr, ptr, i32, ptr, ptr)\n"
-            f"define i32 @__tvm_ffi_{symbol}(ptr %self, ptr %args, i32 %n, ptr %ret) {{\n"
-            f'  %r = tail call i32 @{entry}(ptr %self, ptr %args, i32 %n, ptr %ret, ptr @"{symbol}.names")\n'
-            f"  ret i32 %r\n}}")
+    call = f'  %r = tail call i32 @{entry}(ptr %self, ptr %args, i32 %n, ptr %ret, ptr @"{symbol}.names")'
+    body = cpu_check.guard(call) if checked else [call, "  ret i32 %r"]
+    return "\n".join([f'@"{symbol}.names" = private unnamed_addr constant {ty} '
+                      f'{{ [{len(offsets)} x i64] [{words}], [{len(blob)} x i8] c"{_ir_bytes(blob)}" }}, align 8',
+                      f"declare i32 @{entry}(ptr, ptr, i32, ptr, ptr)",
+                      f"define i32 @__tvm_ffi_{symbol}(ptr %self, ptr %args, i32 %n, ptr %ret) {{",
+                      "entry:", *body, "}"])
 
 
 _LABEL = re.compile(r"^([A-Za-z_$][\w.$]*):", re.MULTILINE)
@@ -101,8 +104,11 @@ def module_text(codes: dict[str, str], engines: dict[str, str], uses: dict[str, 
     parts = [f'target triple = "{h["triple"]}"', f'target datalayout = "{jit.data_layout()}"']
     for symbol, asm in {**engines, **codes}.items():
         parts += _module_asm(symbol, asm)
+    check = cpu_check.module_ir(isa.current())
+    if check:
+        parts.append(check)
     for symbol, (code, texts) in uses.items():
-        parts.append(_trampoline(symbol, code, texts))
+        parts.append(_trampoline(symbol, code, texts, bool(check)))
     parts += ["!llvm.module.flags = !{!0}",
               f'!0 = !{{i32 2, !"tvm_target", !"{_escape(tvm_target_flag())}"}}']
     return "\n".join(parts) + "\n"
