@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..ir import kir
 from ..render import abi
-from ..render.c import PRELUDE, emit_compute
+from ..render.c import PRELUDE, emit_compute, storage_c
 
 
 def c_string(text: str) -> str:
@@ -26,6 +26,21 @@ def emit_c(kernel: kir.Kernel, symbol: str, texts: list[str]) -> str:
     functions: list[str] = []
     compute = emit_compute(kernel, functions)
     return "\n".join([PRELUDE, *functions, *compute, "", *emit_entry(kernel, symbol, texts), ""])
+
+
+def emit_c_unit(regions) -> str:
+    """Regions (:class:`~jitbyoc.build.region.Region`) as one C translation unit: the
+    prelude once, each distinct code once, an entry ``__tvm_ffi_<symbol>`` per region
+    (what a ``target="c"`` build exports, :func:`jitbyoc.build.runtime.c_source_module`)."""
+    parts, done = [PRELUDE], set()
+    for r in regions:
+        if r.kernel.name not in done:
+            done.add(r.kernel.name)
+            functions: list[str] = []
+            compute = emit_compute(r.kernel, functions)
+            parts += [*functions, *compute]
+        parts += ["", *emit_entry(r.kernel, r.symbol, r.texts)]
+    return "\n".join(parts + [""])
 
 
 class Entry:
@@ -54,11 +69,11 @@ def emit_entry(kernel: kir.Kernel, symbol: str, texts: list[str]) -> list[str]:
     entry = Entry()
     for chk in abi.plan(kernel):
         chk.emit_c(entry)
-    ptrs = [f"(void*)((char*)jb_ptr_at(dl{i}, {abi.DL_DATA}) + jb_i64_at(dl{i}, {abi.DL_BYTE_OFFSET}))"
-            for i in range(len(kernel.params))]
+    ptrs = [f"({storage_c(p.dtype)}*)((char*)jb_ptr_at(dl{i}, {abi.DL_DATA}) + jb_i64_at(dl{i}, {abi.DL_BYTE_OFFSET}))"
+            for i, p in enumerate(kernel.params)]
     return [f"static const char* const jb_names_{symbol}[] = {{",
             *[f"  {c_string(t)}," for t in texts], "};",
-            f"int32_t __tvm_ffi_{symbol}(void* self, const TVMFFIAny* args, int32_t num_args, "
+            f"JB_EXPORT int32_t __tvm_ffi_{symbol}(void* self, const TVMFFIAny* args, int32_t num_args, "
             f"TVMFFIAny* ret) {{",
             "  char msg[1024];",
             f"  const char* const* names = jb_names_{symbol};",

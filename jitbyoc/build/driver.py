@@ -10,8 +10,10 @@ Cache status goes to the build log (:mod:`jitbyoc.build.buildlog`).
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import time
+from contextlib import contextmanager
 
 import tvm
 
@@ -45,6 +47,34 @@ def load_region(region: Region) -> tvm.runtime.Module:
     """One region alone (with the engines it calls) as a runtime module."""
     return runtime.tvm_module({region.kernel.name: region.asm}, engine_asm(engines_called(region.asm)),
                               {region.symbol: (region.kernel.name, region.texts)})
+
+
+_C_OUTPUT: contextvars.ContextVar[bool] = contextvars.ContextVar("jitbyoc_c_output", default=False)
+
+
+@contextmanager
+def emitting_c():
+    """Inside the block builds hand TVM C source (:func:`c_regions`): a ``target="c"`` build."""
+    token = _C_OUTPUT.set(True)
+    try:
+        yield
+    finally:
+        _C_OUTPUT.reset(token)
+
+
+def build_regions(regions: list[Region]) -> tvm.runtime.Module | None:
+    """The runtime module of a build's regions: C source in :func:`emitting_c`, else
+    compiled code (:func:`compile_regions`)."""
+    return c_regions(regions) if _C_OUTPUT.get() else compile_regions(regions)
+
+
+def c_regions(regions: list[Region]) -> tvm.runtime.Module | None:
+    """The regions as one C source module, for a ``target="c"`` build (nothing compiled
+    here: ``export_library`` runs the C compiler)."""
+    if not regions:
+        return None
+    buildlog.current().status.update({r.symbol: "c source" for r in regions})
+    return runtime.c_source_module(regions)
 
 
 def compile_regions(regions: list[Region]) -> tvm.runtime.Module | None:

@@ -26,6 +26,7 @@ from ..engines import references
 from ..render.abi import names_table
 from ..render import isa
 from . import cpu_check, jit
+from .c_entry import emit_c_unit
 from .llvm_entry import entry_symbol
 
 # assembler directives that must not repeat in (or do not belong to) the shared object
@@ -124,6 +125,13 @@ def load_llvm_module(ir_text: str) -> tvm.runtime.Module:
         return tvm_ffi.load_module(path, keep_module_alive=False)
     finally:
         os.unlink(path)
+
+
+def c_source_module(regions) -> tvm.runtime.Module:
+    """The regions as a TVM C source module (a ``target="c"`` build): ``export_library``
+    compiles it with the rest of the model, with the user's C compiler."""
+    create = tvm.get_global_func("runtime.CSourceModuleCreate")
+    return create(emit_c_unit(regions), "c", [r.symbol for r in regions], [])
 
 
 def tvm_module(codes: dict[str, str], engines: dict[str, str], uses: dict[str, tuple]) -> tvm.runtime.Module:

@@ -28,6 +28,14 @@ PRELUDE = r"""#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
+/* C99, and C++ too: TVM's export_library compiles C sources with g++. */
+#ifdef __cplusplus
+#define restrict __restrict__
+#define JB_EXPORT extern "C"
+extern "C" {
+#else
+#define JB_EXPORT
+#endif
 /* TVM FFI packed-function ABI, spelled out so no TVM header is needed. */
 typedef struct { int32_t type_index; uint32_t pad; union { int64_t v_int64; void* v_ptr; } v; } TVMFFIAny;
 extern void TVMFFIErrorSetRaisedFromCStr(const char* kind, const char* message);
@@ -35,6 +43,9 @@ typedef struct { void* sync_handle; int32_t num_task; } TVMParallelGroupEnv;
 extern int TVMBackendParallelLaunch(int (*f)(int, TVMParallelGroupEnv*, void*), void* cdata, int n);
 extern void* TVMBackendAllocWorkspace(int device_type, int device_id, uint64_t nbytes, int code, int bits);
 extern int TVMBackendFreeWorkspace(int device_type, int device_id, void* ptr);
+#ifdef __cplusplus
+}
+#endif
 
 static inline int32_t jb_bits_f32(float x) { int32_t i; memcpy(&i, &x, 4); return i; }
 static inline float jb_bits_i32(int32_t i) { float x; memcpy(&x, &i, 4); return x; }
@@ -176,7 +187,7 @@ class Ctx:
             [f"typedef struct {{ {'; '.join(fields)}; }} {sname};",
              f"static int {fname}(int task, TVMParallelGroupEnv* env, void* cdata) {{",
              f"  const {sname}* c = ({sname}*)cdata;", *child.lines, "}", ""]))
-        init = [f"(void*){b.name}" for b in self.bufs] + list(self.syms) + [count] + list(extra)
+        init = [f"({storage_c(b.dtype)}*){b.name}" for b in self.bufs] + list(self.syms) + [count] + list(extra)
         with self.block(""):
             self.line(f"{sname} c = {{{', '.join(init)}}};")
             self.line(f"if (TVMBackendParallelLaunch({fname}, &c, 0) != 0) return -1;")

@@ -23,7 +23,7 @@ def _codegen(functions, options, constant_names):
     regions = [region_of(f) for f in functions]
     for r in regions:
         remember(r.symbol, r.kernel)
-    module = driver.compile_regions(regions)
+    module = driver.build_regions(regions)
     return [module] if module is not None else []
 
 

@@ -22,7 +22,7 @@ import gc
 import logging
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import tvm
 from tvm import relax, tirx
@@ -30,7 +30,7 @@ from tvm.relax.pipeline import PIPELINE_MAP
 
 from ..render import isa
 from ..render.isa import Machine
-from ..build import buildlog
+from ..build import buildlog, driver
 from . import report as offload_report
 from .partition import partition_for_jitbyoc, regions
 from .target import machine_for
@@ -55,12 +55,15 @@ _STATE = _Switch()
 
 
 def _machine_here(mod: tvm.IRModule) -> Machine | None:
-    """The machine this build compiles for (:mod:`.target`), or None when jitbyoc does not
-    compile for its target: not an LLVM CPU target, or an architecture jitbyoc's kernels
-    are not written for (left to TVM, with the reason in the offload report)."""
+    """The machine this build compiles for (:mod:`.target`; a ``"c"`` target renders C
+    for this machine's kernel plans), or None when jitbyoc does not compile for its target:
+    not a CPU target, or an architecture jitbyoc's kernels are not written for (left to
+    TVM, with the reason in the offload report)."""
     target = tvm.target.Target.current(allow_none=True)
-    if target is not None and target.kind.name != "llvm":
+    if target is not None and target.kind.name not in ("llvm", "c"):
         return None
+    if target is not None and target.kind.name == "c":
+        return isa.host()
     machine = machine_for(target)
     if isinstance(machine, str):
         log.warning("jitbyoc: %s; the build is left to TVM", machine)
@@ -125,7 +128,9 @@ def _wrap(make_pipeline, always: bool = False):
                 machine = _machine_here(mod)
                 if machine is None:
                     return inner(mod)
-                with isa.compiling_for(machine):
+                target = tvm.target.Target.current(allow_none=True)
+                as_c = target is not None and target.kind.name == "c"
+                with isa.compiling_for(machine), driver.emitting_c() if as_c else nullcontext():
                     return inner(offload(mod))
 
         return _offload_then_tvm
