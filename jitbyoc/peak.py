@@ -21,13 +21,15 @@ import llvmlite.binding as llvm
 from llvmlite import ir
 
 from .build import jit
+from .render import isa
 from .render.isa import vector_bits
 
 CHAINS, UNROLL = 12, 4  # independent chains (>= FMA latency x ports, fit 16 registers), unrolled
 
 
 def lanes() -> int:
-    """float32 lanes of one vector register of this machine."""
+    """float32 lanes of one vector register of the build's machine (:func:`isa.current`:
+    this machine, or e.g. the AVX2 subset of it under ``isa.compiling_for``)."""
     return vector_bits() // 32
 
 
@@ -36,7 +38,7 @@ def _peak_ir(width: int) -> str:
     f32, i64 = ir.FloatType(), ir.IntType(64)
     vec = ir.VectorType(f32, width)
     module = ir.Module(name="peak")
-    module.triple = llvm.get_process_triple()
+    module.triple = isa.current().triple
     fma = ir.Function(module, ir.FunctionType(vec, [vec, vec, vec]), f"llvm.fma.v{width}f32")
     fn = ir.Function(module, ir.FunctionType(f32, [i64]), "peak")
     b = ir.IRBuilder(fn.append_basic_block("entry"))
@@ -67,8 +69,8 @@ def peak_loop():
     """The compiled loop as ``(callable(n) -> float, engine)``; keep the engine alive."""
     jit.target_machine()  # initializes LLVM's native target
     # MCJIT takes ownership of its target machine: give it its own, never jitbyoc's cached one
-    tm = llvm.Target.from_triple(llvm.get_process_triple()).create_target_machine(
-        cpu=llvm.get_host_cpu_name(), features=jit.host_features(), opt=3)
+    m = isa.current()
+    tm = llvm.Target.from_triple(m.triple).create_target_machine(cpu=m.cpu, features=m.features, opt=3)
     engine = llvm.create_mcjit_compiler(llvm.parse_assembly(_peak_ir(lanes())), tm)
     engine.finalize_object()
     return ctypes.CFUNCTYPE(ctypes.c_float, ctypes.c_int64)(engine.get_function_address("peak")), engine
@@ -96,7 +98,12 @@ def machine_peak(threads: int) -> float:
     return max(fma_peak(threads), threads * fma_peak(1))
 
 
-@lru_cache(maxsize=None)
 def measured_peak(threads: int) -> float:
-    """:func:`fma_peak` for ``threads`` threads, measured once per process (about 0.2 s)."""
+    """:func:`fma_peak` for ``threads`` threads, measured once per process and machine
+    (about 0.2 s)."""
+    return _measured(threads, isa.current())
+
+
+@lru_cache(maxsize=None)
+def _measured(threads: int, machine: isa.Machine) -> float:
     return fma_peak(threads, iters=5_000_000)

@@ -117,6 +117,8 @@ def test_exported_x86_objects_use_only_their_targets_registers(attrs, allowed, t
         assert {r for r, n in used.items() if n} <= allowed, (attrs, used)
         widest = max(allowed, key=lambda r: "xyz".index(r[0]))
         assert used[widest] > 0, (attrs, used)  # the target's widest vectors are used
+        if attrs.get("mcpu") == "x86-64" and not attrs.get("mattr"):  # no FMA: never libm's fma per element
+            assert b"fmaf" not in obj.read_bytes() and b"fma\0" not in obj.read_bytes()
 
 
 def test_an_aarch64_export_holds_aarch64_objects(tmp_path):

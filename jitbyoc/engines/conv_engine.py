@@ -26,7 +26,7 @@ from llvmlite import ir
 from ..ir.dtypes import dtype as lookup_dtype
 from ..ir.llvmtypes import I1, I8, I32, I64, PTR, declare
 from ..render.loops import ceil_div, claim_each, for_range, smin, task_counter
-from ..render.vectors import splat
+from ..render.vectors import multiply_add, splat
 from . import registry
 from .conv_plan import plane_table, tap_table, workspace_size
 
@@ -134,7 +134,6 @@ class _Emit:
     def accumulate(self, c, xoff, wrows, accs) -> None:
         """``accs[j*V + v] = sum over channels and taps`` for the chunk at ``xoff``."""
         b, s, e, vt, elem = c.b, c.syms, self.e, self.vt, self.elem
-        fma = declare(c.module, f"llvm.fma.v{e.lanes}f{elem.bits}", vt, [vt, vt, vt])
         taps = b.inttoptr(s["taptab"], PTR)
         for a in accs:
             b.store(ir.Constant(vt, None), a)
@@ -149,7 +148,7 @@ class _Emit:
                 for j in range(e.j):
                     wv = splat(b, b.load(b.gep(wps[j], [t], source_etype=elem.ir), typ=elem.ir), e.lanes)
                     for v in range(e.v):
-                        vals[j * e.v + v] = b.call(fma, [xs[v], wv, vals[j * e.v + v]])
+                        vals[j * e.v + v] = multiply_add(b, xs[v], wv, vals[j * e.v + v])
                 for a, val in zip(accs, vals):
                     b.store(val, a)
 

@@ -13,7 +13,7 @@ from llvmlite import ir
 from ..ir.dtypes import dtype as lookup_dtype
 from ..ir.llvmtypes import I1, I8, I32, I64, PTR
 from ..render.loops import for_range
-from ..render.vectors import VECTOR_BYTES, intrinsic, lane_mask, lanes, splat, suffix, vload, vstore, vtype
+from ..render.vectors import VECTOR_BYTES, intrinsic, lane_mask, lanes, multiply_add, splat, vload, vstore, vtype
 
 
 def gep(b, ptr, offset, dt):
@@ -92,8 +92,7 @@ def microkernel(module: ir.Module, dt: str, mr: int, nv: int, unroll: int, maske
 def _fma_step(b, dt, rows, aks, bp, bks, masks):
     """One k step as a function of the accumulators: load the B vectors of row k, then
     per A row broadcast ``A[i, k]`` and FMA it into that row's accumulators."""
-    vl, vt, et = lanes(dt), vtype(dt), lookup_dtype(dt).ir
-    fma = intrinsic(b.module, f"llvm.fma.{suffix(vt)}", vt, [vt, vt, vt])
+    vl, et = lanes(dt), lookup_dtype(dt).ir
     nv = len(masks)
 
     def step(k, accs):
@@ -103,7 +102,7 @@ def _fma_step(b, dt, rows, aks, bp, bks, masks):
         for i, row in enumerate(rows):
             a = splat(b, b.load(gep(b, row, koff, dt), typ=et), vl)
             for j in range(nv):
-                out[i * nv + j] = b.call(fma, [a, bvec[j], accs[i * nv + j]])
+                out[i * nv + j] = multiply_add(b, a, bvec[j], accs[i * nv + j])
         return out
     return step
 

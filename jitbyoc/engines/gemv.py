@@ -18,7 +18,7 @@ from llvmlite import ir
 from ..ir.dtypes import dtype as lookup_dtype
 from ..ir.llvmtypes import I64
 from ..render.loops import for_range
-from ..render.vectors import intrinsic, lane_mask, lanes, splat, strips, suffix, vload, vstore, vtype
+from ..render.vectors import intrinsic, lane_mask, lanes, multiply_add, splat, strips, suffix, vload, vstore, vtype
 
 ROWS = 4  # outputs per block: x is loaded once for these rows of W
 COLUMNS = 4  # vectors of outputs per block when B's rows are contiguous (``x @ W``)
@@ -50,10 +50,9 @@ def _accumulators(b: ir.IRBuilder, dtype: str, count: int):
         slots = [b.alloca(vt) for _ in range(count)]
     for s in slots:
         b.store(ir.Constant(vt, [0.0] * vt.count), s)
-    fma = intrinsic(b.module, f"llvm.fma.{suffix(vt)}", vt, [vt, vt, vt])
 
     def add(slot, x, y) -> None:
-        b.store(b.call(fma, [x, y, b.load(slot, typ=vt)]), slot)
+        b.store(multiply_add(b, x, y, b.load(slot, typ=vt)), slot)
 
     return slots, add
 

@@ -24,7 +24,7 @@ from llvmlite import ir
 from ..ir.dtypes import dtype as lookup_dtype
 from ..ir.llvmtypes import I1, I32, I64
 from ..render.loops import for_range, threaded
-from ..render.vectors import VectorLiteral, intrinsic, lanes, splat, suffix, vload, vstore, vtype
+from ..render.vectors import VectorLiteral, lanes, multiply_add, splat, vload, vstore, vtype
 
 MAX_STRIDE = 4  # a wider load per tap costs stride registers' worth of loads
 
@@ -70,7 +70,6 @@ def _row(c, stage, n, src, ow0, masks, weights, oh):
     """One output block: row ``oh``, columns ``ow0 .. ow0 + n``; returns the sums."""
     b, g, dt = c.b, stage.geo, stage.out.dtype
     vt = vtype(dt, n)
-    fma = intrinsic(b.module, f"llvm.fma.{suffix(vt)}", vt, [vt, vt, vt])
     x = stage.inputs[0]
     (sh, sw), (dh, dw), (pt, pl, _, _) = g.stride, g.dilation, g.pad
     acc = VectorLiteral(vt, "zeroinitializer")
@@ -82,7 +81,7 @@ def _row(c, stage, n, src, ow0, masks, weights, oh):
         for j, keep in enumerate(masks):
             if keep is not None:
                 v = _tap(c, stage, n, row_ptr, ow0 * sw + j * dw - pl, keep, inside)
-                acc = b.call(fma, [v, weights[i * g.kw + j], acc])
+                acc = multiply_add(b, v, weights[i * g.kw + j], acc)
     return acc
 
 
