@@ -38,6 +38,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-peers", action="store_true", help="skip torch and onnxruntime")
     p.add_argument("--keep-cache", action="store_true", help="use jitbyoc's own disk cache "
                    "(default: an empty temporary one, so cold builds are cold)")
+    p.add_argument("--target", metavar="TARGET", help="build for this TVM target: JSON "
+                   "('{\"kind\": \"llvm\", \"mcpu\": \"haswell\"}'), or a CPU name (haswell); "
+                   "default llvm, this machine")
+    p.add_argument("--rpc", metavar="HOST:PORT", help="run the default suite's models on a TVM "
+                   "RPC server (bench/remote.py) instead of here")
+    p.add_argument("--cc", metavar="COMPILER", help="with --rpc: the compiler export_library links "
+                   "with (a cross compiler for another architecture)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging (tracebacks)")
     return p.parse_args(argv)
 
@@ -124,6 +131,13 @@ def bench(args: argparse.Namespace) -> int:
         log.error("the harness needs tqdm and matplotlib: pip install 'jitbyoc[bench]'")
         return 2
     from . import models, peers, report, run
+    from . import target as build_target
+
+    build_target.set_target(args.target)
+    if args.rpc:
+        from . import remote
+
+        return remote.main(args)
 
     if args.list:
         print(list_models(models))

@@ -35,8 +35,10 @@ def vm_function(mod, offload: bool, args):
 
     import jitbyoc
 
+    from . import target as build_target
+
     with (jitbyoc.enabled() if offload else jitbyoc.disabled()):
-        ex = tvm.compile(mod, target="llvm")
+        ex = tvm.compile(mod, target=build_target.current())
     f = relax.VirtualMachine(ex, tvm.cpu())["main"]
     tensors = [tvm.runtime.tensor(a) for a in args]
     return lambda: f(*tensors)

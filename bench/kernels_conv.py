@@ -40,6 +40,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="threads for every candidate")
     p.add_argument("--repeat", type=int, default=15, help="timed rounds (median reported)")
     p.add_argument("--quick", action="store_true", help="target conv, pools and ResNet-18 only")
+    p.add_argument("--target", metavar="TARGET", help="jitbyoc's and TVM's build target (bench/target.py): "
+                   "JSON or a CPU name such as haswell; default llvm, this machine")
     return p.parse_args(argv)
 
 
@@ -128,6 +130,11 @@ def main(argv=None) -> list[dict]:
     args = parse_args(argv)
     os.environ["TVM_NUM_THREADS"] = str(args.threads)
     import numpy as np
+
+    from . import target as build_target
+
+    build_target.set_target(args.target)
+    print(build_target.describe(), flush=True)
 
     try:
         import torch

@@ -34,15 +34,23 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="smaller sgemm (1024), fewer rounds")
     p.add_argument("--tvm", action="store_true", help="also time TVM's default build on sgemm "
                    "(single-threaded and unscheduled: tens of seconds at 2048)")
+    p.add_argument("--target", metavar="TARGET", help="jitbyoc's and TVM's build target (bench/target.py): "
+                   "JSON or a CPU name such as haswell; default llvm, this machine")
     return p.parse_args(argv)
 
 
 # ---- peak: jitbyoc.peak (one FMA loop for the library's profiler and the benchmarks) ----------
 
 def machine_peak(threads: int) -> float:
+    """The FMA peak of the benchmark's target (:mod:`bench.target`): its vector ISA on
+    this machine's cores."""
     from jitbyoc.peak import machine_peak as peak
+    from jitbyoc.render import isa
 
-    return peak(threads)
+    from . import target as build_target
+
+    with isa.compiling_for(build_target.machine()):
+        return peak(threads)
 
 
 # ---- models -------------------------------------------------------------------------------------
@@ -181,6 +189,10 @@ def main(argv=None) -> None:
         print("note: numpy was imported before --threads applied; OpenBLAS keeps its default pool")
     import numpy as np
     print(openblas_kernel(held), flush=True)
+    from . import target as build_target
+
+    build_target.set_target(args.target)
+    print(build_target.describe(), flush=True)
     try:
         import torch
         torch.set_num_threads(args.threads)

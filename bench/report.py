@@ -90,7 +90,8 @@ def format_machine(machine: dict) -> str:
     return (f"machine: {machine['cpu_model'] or '?'} (llvm cpu {machine['cpu']}), "
             f"{machine['cores']} cores, threads {machine['threads'] or 'default'}, "
             f"load {'/'.join(map(str, machine.get('loadavg') or ['?']))}; "
-            f"python {machine['python']}, {versions}")
+            f"python {machine['python']}, {versions}"
+            + (f"; {machine['target']}" if machine.get("target") else ""))
 
 
 def write_json(path: Path, payload: dict) -> None:

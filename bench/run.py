@@ -25,6 +25,7 @@ from tvm import relax
 import jitbyoc
 
 from . import peers as peers_mod
+from . import target as build_target
 from .models import Case, Entry, Skip, from_forward
 from .timing import Stats, max_errors, speedup, time_alternating, time_blocks, timed
 
@@ -53,11 +54,11 @@ def compile_both(mod: tvm.IRModule) -> dict:
     """Cold then warm builds, TVM default and jitbyoc; the executables and the report."""
     def tvm_build():
         jitbyoc.disable()
-        return tvm.compile(mod, target="llvm")
+        return tvm.compile(mod, target=build_target.current())
 
     def jit_build():
         with jitbyoc.enabled():
-            return tvm.compile(mod, target="llvm"), jitbyoc.last_report()
+            return tvm.compile(mod, target=build_target.current()), jitbyoc.last_report()
 
     ex_tvm, cold_tvm = timed(tvm_build)
     (ex_jit, report), cold_jit = timed(jit_build)  # report of the cold build
@@ -213,7 +214,7 @@ def machine_info(threads: int | None) -> dict:
             "loadavg": loadavg(), "platform": platform.platform(),
             "python": sys.version.split()[0],
             "tvm": tvm.__version__, "llvmlite": llvmlite.__version__, "numpy": np.__version__,
-            "jitbyoc": jitbyoc.__version__}
+            "jitbyoc": jitbyoc.__version__, "target": build_target.describe()}
     info.update({p: peers_mod.version(p) for p in ("torch", "onnx", "onnxruntime")})
     return info
 

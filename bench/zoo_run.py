@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from . import peers as peers_mod
+from . import target as build_target
 from .case import Skip
 from .flops import count_flops
 from .models import Entry
@@ -55,11 +56,11 @@ def build(entry: Entry, case) -> dict | Skip:
 
     def jit_build():
         with jitbyoc.enabled():
-            return tvm.compile(case.mod, target="llvm"), jitbyoc.last_report()
+            return tvm.compile(case.mod, target=build_target.current()), jitbyoc.last_report()
 
     def tvm_build():
         with jitbyoc.disabled():
-            return tvm.compile(case.mod, target="llvm")
+            return tvm.compile(case.mod, target=build_target.current())
 
     try:
         (ex_jit, report), seconds = timed(jit_build)
