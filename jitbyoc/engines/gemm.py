@@ -299,10 +299,14 @@ class Gemm:
             i = f"(gr % {m})"
             with c.block(f"for (int64_t gj0 = 0; gj0 < {n}; gj0 += {C_COLUMN_BLOCK})"):
                 c.line(f"const int64_t gjn = {n} - gj0 < {C_COLUMN_BLOCK} ? {n} - gj0 : {C_COLUMN_BLOCK};")
+                # a row of accumulators, k outermost: each sum still runs in k order, and the
+                # inner loop walks a row of B (the compiler vectorizes it)
+                c.line(f"{ctype} acc[{C_COLUMN_BLOCK}] = {{0}};")
+                with c.loop("gk", k):
+                    c.line(f"const {ctype} a = {self.a.element_c(c, bidx, i, 'gk')};")
+                    with c.loop("gj", "gjn"):
+                        c.line(f"acc[gj] += a * {self.b.element_c(c, bidx, '(gj0 + gj)', 'gk')};")
                 with c.loop("gj", "gj0 + gjn", "gj0"):
-                    c.line(f"{ctype} acc = 0;")
-                    with c.loop("gk", k):
-                        c.line(f"acc += {self.a.element_c(c, bidx, i, 'gk')} * {self.b.element_c(c, bidx, 'gj', 'gk')};")
-                    c.line(f"{c.element(self.c.buf, self.c.offset_c(c, bidx, i, 'gj'))} = acc;")
+                    c.line(f"{c.element(self.c.buf, self.c.offset_c(c, bidx, i, 'gj'))} = acc[gj - gj0];")
                 if self.epilogue is not None:
                     self.epilogue(c, bidx, i, "1", "gj0", "gjn")
