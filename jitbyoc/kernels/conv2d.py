@@ -100,6 +100,9 @@ def _conv_geometry(call) -> ConvGeometry:
                         tuple(int(p) for p in a.padding), int(a.groups), out[2], out[3])
 
 
+C_COLUMNS = 64  # output columns per block of accumulators in the C rendering
+
+
 @dataclass(eq=False)
 class Conv2d(kir.KernelStage):
     """``out = conv(x, w)``; ``work`` holds ``x`` packed as ``plan.layout`` says."""
@@ -141,25 +144,36 @@ class Conv2d(kir.KernelStage):
     def needs_loop_vectorizer(self) -> bool:
         return False  # the conv engine is explicit vectors
 
-    # ---- C: the plain loop nest (inspection and export) ----------------------------------------
+    # ---- C: a portable nest (inspection and export) --------------------------------------------
     def emit_c(self, ctx) -> None:
+        """(image, output channel) rows in parallel; per output row, a block of column
+        accumulators summed over (input channel, tap row, tap column) in that order, the
+        inner loop along the columns (the compiler vectorizes it)."""
         g = self.geo
-        (x, w), out = self.inputs, self.out
+        ctx.parallel_for(f"{ctx.dim(g.n)} * {g.k}", self._c_rows)
+        ctx.epilogue(self, ["0"] * self.out.ndim, [ctx.dim(d) for d in self.out.shape])
+
+    def _c_rows(self, c, lo, hi, _extra) -> None:
+        g, (x, w), out = self.geo, self.inputs, self.out
         (sh, sw), (dh, dw), (pt, pl, _, _) = g.stride, g.dilation, g.pad
-        ctype = lookup_dtype(out.dtype).c
-        with ctx.loop("n", ctx.dim(g.n)), ctx.loop("oc", g.k):
-            ctx.line(f"const int64_t grp = oc / {g.kg};")
-            with ctx.loop("oh", g.oh), ctx.loop("ow", g.ow):
-                ctx.line(f"{ctype} acc = 0;")
-                with ctx.loop("ic", g.cg), ctx.loop("i", g.kh), ctx.loop("j", g.kw):
-                    ctx.line(f"const int64_t ih = oh * {sh} + i * {dh} - {pt};")
-                    ctx.line(f"const int64_t iw = ow * {sw} + j * {dw} - {pl};")
-                    src = f"((n * {g.c} + grp * {g.cg} + ic) * {g.h} + ih) * {g.w} + iw"
-                    ctx.line(f"const {ctype} xv = (ih >= 0 && ih < {g.h} && iw >= 0 && iw < {g.w})"
-                             f" ? {ctx.element(x, src)} : 0;")
-                    ctx.line(f"acc += xv * {ctx.element(w, f'((oc * {g.cg} + ic) * {g.kh} + i) * {g.kw} + j')};")
-                ctx.line(f"{ctx.element(out, f'((n * {g.k} + oc) * {g.oh} + oh) * {g.ow} + ow')} = acc;")
-        ctx.epilogue(self, ["0"] * out.ndim, [ctx.dim(d) for d in out.shape])
+        ctype, block = lookup_dtype(out.dtype).c, C_COLUMNS
+        with c.loop("r", hi, lo):
+            c.line(f"const int64_t n = r / {g.k}, oc = r % {g.k}, grp = oc / {g.kg};")
+            with c.loop("oh", g.oh), c.block(f"for (int64_t ow0 = 0; ow0 < {g.ow}; ow0 += {block})"):
+                c.line(f"const int64_t own = {g.ow} - ow0 < {block} ? {g.ow} - ow0 : {block};")
+                c.line(f"{ctype} acc[{block}] = {{0}};")
+                with c.loop("ic", g.cg), c.loop("i", g.kh):
+                    c.line(f"const int64_t ih = oh * {sh} + i * {dh} - {pt};")
+                    c.line(f"const int64_t row = ((n * {g.c} + grp * {g.cg} + ic) * {g.h} + ih) * {g.w};")
+                    with c.loop("j", g.kw):
+                        c.line(f"const {ctype} wv = {c.element(w, f'((oc * {g.cg} + ic) * {g.kh} + i) * {g.kw} + j')};")
+                        with c.loop("o", "own"):
+                            c.line(f"const int64_t iw = (ow0 + o) * {sw} + j * {dw} - {pl};")
+                            c.line(f"const {ctype} xv = (ih >= 0 && ih < {g.h} && iw >= 0 && iw < {g.w})"
+                                   f" ? {c.element(x, 'row + iw')} : 0;")
+                            c.line("acc[o] += xv * wv;")
+                with c.loop("o", "own"):
+                    c.line(f"{c.element(out, f'((n * {g.k} + oc) * {g.oh} + oh) * {g.ow} + ow0 + o')} = acc[o];")
 
     @staticmethod
     def reference(x: np.ndarray, w: np.ndarray, strides=(1, 1), padding=(0, 0, 0, 0),
