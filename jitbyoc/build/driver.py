@@ -13,10 +13,10 @@ from __future__ import annotations
 import contextvars
 import logging
 import time
-from contextlib import contextmanager
 
 import tvm
 
+from ..context import scoped
 from ..engines import ir_text as engine_ir_text
 from ..engines import parse as parse_engine
 from ..engines import references as engines_called
@@ -52,14 +52,9 @@ def load_region(region: Region) -> tvm.runtime.Module:
 _C_OUTPUT: contextvars.ContextVar[bool] = contextvars.ContextVar("jitbyoc_c_output", default=False)
 
 
-@contextmanager
 def emitting_c():
-    """Inside the block builds hand TVM C source (:func:`c_regions`): a ``target="c"`` build."""
-    token = _C_OUTPUT.set(True)
-    try:
-        yield
-    finally:
-        _C_OUTPUT.reset(token)
+    """Inside the ``with`` block builds hand TVM C source (:func:`c_regions`): a ``target="c"`` build."""
+    return scoped(_C_OUTPUT, True)
 
 
 def build_regions(regions: list[Region]) -> tvm.runtime.Module | None:

@@ -8,7 +8,6 @@ unreadable, so the op stays with TVM.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from contextvars import ContextVar
 
 from tvm import relax, tirx
@@ -16,6 +15,7 @@ from tvm.ir.expr import Var as SizeVar
 from tvm.ir.prim import IntImm
 from tvm.sym import Analyzer
 
+from ..context import scoped
 from . import sizes as size_exprs
 from .dtypes import DTYPES
 
@@ -74,14 +74,9 @@ class SymbolicSizes:
 _SIZES: ContextVar[SymbolicSizes | None] = ContextVar("jitbyoc_symbolic_sizes", default=None)
 
 
-@contextmanager
 def naming_sizes(sizes: SymbolicSizes):
-    """Name symbolic sizes through ``sizes`` inside the block (a region's lowering)."""
-    token = _SIZES.set(sizes)
-    try:
-        yield sizes
-    finally:
-        _SIZES.reset(token)
+    """Name symbolic sizes through ``sizes`` inside the ``with`` block (a region's lowering)."""
+    return scoped(_SIZES, sizes)
 
 
 def size_name(var) -> str | int:

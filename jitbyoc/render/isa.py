@@ -15,11 +15,12 @@ OpenBLAS reaches 155 on a 2-core Zen 3).
 from __future__ import annotations
 
 import contextvars
-from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 
 import llvmlite.binding as llvm
+
+from ..context import scoped
 
 
 @dataclass(frozen=True)
@@ -56,14 +57,9 @@ def current() -> Machine:
     return _CURRENT.get() or host()
 
 
-@contextmanager
 def compiling_for(machine: Machine):
-    """Compile for ``machine`` inside the block (code, engines, cache keys, plans)."""
-    token = _CURRENT.set(machine)
-    try:
-        yield machine
-    finally:
-        _CURRENT.reset(token)
+    """Compile for ``machine`` inside the ``with`` block (code, engines, cache keys, plans)."""
+    return scoped(_CURRENT, machine)
 
 
 def vector_bits(machine: Machine | None = None) -> int:
