@@ -188,6 +188,8 @@ def _floor_div_llvm(b, dt, x, y):
 
 
 def _floor_mod_llvm(b, dt, x, y):
+    if dt.is_float:  # TVM's floormod of floats: x - floor(x / y) * y
+        return b.fsub(x, b.fmul(_intrinsic("floor")(b, dt, b.fdiv(x, y)), y))
     if not dt.signed:
         return b.urem(x, y)
     r = b.srem(x, y)
@@ -212,9 +214,20 @@ def _floor_div_c(dt, x, y):
 
 
 def _floor_mod_c(dt, x, y):
+    if dt.is_float:
+        return f"({x} - {_libm('floor')(dt, f'({x} / {y})')} * {y})"
     if not dt.signed:
         return f"({x} % {y})"
     return f"({x} % {y} + ({_floor_fix_c(x, y)} ? {y} : 0))"
+
+
+def _np_floor_mod(x, y):
+    """numpy's mod for integers; TVM's ``x - floor(x / y) * y`` for floats (numpy's float
+    mod rounds differently)."""
+    if x.dtype.kind == "f":
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return (x - np.floor(x / y) * y).astype(x.dtype)
+    return np.mod(x, y)
 
 
 def _mod_llvm(b, dt, x, y):
@@ -334,10 +347,11 @@ OPS: dict[str, OpDef] = {
     "bitnot":   OpDef(1, np.invert, I, lambda b, dt, x: b.not_(x), "(~{0})", relax="relax.bitwise_not"),
     "logical_xor": OpDef(2, np.logical_xor, B, lambda b, dt, x, y: b.xor(x, y), "({0} != {1})",
                          relax="relax.logical_xor"),
-    # integer division and remainders (nonzero divisors; INT_MIN / -1 is undefined, as in C)
+    # integer division and remainders (nonzero divisors; INT_MIN / -1 is undefined, as in C);
+    # floor_mod of floats is TVM's x - floor(x / y) * y
     "floor_divide": OpDef(2, np.floor_divide, I, _floor_div_llvm, _floor_div_c, relax="relax.floor_divide",
                           traps=True),
-    "floor_mod": OpDef(2, np.mod, I, _floor_mod_llvm, _floor_mod_c, relax="relax.floor_mod", traps=True),
+    "floor_mod": OpDef(2, _np_floor_mod, N, _floor_mod_llvm, _floor_mod_c, relax="relax.floor_mod", traps=True),
     "mod":      OpDef(2, np.fmod, N, _mod_llvm, lambda dt, x, y: _libm("fmod")(dt, x, y) if dt.is_float
                       else f"({x} % {y})", relax="relax.mod", traps=True),
     # float classification and rounding
