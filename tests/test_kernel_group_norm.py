@@ -65,8 +65,19 @@ def test_c_rendering_and_epilogue(tmp_path):
     np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4)
 
 
+def test_center_and_scale_flags_are_ignored_as_tvm_does():
+    """TVM's lowering applies gamma and beta whatever center/scale say; so does jitbyoc."""
+    cases = [case((2, 6, 3, 5), 3)]
+    mod = model(cases, lambda bb, vs, a: bb.emit(R.nn.group_norm(vs[0], vs[1], vs[2], num_groups=3, channel_axis=1,
+                                                                  axes=[2, 3], center=False, scale=False)))
+    assert jitbyoc.report(mod).fallbacks == []
+    arrays = inputs(cases, seed=9)
+    got, want = both(mod, arrays)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got[0], GroupNorm.reference(*arrays, groups=3), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("attrs, dtype, why", [(dict(axes=[3]), "float32", "not every dim after"),
-                                               (dict(center=False), "float32", "center/scale=False"),
                                                ({}, "float64", "float32 only")])
 def test_variants_left_to_tvm(attrs, dtype, why):
     def make_variant(bb, vs, _):

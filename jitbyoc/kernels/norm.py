@@ -233,9 +233,8 @@ def _check_group_norm(call) -> str | None:
         return f"relax.nn.group_norm: {channels} channels do not split into {groups} groups, or empty"
     if any(dims(p.ty) != [channels] for p in call.args[1:]):
         return "relax.nn.group_norm: gamma/beta are not one value per channel"
-    if not (call.attrs.center and call.attrs.scale):
-        return "relax.nn.group_norm: center/scale=False is left to TVM (its lowering ignores these flags)"
-    return None
+    return None  # center/scale=False: gamma and beta still apply, as in TVM's lowering (which
+    # ignores the flags; TVM's ONNX frontend passes ones and zeros with them, then scales)
 
 
 @register("relax.nn.group_norm", 3, _check_group_norm)
