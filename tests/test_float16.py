@@ -84,3 +84,29 @@ def test_half_arithmetic_stays_with_tvm():
     mod = build_model({"x": ((4,), F16)}, lambda bb, x: bb.emit(R.add(x, x)))
     (fallback,) = build_both(mod).report.fallbacks
     assert "float16 not supported" in fallback.reason
+
+
+@pytest.mark.parametrize("src", ["float32", "float64", "int32", "int64", "uint8", "bool"])
+def test_astype_to_half(src, tmp_path):
+    """Conversions to float16 (the result of astype may be any stored dtype): rounded to
+    nearest even, overflow to infinity, as TVM's build and numpy; C as the JIT."""
+    rng = np.random.default_rng(zlib.crc32(src.encode()))
+    if src == "bool":
+        x = rng.random(64) < 0.5
+    elif src.startswith("float"):
+        x = np.concatenate([rng.standard_normal(48) * 10.0 ** rng.integers(-8, 6, 48),
+                            [65504, 65519.99, 65520, 1e-8, -0.0, np.inf, -np.inf, np.nan, 2.0 ** -25,
+                             3 * 2.0 ** -26, 1 + 2.0 ** -11, 1 + 3 * 2.0 ** -12, 2049, 2051, 1e6, -7e4]]).astype(src)
+    else:
+        x = rng.integers(0 if src == "uint8" else -70000, 255 if src == "uint8" else 70000, 64).astype(src)
+    mod = build_model({"x": (x.shape, src)}, lambda bb, v: bb.emit(R.astype(v, F16)))
+    builds = build_both(mod)
+    assert builds.report.fallbacks == [], str(builds.report)
+    want, got = builds.run(x)
+    assert_bits_equal(got, want, "vs TVM")
+    with np.errstate(over="ignore"):
+        assert_bits_equal(got, x.astype(F16), "vs numpy")
+    if CC is not None:
+        (region,) = jitbyoc.inspect(mod)
+        c_fn, jit_fn = c_and_jit(region, tmp_path)
+        assert_bits_equal(call_region(c_fn, region.kernel, [x])[0], got, "C vs JIT")
