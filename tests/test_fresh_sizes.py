@@ -10,6 +10,8 @@ import pytest
 import tvm
 from tvm import relax
 
+import jitbyoc
+from jitbyoc.tvm.composite_types import restore_call_types
 from tests.conftest import build_both
 
 R = relax.op
@@ -86,3 +88,16 @@ def test_two_regions_with_one_code_get_their_own_result_types():
     assert [g.shape for g in got] == [(6, 10), (20, 3)]
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
+
+
+def test_manual_partition_and_codegen_with_restored_types():
+    """partition_for_jitbyoc, then RunCodegen by hand: the erased result type comes back
+    with restore_call_types, and the module builds and runs as TVM's."""
+    mod = fresh_reshape_model(3)
+    part = jitbyoc.partition_for_jitbyoc(mod)
+    out = restore_call_types(part, relax.transform.RunCodegen()(part))
+    with jitbyoc.disabled():  # TVM's own pipeline on the codegen'd module
+        vm = relax.VirtualMachine(tvm.compile(out, target="llvm"), tvm.cpu())
+    x = np.arange(60, dtype="float32").reshape(3, 4, 5)
+    got = vm["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(np.array([4, 5, 3], "int64"))).numpy()
+    np.testing.assert_array_equal(got, x.reshape(4, 5, 3))

@@ -125,11 +125,14 @@ def restore_call_types(partitioned: tvm.IRModule, codegen_out: tvm.IRModule) -> 
     if not any(relax.analysis.free_symbolic_vars(f) for f in partitioned.functions.values()
                if isinstance(f, relax.Function) and f.attrs and "Codegen" in f.attrs):
         return codegen_out  # every region's result type is defined by its parameters
-    sites = _CallSiteTypes(partitioned)
-    for func in partitioned.functions.values():
+    found = {}  # function name -> symbol -> the types of its region calls, in order
+    for gv, func in partitioned.functions.items():
         if isinstance(func, relax.Function) and not (func.attrs and "Codegen" in func.attrs):
+            sites = _CallSiteTypes(partitioned)
             sites.visit_expr(func)
+            found[gv.name_hint] = sites.found
     out = {}
     for gv, func in codegen_out.functions.items():
-        out[gv] = _Retype(codegen_out, sites.found).visit_expr(func) if isinstance(func, relax.Function) else func
+        calls = found.get(gv.name_hint)
+        out[gv] = _Retype(codegen_out, calls).visit_expr(func) if calls else func
     return tvm.IRModule(out, attrs=codegen_out.attrs)
