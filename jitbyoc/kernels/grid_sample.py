@@ -58,8 +58,8 @@ class GridSample(PortableStage, kir.KernelStage):
                                             x.shape[2 + a]) for a in range(k)]
                 sample = self._sampler(e, coords)
                 with e.loop(channels, 0, "c") as c:
-                    plane = e.let(e.mul(e.add(e.mul(n, channels), c), e.product(x.shape[2:])))
-                    e.store(out, e.add(e.mul(e.add(e.mul(n, channels), c), points), s), sample(plane))
+                    image = e.let(e.add(e.mul(n, channels), c))  # the (n, c) plane, in and out
+                    e.store(out, e.add(e.mul(image, points), s), sample(e.let(e.mul(image, e.product(x.shape[2:])))))
                 if self.epilogue is not None:
                     at = unravel(e, s, [e.dim(d) for d in out.shape[2:]])
                     e.epilogue(self, [n, 0] + at, [1, channels] + [1] * k)
