@@ -51,6 +51,7 @@ class RegionLowering:
         self.arg_names: list[str] = []
         self.sizes = SymbolicSizes()
         self.n_temps = 0  # temps are named by a counter: builders may drop theirs
+        self.made_by: dict[str, relax.Call] = {}  # a symbolic size -> the first op whose result has it
 
     # ---- values ------------------------------------------------------------------------------
     def value(self, expr):
@@ -132,6 +133,9 @@ class RegionLowering:
         elif isinstance(v, relax.Call):
             with error_context(LoweringError, self.symbol, f"op {getattr(v.op, 'name', v.op)}", v):
                 self.env[b.var] = self.op(v, b.var.ty)
+                for d in dims(b.var.ty) or ():
+                    if isinstance(d, str):
+                        self.made_by.setdefault(d, v)
         elif isinstance(v, relax.Var):  # an alias, as emit_output makes: gv = lv
             self.env[b.var] = self.value(v)
         elif isinstance(v, relax.TupleGetItem):
@@ -179,6 +183,15 @@ class RegionLowering:
             shown = sorted(self.sizes.display.get(h, h) for h in hidden)
             raise LoweringError(f"{self.symbol}: symbolic sizes {shown} occur only inside compound "
                                 f"dims of the region's arguments, so they cannot be read at run time")
+        used = {d for s in self.kernel.stages for b in kir.stage_reads(s) + kir.stage_writes(s)
+                for d in b.shape if isinstance(d, str)}
+        unread = used - set(self.kernel.plain_sizes) - set(self.kernel.sizes)
+        if unread:  # a reshape to sizes only its result shows (ONNX Unsqueeze), not output here
+            shown = sorted(self.sizes.display.get(h, h) for h in unread)
+            err = LoweringError(f"{self.symbol}: symbolic sizes {shown} appear in no argument of the "
+                                f"region, so they cannot be read at run time")
+            err.subject = self.made_by.get(min(unread))
+            raise err
 
 
 def fuse_epilogues(kernel: kir.Kernel) -> None:

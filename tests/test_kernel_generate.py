@@ -9,7 +9,7 @@ import pytest
 from tvm import relax
 
 from jitbyoc.kernels.gather import IndexTensor
-from jitbyoc.kernels.generate import Arange, Triangle
+from jitbyoc.kernels.generate import Arange, Eye, Size, Triangle
 from jitbyoc.kernels.scan import Cumsum
 from tests.conftest import build_both, build_model, build_tvm
 from tests.diff_util import check_c_matches_llvm
@@ -119,3 +119,42 @@ def test_index_tensor(x_shape, index_shapes, dt, idt, tmp_path):
                              [x, *idx], 1, tmp_path)
     np.testing.assert_array_equal(jit_out, tvm_out)
     np.testing.assert_array_equal(jit_out, IndexTensor.reference(x, *idx))
+
+
+@pytest.mark.parametrize("shape", [(1,), (3, 7), (17, 1, 3), ("n", 7)])
+def test_size(shape, tmp_path):
+    concrete = tuple(3 if d == "n" else d for d in shape)
+    x = np.zeros(concrete, "float32")
+    tvm_out, jit_out = _both({"x": (shape, "float32")}, lambda bb, x: bb.emit(R.size(x)), [x], 1, tmp_path)
+    np.testing.assert_array_equal(jit_out, tvm_out)
+    np.testing.assert_array_equal(jit_out, Size.reference(x))
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (3, 7), (7, 3), (17, 17)])
+@pytest.mark.parametrize("k", [-2, 0, 1, 5])
+@pytest.mark.parametrize("dt", ["float32", "int64", "bool"])
+def test_eye_like(shape, k, dt, tmp_path):
+    """eye_like with a following op fused (its epilogue)."""
+    x = np.random.default_rng(k + 3).integers(0, 2, shape).astype(dt)
+    combine = R.logical_or if dt == "bool" else R.add
+    tvm_out, jit_out = _both({"x": (shape, dt)}, lambda bb, x: bb.emit(combine(R.eye_like(x, k), x)),
+                             [x], 2, tmp_path)
+    np.testing.assert_array_equal(jit_out, tvm_out)
+    want = Eye.reference(*shape, k, dt)
+    np.testing.assert_array_equal(jit_out, want | x if dt == "bool" else want + x)
+
+
+def test_eye_like_of_another_dtype_is_left_to_tvm():
+    mod = build_model({"x": ((3, 3), "float32")}, lambda bb, x: bb.emit(R.eye_like(x, 0, "int32")))
+    (fallback,) = build_both(mod, tvm_builds=False).report.fallbacks
+    assert "ignores it" in fallback.reason
+
+
+@pytest.mark.parametrize("dt", ["float32", "int32", "bool"])
+def test_zeros(dt, tmp_path):
+    x = np.ones((3, 7), dt)
+    combine = R.logical_or if dt == "bool" else R.add
+    tvm_out, jit_out = _both({"x": ((3, 7), dt)}, lambda bb, x: bb.emit(combine(R.zeros((3, 7), dt), x)),
+                             [x], 2, tmp_path)
+    np.testing.assert_array_equal(jit_out, tvm_out)
+    np.testing.assert_array_equal(jit_out, x)

@@ -254,3 +254,31 @@ def test_general_3d_windows_match_tvm(op, shape, attrs):
     xs = np.random.default_rng(sum(shape)).standard_normal(shape).astype(F32)
     got, want = run(build(mod, True), [xs]), run(build(mod, False), [xs])
     np.testing.assert_array_equal(got[0], want[0])
+
+
+@pytest.mark.parametrize("dt", ["uint8", "int8", "int32", "int64"])
+def test_integer_max_pool_matches_tvm_exactly(dt, tmp_path):
+    """Integer max pooling (ONNX MaxPool on uint8): TVM starts from and pads with the
+    dtype's lowest value; a window of padding only yields it. C matches LLVM."""
+    cs = [([((1, 3, 7, 5), dt)], dict(kind="max", pool_size=(3, 2), strides=(2, 2), padding=(1, 0, 4, 1))),
+          ([((2, 1, 17, 3), dt)], dict(kind="max", pool_size=(2, 2), strides=(1, 1), dilation=(2, 1),
+                                        ceil_mode=True))]
+    rng = np.random.default_rng(1)
+    info = np.iinfo(dt)
+    args = [rng.integers(info.min, info.max, s, dtype=dt, endpoint=True) for (((s, _),), _) in cs]
+    mod = grid_model(cs, pool)
+    assert jitbyoc.report(mod).fallbacks == []
+    got, want = run(build(mod, True), args), run(build(mod, False), args)
+    for g, w, x, (_, attrs) in zip(got, want, args, cs):
+        np.testing.assert_array_equal(g, w)
+        np.testing.assert_array_equal(g, reference(x, attrs, g.shape[2:]))
+    one = grid_model(cs[:1], pool)
+    (region,) = jitbyoc.inspect(one)
+    c_out = run_c(region, {region.arg_names[0]: args[0]}, got[0].shape, dt, tmp_path)
+    np.testing.assert_array_equal(c_out, got[0])
+
+
+def test_integer_average_pool_stays_with_tvm():
+    mod = grid_model([([((1, 2, 4, 4), "int32")], dict(kind="avg", pool_size=(2, 2)))], pool)
+    (fallback,) = jitbyoc.report(mod).fallbacks
+    assert "int32 not supported" in fallback.reason

@@ -60,7 +60,7 @@ class DType:
     def ir(self) -> ir.Type:
         """The register type."""
         if self.is_float:
-            return self._vector(ir.FloatType() if self.bits == 32 else ir.DoubleType())
+            return self._vector({16: ir.HalfType(), 32: ir.FloatType()}.get(self.bits, ir.DoubleType()))
         return self._vector(ir.IntType(self.bits))
 
     @property
@@ -94,6 +94,7 @@ DTYPES = {
     for d in (
         DType("float32", "float", 32, 2, "float"),
         DType("float64", "float", 64, 2, "double"),
+        DType("float16", "float", 16, 2, "_Float16"),
         DType("int32", "int", 32, 0, "int32_t"),
         DType("int64", "int", 64, 0, "int64_t"),
         DType("bool", "bool", 1, 6, "bool"),
@@ -107,6 +108,10 @@ DTYPES = {
 }
 
 FLOATS = frozenset({"float32", "float64"})
+# float16 is stored and held as half (LLVM promotes each half operation to float and rounds
+# its result, as TVM's LLVM build does); only the rows and kernels that name HALF take it:
+# moves, compares, max/min and remainders, none that accumulate or approximate
+HALF = frozenset({"float16"})
 INTS = frozenset({"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"})
 NUMERIC = FLOATS | INTS
 ALL = NUMERIC | {"bool"}

@@ -25,7 +25,7 @@ import numpy as np
 from llvmlite import ir
 
 from . import vecmath
-from .dtypes import ALL, FLOATS, INTS, NUMERIC
+from .dtypes import ALL, FLOATS, HALF, INTS, NUMERIC
 from .dtypes import dtype as lookup_dtype
 from .llvmtypes import declare
 
@@ -188,6 +188,8 @@ def _floor_div_llvm(b, dt, x, y):
 
 
 def _floor_mod_llvm(b, dt, x, y):
+    if dt.is_float:  # TVM's floormod of floats: x - floor(x / y) * y
+        return b.fsub(x, b.fmul(_intrinsic("floor")(b, dt, b.fdiv(x, y)), y))
     if not dt.signed:
         return b.urem(x, y)
     r = b.srem(x, y)
@@ -212,9 +214,24 @@ def _floor_div_c(dt, x, y):
 
 
 def _floor_mod_c(dt, x, y):
+    if dt.bits == 16:  # each operation in float, rounded to half, as LLVM legalizes half
+        quotient = f"(float)(_Float16)((float){x} / (float){y})"
+        product = f"(float)(_Float16)(floorf({quotient}) * (float){y})"
+        return f"(_Float16)((float){x} - {product})"
+    if dt.is_float:
+        return f"({x} - {_libm('floor')(dt, f'({x} / {y})')} * {y})"
     if not dt.signed:
         return f"({x} % {y})"
     return f"({x} % {y} + ({_floor_fix_c(x, y)} ? {y} : 0))"
+
+
+def _np_floor_mod(x, y):
+    """numpy's mod for integers; TVM's ``x - floor(x / y) * y`` for floats (numpy's float
+    mod rounds differently)."""
+    if x.dtype.kind == "f":
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return (x - np.floor(x / y) * y).astype(x.dtype)
+    return np.mod(x, y)
 
 
 def _mod_llvm(b, dt, x, y):
@@ -255,7 +272,7 @@ def _np_clip(x, lo, hi):
 
 
 _BITCAST = {"float32": "int32", "int32": "float32", "float64": "int64", "int64": "float64"}
-F, I, N, B = FLOATS, INTS, NUMERIC, frozenset({"bool"})
+F, I, N, B, H = FLOATS, INTS, NUMERIC, frozenset({"bool"}), HALF
 NB = NUMERIC | B
 
 OPS: dict[str, OpDef] = {
@@ -267,11 +284,11 @@ OPS: dict[str, OpDef] = {
     "divide":   OpDef(2, _np_divide, N, lambda b, dt, x, y: b.fdiv(x, y) if dt.is_float
                       else (b.sdiv if dt.signed else b.udiv)(x, y), "({0} / {1})", relax="relax.divide",
                       traps=True),
-    "maximum":  OpDef(2, np.maximum, N, _select_rule(">"), "({0} > {1} ? {0} : {1})", relax="relax.maximum"),
-    "minimum":  OpDef(2, np.minimum, N, _select_rule("<"), "({0} < {1} ? {0} : {1})", relax="relax.minimum"),
-    "negative": OpDef(1, np.negative, N, lambda b, dt, x: b.fneg(x) if dt.is_float else b.neg(x),
+    "maximum":  OpDef(2, np.maximum, N | H, _select_rule(">"), "({0} > {1} ? {0} : {1})", relax="relax.maximum"),
+    "minimum":  OpDef(2, np.minimum, N | H, _select_rule("<"), "({0} < {1} ? {0} : {1})", relax="relax.minimum"),
+    "negative": OpDef(1, np.negative, N | H, lambda b, dt, x: b.fneg(x) if dt.is_float else b.neg(x),
                       "(-{0})", relax="relax.negative"),
-    "abs":      OpDef(1, np.abs, N, lambda b, dt, x: _intrinsic("fabs")(b, dt, x) if dt.is_float
+    "abs":      OpDef(1, np.abs, N | H, lambda b, dt, x: _intrinsic("fabs")(b, dt, x) if dt.is_float
                       else _abs_int(b, dt, x), lambda dt, x: _libm("fabs")(dt, x) if dt.is_float
                       else f"({x} < 0 ? -{x} : {x})", relax="relax.abs"),
     "relu":     OpDef(1, lambda x: np.maximum(x, 0).astype(x.dtype), N, _relu_llvm,
@@ -285,12 +302,12 @@ OPS: dict[str, OpDef] = {
                       expand=lambda e, dt, x: e.op("divide", dt, e.const(1, dt), e.op("sqrt", dt, x)),
                       relax="relax.rsqrt"),
     # comparisons and logic: bool results
-    "equal":         OpDef(2, np.equal, ALL, _cmp("=="), "({0} == {1})", out="bool", relax="relax.equal"),
-    "not_equal":     OpDef(2, np.not_equal, ALL, _cmp("!="), "({0} != {1})", out="bool", relax="relax.not_equal"),
-    "less":          OpDef(2, np.less, N, _cmp("<"), "({0} < {1})", out="bool", relax="relax.less"),
-    "less_equal":    OpDef(2, np.less_equal, N, _cmp("<="), "({0} <= {1})", out="bool", relax="relax.less_equal"),
-    "greater":       OpDef(2, np.greater, N, _cmp(">"), "({0} > {1})", out="bool", relax="relax.greater"),
-    "greater_equal": OpDef(2, np.greater_equal, N, _cmp(">="), "({0} >= {1})", out="bool", relax="relax.greater_equal"),
+    "equal":         OpDef(2, np.equal, ALL | H, _cmp("=="), "({0} == {1})", out="bool", relax="relax.equal"),
+    "not_equal":     OpDef(2, np.not_equal, ALL | H, _cmp("!="), "({0} != {1})", out="bool", relax="relax.not_equal"),
+    "less":          OpDef(2, np.less, N | H, _cmp("<"), "({0} < {1})", out="bool", relax="relax.less"),
+    "less_equal":    OpDef(2, np.less_equal, N | H, _cmp("<="), "({0} <= {1})", out="bool", relax="relax.less_equal"),
+    "greater":       OpDef(2, np.greater, N | H, _cmp(">"), "({0} > {1})", out="bool", relax="relax.greater"),
+    "greater_equal": OpDef(2, np.greater_equal, N | H, _cmp(">="), "({0} >= {1})", out="bool", relax="relax.greater_equal"),
     "logical_and":   OpDef(2, np.logical_and, B, lambda b, dt, x, y: b.and_(x, y), "({0} && {1})", relax="relax.logical_and"),
     "logical_or":    OpDef(2, np.logical_or, B, lambda b, dt, x, y: b.or_(x, y), "({0} || {1})", relax="relax.logical_or"),
     "logical_not":   OpDef(1, np.logical_not, B, lambda b, dt, x: b.not_(x), "(!{0})", relax="relax.logical_not"),
@@ -334,19 +351,20 @@ OPS: dict[str, OpDef] = {
     "bitnot":   OpDef(1, np.invert, I, lambda b, dt, x: b.not_(x), "(~{0})", relax="relax.bitwise_not"),
     "logical_xor": OpDef(2, np.logical_xor, B, lambda b, dt, x, y: b.xor(x, y), "({0} != {1})",
                          relax="relax.logical_xor"),
-    # integer division and remainders (nonzero divisors; INT_MIN / -1 is undefined, as in C)
+    # integer division and remainders (nonzero divisors; INT_MIN / -1 is undefined, as in C);
+    # floor_mod of floats is TVM's x - floor(x / y) * y
     "floor_divide": OpDef(2, np.floor_divide, I, _floor_div_llvm, _floor_div_c, relax="relax.floor_divide",
                           traps=True),
-    "floor_mod": OpDef(2, np.mod, I, _floor_mod_llvm, _floor_mod_c, relax="relax.floor_mod", traps=True),
-    "mod":      OpDef(2, np.fmod, N, _mod_llvm, lambda dt, x, y: _libm("fmod")(dt, x, y) if dt.is_float
+    "floor_mod": OpDef(2, _np_floor_mod, N | H, _floor_mod_llvm, _floor_mod_c, relax="relax.floor_mod", traps=True),
+    "mod":      OpDef(2, np.fmod, N | H, _mod_llvm, lambda dt, x, y: _libm("fmod")(dt, x, y) if dt.is_float
                       else f"({x} % {y})", relax="relax.mod", traps=True),
     # float classification and rounding
-    "isnan":    OpDef(1, np.isnan, F, expand=lambda e, dt, x: e.op("not_equal", dt, x, x), out="bool",
+    "isnan":    OpDef(1, np.isnan, F | H, expand=lambda e, dt, x: e.op("not_equal", dt, x, x), out="bool",
                       relax="relax.isnan"),
-    "isinf":    OpDef(1, np.isinf, F, expand=lambda e, dt, x: e.op("equal", dt, e.op("abs", dt, x),
+    "isinf":    OpDef(1, np.isinf, F | H, expand=lambda e, dt, x: e.op("equal", dt, e.op("abs", dt, x),
                                                                   e.const(math.inf, dt)),
                       out="bool", relax="relax.isinf"),
-    "isfinite": OpDef(1, np.isfinite, F, expand=lambda e, dt, x: e.op("less", dt, e.op("abs", dt, x),
+    "isfinite": OpDef(1, np.isfinite, F | H, expand=lambda e, dt, x: e.op("less", dt, e.op("abs", dt, x),
                                                                      e.const(math.inf, dt)),
                       out="bool", relax="relax.isfinite"),
     # the C library's (TVM's LLVM build calls the same functions through the same intrinsics)

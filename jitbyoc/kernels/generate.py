@@ -1,6 +1,8 @@
-"""Tensors made from attributes: ``relax.arange`` (a stage), ``relax.full`` (a value
-that broadcasts where it is used, as ``full_like``), and the triangles ``tril``/``triu``
-(``x`` where column - row is at most / at least ``k`` in the last two dims, else 0)."""
+"""Tensors made from attributes: ``relax.arange`` (a stage), ``relax.full`` and
+``relax.zeros`` (values that broadcast where they are used, as ``full_like``), the
+triangles ``tril``/``triu`` (``x`` where column - row is at most / at least ``k`` in the
+last two dims, else 0), ``eye_like`` (1 where column - row is ``k``) and ``size`` (the
+element count of a tensor, as an int64 scalar)."""
 
 from __future__ import annotations
 
@@ -129,3 +131,87 @@ def _build_triangle(fe, call, out):
 
 register("relax.tril", 2, _check_triangle)(_build_triangle)
 register("relax.triu", 2, _check_triangle)(_build_triangle)
+
+
+@dataclass(eq=False)
+class Eye(PortableStage, kir.KernelStage):
+    """``out[i, j] = 1 if j - i == k else 0`` (TVM's topi.eye)."""
+    k: int = 0
+
+    def emit(self, e) -> None:
+        out, dt = self.out, self.out.dtype
+        width, one, zero = e.dim(out.shape[-1]), e.const(1, dt), e.const(0, dt)
+
+        def row(e, r, pos):
+            diagonal = e.let(e.add(pos[-1], self.k))
+            with e.loop(width, 0, "j") as j:
+                e.store(out, e.add(e.mul(r, width), j), e.select(e.eq(j, diagonal), one, zero))
+            if self.epilogue is not None:
+                e.epilogue(self, pos + [0], [1] * len(pos) + [width])
+
+        each_row(e, out.shape, row, threaded(out.shape, "elementwise"))
+
+    @staticmethod
+    def reference(n: int, m: int, k: int, dtype: str) -> np.ndarray:
+        return np.eye(n, m, k, dtype=dtype)
+
+
+def _check_eye_like(call) -> str | None:
+    x = call.args[0]
+    problem = tensor_problem(x.ty, ALL) or tensor_problem(call.ty, ALL)
+    if problem:
+        return f"relax.eye_like: {problem}"
+    if len(dims(call.ty)) != 2 or 0 in dims(call.ty):
+        return "relax.eye_like: not a non-empty matrix"
+    if str(call.ty.dtype) != str(x.ty.dtype):  # TVM's legalization makes the input's dtype
+        return "relax.eye_like: a dtype other than the input's (TVM's build ignores it)"
+    if not isinstance(_eye_offset(call), int):
+        return "relax.eye_like: the diagonal offset is not a constant"
+    return None
+
+
+def _eye_offset(call):
+    """eye_like's diagonal offset k (an int), or None when it is not a constant int."""
+    if len(call.args) < 2:
+        return 0
+    return _number(call.args[1])
+
+
+@register("relax.eye_like", 1, _check_eye_like)
+def _build_eye_like(fe, call, out):
+    return Eye((), out, k=_eye_offset(call))
+
+
+def _check_zeros(call) -> str | None:
+    problem = tensor_problem(call.ty, ALL)
+    return f"relax.zeros: {problem}" if problem else None
+
+
+@register("relax.zeros", 1, _check_zeros)
+def _build_zeros(fe, call, out):
+    return kir.Const(0, out.dtype)
+
+
+@dataclass(eq=False)
+class Size(PortableStage, kir.KernelStage):
+    """``out[()]``: the element count of ``inputs[0]`` (its dims' product, read at run time
+    where symbolic)."""
+
+    def emit(self, e) -> None:
+        e.store(self.out, 0, e.i(e.product(self.inputs[0].shape)))
+        if self.epilogue is not None:
+            e.epilogue(self, [], [])
+
+    @staticmethod
+    def reference(x: np.ndarray) -> np.ndarray:
+        return np.array(x.size, "int64")
+
+
+def _check_size(call) -> str | None:
+    problem = tensor_problem(call.args[0].ty, ALL) or tensor_problem(call.ty, {"int64"})
+    return f"relax.size: {problem}" if problem else None
+
+
+@register("relax.size", 1, _check_size)
+def _build_size(fe, call, out):
+    return Size((fe.buffer(call.args[0]),), out)

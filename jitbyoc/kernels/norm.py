@@ -1,4 +1,4 @@
-"""Normalizations: layer_norm, rms_norm (kernels) and inference batch_norm (elementwise).
+"""Normalizations: layer_norm, rms_norm, group_norm (kernels) and inference batch_norm (elementwise).
 
 layer_norm and rms_norm normalize over a contiguous block of axes: the tensor is viewed
 as (outer, L, inner) and each of the outer*inner rows is done on its own, split across
@@ -33,7 +33,7 @@ from ..ir import kir
 from ..ir.dtypes import FLOATS
 from ..ir.relax_types import dims, tensor_problem
 from ..ir.rules import register
-from ..render.indexing import fold, unravel
+from ..render.indexing import fold, folds, unravel
 from ..render.loops import threaded
 from ..render.portable import PortableStage
 from .layout import reshaped
@@ -108,6 +108,57 @@ class RowNorm(PortableStage, kir.KernelStage):
         return ((wide - mean) / np.sqrt(var + epsilon) * params[0] + params[1]).astype(x.dtype)
 
 
+@dataclass(eq=False)
+class GroupNorm(PortableStage, kir.KernelStage):
+    """group_norm: ``inputs = (x, gamma, beta)``, the channels of dim ``axis`` split into
+    ``groups`` groups, each group (its channels and every dim after them: a contiguous
+    row) normalized on its own, with TVM's one-pass statistics: ``mean = sum(x) / L``,
+    ``var = sum(x * x) / L - mean * mean``; ``out = (x - mean) * (1 / sqrt(var + eps))
+    * gamma[c] + beta[c]``."""
+    groups: int = 1
+    axis: int = 1
+    epsilon: float = 1e-5
+
+    def emit(self, e) -> None:
+        x, gamma, beta = self.inputs
+        out, dt = self.out, self.out.dtype
+        outer, inner = x.shape[:self.axis], x.shape[self.axis + 1:]
+        per = x.shape[self.axis] // self.groups
+
+        def body(e, lo, hi):
+            n_in = e.product(inner)
+            length = e.mul(per, n_in)
+            count = e.as_float(length, dt)
+            with e.loop(hi, lo, "row") as r:
+                base, first = e.let(e.mul(r, length)), e.let(e.mul(e.rem(r, self.groups), per))
+                s, s2 = folds(e, "sum", dt, length, [lambda k: e.load(x, e.add(base, k)),
+                                                     lambda k: e.op("square", dt, e.load(x, e.add(base, k)))])
+                mean = e.op("divide", dt, s, count)
+                var = e.op("subtract", dt, e.op("divide", dt, s2, count), e.op("multiply", dt, mean, mean))
+                rstd = e.op("divide", dt, e.const(1, dt), e.op("sqrt", dt, e.op("add", dt, var, e.const(
+                    self.epsilon, dt))))
+                with e.loop(length, 0, "k") as k:
+                    c = e.let(e.add(first, e.div(k, n_in)))
+                    v = e.op("multiply", dt, e.op("subtract", dt, e.load(x, e.add(base, k)), mean), rstd)
+                    e.store(out, e.add(base, k), e.op("add", dt, e.op("multiply", dt, v, e.load(gamma, c)),
+                                                      e.load(beta, c)))
+                if self.epilogue is not None:
+                    e.epilogue(self, _unravel_all(e, e.div(r, self.groups), outer) + [first] + [0] * len(inner),
+                               [1] * len(outer) + [per] + [e.dim(d) for d in inner])
+
+        e.parallel(e.mul(e.product(outer), self.groups), body, threaded(x.shape, "stage"))
+
+    @staticmethod
+    def reference(x, gamma, beta, groups: int, axis: int = 1, epsilon=1e-5) -> np.ndarray:
+        lead = x.shape[:axis]
+        rows = x.astype(np.float64).reshape(lead + (groups, -1))
+        mean = rows.mean(axis=-1, keepdims=True)
+        var = ((rows - mean) ** 2).mean(axis=-1, keepdims=True)
+        norm = ((rows - mean) / np.sqrt(var + epsilon)).reshape(x.shape)
+        scale = (x.shape[axis],) + (1,) * (x.ndim - axis - 1)
+        return (norm * gamma.reshape(scale) + beta.reshape(scale)).astype(x.dtype)
+
+
 def _unravel_all(e, flat, ds) -> list:
     return unravel(e, flat, [e.dim(d) for d in ds])
 
@@ -163,6 +214,34 @@ def _build_rows(fe, call, out):
 
 register("relax.nn.layer_norm", 3, _check_rows)(_build_rows)
 register("relax.nn.rms_norm", 2, _check_rows)(_build_rows)
+
+
+def _check_group_norm(call) -> str | None:
+    x = call.args[0]
+    problem = _operands_problem(call)
+    if problem:
+        return problem
+    if str(x.ty.dtype) != "float32":  # TVM's topi group_norm takes float32 only: no reference
+        return f"relax.nn.group_norm: dtype {x.ty.dtype} (TVM's own group_norm takes float32 only)"
+    shape = dims(x.ty)
+    axis = int(call.attrs.channel_axis) % max(len(shape), 1)
+    axes = sorted(int(a) % len(shape) for a in call.attrs.axes)
+    if axes != list(range(axis + 1, len(shape))):
+        return f"relax.nn.group_norm: axes {axes} are not every dim after the channel axis {axis}"
+    channels, groups = shape[axis], int(call.attrs.num_groups)
+    if not isinstance(channels, int) or groups <= 0 or channels % groups or 0 in shape:
+        return f"relax.nn.group_norm: {channels} channels do not split into {groups} groups, or empty"
+    if any(dims(p.ty) != [channels] for p in call.args[1:]):
+        return "relax.nn.group_norm: gamma/beta are not one value per channel"
+    return None  # center/scale=False: gamma and beta still apply, as in TVM's lowering (which
+    # ignores the flags; TVM's ONNX frontend passes ones and zeros with them, then scales)
+
+
+@register("relax.nn.group_norm", 3, _check_group_norm)
+def _build_group_norm(fe, call, out):
+    x = fe.buffer(call.args[0])
+    return GroupNorm((x, fe.buffer(call.args[1]), fe.buffer(call.args[2])), out, groups=int(call.attrs.num_groups),
+                     axis=int(call.attrs.channel_axis) % x.ndim, epsilon=float(call.attrs.epsilon))
 
 
 def _check_batch_norm(call) -> str | None:

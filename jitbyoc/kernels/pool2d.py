@@ -28,12 +28,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..ir import kir
-from ..ir.dtypes import FLOATS
+from ..ir.dtypes import FLOATS, NUMERIC
 from ..ir.dtypes import dtype as lookup_dtype
 from ..ir.relax_types import dims, tensor_problem
 from ..ir.rules import register
 from ..render.portable import C
-from .pool_llvm import emit_pool
+from .pool_llvm import emit_pool, lowest
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ class Pool2d(kir.KernelStage):
     def _c_window(self, ctx, x, ctype, src) -> None:
         _, _, h, w = x.shape
         (sh, sw), (dh, dw), (pt, pl) = self.stride, self.dilation, self.pad[:2]
-        init = "0" if self.row.average else ctx.em.const(np.finfo(np.dtype(x.dtype)).min, x.dtype)
+        init = "0" if self.row.average else ctx.em.const(lowest(x.dtype), x.dtype)
         ctx.line(f"{ctype} acc = {init};")
         with ctx.loop("i", self.size[0]), ctx.loop("j", self.size[1]):
             ctx.line(f"const int64_t ih = oh * {sh} + i * {dh} - {pt}, iw = ow * {sw} + j * {dw} - {pl};")
@@ -137,16 +137,18 @@ class Pool2d(kir.KernelStage):
     @staticmethod
     def reference(x: np.ndarray, kind: str, out_hw, size=(1, 1), stride=(1, 1), dilation=(1, 1),
                   pad=(0, 0, 0, 0), include_pad=False) -> np.ndarray:
-        """TVM's pooling semantics in float64 (``out_hw`` fixes ceil_mode's extra cells)."""
+        """TVM's pooling semantics in float64, integers in their own dtype (``out_hw``
+        fixes ceil_mode's extra cells)."""
         h, w = x.shape[2:]
-        out = np.zeros(x.shape[:2] + tuple(out_hw))
+        wide = x.dtype if x.dtype.kind in "iu" else np.float64
+        out = np.zeros(x.shape[:2] + tuple(out_hw), wide)
         for oh in range(out_hw[0]):
             rows, ch = _ref_window(oh, 0, h, kind, out_hw, size, stride, dilation, pad, include_pad)
             for ow in range(out_hw[1]):
                 cols, cw = _ref_window(ow, 1, w, kind, out_hw, size, stride, dilation, pad, include_pad)
-                win = x[:, :, rows][:, :, :, cols].astype(np.float64)
+                win = x[:, :, rows][:, :, :, cols].astype(wide)
                 if not POOL_KINDS[kind].average:
-                    low = np.finfo(x.dtype).min
+                    low = lowest(x.dtype)
                     out[:, :, oh, ow] = np.maximum(win.max(axis=(2, 3)), low) if win.size else low
                 else:
                     out[:, :, oh, ow] = win.sum(axis=(2, 3)) / max(ch * cw, 1)
@@ -168,8 +170,8 @@ def _ref_window(o, d, size, kind, out_hw, k, s, dl, pad, include_pad):
 def _check(call) -> str | None:
     name = call.op.name
     x = call.args[0]
-    for arg in (x, call):
-        problem = tensor_problem(arg.ty, FLOATS)
+    for arg in (x, call):  # a max of integers is exact; averages stay floats
+        problem = tensor_problem(arg.ty, NUMERIC if name == "relax.nn.max_pool2d" else FLOATS)
         if problem:
             return f"{name}: {problem}"
     xd, od = dims(x.ty), dims(call.ty)

@@ -12,6 +12,12 @@ from ..render.loops import for_range, threaded
 from ..render.portable import LLVM
 
 
+def lowest(dt) -> float | int:
+    """What a max pool starts from and pads with, as TVM's: the dtype's lowest finite value."""
+    d = np.dtype(str(dt))
+    return float(np.finfo(d).min) if d.kind == "f" else int(np.iinfo(d).min)
+
+
 def emit_pool(stage, ctx) -> None:
     body = _adaptive_planes if stage.row.adaptive else _window_planes
     planes = ctx.product(stage.planes)
@@ -35,7 +41,7 @@ def _window_planes(stage, c, lo, hi) -> None:
     (x,), out, dt = stage.inputs, stage.out, stage.out.dtype
     _, _, h, w = x.shape
     _, _, oh_n, ow_n = out.shape
-    init = em.const(0 if stage.row.average else np.finfo(np.dtype(dt)).min, dt)
+    init = em.const(0 if stage.row.average else lowest(dt), dt)
     with for_range(b, hi, "pl", start=lo) as pl:
         src, dst = b.mul(pl, I64(h * w)), b.mul(pl, I64(oh_n * ow_n))
         with for_range(b, I64(oh_n), "oh") as oh:

@@ -27,7 +27,7 @@ from typing import Callable
 import numpy as np
 
 from ..ir import kir
-from ..ir.dtypes import FLOATS, NUMERIC
+from ..ir.dtypes import FLOATS, HALF, NUMERIC
 from ..ir.relax_types import dims, tensor_problem
 from ..ir.rules import register
 from ..render.indexing import dot, folds, identity, product, unravel
@@ -53,8 +53,8 @@ class Reduction:
 REDUCTIONS = {
     "sum": Reduction("sum", np.sum),
     "prod": Reduction("prod", np.prod),
-    "max": Reduction("max", np.max),
-    "min": Reduction("min", np.min),
+    "max": Reduction("max", np.max, dtypes=NUMERIC | HALF),  # exact: half too
+    "min": Reduction("min", np.min, dtypes=NUMERIC | HALF),
     "mean": Reduction("sum", np.mean, divide=True, dtypes=FLOATS),
     "variance": Reduction("sum", np.var, divide=True, two_pass=True, dtypes=FLOATS),
     "std": Reduction("sum", np.std, divide=True, two_pass=True, sqrt=True, dtypes=FLOATS),

@@ -32,6 +32,7 @@ from ..render import isa
 from ..render.isa import Machine
 from ..build import buildlog, driver
 from . import report as offload_report
+from .composite_types import restore_call_types
 from .partition import partition_for_jitbyoc, regions
 from .target import machine_for
 
@@ -110,7 +111,7 @@ def offload(mod: tvm.IRModule) -> tvm.IRModule:
     with _gc_paused(), buildlog.open_log() as log:
         part = partition_for_jitbyoc(mod)
         t1 = time.perf_counter()
-        out = relax.transform.RunCodegen()(part)
+        out = restore_call_types(part, relax.transform.RunCodegen()(part))
     log.timings.update(partition_s=t1 - t0, codegen_s=time.perf_counter() - t1)
     offload_report.record(part, log)
     return _with_anchor(out) if regions(part) else out
