@@ -2,8 +2,10 @@
 
 Prints, per case, jitbyoc's median time (and GFLOP/s for convolutions) with same-process
 median-of-repeats ratios against TVM's default build and torch eager (if installed;
-numpy has no convolution, so it is not a peer here). jitbyoc and TVM take turns in one
-alternating loop; torch's spinning thread pool gets a loop of its own. Cases:
+numpy has no convolution, so it is not a peer here). jitbyoc, TVM default and torch are
+each timed in blocks of warm calls of their own, taking turns (:func:`bench.timing.time_blocks`:
+a call of one between two of another's would flush the layer from cache, and TVM's and
+torch's pools spin after a call). Cases:
 
 * the target conv: 1x64x56x56, 3x3, pad 1, + bias + relu (one fused jitbyoc region);
 * (without ``--quick``) every distinct conv of ResNet-18, each + bias + relu;
@@ -21,7 +23,7 @@ import os
 import statistics
 
 from .kernel_common import module, vm_function
-from .timing import time_alternating
+from .timing import time_blocks
 
 # (name, x shape, w shape, stride, pad): ResNet-18's distinct convolutions
 RESNET_CONVS = [
@@ -99,15 +101,17 @@ def run_case(case, repeat: int) -> dict:
     jit, tvm_default = (vm_function(case["mod"], off, case["args"]) for off in (True, False))
     err = float(np.abs(jit().numpy() - tvm_default().numpy()).max())
     repeat = min(repeat, case.get("repeat", repeat))
-    t = time_alternating({"jitbyoc": jit, "tvm": tvm_default}, repeat)
+    fns = {"jitbyoc": jit, "tvm": tvm_default}
     try:
         import torch
         torch_fn = case["torch"](torch.from_numpy)
         if torch_fn is not None:
-            with torch.inference_mode():
-                t.update(time_alternating({"torch": torch_fn}, repeat))
+            fns["torch"] = torch.inference_mode()(torch_fn)
     except ImportError:
         pass
+    # each in blocks of warm calls of its own, in turns: a TVM-default call (tens of ms,
+    # every core) between two of jitbyoc's would flush the layer out of cache
+    t = time_blocks(fns, repeat, budget=0.05)
     med = {k: statistics.median(v) for k, v in t.items()}
     row = dict(name=case["name"], ms=med["jitbyoc"] * 1e3, min_ms=min(t["jitbyoc"]) * 1e3,
                vs_tvm=med["tvm"] / med["jitbyoc"], err=err)
