@@ -282,3 +282,18 @@ def test_integer_average_pool_stays_with_tvm():
     mod = grid_model([([((1, 2, 4, 4), "int32")], dict(kind="avg", pool_size=(2, 2)))], pool)
     (fallback,) = jitbyoc.report(mod).fallbacks
     assert "int32 not supported" in fallback.reason
+
+
+@pytest.mark.parametrize("kind", ["max", "avg"])
+@pytest.mark.parametrize("stride", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("width", [15, 16, 17, 33, 112])
+def test_rows_on_explicit_vectors_match_tvm_exactly(kind, stride, width):
+    """Column strides up to 4 take explicit vectors (one masked span load and a shuffle per
+    vector of outputs; 5 stays scalar): every span and tail, with padding and dilation."""
+    attrs = {"kind": kind, "pool_size": (3, 3), "strides": (2, stride), "padding": (1, 1, 1, 2),
+             "dilation": (1, 2 if width == 33 else 1)}
+    cs = [([((2, 3, 9, width), F32)], attrs)]
+    mod = grid_model(cs, pool)
+    args = random_inputs(cs)
+    got, ref = run(build(mod, True), args), run(build(mod, False), args)
+    np.testing.assert_array_equal(got[0], ref[0])
