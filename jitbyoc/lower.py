@@ -197,7 +197,9 @@ class RegionLowering:
 def fuse_epilogues(kernel: kir.Kernel) -> None:
     """Fold an elementwise stage that only post-processes a kernel's fresh temp into the
     kernel: the kernel then writes the stage's buffer and applies the expression to each
-    block it finishes. Also lets a kernel write a region output directly (a plain copy)."""
+    block it finishes. Also lets a kernel write a region output directly (a plain copy).
+    The temp may be read through a reshape that only adds or drops leading unit dims (a
+    batched product's ``(H, S, S)`` read as ``(1, H, S, S)``: attention scores)."""
     changed = True
     while changed:
         changed = False
@@ -209,12 +211,13 @@ def fuse_epilogues(kernel: kir.Kernel) -> None:
             if producer is None:
                 continue
             tmp = producer.out
-            if tmp.shape != dst.shape or tmp.dtype != dst.dtype or dst.shape != stage.shape:
+            seen = next(n.buf for n in kir.walk([expr]) if isinstance(n, kir.Load) and n.buf.storage == tmp)
+            if seen.shape != dst.shape or tmp.dtype != dst.dtype or dst.shape != stage.shape:
                 continue
-            acc = kir.Acc(tmp.dtype)
-            loads = [n for n in kir.walk([expr]) if isinstance(n, kir.Load) and n.buf == tmp]
-            epi = kir.substitute(expr, {n: acc for n in loads})
-            producer.out = dst
+            epi = _in_producer_coordinates(expr, seen, tmp.shape)
+            if epi is None:
+                continue
+            producer.out = kir.view(dst, tmp.shape)
             producer.epilogue = None if isinstance(epi, kir.Acc) else epi
             kernel.stages.remove(stage)
             kernel.temps.remove(tmp)
@@ -222,9 +225,36 @@ def fuse_epilogues(kernel: kir.Kernel) -> None:
             break
 
 
+def _without_leading_ones(shape) -> tuple:
+    shape = tuple(shape)
+    while shape and shape[0] == 1:
+        shape = shape[1:]
+    return shape
+
+
+def _in_producer_coordinates(expr, seen: kir.Buffer, shape):
+    """``expr`` (over ``seen``'s shape, reading the producer's result as ``seen``) as an
+    epilogue over the producer's ``shape``: ``seen`` becomes the accumulator, every other
+    load is realigned; None unless the two shapes differ only in leading unit dims."""
+    if _without_leading_ones(seen.shape) != _without_leading_ones(shape):
+        return None
+    mapping: dict = {}
+    for n in (n for n in kir.walk([expr]) if isinstance(n, kir.Load)):
+        if n.buf == seen:
+            mapping[n] = kir.Acc(seen.dtype)
+            continue
+        extra = n.buf.ndim - len(shape)
+        if extra > 0:  # its leading dims face the dropped unit dims: they are unit dims too
+            if any(d != 1 for d in n.buf.shape[:extra]):
+                return None
+            mapping[n] = kir.Load(kir.view(n.buf, n.buf.shape[extra:]))
+    return kir.substitute(expr, mapping)
+
+
 def _sole_kernel_input(kernel: kir.Kernel, stage: kir.Elementwise, index: int):
     """The kernel stage whose temp ``stage`` post-processes, if fusing is safe: the temp is
-    read by nothing else, and every other buffer ``stage`` reads exists before the kernel."""
+    read by nothing else (by ``stage`` as itself or through one view), and every other
+    buffer ``stage`` reads exists before the kernel."""
     reads = kir.stage_reads(stage)
     temps = [b for b in reads if b in kernel.temps]
     if len(temps) != 1:
@@ -237,11 +267,12 @@ def _sole_kernel_input(kernel: kir.Kernel, stage: kir.Elementwise, index: int):
     producer = producers[0]
     if any(tmp in kir.stage_reads(s) for s in kernel.stages if s is not stage):
         return None
-    if any(b.base == tmp for b in reads):  # read through a view: the epilogue can't see it
+    direct = kir.loads([n for _, n in stage.stores])
+    if len({b for b in direct if b.storage == tmp}) != 1:  # the temp as one shape only
         return None
     made_after = {b for s in kernel.stages[kernel.stages.index(producer):index]
                   for b in kir.stage_writes(s)}
-    if any(b in made_after and b != tmp for b in reads):
+    if any(b in made_after and b.storage != tmp for b in reads):
         return None
     return producer
 

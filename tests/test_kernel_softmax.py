@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from tvm import relax
 
+import jitbyoc
 from jitbyoc.kernels.softmax import Softmax
 
 from .conftest import build_both, build_model, run
@@ -76,3 +77,27 @@ def test_other_axes_and_a_fused_epilogue():
 def test_c_rendering_matches_llvm(log, tmp_path):
     x = np.random.default_rng(2).standard_normal((5, 41)).astype("float32")
     check_c_matches_llvm(_model((5, 41), "float32", log=log), [x], tmp_path, rtol=3e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("s", [1, 7, 37])
+def test_attention_scores_scale_and_mask_ride_in_the_products_epilogue(s):
+    """A batched product's (H, S, S) read as (1, H, S, S), scaled and masked, then softmax:
+    the scale and mask are the product's epilogue (no pass of their own over the scores),
+    and the result matches TVM."""
+    from jitbyoc.ir import kir
+    from jitbyoc.kernels.matmul import MatMul
+
+    def body(bb, q, k, m):
+        t = bb.emit(relax.op.reshape(relax.op.matmul(q, relax.op.permute_dims(k, [0, 2, 1])), (1, 4, s, s)))
+        t = bb.emit(relax.op.add(relax.op.multiply(t, relax.const(0.25, "float32")), m))
+        return bb.emit(relax.op.nn.softmax(t, axis=-1))
+    mod = build_model({"q": ((4, s, 16), "float32"), "k": ((4, s, 16), "float32"),
+                       "m": ((1, 1, s, s), "float32")}, body)
+    (region,) = jitbyoc.inspect(mod)
+    kinds = [type(st) for st in region.kernel.stages]
+    assert kinds == [MatMul, Softmax], [kir.describe(st) for st in region.kernel.stages]
+    assert region.kernel.stages[0].epilogue is not None
+    rng = np.random.default_rng(s)
+    args = [rng.standard_normal(sh).astype("float32") for sh in ((4, s, 16), (4, s, 16), (1, 1, s, s))]
+    builds = build_both(mod)
+    np.testing.assert_allclose(run(builds.jit, *args), run(builds.tvm, *args), rtol=2e-5, atol=1e-6)
