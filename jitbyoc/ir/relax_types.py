@@ -144,6 +144,16 @@ def tensor_problem(ty, allowed) -> str | None:
     return None
 
 
+def operands_problem(call, operands, allowed) -> str | None:
+    """The first of ``operands`` (Relax expressions; the call itself for its result) whose
+    type cannot be lowered, as ``"<op>: <why>"``, or None."""
+    for e in operands:
+        problem = tensor_problem(e.ty, allowed)
+        if problem:
+            return f"{call.op.name}: {problem}"
+    return None
+
+
 def broadcast_problem(in_dims: list, out_dims: list) -> str | None:
     if len(in_dims) > len(out_dims):
         return f"operand rank {len(in_dims)} exceeds result rank {len(out_dims)}"

@@ -40,7 +40,7 @@ from ..engines.conv_plan import Plan, choose_plan, workspace_size
 from ..ir import kir
 from ..ir.dtypes import FLOATS
 from ..ir.dtypes import dtype as lookup_dtype
-from ..ir.relax_types import dims, tensor_problem
+from ..ir.relax_types import dims, operands_problem
 from ..ir.llvmtypes import I64
 from ..ir.rules import register
 from ..render.loops import for_range, threaded
@@ -255,10 +255,9 @@ def _layout_problem(call) -> str | None:
 def _check(call) -> str | None:
     name = call.op.name
     x, w = call.args
-    for arg in (x, w, call):
-        problem = tensor_problem(arg.ty, FLOATS)
-        if problem:
-            return f"{name}: {problem}"
+    problem = operands_problem(call, (x, w, call), FLOATS)
+    if problem:
+        return problem
     rank = 3 if name == "relax.nn.conv1d" else 4
     if len(dims(x.ty)) != rank or len(dims(w.ty)) != rank:
         return f"{name}: operands are not rank {rank}"

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..ir import kir
 from ..ir.dtypes import FLOATS
-from ..ir.relax_types import dims, tensor_problem
+from ..ir.relax_types import dims, operands_problem
 from ..ir.rules import register
 from ..render.indexing import dot
 from ..render.loops import threaded
@@ -108,10 +108,9 @@ class ConvTranspose(PortableStage, kir.KernelStage):
 
 def _check(call) -> str | None:
     name, (x, w), a = call.op.name, call.args, call.attrs
-    for t in (x, w, call):
-        problem = tensor_problem(t.ty, FLOATS)
-        if problem:
-            return f"{name}: {problem}"
+    problem = operands_problem(call, (x, w, call), FLOATS)
+    if problem:
+        return problem
     xd, wd, od = dims(x.ty), dims(w.ty), dims(call.ty)
     k = len(xd) - 2
     if k not in LAYOUTS or (str(a.data_layout), str(a.kernel_layout), str(a.out_layout)) != LAYOUTS[k]:

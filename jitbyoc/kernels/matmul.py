@@ -30,7 +30,7 @@ import numpy as np
 from ..engines import gemm_engine, gemm_llvm
 from ..engines.gemm import Gemm, Output, Strided, box_epilogue, rows_epilogue
 from ..ir import kir
-from ..ir.relax_types import broadcast_problem, dims, tensor_problem
+from ..ir.relax_types import broadcast_problem, dims, operands_problem
 from ..ir.rules import register
 
 DTYPES = ("float32", "float64")
@@ -105,10 +105,9 @@ class MatMul(kir.KernelStage):
 
 def _check(call) -> str | None:
     x, y = call.args
-    for operand in (x, y, call):
-        problem = tensor_problem(operand.ty, DTYPES)
-        if problem:
-            return f"relax.matmul: {problem}"
+    problem = operands_problem(call, (x, y, call), DTYPES)
+    if problem:
+        return problem
     if len({str(x.ty.dtype), str(y.ty.dtype), str(call.ty.dtype)}) != 1:
         return (f"relax.matmul: mixed dtypes {x.ty.dtype} x {y.ty.dtype} -> {call.ty.dtype} "
                 f"(only same-dtype products)")

@@ -30,7 +30,7 @@ import numpy as np
 from ..ir import kir
 from ..ir.dtypes import FLOATS, NUMERIC
 from ..ir.dtypes import dtype as lookup_dtype
-from ..ir.relax_types import dims, tensor_problem
+from ..ir.relax_types import dims, operands_problem
 from ..ir.rules import register
 from ..render.portable import C
 from .pool_llvm import emit_pool, lowest
@@ -170,10 +170,10 @@ def _ref_window(o, d, size, kind, out_hw, k, s, dl, pad, include_pad):
 def _check(call) -> str | None:
     name = call.op.name
     x = call.args[0]
-    for arg in (x, call):  # a max of integers is exact; averages stay floats
-        problem = tensor_problem(arg.ty, NUMERIC if name == "relax.nn.max_pool2d" else FLOATS)
-        if problem:
-            return f"{name}: {problem}"
+    # a max of integers is exact; averages stay floats
+    problem = operands_problem(call, (x, call), NUMERIC if name == "relax.nn.max_pool2d" else FLOATS)
+    if problem:
+        return problem
     xd, od = dims(x.ty), dims(call.ty)
     if len(xd) != 4:
         return f"{name}: input is not rank 4"
@@ -229,10 +229,9 @@ def check_nd(call, any_window: bool = False) -> str | None:
     """Why a 1-D or 3-D pool cannot be taken (``any_window``: as :mod:`.pool3d` runs the
     3-D windows a 2-D pool cannot), or None."""
     name, a = call.op.name, call.attrs
-    for arg in (call.args[0], call):
-        problem = tensor_problem(arg.ty, FLOATS)
-        if problem:
-            return f"{name}: {problem}"
+    problem = operands_problem(call, (call.args[0], call), FLOATS)
+    if problem:
+        return problem
     layout = (str(a.layout), str(a.out_layout) if a.out_layout is not None else str(a.layout))
     if layout not in (("NCW", "NCW"), ("NCDHW", "NCDHW")):
         return f"{name}: layout {layout[0]}->{layout[1]} not supported (only NCW, NCDHW)"

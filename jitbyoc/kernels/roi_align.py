@@ -21,7 +21,7 @@ import numpy as np
 
 from ..ir import kir
 from ..ir.dtypes import FLOATS
-from ..ir.relax_types import dims, tensor_problem
+from ..ir.relax_types import dims, operands_problem
 from ..ir.rules import register
 from ..render.indexing import unravel
 from ..render.loops import threaded
@@ -159,10 +159,9 @@ def _np_bilinear(img, y, x):
 
 def _check(call) -> str | None:
     x, rois = call.args
-    for t in (x, rois, call):
-        problem = tensor_problem(t.ty, FLOATS)
-        if problem:
-            return f"relax.vision.roi_align: {problem}"
+    problem = operands_problem(call, (x, rois, call), FLOATS)
+    if problem:
+        return problem
     a = call.attrs
     if str(a.layout) != "NCHW" or str(a.mode) not in ("avg", "max"):
         return f"relax.vision.roi_align: layout {a.layout} / mode {a.mode} (supported: NCHW, avg or max)"
