@@ -128,8 +128,8 @@ def code_version() -> str:
 
 
 def _environment() -> str:
-    """The code's and compilers' versions and the build's machine (:func:`jit.host`)."""
-    return _environment_of(tuple(sorted(jit.host().items())))
+    """The code's and compilers' versions and the build's machine (:func:`jit.machine_info`)."""
+    return _environment_of(tuple(sorted(jit.machine_info().items())))
 
 
 @lru_cache(maxsize=None)

@@ -13,6 +13,7 @@ architecture, and jitbyoc's AArch64 kernels use nothing beyond it.
 
 from __future__ import annotations
 
+from ..render.abi import ir_bytes
 from ..render.isa import Machine
 
 # LLVM feature -> (cpuid leaf, subleaf, register 0..3 = eax, ebx, ecx, edx, bit)
@@ -43,8 +44,7 @@ def required(machine: Machine) -> list[str]:
 
 def _c_string(name: str, text: str) -> str:
     data = text.encode() + b"\0"
-    body = "".join(chr(c) if 0x20 <= c < 0x7F and c not in (0x22, 0x5C) else f"\\{c:02X}" for c in data)
-    return f'@{name} = private unnamed_addr constant [{len(data)} x i8] c"{body}"'
+    return f'@{name} = private unnamed_addr constant [{len(data)} x i8] c"{ir_bytes(data)}"'
 
 
 def _cpuid(leaves: set) -> list[str]:

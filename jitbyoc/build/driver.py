@@ -128,7 +128,7 @@ def engine_asm(symbols) -> dict[str, str]:
 def _engine_job(symbol: str) -> tuple[str, optimization.Pipeline]:
     """The IR of the engine ``symbol`` and the pipeline it is compiled with."""
     engine = parse_engine(symbol)
-    return engine_ir_text(engine, jit.host()["triple"], jit.data_layout()), engine.pipeline
+    return engine_ir_text(engine, isa.current().triple, jit.data_layout()), engine.pipeline
 
 
 def _compile_misses(misses: dict, keys: dict, asm: dict, engines: dict, status: dict) -> None:

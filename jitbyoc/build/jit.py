@@ -36,11 +36,7 @@ def _target_machine(machine: Machine) -> llvm.TargetMachine:
         return compile_worker.make_machine(llvm, machine.triple, machine.cpu, machine.features)
 
 
-def host_features() -> str:
-    return isa.host().features
-
-
-def host() -> dict:
+def machine_info() -> dict:
     """What compiled code is specialized for (the build's machine, :func:`isa.current`,
     and the compiler's versions); part of every cache key."""
     m = isa.current()

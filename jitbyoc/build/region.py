@@ -12,7 +12,7 @@ from ..engines import used_by as engines_declared
 from ..ir import kir
 from ..ir.errors import CompileError, error_context
 from ..lower import Names
-from ..render import abi, optimization
+from ..render import abi, isa, optimization
 from ..render.llvm import release as release_module
 from . import jit
 from .c_entry import emit_c
@@ -43,7 +43,7 @@ class Region:
     @cached_property
     def rendered(self) -> Rendered:
         """The LLVM module and what rendering it found out."""
-        return emit_llvm(self.kernel, jit.host()["triple"], jit.data_layout())
+        return emit_llvm(self.kernel, isa.current().triple, jit.data_layout())
 
     @property
     def llvm_module(self):

@@ -23,7 +23,7 @@ import tvm
 import tvm_ffi
 
 from ..engines import references
-from ..render.abi import names_table
+from ..render.abi import ir_bytes, names_table
 from ..render import isa
 from . import cpu_check, jit
 from .c_entry import emit_c_unit
@@ -37,9 +37,9 @@ _LOCAL = re.compile(r"\.L([\w.$]+)")
 
 def tvm_target_flag() -> str:
     """The ``tvm_target`` module flag TVM's JIT reads to pick triple, CPU and features."""
-    h = jit.host()
-    return json.dumps({"kind": "llvm", "mtriple": h["triple"], "mcpu": h["cpu"],
-                       "mattr": [f for f in h["features"].split(",") if f]})
+    m = isa.current()
+    return json.dumps({"kind": "llvm", "mtriple": m.triple, "mcpu": m.cpu,
+                       "mattr": [f for f in m.features.split(",") if f]})
 
 
 def _escape(text: str) -> str:
@@ -54,12 +54,6 @@ def _module_asm(symbol: str, asm: str) -> list[str]:
     return [f'module asm "{line}"' for line in text.splitlines()]
 
 
-def _ir_bytes(data: bytes) -> str:
-    """``data`` as an LLVM IR string constant body: printable ASCII but quote and
-    backslash as is, every other byte as ``\\XX``."""
-    return "".join(chr(c) if 0x20 <= c < 0x7F and c not in (0x22, 0x5C) else f"\\{c:02X}" for c in data)
-
-
 def _trampoline(symbol: str, code: str, texts: list[str], checked: bool) -> str:
     """``__tvm_ffi_<symbol>``: calls the code's entry with this use's names table (after
     the CPU check, :mod:`.cpu_check`, when the module has one)."""
@@ -70,7 +64,7 @@ def _trampoline(symbol: str, code: str, texts: list[str], checked: bool) -> str:
     call = f'  %r = tail call i32 @{entry}(ptr %self, ptr %args, i32 %n, ptr %ret, ptr @"{symbol}.names")'
     body = cpu_check.guard(call) if checked else [call, "  ret i32 %r"]
     return "\n".join([f'@"{symbol}.names" = private unnamed_addr constant {ty} '
-                      f'{{ [{len(offsets)} x i64] [{words}], [{len(blob)} x i8] c"{_ir_bytes(blob)}" }}, align 8',
+                      f'{{ [{len(offsets)} x i64] [{words}], [{len(blob)} x i8] c"{ir_bytes(blob)}" }}, align 8',
                       f"declare i32 @{entry}(ptr, ptr, i32, ptr, ptr)",
                       f"define i32 @__tvm_ffi_{symbol}(ptr %self, ptr %args, i32 %n, ptr %ret) {{",
                       "entry:", *body, "}"])
@@ -101,8 +95,7 @@ def module_text(codes: dict[str, str], engines: dict[str, str], uses: dict[str, 
         if missing:  # TVM's JIT would resolve the call to address 0
             raise RuntimeError(f"jitbyoc: region '{symbol}' calls library engines {sorted(missing)} "
                                f"that are not in the module")
-    h = jit.host()
-    parts = [f'target triple = "{h["triple"]}"', f'target datalayout = "{jit.data_layout()}"']
+    parts = [f'target triple = "{isa.current().triple}"', f'target datalayout = "{jit.data_layout()}"']
     for symbol, asm in {**engines, **codes}.items():
         parts += _module_asm(symbol, asm)
     check = cpu_check.module_ir(isa.current())

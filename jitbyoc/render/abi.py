@@ -249,6 +249,12 @@ def strings(kernel: Kernel, symbol: str, arg_names, size_names: dict[str, str]) 
     return out
 
 
+def ir_bytes(data: bytes) -> str:
+    """``data`` as an LLVM IR string constant body: printable ASCII but quote and
+    backslash as is, every other byte as ``\\XX``."""
+    return "".join(chr(c) if 0x20 <= c < 0x7F and c not in (0x22, 0x5C) else f"\\{c:02X}" for c in data)
+
+
 def names_table(texts: list[str]) -> tuple[list[int], bytes]:
     """``texts`` as a relocation-free table: one i64 byte offset per string (from the
     table's start), then the NUL-terminated UTF-8 strings."""

@@ -36,10 +36,16 @@ class Machine:
         return self.triple.split("-")[0]
 
     def has(self, feature: str) -> bool:
-        return f"+{feature}" in self.features.split(",")
+        return feature in _enabled(self.features)
 
     def describe(self) -> str:
         return f"{self.triple} cpu={self.cpu} ({vector_bits(self)}-bit vectors)"
+
+
+@lru_cache(maxsize=None)
+def _enabled(features: str) -> frozenset[str]:
+    """The features a feature string turns on (parsed once: kernels ask per instruction)."""
+    return frozenset(f[1:] for f in features.split(",") if f.startswith("+"))
 
 
 @lru_cache(maxsize=1)

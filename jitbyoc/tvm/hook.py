@@ -55,15 +55,15 @@ class _Switch:
 _STATE = _Switch()
 
 
-def _machine_here(mod: tvm.IRModule) -> Machine | None:
-    """The machine this build compiles for (:mod:`.target`; a ``"c"`` target renders C
-    for this machine's kernel plans), or None when jitbyoc does not compile for its target:
-    not a CPU target, or an architecture jitbyoc's kernels are not written for (left to
-    TVM, with the reason in the offload report)."""
-    target = tvm.target.Target.current(allow_none=True)
-    if target is not None and target.kind.name not in ("llvm", "c"):
+def _machine_here(mod: tvm.IRModule, target) -> Machine | None:
+    """The machine a build for ``target`` compiles for (:mod:`.target`; a ``"c"`` target
+    renders C for this machine's kernel plans), or None when jitbyoc does not compile for
+    it: not a CPU target, or an architecture jitbyoc's kernels are not written for (left
+    to TVM, with the reason in the offload report)."""
+    kind = target.kind.name if target is not None else "llvm"
+    if kind not in ("llvm", "c"):
         return None
-    if target is not None and target.kind.name == "c":
+    if kind == "c":
         return isa.host()
     machine = machine_for(target)
     if isinstance(machine, str):
@@ -126,10 +126,10 @@ def _wrap(make_pipeline, always: bool = False):
         @tvm.transform.module_pass(opt_level=0, name="jitbyoc.offload")
         def _offload_then_tvm(mod, _ctx):
             with BUILD_LOCK:
-                machine = _machine_here(mod)
+                target = tvm.target.Target.current(allow_none=True)
+                machine = _machine_here(mod, target)
                 if machine is None:
                     return inner(mod)
-                target = tvm.target.Target.current(allow_none=True)
                 as_c = target is not None and target.kind.name == "c"
                 with isa.compiling_for(machine), driver.emitting_c() if as_c else nullcontext():
                     return inner(offload(mod))

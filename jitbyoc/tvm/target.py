@@ -44,9 +44,3 @@ def machine_for(target) -> Machine | str:
     cpu = str(attrs.get("mcpu") or "") or "generic"
     features = sorted(str(f) for f in codegen.llvm_get_cpu_features(target))
     return Machine(triple, cpu, ",".join(f"+{f}" for f in features))
-
-
-def host_mismatch(target) -> str | None:
-    """Why jitbyoc cannot compile for ``target``, or None when it can."""
-    m = machine_for(target)
-    return m if isinstance(m, str) else None
