@@ -13,7 +13,7 @@ from tvm.ir.prim import FloatImm, IntImm
 
 from ..ir import kir
 from ..ir.dtypes import ALL, INTS
-from ..ir.relax_types import dims, tensor_problem
+from ..ir.relax_types import dims, operands_problem, tensor_problem
 from ..ir.rules import register
 from ..render.indexing import each_row
 from ..render.loops import threaded
@@ -158,9 +158,9 @@ class Eye(PortableStage, kir.KernelStage):
 
 def _check_eye_like(call) -> str | None:
     x = call.args[0]
-    problem = tensor_problem(x.ty, ALL) or tensor_problem(call.ty, ALL)
+    problem = operands_problem(call, (x, call), ALL)
     if problem:
-        return f"relax.eye_like: {problem}"
+        return problem
     if len(dims(call.ty)) != 2 or 0 in dims(call.ty):
         return "relax.eye_like: not a non-empty matrix"
     if str(call.ty.dtype) != str(x.ty.dtype):  # TVM's legalization makes the input's dtype

@@ -31,7 +31,7 @@ import numpy as np
 
 from ..ir import kir
 from ..ir.dtypes import FLOATS
-from ..ir.relax_types import dims, tensor_problem
+from ..ir.relax_types import dims, operands_problem
 from ..ir.rules import register
 from ..render.indexing import fold, folds, unravel
 from ..render.loops import threaded
@@ -174,13 +174,11 @@ def _block(call) -> tuple[int, int] | str:
 
 def _operands_problem(call) -> str | None:
     """Every operand a float tensor of the data's dtype, or why not."""
-    x = call.args[0]
-    for t in call.args:
-        problem = tensor_problem(t.ty, FLOATS)
-        if problem:
-            return f"{call.op.name}: {problem}"
-        if str(t.ty.dtype) != str(x.ty.dtype):
-            return f"{call.op.name}: operands of mixed dtypes"
+    problem = operands_problem(call, call.args, FLOATS)
+    if problem:
+        return problem
+    if len({str(t.ty.dtype) for t in call.args}) > 1:
+        return f"{call.op.name}: operands of mixed dtypes"
     return None
 
 
