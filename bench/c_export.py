@@ -39,11 +39,9 @@ def _exported(mod, offload: bool, path: Path, cc: str, flags: list[str]):
     import tvm
     from tvm import relax
 
-    import jitbyoc
+    from .target import build
 
-    with (jitbyoc.enabled() if offload else jitbyoc.disabled()):
-        ex = tvm.compile(mod, target="c")
-    ex.export_library(str(path), cc=cc, options=flags)
+    build(mod, offload, "c").export_library(str(path), cc=cc, options=flags)
     return relax.VirtualMachine(tvm.runtime.load_module(str(path)), tvm.cpu())
 
 
@@ -51,15 +49,13 @@ def measure(name: str, args, workdir: Path) -> dict:
     import tvm
     from tvm import relax
 
-    import jitbyoc
-
     from .models import ZOO
     from .peers import as_numpy
+    from .target import build
     from .timing import max_errors, time_blocks
 
     case = ZOO[name].make()
-    with jitbyoc.enabled():
-        llvm_vm = relax.VirtualMachine(tvm.compile(case.mod, target="llvm"), tvm.cpu())
+    llvm_vm = relax.VirtualMachine(build(case.mod, True, "llvm"), tvm.cpu())
     flags = args.flags.split()
     vms = {"jitbyoc_llvm": llvm_vm,
            "jitbyoc_c": _exported(case.mod, True, workdir / f"{name}_jitbyoc.so", args.cc, flags),

@@ -33,12 +33,8 @@ def vm_function(mod, offload: bool, args):
     import tvm
     from tvm import relax
 
-    import jitbyoc
-
     from . import target as build_target
 
-    with (jitbyoc.enabled() if offload else jitbyoc.disabled()):
-        ex = tvm.compile(mod, target=build_target.current())
-    f = relax.VirtualMachine(ex, tvm.cpu())["main"]
+    f = relax.VirtualMachine(build_target.build(mod, offload), tvm.cpu())["main"]
     tensors = [tvm.runtime.tensor(a) for a in args]
     return lambda: f(*tensors)

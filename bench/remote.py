@@ -24,8 +24,6 @@ from pathlib import Path
 import tvm
 from tvm import relax, rpc
 
-import jitbyoc
-
 from . import models, report
 from . import target as build_target
 from .case import Skip
@@ -45,9 +43,7 @@ def connect(address: str):
 
 
 def _export(mod, offload: bool, path: Path, cc: str | None) -> None:
-    with (jitbyoc.enabled() if offload else jitbyoc.disabled()):
-        ex = tvm.compile(mod, target=build_target.current())
-    ex.export_library(str(path), **({"cc": cc} if cc else {}))
+    build_target.build(mod, offload).export_library(str(path), **({"cc": cc} if cc else {}))
 
 
 def _remote_vm(remote, path: Path, inputs):
@@ -61,8 +57,7 @@ def _remote_vm(remote, path: Path, inputs):
 def measure(remote, name: str, case, workdir: Path, repeat: int, cc: str | None) -> dict:
     """Model ``name`` on the server: both builds' remote times and their errors against
     a local TVM default run."""
-    with jitbyoc.disabled():
-        local = relax.VirtualMachine(tvm.compile(case.mod, target="llvm"), tvm.cpu())
+    local = relax.VirtualMachine(build_target.build(case.mod, False, "llvm"), tvm.cpu())
     ref = as_numpy(local["main"](*[tvm.runtime.tensor(a) for a in case.inputs]))
     row, timers = {}, {}
     for who, offload in (("jitbyoc", True), ("tvm", False)):

@@ -34,6 +34,14 @@ def current() -> tvm.target.Target:
     return tvm.target.Target(_TARGET[0])
 
 
+def build(mod, offload: bool, target=None):
+    """``tvm.compile(mod)`` for ``target`` (default: the benchmark's), jitbyoc on or off."""
+    import jitbyoc
+
+    with (jitbyoc.enabled() if offload else jitbyoc.disabled()):
+        return tvm.compile(mod, target=target or current())
+
+
 def machine() -> isa.Machine:
     """The machine the target names (the host for plain ``llvm``)."""
     m = machine_for(current())
