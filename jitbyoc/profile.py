@@ -64,8 +64,10 @@ class Work:
 
 def remember(symbol: str, kernel: kir.Kernel) -> None:
     """Note what region ``symbol`` computes (the codegen calls this for every region)."""
-    macs = tuple(m for m in (s.macs() for s in kernel.stages if isinstance(s, kir.KernelStage))
-                 if m is not None)
+    macs = []
+    for m in (s.macs() for s in kernel.stages if isinstance(s, kir.KernelStage)):
+        macs += m if isinstance(m, list) else [] if m is None else [m]  # a fused stage lists its products
+    macs = tuple(macs)
     _WORK.put(symbol, Work(tuple(kernel.ops), macs, tuple(tuple(b.shape) for b in kernel.params),
                            len(kernel.inputs), dict(kernel.sizes)))
 

@@ -83,3 +83,16 @@ def test_the_c_source_is_one_unit_with_each_code_once():
     unit = emit_c_unit(twice)
     assert unit.count("#include <math.h>") == 1
     assert unit.count(f"static int32_t {regions[0].kernel.name}_compute(") == 1
+
+
+def test_a_batched_product_with_symbolic_rows_exports_right(tmp_path):
+    """The C product split its flat row index by the symbolic row count without
+    parentheses (``gr / INT64_C(1) * sym0``): every batched product with a symbolic M
+    was wrong in the C export."""
+    mod = build_model({"q": ((1, 4, "s", 16), "float32"), "k": ((1, 4, 16, "s"), "float32")},
+                      lambda bb, q, k: bb.emit(relax.op.matmul(q, k)))
+    vm, _ = _exported(mod, tmp_path / "product.so", "gcc")
+    rng = np.random.default_rng(1)
+    for s in (1, 23):
+        args = [rng.standard_normal((1, 4, s, 16)).astype("float32"), rng.standard_normal((1, 4, 16, s)).astype("float32")]
+        np.testing.assert_allclose(run(vm, *args), np.matmul(*args), rtol=1e-5, atol=1e-5)

@@ -292,7 +292,8 @@ class Gemm:
             ctx.parallel_for(rows, self._c_rows)
 
     def _c_rows(self, c, lo, hi, _extra) -> None:
-        m, n, k = c.product(_dims(self.m)), c.product(_dims(self.n)), c.product(_dims(self.k))
+        # parenthesized: a symbolic product ("INT64_C(1) * sym0") is one operand of / and %
+        m, n, k = (f"({c.product(_dims(d))})" for d in (self.m, self.n, self.k))
         ctype = lookup_dtype(self.dtype).c
         with c.loop("gr", hi, lo):
             bidx = c.unravel(f"(gr / {m})", self.batch) if self.batch else []

@@ -30,14 +30,14 @@ CHUNKS = 8  # chunks per batch item: enough to even out threads that get unequal
 EDGE_UNROLL = 1  # edge tiles are few: their microkernels are not unrolled (smaller engine)
 
 
-def _size(ctx, dims) -> ir.Value:
+def extent(ctx, dims) -> ir.Value:
     return ctx.product(dims if isinstance(dims, tuple) else (dims,))
 
 
 def emit(g, ctx) -> None:
     """Emit ``g`` (a :class:`~.gemm.Gemm`) at ``ctx``'s insertion point."""
     b, blk = ctx.b, g.blocking
-    m, n = _size(ctx, g.m), _size(ctx, g.n)
+    m, n = extent(ctx, g.m), extent(ctx, g.n)
     # split the larger side: the other operand is then the one each chunk re-reads
     split_n = b.icmp_signed(">=", n, m)
     parts = b.select(split_n, ceil_div(b, n, I64(g.nr)), ceil_div(b, m, I64(blk.mr)))
@@ -59,15 +59,15 @@ def _task(g, c, _lo, _hi, extra) -> None:
     """Take chunks from the shared counter until every chunk is taken."""
     b, blk = c.b, g.blocking
     split_n, parts, per_chunk = b.trunc(extra[0], I1), extra[1], extra[2]
-    m, n, k = _size(c, g.m), _size(c, g.n), _size(c, g.k)
+    m, n, k = extent(c, g.m), extent(c, g.n), extent(c, g.k)
     kblocks = b.select(b.icmp_signed(">", k, I64(0)), ceil_div(b, k, I64(blk.kc)), I64(1))
     kcb = ceil_div(b, k, kblocks)
     direct = hasattr(g.a, "direct_llvm")
-    b_direct = _b_in_place(g)
+    b_direct = b_in_place(g)
     mcap = smin(b, I64(blk.mc), b.mul(ceil_div(b, m, I64(blk.mr)), I64(blk.mr)))
     ncap = smin(b, I64(blk.nc), b.mul(ceil_div(b, n, I64(g.nr)), I64(g.nr)))
-    ap = None if direct else _alloc(g, c, b.mul(mcap, kcb))
-    bp = None if b_direct else _alloc(g, c, b.mul(ncap, kcb))
+    ap = None if direct else workspace(c, g.dtype, b.mul(mcap, kcb))
+    bp = None if b_direct else workspace(c, g.dtype, b.mul(ncap, kcb))
     per_item = ceil_div(b, parts, per_chunk)
     total = b.mul(c.product(g.batch), per_item)
     with claim_each(b, extra[3], total, "chunk") as chunk:
@@ -81,14 +81,14 @@ def _task(g, c, _lo, _hi, extra) -> None:
         bidx = c.unravel(item, g.batch) if g.batch else []
         _blocks(g, c, bidx, mrange, nrange, (kblocks, kcb), ap, bp)
     if bp is not None:
-        _free(c, bp)
+        free_workspace(c, bp)
     if ap is not None:
-        _free(c, ap)
+        free_workspace(c, ap)
 
 
 def _blocks(g, c, bidx, mrange, nrange, kplan, ap, bp) -> None:
     b, blk = c.b, g.blocking
-    k = _size(c, g.k)
+    k = extent(c, g.k)
     kblocks, kcb = kplan
     rows = b.sub(mrange[1], mrange[0])
     # A read in place needs no M blocking: B is then packed once per (KC, NC) block
@@ -101,7 +101,7 @@ def _blocks(g, c, bidx, mrange, nrange, kplan, ap, bp) -> None:
             pc = b.mul(pb, kcb)
             kc = smin(b, kcb, b.sub(k, pc))
             if ap is not None:
-                _pack(g, c, g.a, ap, bidx, ic, mc, pc, kc, blk.mr)
+                pack_panels(g, c, g.a, ap, bidx, ic, mc, pc, kc, blk.mr)
             last = b.icmp_signed("==", pb, b.sub(kblocks, I64(1)))
             _columns(g, c, bidx, (ic, mc), (pc, kc, last), nrange, ap, bp)
 
@@ -124,7 +124,7 @@ def _columns(g, c, bidx, mblock, kblock, nrange, ap, bp) -> None:
         jc = b.add(nrange[0], b.mul(jb, ncb))
         nc = smin(b, ncb, b.sub(nrange[1], jc))
         if bp is not None:
-            _pack(g, c, g.b, bp, bidx, jc, nc, pc, kc, g.nr)
+            pack_panels(g, c, g.b, bp, bidx, jc, nc, pc, kc, g.nr)
         with for_range(b, ceil_div(b, mc, I64(blk.mr)), "gr") as ir_:
             i0 = b.mul(ir_, I64(blk.mr))
             mv = smin(b, I64(blk.mr), b.sub(mc, i0))
@@ -137,7 +137,7 @@ def _columns(g, c, bidx, mblock, kblock, nrange, ap, bp) -> None:
                 out = c.element(g.c.buf, g.c.offset_llvm(c, bidx, b.add(ic, i0), b.add(jc, j0)))
                 bt = (mk.gep(b, bp, b.mul(j0, kc), dt), I64(g.nr)) if bp is not None else \
                     (mk.gep(b, bbase, b.add(jc, j0), dt), bks)
-                _micro(g, c, [*a, *bt, kc, out, ldc, mv, smin(b, I64(g.nr), b.sub(nc, j0)), accumulate],
+                micro_tile(g, c, [*a, *bt, kc, out, ldc, mv, smin(b, I64(g.nr), b.sub(nc, j0)), accumulate],
                        bp is None)
             if g.epilogue is not None:
                 with b.if_then(last):
@@ -154,14 +154,14 @@ def _edges(dim, width: int) -> list[int]:
     return [1]
 
 
-def _b_in_place(g) -> bool:
+def b_in_place(g) -> bool:
     """Read B in place (no packing) when its rows are contiguous: a micro-panel is then
     ``kc`` row segments of NR elements, which streams from L2 as fast as a packed panel
     (measured: equal at 2048^3, +20% at M=64 where packing is not amortized)."""
     return getattr(g.b, "contiguous_x", False)
 
 
-def _micro(g, c, args, in_place: bool) -> None:
+def micro_tile(g, c, args, in_place: bool) -> None:
     """Call the microkernel sized for this tile: the full one, or for an edge tile the
     cheapest variant covering it (so M=1 or N=10 does not pay for MR rows / NR columns).
     B read in place is read with masks at edges (a packed panel is zero-padded)."""
@@ -190,7 +190,7 @@ def _micro(g, c, args, in_place: bool) -> None:
     b.position_at_end(done)
 
 
-def _pack(g, c, operand, dst, bidx, x0, nx, k0, kc, width) -> None:
+def pack_panels(g, c, operand, dst, bidx, x0, nx, k0, kc, width) -> None:
     """Pack ``nx`` rows (A) or columns (B) from ``x0`` into ``width``-wide panels."""
     b = c.b
     with for_range(b, ceil_div(b, nx, I64(width)), "gq") as q:
@@ -199,17 +199,18 @@ def _pack(g, c, operand, dst, bidx, x0, nx, k0, kc, width) -> None:
                           smin(b, I64(width), b.sub(nx, r0)), k0, kc, width)
 
 
-def _alloc(g, c, elements):
-    """A packing buffer from TVM's (per-thread) workspace pool."""
-    d = lookup_dtype(g.dtype)
+def workspace(c, dtype: str, elements):
+    """A buffer of ``elements`` of ``dtype`` (plus a vector of slack) from TVM's
+    (per-thread) workspace pool; returns from the function on failure."""
+    d = lookup_dtype(dtype)
     alloc = declare(c.module, "TVMBackendAllocWorkspace", PTR, [I32, I32, I64, I32, I32])
     nbytes = c.b.add(c.b.mul(elements, I64(d.nbytes)), I64(mk.VECTOR_BYTES))
-    ptr = c.b.call(alloc, [I32(1), I32(0), nbytes, I32(d.dl_code), I32(d.bits)])
+    ptr = c.b.call(alloc, [I32(1), I32(0), nbytes, I32(d.dl_code), I32(d.storage_bits)])
     with c.b.if_then(c.b.icmp_unsigned("==", c.b.ptrtoint(ptr, I64), I64(0)), likely=False):
         c.b.ret(I32(-1))  # TVM's allocator has set the error
     return ptr
 
 
-def _free(c, ptr) -> None:
+def free_workspace(c, ptr) -> None:
     free = declare(c.module, "TVMBackendFreeWorkspace", I32, [I32, I32, PTR])
     c.b.call(free, [I32(1), I32(0), ptr])

@@ -108,7 +108,8 @@ class KernelStage:
 
     def macs(self) -> tuple[Dim, ...] | None:
         """Multiply-adds this stage makes, as a product of dims (the profiler's FLOP count
-        is twice it); None for stages that are not products (pools, norms, layout)."""
+        is twice it); None for stages that are not products (pools, norms, layout); a
+        list of such products for a stage that fuses several (attention)."""
         return None
 
     def needs_loop_vectorizer(self) -> bool:

@@ -83,40 +83,11 @@ class Softmax(kir.KernelStage):
                 c.epilogue(self, c.unravel(r, outer) + [0], [1] * len(outer) + [length])
 
     def _llvm_vector_rows(self, c, lo, hi, _extra) -> None:
-        """Rows along the last (contiguous) axis on explicit vectors: the max, the sum of
-        exponentials and the scaling each one pass of whole vectors and a masked tail."""
-        b, dt, n = c.b, self.out.dtype, c.dim(self.split()[1])
-        (x,), out, outer, width = self.inputs, self.out, self.split()[0], lanes(self.out.dtype)
-        em = Emitter(b, width)
+        """Rows along the last (contiguous) axis on explicit vectors (:func:`vector_row`)."""
+        b, n = c.b, c.dim(self.split()[1])
+        (x,), out, outer = self.inputs, self.out, self.split()[0]
         with for_range(b, hi, "row", start=lo) as r:
-            src, dst = c.element(x, b.mul(r, n)), c.element(out, b.mul(r, n))
-
-            def strip_load(ptr, i, mask, fill):
-                v = vload(b, b.gep(ptr, [i], source_etype=lookup_dtype(dt).ir), dt, mask)
-                return v if mask is None else b.select(mask, v, em.const(fill, dt))
-
-            def strip_store(v, i, mask):
-                vstore(b, v, b.gep(dst, [i], source_etype=lookup_dtype(dt).ir), dt, mask)
-
-            m = _lanes_reduce(b, em, "maximum", dt, n, float("-inf"),
-                              lambda acc, i, mask: em.op("maximum", dt, acc, strip_load(src, i, mask, "-inf")))
-
-            def add_exp(acc, i, mask):
-                e = em.op("exp", dt, em.op("subtract", dt, strip_load(src, i, mask, 0), splat(b, m, width)))
-                if not self.log:
-                    strip_store(e, i, mask)
-                return b.fadd(acc, b.select(mask, e, em.const(0, dt)) if mask is not None else e,
-                              flags=("reassoc",))
-
-            s = _lanes_reduce(b, em, "add", dt, n, 0, add_exp)
-            if self.log:
-                shift = splat(b, b.fadd(m, c.em.op("log", dt, s)), width)
-                strips(b, I64(0), n, width, lambda i, mask: strip_store(
-                    b.fsub(strip_load(src, i, mask, 0), shift), i, mask))
-            else:
-                scale = splat(b, c.em.op("divide", dt, c.em.const(1, dt), s), width)
-                strips(b, I64(0), n, width, lambda i, mask: strip_store(
-                    b.fmul(strip_load(dst, i, mask, 0), scale), i, mask))
+            vector_row(b, self.out.dtype, c.element(x, b.mul(r, n)), c.element(out, b.mul(r, n)), n, self.log)
             c.epilogue(self, c.unravel(r, outer) + [0], [1] * len(outer) + [self.split()[1]])
 
     @staticmethod
@@ -170,6 +141,41 @@ class Softmax(kir.KernelStage):
         e = np.exp(shifted)
         s = e.sum(axis=axis, keepdims=True)
         return (shifted - np.log(s) if log else e / s).astype(x.dtype)
+
+
+def vector_row(b, dt: str, src, dst, n, log: bool = False) -> None:
+    """(log_)softmax of the ``n`` contiguous elements at ``src`` into ``dst`` (may be
+    ``src``) on explicit vectors: the max, the sum of exponentials and the scaling each
+    one pass of whole vectors and a masked tail. Also the row step of fused attention."""
+    width = lanes(dt)
+    em, scalar = Emitter(b, width), Emitter(b)
+
+    def strip_load(ptr, i, mask, fill):
+        v = vload(b, b.gep(ptr, [i], source_etype=lookup_dtype(dt).ir), dt, mask)
+        return v if mask is None else b.select(mask, v, em.const(fill, dt))
+
+    def strip_store(v, i, mask):
+        vstore(b, v, b.gep(dst, [i], source_etype=lookup_dtype(dt).ir), dt, mask)
+
+    m = _lanes_reduce(b, em, "maximum", dt, n, float("-inf"),
+                      lambda acc, i, mask: em.op("maximum", dt, acc, strip_load(src, i, mask, "-inf")))
+
+    def add_exp(acc, i, mask):
+        e = em.op("exp", dt, em.op("subtract", dt, strip_load(src, i, mask, 0), splat(b, m, width)))
+        if not log:
+            strip_store(e, i, mask)
+        return b.fadd(acc, b.select(mask, e, em.const(0, dt)) if mask is not None else e,
+                      flags=("reassoc",))
+
+    s = _lanes_reduce(b, em, "add", dt, n, 0, add_exp)
+    if log:
+        shift = splat(b, b.fadd(m, scalar.op("log", dt, s)), width)
+        strips(b, I64(0), n, width, lambda i, mask: strip_store(
+            b.fsub(strip_load(src, i, mask, 0), shift), i, mask))
+    else:
+        scale = splat(b, scalar.op("divide", dt, scalar.const(1, dt), s), width)
+        strips(b, I64(0), n, width, lambda i, mask: strip_store(
+            b.fmul(strip_load(dst, i, mask, 0), scale), i, mask))
 
 
 def _lanes_reduce(b, em, op: str, dt: str, n, init, step):

@@ -9,7 +9,8 @@ first. Every region therefore takes its inputs from before it and hands its outp
 what follows: no cycles, and no tuple-typed outputs.
 
 A region holds at most one heavy kernel (rules with ``anchor`` set, :mod:`jitbyoc.ir.rules`: matmul,
-conv): a second one starts a new region, taking along the open region's bindings that
+conv), except attention's second product (``softmax(...) @ V`` joins the region of the
+scores' product, so the two can be fused): another one starts a new region, taking along the open region's bindings that
 are independent of its kernel (a weight's ``permute_dims`` feeds the next layer). Elementwise tails still fuse into the kernel
 before them, and layout ops and reductions ride along; but each layer of a network
 becomes its own region, so identical layers share one compiled kernel (their content
@@ -29,10 +30,14 @@ from ..ir.rules import anchor_ops
 CODEGEN = "jitbyoc"
 
 
-def _has_anchor(func: relax.Function) -> bool:
-    found, anchors = [], anchor_ops()
+SOFTMAX = "relax.nn.softmax"
+
+
+def _calls(func: relax.Function, ops) -> bool:
+    """Whether ``func``'s body calls one of the operators named in ``ops``."""
+    found = []
     relax.analysis.post_order_visit(func.body, lambda e: found.append(
-        isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) and e.op.name in anchors))
+        isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) and e.op.name in ops))
     return any(found)
 
 
@@ -41,7 +46,8 @@ class _Merger:
         self.composites = {gv: f for gv, f in mod.functions.items()
                            if isinstance(f, relax.Function) and f.attrs and "Composite" in f.attrs}
         self.bb = relax.BlockBuilder()  # types the new GlobalVars; collects the regions
-        self.anchors = {gv for gv, f in self.composites.items() if _has_anchor(f)}
+        self.anchors = {gv for gv, f in self.composites.items() if _calls(f, anchor_ops())}
+        self.softmaxes = {gv for gv, f in self.composites.items() if _calls(f, {SOFTMAX})}
 
     # ---- walking the function ------------------------------------------------------------
     def expr(self, e):
@@ -60,7 +66,8 @@ class _Merger:
             if b is None:  # a projection already moved into a region
                 continue
             if region and b.value.op in self.anchors if self.is_composite_call(b.value) else False:
-                if any(r.value.op in self.anchors for r in region if self.is_composite_call(r.value)):
+                if any(r.value.op in self.anchors for r in region if self.is_composite_call(r.value)) \
+                        and not self.closes_attention(region, b.value):
                     moved = self.independent(region)
                     region = [r for r in region if r not in moved]
                     self.take_projections(region, bindings, k)
@@ -77,6 +84,16 @@ class _Merger:
         if region:
             out += self.outline(region, [])
         return relax.DataflowBlock(out)
+
+    def closes_attention(self, region, call) -> bool:
+        """Whether ``call`` (a heavy kernel) is attention's second product: the region
+        holds one product and a softmax, and ``call``'s first operand is made in the
+        region (``softmax(Q K^T ...) @ V``). It joins the region, so the scores can stay
+        in cache (:mod:`jitbyoc.kernels.attention`)."""
+        calls = [r.value for r in region if self.is_composite_call(r.value)]
+        return (sum(c.op in self.anchors for c in calls) == 1
+                and any(c.op in self.softmaxes for c in calls)
+                and self.uses_vars(call.args[0], {r.var for r in region}))
 
     def binding(self, b):
         if isinstance(b, relax.VarBinding) and isinstance(b.value, (relax.If, relax.SeqExpr)):

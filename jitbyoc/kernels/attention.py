@@ -1,0 +1,219 @@
+"""Fused attention: ``softmax(Q K^T ...) V`` with the scores kept in cache.
+
+The frontends give attention as stages of one region (the merge lets ``P @ V`` join the
+scores' region, :mod:`jitbyoc.tvm.merge`): a product ``S = Q K^T`` whose epilogue scales
+it and adds the mask, a softmax over its last axis, row-local stages around it (the
+guard decoders put after it: ``where(row fully masked, 0, P)`` with its ``max`` over the
+row), and the product ``P @ V``. :func:`fuse_attention` (a kernel rewrite) finds that
+chain and replaces it by one :class:`Attention` stage. Its LLVM rendering
+(:mod:`.attention_llvm`) runs each task on a few rows of one head: the microkernel writes
+``MR`` rows of scores into a per-task block (``MR x N``, in L1/L2), the row stages run on
+the block, and the microkernel multiplies the block by ``V`` into the output. Neither the
+scores nor the probabilities are written to memory; grouped-query heads read their
+shared ``K``/``V`` through the batch strides the product already has.
+
+Every stage of the chain must be row-local: elementwise over the scores' shape (other
+operands are read broadcast, as the stage would), softmax along the last axis, and
+integer max/min over the last axis (into a small per-row buffer, which stays in memory).
+Anything else leaves the stages as they were. The C rendering runs the same stages one
+after another with the scores in memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..engines.gemm import KC
+from ..engines.gemm_engine import fits
+from ..ir import kir
+from ..ir.dtypes import dtype as lookup_dtype
+from ..ir.ops import op_def
+from ..ir.rules import rewrite
+from ..render.c import emit_elementwise, storage_c
+from .attention_llvm import emit
+from .matmul import MatMul
+from .reduce import Reduce
+from .softmax import Softmax
+
+ROW_KINDS = ("max", "min")  # exact folds, so a row-by-row order changes nothing
+
+
+@dataclass(eq=False)
+class Attention(kir.KernelStage):
+    """``steps`` (the scores' :class:`MatMul`, the row-local stages, the :class:`MatMul`
+    with ``V``) run as one; ``blocks`` are the temporaries of the scores' shape they pass
+    along, which the LLVM rendering keeps as per-task row blocks. ``out`` is the last
+    product's (with its epilogue)."""
+    steps: tuple = ()
+    blocks: tuple = ()
+
+    def reads(self) -> list[kir.Buffer]:
+        inner = set(self.blocks)
+        return [b for s in self.steps for b in kir.stage_reads(s) if b.storage not in inner]
+
+    def macs(self) -> list:
+        return [self.steps[0].macs(), self.steps[-1].macs()]
+
+    def needs_loop_vectorizer(self) -> bool:
+        return False
+
+    def emit_llvm(self, ctx) -> None:
+        emit(self, ctx)
+
+    def emit_c(self, ctx) -> None:
+        for t in self.blocks:
+            d = lookup_dtype(t.dtype)
+            ctx.line(f"{storage_c(t.dtype)}* restrict {t.name} = ({storage_c(t.dtype)}*)TVMBackendAllocWorkspace("
+                     f"1, 0, (uint64_t)({ctx.product(t.shape)}) * {d.nbytes}, {d.dl_code}, {d.storage_bits});")
+            ctx.line(f"if (!{t.name}) return -1;")
+            ctx.bufs.append(t)
+        for s in self.steps:
+            emit_elementwise(ctx, s) if isinstance(s, kir.Elementwise) else s.emit_c(ctx)
+        for t in reversed(self.blocks):
+            ctx.line(f"TVMBackendFreeWorkspace(1, 0, {t.name});")
+            ctx.bufs.remove(t)
+
+    @staticmethod
+    def reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float = 1.0, mask=None) -> np.ndarray:
+        """``softmax(scale * q @ k^T + mask) @ v`` over the last two axes."""
+        s = scale * np.matmul(q, np.swapaxes(k, -1, -2))
+        if mask is not None:
+            s = s + mask
+        p = np.exp(s - s.max(axis=-1, keepdims=True))
+        return np.matmul(p / p.sum(axis=-1, keepdims=True), v).astype(q.dtype)
+
+
+def _core(shape) -> tuple:
+    shape = tuple(shape)
+    while shape and shape[0] == 1:
+        shape = shape[1:]
+    return shape
+
+
+def _traps(exprs) -> bool:
+    """Whether an expression holds an op that traps on the zeros of a masked-off lane."""
+    return any(isinstance(n, kir.Op) and op_def(n.op).traps and not lookup_dtype(n.in_dtype).is_float
+               for n in kir.walk([e for e in exprs if e is not None]))
+
+
+class _Chain:
+    """The stages between two products that pass the scores along, found backwards from
+    the second product's first operand; ``ok`` is False where fusing is not safe."""
+
+    def __init__(self, kernel: kir.Kernel, m2: MatMul):
+        self.kernel, self.m2, self.m1 = kernel, m2, None
+        self.stages: list = []
+        self.blocks: set = set()
+        self.writers: dict = {}
+        for s in kernel.stages:
+            for w in kir.stage_writes(s):
+                self.writers.setdefault(w.storage, []).append(s)
+        self.ok = m2.perms[0] is None and self._walk(m2.inputs[0].storage) and self._checked()
+
+    def _walk(self, start: kir.Buffer) -> bool:
+        todo, seen = [start], set()
+        while todo:
+            t = todo.pop()
+            if t in seen:
+                continue
+            seen.add(t)
+            writers = self.writers.get(t, [])
+            if t not in self.kernel.temps or len(writers) != 1:
+                return False
+            s = writers[0]
+            if isinstance(s, MatMul):
+                if self.m1 is not None and s is not self.m1:
+                    return False
+                self.m1 = s
+                self.blocks.add(t)
+                continue
+            reads = self._stage(s, t)
+            if reads is None:
+                return False
+            todo += reads
+        return self.m1 is not None
+
+    def _stage(self, s, t):
+        """The temporaries ``s`` (the writer of ``t``) reads that belong to the chain, or None."""
+        if s not in self.stages:
+            self.stages.append(s)
+        if isinstance(s, Softmax) and s.axis == s.out.ndim - 1 and not s.log:
+            self.blocks.add(t)
+            return [s.inputs[0].storage]
+        if isinstance(s, Reduce) and s.kind in ROW_KINDS and s.axes == (s.inputs[0].ndim - 1,) \
+                and s.epilogue is None and not lookup_dtype(s.out.dtype).is_float and s.out.dtype != "bool" \
+                and s.out.shape[-1:] == (1,):
+            return [s.inputs[0].storage]
+        if isinstance(s, kir.Elementwise) and not _traps([n for _, n in s.stores]):
+            self.blocks.update(dst.storage for dst, _ in s.stores)
+            return [b.storage for b in kir.stage_reads(s) if b.storage in self.kernel.temps
+                    and self._belongs(b.storage, s.shape)]
+        return None
+
+    def _belongs(self, buf: kir.Buffer, shape) -> bool:
+        """Whether a temporary an elementwise stage over ``shape`` reads is part of the
+        chain: one of that shape, or a per-row buffer a fold over one of that shape wrote."""
+        writer = self.writers.get(buf, [None])[0]
+        if isinstance(writer, Reduce):
+            return _core(writer.inputs[0].storage.shape) == _core(shape)
+        return _core(buf.shape) == _core(shape)
+
+    def _checked(self) -> bool:
+        k, m1, m2 = self.kernel, self.m1, self.m2
+        order = {id(s): n for n, s in enumerate(k.stages)}
+        scores = _core(m1.out.storage.shape)
+        if not all(order[id(m1)] < order[id(s)] < order[id(m2)] for s in self.stages):
+            return False
+        if any(_core(t.shape) != scores for t in self.blocks):
+            return False
+        if any(isinstance(s, kir.Elementwise) and _core(s.shape) != scores for s in self.stages):
+            return False
+        if any(isinstance(s, Reduce) and _core(s.inputs[0].storage.shape) != scores for s in self.stages):
+            return False
+        if _traps([m1.epilogue] + [s.epilogue for s in self.stages if isinstance(s, Softmax)]):
+            return False
+        made = set(self.blocks) | {s.out.storage for s in self.stages if isinstance(s, Reduce)}
+        inside = {id(s) for s in self.stages} | {id(m1), id(m2)}
+        between = k.stages[order[id(m1)] + 1:order[id(m2)]]
+        for s in k.stages:  # the blocks never leave the chain; what runs beside it is independent
+            reads = {b.storage for b in kir.stage_reads(s)}
+            if id(s) not in inside and (reads & set(self.blocks) or s in between and reads & made):
+                return False
+        return self._products_fit()
+
+    def _products_fit(self) -> bool:
+        m1, m2 = self.m1, self.m2
+        if m1.out.dtype not in ("float32", "float64") or m2.out.dtype != m1.out.dtype:
+            return False
+        if m2.inputs[0].storage.dtype != m1.out.dtype:
+            return False
+        g1, g2 = m1.gemm(), m2.gemm()
+        if not (fits(g1) and fits(g2)) or isinstance(g1.m, tuple) or isinstance(g2.m, tuple):
+            return False
+        if tuple(g1.batch) != tuple(g2.batch) or g1.m != g2.m or g1.n != g2.k:
+            return False
+        if _core(m2.inputs[0].shape) != _core(m1.out.shape):
+            return False
+        return isinstance(g1.k, int) and 0 < g1.k <= KC
+
+
+@rewrite
+def fuse_attention(kernel: kir.Kernel) -> None:
+    """Replace every ``softmax(Q K^T ...) @ V`` chain by one :class:`Attention` stage."""
+    for m2 in [s for s in kernel.stages if isinstance(s, MatMul)]:
+        chain = _Chain(kernel, m2)
+        if not chain.ok:
+            continue
+        order = {id(s): n for n, s in enumerate(kernel.stages)}
+        first, last = order[id(chain.m1)], order[id(m2)]
+        inside = {id(s) for s in chain.stages}
+        steps = [chain.m1] + [s for s in kernel.stages[first + 1:last] if id(s) in inside] + [m2]
+        beside = [s for s in kernel.stages[first + 1:last] if id(s) not in inside]
+        blocks = tuple(t for t in kernel.temps if t in chain.blocks)
+        stage = Attention((), m2.out, None, steps=tuple(steps), blocks=blocks)
+        stage.inputs = tuple(stage.reads())
+        kernel.stages[first:last + 1] = beside + [stage]
+        for t in blocks:
+            kernel.temps.remove(t)

@@ -1,0 +1,146 @@
+"""Fused attention (jitbyoc/kernels/attention.py): ``softmax(Q K^T * scale + mask) @ V``
+as the frontends write it, with grouped-query heads, a symbolic length, the decoders'
+guard against fully masked rows, float32 and float64. Differential against TVM's default
+build and numpy, at lengths around the register tile and vector width; the C rendering
+against the JIT'd code; and the fusion must really happen (an Attention stage), or stay
+away where the scores leave the region."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+import tvm
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tvm import relax
+
+import jitbyoc
+from jitbyoc.kernels.attention import Attention
+
+from .conftest import build_both, build_model, run
+
+LENGTHS = (1, 2, 7, 17, 64, 130)
+
+
+def _attention(heads=4, kv=4, d=16, dtype="float32", guard=False, bool_mask=False, expose=False, length="s"):
+    """The pattern of transformers' eager/sdpa attention through torch.export."""
+    mask_dtype = "bool" if bool_mask else dtype
+
+    def body(bb, q, k, v, mask):
+        if kv != heads:  # repeat_kv: expand, broadcast, reshape
+            def repeat(x):
+                x = bb.emit(relax.op.expand_dims(x, 2))
+                x = bb.emit(relax.op.broadcast_to(x, (1, kv, heads // kv, q.ty.shape[2], d)))
+                return bb.emit(relax.op.reshape(x, (1, heads, q.ty.shape[2], d)))
+            k, v = repeat(k), repeat(v)
+        s = bb.emit(relax.op.matmul(q, bb.emit(relax.op.permute_dims(k, [0, 1, 3, 2]))))
+        s = bb.emit(relax.op.multiply(s, relax.const(d ** -0.5, dtype)))
+        if bool_mask:
+            bias = bb.emit(relax.op.where(mask, relax.const(0.0, dtype), relax.const(float("-inf"), dtype)))
+            s = bb.emit(relax.op.add(s, bias))
+        else:
+            s = bb.emit(relax.op.add(s, mask))
+        p = bb.emit(relax.op.nn.softmax(s, axis=-1))
+        if guard:  # where(every score of the row is -inf, 0, p)
+            live = bb.emit(relax.op.logical_not(relax.op.equal(s, relax.const(float("-inf"), dtype))))
+            flag = bb.emit(relax.op.max(bb.emit(relax.op.astype(live, "int8")), axis=-1, keepdims=True))
+            dead = bb.emit(relax.op.logical_not(relax.op.astype(flag, "bool")))
+            p = bb.emit(relax.op.where(dead, relax.const(0.0, dtype), p))
+        o = bb.emit(relax.op.matmul(p, v))
+        o = bb.emit(relax.op.permute_dims(o, [0, 2, 1, 3]))
+        o = bb.emit(relax.op.reshape(o, (1, q.ty.shape[2], heads * d)))
+        return [o, p] if expose else o
+    n = length
+    return build_model({"q": ((1, heads, n, d), dtype), "k": ((1, kv, n, d), dtype),
+                        "v": ((1, kv, n, d), dtype), "mask": ((1, 1, n, n), mask_dtype)}, body)
+
+
+def _inputs(n, heads=4, kv=4, d=16, dtype="float32", bool_mask=False, dead_rows=()):
+    rng = np.random.default_rng(n)
+    q, k, v = (rng.standard_normal((1, h, n, d)).astype(dtype) for h in (heads, kv, kv))
+    allowed = np.tril(np.ones((n, n), bool))
+    for r in dead_rows:
+        if r < n:
+            allowed[r] = False
+    mask = allowed if bool_mask else np.where(allowed, 0.0, -np.inf).astype(dtype)
+    return q, k, v, mask[None, None]
+
+
+def _stages(mod) -> list[str]:
+    return [type(s).__name__ for r in jitbyoc.inspect(mod) for s in r.kernel.stages]
+
+
+def _numpy(q, k, v, mask, heads, kv):
+    rep = heads // kv
+    k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
+    bias = np.where(mask, 0.0, -np.inf) if mask.dtype == bool else mask
+    o = Attention.reference(q.astype("float64"), k.astype("float64"), v.astype("float64"),
+                            q.shape[-1] ** -0.5, bias.astype("float64"))
+    return o.transpose(0, 2, 1, 3).reshape(1, q.shape[2], -1)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("heads,kv,d", [(4, 4, 16), (8, 2, 64), (3, 1, 20)])
+def test_attention_fuses_and_matches_tvm_and_numpy_at_every_length(dtype, heads, kv, d):
+    mod = _attention(heads, kv, d, dtype)
+    assert "Attention" in _stages(mod)
+    builds = build_both(mod)
+    assert not builds.report.fallbacks, str(builds.report)
+    tol = 3e-5 if dtype == "float32" else 1e-12
+    for n in LENGTHS:
+        x = _inputs(n, heads, kv, d, dtype)
+        got, want = run(builds.jit, *x), run(builds.tvm, *x)
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=f"length {n}")
+        np.testing.assert_allclose(got, _numpy(*x, heads, kv), rtol=tol, atol=tol, err_msg=f"length {n}")
+
+
+@pytest.mark.parametrize("bool_mask", [False, True])
+def test_the_decoders_guard_fuses_and_zeroes_fully_masked_rows_like_tvm(bool_mask):
+    mod = _attention(8, 4, 32, guard=True, bool_mask=bool_mask)
+    assert "Attention" in _stages(mod)
+    builds = build_both(mod)
+    for n in (1, 5, 31):
+        x = _inputs(n, 8, 4, 32, bool_mask=bool_mask, dead_rows=(0, 3))
+        got, want = run(builds.jit, *x), run(builds.tvm, *x)
+        assert np.isfinite(got).all()
+        np.testing.assert_allclose(got, want, rtol=3e-5, atol=3e-5, err_msg=f"length {n}")
+        assert not got[0, 0].any()  # a dead row attends to nothing
+
+
+def test_scores_that_leave_the_region_are_not_fused_and_stay_right():
+    mod = _attention(4, 2, 16, expose=True)
+    assert "Attention" not in _stages(mod)
+    builds = build_both(mod)
+    x = _inputs(9, 4, 2, 16)
+    for got, want in zip(run(builds.jit, *x), run(builds.tvm, *x)):
+        np.testing.assert_allclose(got, want, rtol=3e-5, atol=3e-5)
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="the C export needs gcc")
+def test_the_c_export_matches_the_jit(tmp_path):
+    mod = _attention(4, 2, 16, guard=True)
+    with jitbyoc.enabled():
+        ex = tvm.compile(mod, target="c")
+        llvm_path = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+    ex.export_library(str(tmp_path / "attention.so"), cc="gcc", options=["-O2", "-ffp-contract=off"])
+    c_path = relax.VirtualMachine(tvm.runtime.load_module(str(tmp_path / "attention.so")), tvm.cpu())
+    for n in (1, 23):
+        x = _inputs(n, 4, 2, 16, dead_rows=(2,))
+        np.testing.assert_allclose(run(c_path, *x), run(llvm_path, *x), rtol=2e-5, atol=2e-5)
+
+
+@settings(max_examples=6, deadline=None)
+@given(st.sampled_from([(2, 1), (4, 4), (6, 3)]), st.sampled_from([8, 24, 64, 96]), st.integers(1, 40),
+       st.sampled_from(["float32", "float64"]), st.booleans())
+def test_static_shapes_fuse_and_match_tvm(heads_kv, d, n, dtype, guard):
+    """A static length gives the microkernels static edge tiles (a row count and a column
+    count that are not multiples of the register tile)."""
+    heads, kv = heads_kv
+    mod = _attention(heads, kv, d, dtype, guard=guard, length=n)
+    assert "Attention" in _stages(mod)
+    builds = build_both(mod)
+    x = _inputs(n, heads, kv, d, dtype, dead_rows=(n // 2,) if guard else ())
+    tol = 3e-5 if dtype == "float32" else 1e-12
+    np.testing.assert_allclose(run(builds.jit, *x), run(builds.tvm, *x), rtol=tol, atol=tol)
