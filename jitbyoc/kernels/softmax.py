@@ -93,7 +93,8 @@ class Softmax(kir.KernelStage):
     @staticmethod
     def _reduce(c, n, step, init):
         b = c.b
-        acc = b.alloca(init.type)
+        with b.goto_entry_block():  # a static slot mem2reg promotes, even inside the row loop
+            acc = b.alloca(init.type)
         b.store(init, acc)
         with for_range(b, n, "k") as k:
             b.store(step(k, b.load(acc)), acc)
@@ -181,7 +182,8 @@ def vector_row(b, dt: str, src, dst, n, log: bool = False) -> None:
 def _lanes_reduce(b, em, op: str, dt: str, n, init, step):
     """Fold ``step(acc, i, mask)`` over the strips of ``[0, n)`` into one vector, then its
     lanes into a scalar with ``op`` (halving shuffles: log2(lanes) steps)."""
-    acc = b.alloca(em.const(init, dt).type)
+    with b.goto_entry_block():  # a static slot mem2reg promotes: in a loop, an alloca grows the stack
+        acc = b.alloca(em.const(init, dt).type)
     b.store(em.const(init, dt), acc)
     strips(b, I64(0), n, em.lanes, lambda i, mask: b.store(step(b.load(acc), i, mask), acc))
     v, width = b.load(acc), em.lanes
