@@ -135,13 +135,18 @@ class _Emit:
         """``accs[j*V + v] = sum over channels and taps`` for the chunk at ``xoff``."""
         b, s, e, vt, elem = c.b, c.syms, self.e, self.vt, self.elem
         taps = b.inttoptr(s["taptab"], PTR)
+        prefetch = declare(c.module, "llvm.prefetch.p0", ir.VoidType(), [PTR, I32, I32, I32])
         for a in accs:
             b.store(ir.Constant(vt, None), a)
         with for_range(b, s["cg"], "ic") as ic:
             xp = c.element(self.bufs["work"], b.add(xoff, b.mul(ic, s["chan"])))
             wps = [c.element(self.bufs["w"], b.add(w, b.mul(ic, s["taps"]))) for w in wrows]
+            ahead = c.element(self.bufs["work"], b.add(xoff, b.mul(b.add(ic, I64(1)), s["chan"])))
             with for_range(b, s["taps"], "tap") as t:
                 off = b.load(b.gep(taps, [t], source_etype=I64), typ=I64)
+                for v in (0, e.v - 1):  # the next channel's window, from L2 while this one computes
+                    at = b.gep(ahead, [b.add(off, I64(v * e.lanes))], source_etype=elem.ir)
+                    b.call(prefetch, [at, I32(0), I32(3), I32(1)])
                 vals = [b.load(a, typ=vt) for a in accs]
                 xs = [b.load(b.gep(xp, [b.add(off, I64(v * e.lanes))], source_etype=elem.ir),
                              typ=vt, align=elem.nbytes) for v in range(e.v)]
