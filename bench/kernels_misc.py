@@ -1,9 +1,11 @@
-"""Layout/reduction/normalization kernels: ``python -m bench.kernels_misc [--threads N] [--repeat N]``.
+"""Attention, layout, reduction and normalization kernels: ``python -m bench.kernels_misc [--threads N] [--repeat N]``.
 
 Prints, per case, jitbyoc's median time and effective bandwidth (bytes read + written
 once, per second) with same-process median-of-repeats ratios against TVM's default build,
 numpy and torch eager (if installed); >1 means jitbyoc is faster. jitbyoc, TVM and numpy
-take turns in one alternating loop. torch is timed in a subprocess of its own that never
+take turns in blocks of warm calls (``timing.time_blocks``: a pool that spins after a
+call, numpy's OpenBLAS in the attention reference, must not slow the next candidate's
+call). torch is timed in a subprocess of its own that never
 loads TVM: in a process where TVM's thread pool has run, torch's OpenMP workers only got
 a core at scheduler ticks (every small call took 4-16 ms).
 Every case is first checked against TVM's result (max|err| column).
@@ -19,7 +21,7 @@ import os
 import statistics
 
 from .kernel_common import module, vm_function
-from .timing import time_alternating
+from .timing import time_alternating, time_blocks
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -75,7 +77,20 @@ def cases(rng):
         s = lambda a: a.reshape(1, -1, 1, 1)  # noqa: E731
         return np.maximum((x - s(m)) / np.sqrt(s(v) + 1e-5) * s(g) + s(b), 0)
 
+    q, k, v = (f32(1, 8, 256, 64) for _ in range(3))
+    causal = np.triu(np.full((256, 256), -np.inf, "float32"), 1)[None, None]
+
+    def attention_body(bb, q, k, v, mask):  # as the frontends write it: the fused kernel
+        s = relax.op.add(relax.op.multiply(relax.op.matmul(q, relax.op.permute_dims(k, [0, 1, 3, 2])),
+                                           relax.const(0.125, "float32")), mask)
+        return bb.emit(relax.op.matmul(relax.op.nn.softmax(s, axis=-1), v))
+
+    def np_attention(q, k, v, mask):
+        return np_softmax(q @ k.transpose(0, 1, 3, 2) * 0.125 + mask) @ v
+
     return [
+        ("attention 8x256x64, causal (fused)", [q, k, v, causal], attention_body, np_attention,
+         torch_of(lambda q, k, v, m: F().scaled_dot_product_attention(q, k, v, attn_mask=m))),
         ("layer_norm 128x768", [ln_x, ln_g, ln_b], ln_body, np_ln,
          torch_of(lambda x, g, b: F().layer_norm(x, (768,), g, b))),
         ("layer_norm 128x768 + gelu", [ln_x, ln_g, ln_b], ln_gelu_body,
@@ -157,7 +172,7 @@ def run_case(case, repeat: int, torch_s: float | None = None) -> dict:
     fns = {"jitbyoc": jit, "tvm": tvm_default}
     if np_fn is not None:
         fns["numpy"] = lambda: np_fn(*arrays)
-    t = time_alternating(fns, repeat)
+    t = time_blocks(fns, repeat)
     med = {k: statistics.median(v) for k, v in t.items()}
     if torch_s is not None:
         med["torch"] = torch_s
