@@ -64,6 +64,17 @@ def sgemm_case(n: int, rng):
                 numpy=lambda: a @ b, torch=lambda t: (lambda: t(a) @ t(b)))
 
 
+def gemv_case(k: int, n: int, rng):
+    """One row times a row-major (k, n) matrix: the GEMV path's column form (a decoder's
+    token step through a (in, out) weight, GPT-2's Conv1D)."""
+    from tvm import relax
+
+    x, w = rng.standard_normal((1, k)).astype("float32"), rng.standard_normal((k, n)).astype("float32")
+    mod = module([("x", (1, k)), ("w", (k, n))], lambda bb, xv, wv: bb.emit(relax.op.matmul(xv, wv)))
+    return dict(name=f"gemv 1x{k} @ {k}x{n}", mod=mod, args=[x, w], flops=2 * k * n,
+                numpy=lambda: x @ w, torch=lambda t: (lambda: t(x) @ t(w)))
+
+
 def linear_case(m: int, k: int, n: int, rng):
     """torch.export's linear: permute_dims(w) + matmul + bias (+ relu)."""
     from tvm import relax
@@ -205,7 +216,7 @@ def main(argv=None) -> None:
     print(f"threads {args.threads}, load average at start {os.getloadavg()[0]:.2f}; "
           f"per-call medians over {rounds} rounds of timed blocks", flush=True)
     cases = [sgemm_case(n, rng), linear_case(64, 784, 1024, rng), mlp_case(64, rng),
-             mlp_case(64, rng, linear=True)]
+             mlp_case(64, rng, linear=True), gemv_case(4096, 4096, rng), linear_case(1, 4096, 4096, rng)]
     results = [bench_case(c, rounds, args.tvm or not c["name"].startswith("sgemm")) for c in cases]
     peak = max(early, machine_peak(args.threads))
     print(f"measured FMA peak {peak:.1f} GFLOP/s, {peak / args.threads:.1f} per core "
