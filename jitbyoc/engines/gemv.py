@@ -16,12 +16,14 @@ from __future__ import annotations
 from llvmlite import ir
 
 from ..ir.dtypes import dtype as lookup_dtype
-from ..ir.llvmtypes import I64
-from ..render.loops import for_range
-from ..render.vectors import intrinsic, lane_mask, lanes, multiply_add, splat, strips, suffix, vload, vstore, vtype
+from ..ir.llvmtypes import I64, PTR
+from ..render.loops import ceil_div, for_range
+from ..render.vectors import intrinsic, lanes, multiply_add, splat, strips, suffix, vload, vstore, vtype
+from .gemm_llvm import free_workspace, workspace
 
 ROWS = 4  # outputs per block: x is loaded once for these rows of W
-COLUMNS = 4  # vectors of outputs per block when B's rows are contiguous (``x @ W``)
+COLUMNS = 4  # vectors of outputs per block of the partial sums' second pass (``x @ W``)
+K_CHUNK = 256  # rows of W per task of ``x @ W`` (each task reads them whole, in order)
 
 
 def _each_block(ctx, width: int, batch: int, callback, work) -> None:
@@ -59,23 +61,82 @@ def _accumulators(b: ir.IRBuilder, dtype: str, count: int):
 
 def emit_gemv_columns(ctx, bufs: dict, dtype: str, callback, batch: int) -> None:
     """``c[0, n] = sum_k a[0, k] * b[k * bk + n]`` (B's rows contiguous: GPT-2's
-    ``Conv1D``, ``x @ W``): each task takes blocks of ``COLUMNS`` vectors of outputs and
-    adds ``a[k]`` times each row's stretch of B into them, one row after another."""
-    vl = lanes(dtype)
+    ``Conv1D``, ``x @ W``). B is read as it lies, row after row: each task takes
+    :data:`K_CHUNK` rows and adds ``a[k]`` times each whole row into its own partial
+    sums (``n`` elements, in L1/L2); a second pass adds the partial sums per block of
+    outputs and runs the epilogue. Blocks of columns walked down the rows (the previous
+    way) read one or four cache lines per row, a row apart: 0.39x numpy at 4096x4096."""
+    b, vl = ctx.b, lanes(dtype)
+    n, k = ctx.syms["n"], ctx.syms["k"]
+    chunks = b.select(b.icmp_signed(">", k, I64(0)), ceil_div(b, k, I64(K_CHUNK)), I64(1))
+    width = b.mul(ceil_div(b, n, I64(vl)), I64(vl))
+    partial = workspace(ctx, dtype, b.mul(chunks, width))
+    extra = [b.ptrtoint(partial, I64), chunks, width]
+    ctx.parallel_for(chunks, lambda c, lo, hi, ex: _partial_sums(c, bufs, dtype, lo, hi, ex), extra)
+    blocks = ceil_div(b, n, I64(vl * COLUMNS))
+    ctx.parallel_for(blocks, lambda c, lo, hi, ex: _sum_partials(c, bufs, dtype, callback, batch, lo, hi, ex), extra)
+    free_workspace(ctx, partial)
 
-    def work(c, n0):
-        b = c.b
-        masks = [lane_mask(b, b.sub(c.syms["n"], b.add(n0, I64(j * vl))), vl) for j in range(COLUMNS)]
-        slots, add = _accumulators(b, dtype, COLUMNS)
-        with for_range(b, c.syms["k"], "k") as k:
-            x = splat(b, b.load(c.element(bufs["a"], k), typ=lookup_dtype(dtype).ir), vl)
-            row = b.add(b.mul(k, c.syms["bk"]), n0)
-            for j, (s, mask) in enumerate(zip(slots, masks)):
-                add(s, vload(b, c.element(bufs["b"], b.add(row, I64(j * vl))), dtype, mask), x)
-        for j, (s, mask) in enumerate(zip(slots, masks)):
-            vstore(b, b.load(s, typ=vtype(dtype)), c.element(bufs["c"], b.add(n0, I64(j * vl))), dtype, mask)
 
-    _each_block(ctx, vl * COLUMNS, batch, callback, work)
+def _partial_sums(c, bufs: dict, dtype: str, lo, hi, extra) -> None:
+    b, vl, vt = c.b, lanes(dtype), vtype(dtype)
+    partial, width = b.inttoptr(extra[0], PTR), extra[2]
+    n, k = c.syms["n"], c.syms["k"]
+    with for_range(b, hi, "chunk", start=lo) as chunk:
+        out = b.gep(partial, [b.mul(chunk, width)], source_etype=vt.element)
+        k0 = b.mul(chunk, I64(K_CHUNK))
+        k1 = b.select(b.icmp_signed("<", b.add(k0, I64(K_CHUNK)), k), b.add(k0, I64(K_CHUNK)), k)
+        strips(b, I64(0), width, vl, lambda j, _m: vstore(
+            b, ir.Constant(vt, [0.0] * vl), b.gep(out, [j], source_etype=vt.element), dtype))
+        rows = b.sub(k1, k0)
+        whole = b.mul(b.sdiv(rows, I64(ROWS)), I64(ROWS))
+        with for_range(b, b.sdiv(rows, I64(ROWS)), "kk") as kk:
+            _add_rows(c, bufs, dtype, out, b.add(k0, b.mul(kk, I64(ROWS))), ROWS)
+        with for_range(b, b.sub(rows, whole), "kr") as kr:
+            _add_rows(c, bufs, dtype, out, b.add(b.add(k0, whole), kr), 1)
+
+
+def _add_rows(c, bufs: dict, dtype: str, out, first, count: int) -> None:
+    """``out += a[first + r] * B[first + r, :]`` for ``count`` rows: the partial sums are
+    loaded and stored once per ``count`` rows."""
+    b, vl, vt = c.b, lanes(dtype), vtype(dtype)
+    xs, bases = [], []
+    for r in range(count):
+        row = b.add(first, I64(r))
+        xs.append(splat(b, b.load(c.element(bufs["a"], row), typ=lookup_dtype(dtype).ir), vl))
+        bases.append(b.mul(row, c.syms["bk"]))
+
+    def add(j, mask):
+        at = b.gep(out, [j], source_etype=vt.element)
+        acc = vload(b, at, dtype)
+        for x, base in zip(xs, bases):
+            acc = multiply_add(b, vload(b, c.element(bufs["b"], b.add(base, j)), dtype, mask), x, acc)
+        vstore(b, acc, at, dtype)
+
+    strips(b, I64(0), c.syms["n"], vl, add)
+
+
+def _sum_partials(c, bufs: dict, dtype: str, callback, batch: int, lo, hi, extra) -> None:
+    b, vl, vt = c.b, lanes(dtype), vtype(dtype)
+    partial, chunks, width = b.inttoptr(extra[0], PTR), extra[1], extra[2]
+    n = c.syms["n"]
+    span = I64(vl * COLUMNS)
+    with for_range(b, hi, "blk", start=lo) as blk:
+        n0 = b.mul(blk, span)
+        n1 = b.select(b.icmp_signed("<", b.add(n0, span), n), b.add(n0, span), n)
+
+        def total(j, mask):
+            acc = ir.Constant(vt, [0.0] * vl)
+            with b.goto_entry_block():
+                slot = b.alloca(vt)
+            b.store(acc, slot)
+            with for_range(b, chunks, "part") as part:
+                at = b.gep(partial, [b.add(b.mul(part, width), j)], source_etype=vt.element)
+                b.store(b.fadd(b.load(slot, typ=vt), vload(b, at, dtype)), slot)
+            vstore(b, b.load(slot, typ=vt), c.element(bufs["c"], j), dtype, mask)
+
+        strips(b, n0, n1, vl, total)
+        callback(c, [I64(0)] * batch, I64(0), I64(1), n0, b.sub(n1, n0))
 
 
 def emit_gemv(ctx, bufs: dict, dtype: str, callback, batch: int) -> None:
