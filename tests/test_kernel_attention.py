@@ -144,3 +144,22 @@ def test_static_shapes_fuse_and_match_tvm(heads_kv, d, n, dtype, guard):
     x = _inputs(n, heads, kv, d, dtype, dead_rows=(n // 2,) if guard else ())
     tol = 3e-5 if dtype == "float32" else 1e-12
     np.testing.assert_allclose(run(builds.jit, *x), run(builds.tvm, *x), rtol=tol, atol=tol)
+
+
+def test_a_chain_stage_that_also_writes_a_region_output_is_not_fused():
+    """An elementwise stage of the chain that stores a region output too would leave the
+    output unwritten (only temporaries become row blocks): the chain stays as it is."""
+    from jitbyoc.ir import kir
+    from jitbyoc.kernels.attention import fuse_attention
+    from jitbyoc.kernels.matmul import MatMul
+    from jitbyoc.kernels.softmax import Softmax
+
+    q, k, v = (kir.Buffer(f"in{i}", (4, 9, 16) if i != 1 else (4, 16, 9), "float32") for i in range(3))
+    s, t, p = (kir.Buffer(f"tmp{i}", (4, 9, 9), "float32") for i in range(3))
+    o, exposed = kir.Buffer("out0", (4, 9, 16), "float32"), kir.Buffer("out1", (4, 9, 9), "float32")
+    scaled = kir.Op("multiply", (kir.Load(s), kir.Const(0.25, "float32")), "float32", "float32")
+    stages = [MatMul((q, k), s), kir.Elementwise((4, 9, 9), ((t, scaled), (exposed, scaled))),
+              Softmax((t,), p, axis=2), MatMul((p, v), o)]
+    kernel = kir.Kernel("k", [q, k, v], [o, exposed], list(stages), [s, t, p])
+    fuse_attention(kernel)
+    assert [type(x).__name__ for x in kernel.stages] == ["MatMul", "Elementwise", "Softmax", "MatMul"]

@@ -146,7 +146,8 @@ class _Chain:
                 and s.epilogue is None and not lookup_dtype(s.out.dtype).is_float and s.out.dtype != "bool" \
                 and s.out.shape[-1:] == (1,):
             return [s.inputs[0].storage]
-        if isinstance(s, kir.Elementwise) and not _traps([n for _, n in s.stores]):
+        if isinstance(s, kir.Elementwise) and not _traps([n for _, n in s.stores]) \
+                and all(dst.storage in self.kernel.temps for dst, _ in s.stores):  # outputs stay whole
             self.blocks.update(dst.storage for dst, _ in s.stores)
             return [b.storage for b in kir.stage_reads(s) if b.storage in self.kernel.temps
                     and self._belongs(b.storage, s.shape)]
