@@ -85,6 +85,22 @@ def test_the_machine_is_part_of_every_cache_key():
     assert cache.key("same material") != other
 
 
+def test_a_conv_plan_follows_the_register_file_of_the_build_that_asks():
+    """The plan was remembered per geometry only: after an AVX-512 build, a build for
+    AVX2 in the same process got the AVX-512 register block (spills, half speed)."""
+    from jitbyoc.engines import conv_plan
+    from jitbyoc.kernels.conv2d import ConvGeometry
+
+    geo = ConvGeometry(n=4, c=32, h=32, w=32, k=64, kh=3, kw=3, stride=(1, 1), dilation=(1, 1),
+                       pad=(1, 1, 1, 1), groups=1, oh=32, ow=32)
+    with isa.compiling_for(machine_for(_target(mcpu="znver4"))):
+        wide = conv_plan.choose_plan(geo, "float32")
+    with isa.compiling_for(machine_for(_target(mcpu="haswell"))):
+        plan = conv_plan.choose_plan(geo, "float32")
+        per_vector = plan.lanes * 32 // isa.vector_bits()
+        assert (plan.j + 1) * plan.v * per_vector <= isa.vector_registers() - 1, (wide, plan)
+
+
 def _elf_machine(path) -> int:
     return int.from_bytes(path.read_bytes()[18:20], "little")
 

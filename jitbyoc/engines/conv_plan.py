@@ -183,11 +183,17 @@ def on_menu(plan: Plan, dt: str) -> bool:
     return (max_lanes(dt) // plan.lanes, plan.j, plan.v) in MENU
 
 
-@lru_cache(maxsize=1024)
 def choose_plan(geo, dt: str) -> Plan:
     """The cheapest of the :func:`candidates` by :func:`cost`, or the cheapest on the
     :data:`MENU` when it costs at most :data:`MENU_SLACK` times that. Remembered per
-    geometry (a model repeats its layers)."""
+    geometry (a model repeats its layers) and register file: a process that builds for
+    AVX-512 and then AVX2 got the AVX-512 register block for AVX2 (16 x 1 vectors of 16
+    lanes: spills; the AVX2 conv ran at half speed)."""
+    return _choose_plan(geo, dt, vector_bits(), vector_registers())
+
+
+@lru_cache(maxsize=1024)
+def _choose_plan(geo, dt: str, _bits: int, _registers: int) -> Plan:
     best = menu = None
     for plan in candidates(geo, dt):
         c = cost(plan, dt)
