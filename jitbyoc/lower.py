@@ -225,18 +225,11 @@ def fuse_epilogues(kernel: kir.Kernel) -> None:
             break
 
 
-def _without_leading_ones(shape) -> tuple:
-    shape = tuple(shape)
-    while shape and shape[0] == 1:
-        shape = shape[1:]
-    return shape
-
-
 def _in_producer_coordinates(expr, seen: kir.Buffer, shape):
     """``expr`` (over ``seen``'s shape, reading the producer's result as ``seen``) as an
     epilogue over the producer's ``shape``: ``seen`` becomes the accumulator, every other
     load is realigned; None unless the two shapes differ only in leading unit dims."""
-    if _without_leading_ones(seen.shape) != _without_leading_ones(shape):
+    if kir.without_leading_ones(seen.shape) != kir.without_leading_ones(shape):
         return None
     mapping: dict = {}
     for n in (n for n in kir.walk([expr]) if isinstance(n, kir.Load)):

@@ -35,6 +35,15 @@ class Buffer:
         return self if self.base is None else self.base
 
 
+def without_leading_ones(shape) -> tuple:
+    """``shape`` with its leading unit dims dropped: the shapes a reshape that only adds
+    or drops leading unit dims maps onto each other (``(1, H, S, S)`` and ``(H, S, S)``)."""
+    shape = tuple(shape)
+    while shape and shape[0] == 1:
+        shape = shape[1:]
+    return shape
+
+
 def view(buf: Buffer, shape) -> Buffer:
     """``buf`` reshaped without a copy (a view of its storage; views never nest)."""
     root = buf.storage

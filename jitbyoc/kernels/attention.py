@@ -85,13 +85,6 @@ class Attention(kir.KernelStage):
         return np.matmul(p / p.sum(axis=-1, keepdims=True), v).astype(q.dtype)
 
 
-def _core(shape) -> tuple:
-    shape = tuple(shape)
-    while shape and shape[0] == 1:
-        shape = shape[1:]
-    return shape
-
-
 def _traps(exprs) -> bool:
     """Whether an expression holds an op that traps on the zeros of a masked-off lane."""
     return any(isinstance(n, kir.Op) and op_def(n.op).traps and not lookup_dtype(n.in_dtype).is_float
@@ -157,21 +150,18 @@ class _Chain:
         """Whether a temporary an elementwise stage over ``shape`` reads is part of the
         chain: one of that shape, or a per-row buffer a fold over one of that shape wrote."""
         writer = self.writers.get(buf, [None])[0]
-        if isinstance(writer, Reduce):
-            return _core(writer.inputs[0].storage.shape) == _core(shape)
-        return _core(buf.shape) == _core(shape)
+        seen = writer.inputs[0].storage if isinstance(writer, Reduce) else buf
+        return kir.without_leading_ones(seen.shape) == kir.without_leading_ones(shape)
 
     def _checked(self) -> bool:
         k, m1, m2 = self.kernel, self.m1, self.m2
         order = {id(s): n for n, s in enumerate(k.stages)}
-        scores = _core(m1.out.storage.shape)
         if not all(order[id(m1)] < order[id(s)] < order[id(m2)] for s in self.stages):
             return False
-        if any(_core(t.shape) != scores for t in self.blocks):
-            return False
-        if any(isinstance(s, kir.Elementwise) and _core(s.shape) != scores for s in self.stages):
-            return False
-        if any(isinstance(s, Reduce) and _core(s.inputs[0].storage.shape) != scores for s in self.stages):
+        shapes = [t.shape for t in self.blocks] + [s.shape for s in self.stages if isinstance(s, kir.Elementwise)] \
+            + [s.inputs[0].storage.shape for s in self.stages if isinstance(s, Reduce)]
+        scores = kir.without_leading_ones(m1.out.storage.shape)
+        if any(kir.without_leading_ones(shape) != scores for shape in shapes):
             return False
         if _traps([m1.epilogue] + [s.epilogue for s in self.stages if isinstance(s, Softmax)]):
             return False
@@ -195,7 +185,7 @@ class _Chain:
             return False
         if tuple(g1.batch) != tuple(g2.batch) or g1.m != g2.m or g1.n != g2.k:
             return False
-        if _core(m2.inputs[0].shape) != _core(m1.out.shape):
+        if kir.without_leading_ones(m2.inputs[0].shape) != kir.without_leading_ones(m1.out.shape):
             return False
         return isinstance(g1.k, int) and 0 < g1.k <= KC
 
