@@ -17,7 +17,7 @@ from llvmlite import ir
 
 from ..ir.dtypes import dtype as lookup_dtype
 from ..ir.llvmtypes import I64, PTR
-from ..render.loops import ceil_div, for_range
+from ..render.loops import ceil_div, for_range, smin
 from ..render.vectors import intrinsic, lanes, multiply_add, splat, strips, suffix, vload, vstore, vtype
 from .gemm_llvm import free_workspace, workspace
 
@@ -85,7 +85,7 @@ def _partial_sums(c, bufs: dict, dtype: str, lo, hi, extra) -> None:
     with for_range(b, hi, "chunk", start=lo) as chunk:
         out = b.gep(partial, [b.mul(chunk, width)], source_etype=vt.element)
         k0 = b.mul(chunk, I64(K_CHUNK))
-        k1 = b.select(b.icmp_signed("<", b.add(k0, I64(K_CHUNK)), k), b.add(k0, I64(K_CHUNK)), k)
+        k1 = smin(b, b.add(k0, I64(K_CHUNK)), k)
         strips(b, I64(0), width, vl, lambda j, _m: vstore(
             b, ir.Constant(vt, [0.0] * vl), b.gep(out, [j], source_etype=vt.element), dtype))
         rows = b.sub(k1, k0)
@@ -123,13 +123,10 @@ def _sum_partials(c, bufs: dict, dtype: str, callback, batch: int, lo, hi, extra
     span = I64(vl * COLUMNS)
     with for_range(b, hi, "blk", start=lo) as blk:
         n0 = b.mul(blk, span)
-        n1 = b.select(b.icmp_signed("<", b.add(n0, span), n), b.add(n0, span), n)
+        n1 = smin(b, b.add(n0, span), n)
 
         def total(j, mask):
-            acc = ir.Constant(vt, [0.0] * vl)
-            with b.goto_entry_block():
-                slot = b.alloca(vt)
-            b.store(acc, slot)
+            (slot,), _ = _accumulators(b, dtype, 1)
             with for_range(b, chunks, "part") as part:
                 at = b.gep(partial, [b.add(b.mul(part, width), j)], source_etype=vt.element)
                 b.store(b.fadd(b.load(slot, typ=vt), vload(b, at, dtype)), slot)

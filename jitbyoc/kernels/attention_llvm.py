@@ -23,7 +23,7 @@ from ..render.llvm import Emitter
 from ..render.loops import ceil_div, for_range, smin
 from ..render.vectors import lanes, splat, strips, vload, vstore
 from .reduce import Reduce
-from .softmax import Softmax, _lanes_reduce, vector_row
+from .softmax import Softmax, lanes_reduce, vector_row
 
 ROW_BLOCKS = 4  # MR-row blocks per task: packing K and V is paid once per ROW_BLOCKS * MR rows
 
@@ -34,10 +34,11 @@ def emit(stage, ctx) -> None:
     b = ctx.b
     chunks = ceil_div(b, extent(ctx, g1.m), I64(g1.blocking.mr * ROW_BLOCKS))
     count = b.mul(ctx.product(g1.batch), chunks)
-    ctx.parallel_for(count, lambda c, lo, hi, _extra: _tasks(stage, g1, g2, c, lo, hi))
+    ctx.parallel_for(count, lambda c, lo, hi, extra: _tasks(stage, g1, g2, c, lo, hi, extra[0]), [chunks])
 
 
-def _tasks(stage, g1, g2, c, lo, hi) -> None:
+def _tasks(stage, g1, g2, c, lo, hi, chunks) -> None:
+    """Tasks ``lo .. hi``: task ``t`` is chunk ``t % chunks`` of batch item ``t // chunks``."""
     b, dt = c.b, g1.dtype
     m, n, k, dv = extent(c, g1.m), extent(c, g1.n), extent(c, g1.k), extent(c, g2.n)
     mr, vl = g1.blocking.mr, lanes(dt)
@@ -48,7 +49,6 @@ def _tasks(stage, g1, g2, c, lo, hi) -> None:
     kp = workspace(c, dt, b.mul(ceil_div(b, n, I64(g1.nr)), I64(g1.nr * g1.k)))
     vp = None if b_in_place(g2) else workspace(c, dt, b.mul(b.mul(ceil_div(b, dv, I64(g2.nr)), I64(g2.nr)), n))
     per_task = I64(mr * ROW_BLOCKS)
-    chunks = ceil_div(b, m, per_task)
     with for_range(b, hi, "task", start=lo) as t:
         item, chunk = b.sdiv(t, chunks), b.srem(t, chunks)
         bidx = c.unravel(item, g1.batch) if g1.batch else []
@@ -170,5 +170,5 @@ class _Block:
             v = vload(b, self.row(x, r, j), dt, mask, vl)
             return em.op(op, dt, acc, v if mask is None else b.select(mask, v, em.const(init, dt)))
 
-        value = _lanes_reduce(b, em, op, dt, self.n, init, step)
+        value = lanes_reduce(b, em, op, dt, self.n, init, step)
         c.store(s.out, c.offset(s.out.shape, self.position(s.out.ndim, r, I64(0)), broadcast=True), value)

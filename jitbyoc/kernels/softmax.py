@@ -158,7 +158,7 @@ def vector_row(b, dt: str, src, dst, n, log: bool = False) -> None:
     def strip_store(v, i, mask):
         vstore(b, v, b.gep(dst, [i], source_etype=lookup_dtype(dt).ir), dt, mask)
 
-    m = _lanes_reduce(b, em, "maximum", dt, n, float("-inf"),
+    m = lanes_reduce(b, em, "maximum", dt, n, float("-inf"),
                       lambda acc, i, mask: em.op("maximum", dt, acc, strip_load(src, i, mask, "-inf")))
 
     def add_exp(acc, i, mask):
@@ -168,7 +168,7 @@ def vector_row(b, dt: str, src, dst, n, log: bool = False) -> None:
         return b.fadd(acc, b.select(mask, e, em.const(0, dt)) if mask is not None else e,
                       flags=("reassoc",))
 
-    s = _lanes_reduce(b, em, "add", dt, n, 0, add_exp)
+    s = lanes_reduce(b, em, "add", dt, n, 0, add_exp)
     if log:
         shift = splat(b, b.fadd(m, scalar.op("log", dt, s)), width)
         strips(b, I64(0), n, width, lambda i, mask: strip_store(
@@ -179,7 +179,7 @@ def vector_row(b, dt: str, src, dst, n, log: bool = False) -> None:
             b.fmul(strip_load(dst, i, mask, 0), scale), i, mask))
 
 
-def _lanes_reduce(b, em, op: str, dt: str, n, init, step):
+def lanes_reduce(b, em, op: str, dt: str, n, init, step):
     """Fold ``step(acc, i, mask)`` over the strips of ``[0, n)`` into one vector, then its
     lanes into a scalar with ``op`` (halving shuffles: log2(lanes) steps)."""
     with b.goto_entry_block():  # a static slot mem2reg promotes: in a loop, an alloca grows the stack
