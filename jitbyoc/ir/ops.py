@@ -24,7 +24,7 @@ from typing import Callable
 import numpy as np
 from llvmlite import ir
 
-from . import vecmath
+from . import kir, vecmath
 from .dtypes import ALL, FLOATS, HALF, INTS, NUMERIC
 from .dtypes import dtype as lookup_dtype
 from .llvmtypes import declare
@@ -401,3 +401,10 @@ def op_def(name: str, dtype: str | None = None) -> OpDef:
                             f"supported: {sorted(row.dtypes)}")
     return row
 
+
+def traps_on_masked_lanes(exprs) -> bool:
+    """Whether an expression DAG holds an integer op that traps on the zeros a masked-off
+    lane holds (division, modulo): such expressions are not evaluated on vectors whose
+    tail lanes are masked off."""
+    return any(isinstance(n, kir.Op) and op_def(n.op).traps and not lookup_dtype(n.in_dtype).is_float
+               for n in kir.walk([e for e in exprs if e is not None]))

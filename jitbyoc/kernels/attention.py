@@ -29,7 +29,7 @@ from ..engines.gemm import KC
 from ..engines.gemm_engine import fits
 from ..ir import kir
 from ..ir.dtypes import dtype as lookup_dtype
-from ..ir.ops import op_def
+from ..ir.ops import traps_on_masked_lanes
 from ..ir.rules import rewrite
 from ..render.c import emit_elementwise, storage_c
 from .attention_llvm import emit
@@ -85,12 +85,6 @@ class Attention(kir.KernelStage):
         return np.matmul(p / p.sum(axis=-1, keepdims=True), v).astype(q.dtype)
 
 
-def _traps(exprs) -> bool:
-    """Whether an expression holds an op that traps on the zeros of a masked-off lane."""
-    return any(isinstance(n, kir.Op) and op_def(n.op).traps and not lookup_dtype(n.in_dtype).is_float
-               for n in kir.walk([e for e in exprs if e is not None]))
-
-
 class _Chain:
     """The stages between two products that pass the scores along, found backwards from
     the second product's first operand; ``ok`` is False where fusing is not safe."""
@@ -139,7 +133,7 @@ class _Chain:
                 and s.epilogue is None and not lookup_dtype(s.out.dtype).is_float and s.out.dtype != "bool" \
                 and s.out.shape[-1:] == (1,):
             return [s.inputs[0].storage]
-        if isinstance(s, kir.Elementwise) and not _traps([n for _, n in s.stores]) \
+        if isinstance(s, kir.Elementwise) and not traps_on_masked_lanes([n for _, n in s.stores]) \
                 and all(dst.storage in self.kernel.temps for dst, _ in s.stores):  # outputs stay whole
             self.blocks.update(dst.storage for dst, _ in s.stores)
             return [b.storage for b in kir.stage_reads(s) if b.storage in self.kernel.temps
@@ -163,7 +157,7 @@ class _Chain:
         scores = kir.without_leading_ones(m1.out.storage.shape)
         if any(kir.without_leading_ones(shape) != scores for shape in shapes):
             return False
-        if _traps([m1.epilogue] + [s.epilogue for s in self.stages if isinstance(s, Softmax)]):
+        if traps_on_masked_lanes([m1.epilogue] + [s.epilogue for s in self.stages if isinstance(s, Softmax)]):
             return False
         made = set(self.blocks) | {s.out.storage for s in self.stages if isinstance(s, Reduce)}
         inside = {id(s) for s in self.stages} | {id(m1), id(m2)}

@@ -24,7 +24,7 @@ from ..ir import kir
 from ..ir.dtypes import dtype as lookup_dtype
 from ..ir.errors import RenderError, error_context
 from ..ir.llvmtypes import I8, I32, I64, PTR, declare
-from ..ir.ops import op_def
+from ..ir.ops import op_def, traps_on_masked_lanes
 from .loops import for_range, loop_nest, threaded
 from .vectors import SplatConstant, lanes, splat, strips, vload, vstore
 
@@ -271,8 +271,7 @@ def vector_lanes(out: kir.Buffer, bufs, inner, exprs=()) -> int | None:
     may trap on the masked-off lanes of a tail (integer division by their zeros)."""
     if not inner or any(lookup_dtype(x.dtype).storage_bits not in (32, 64) for x in [out, *bufs]):
         return None
-    if any(isinstance(n, kir.Op) and op_def(n.op).traps and not lookup_dtype(n.in_dtype).is_float
-           for n in kir.walk(list(exprs))):
+    if traps_on_masked_lanes(exprs):
         return None
     n = lanes(out.dtype)
     static = all(isinstance(d, int) for d in inner)
