@@ -9,7 +9,8 @@ torch's pools spin after a call). Cases:
 
 * the target conv: 1x64x56x56, 3x3, pad 1, + bias + relu (one fused jitbyoc region);
 * (without ``--quick``) every distinct conv of ResNet-18, each + bias + relu;
-* max_pool2d 3x3/2 on ResNet-18's stem output, global adaptive_avg_pool2d on 1x512x7x7;
+* max_pool2d 3x3/2 on ResNet-18's stem output, avg_pool2d 3x3/1 on an Inception branch's
+  1x256x28x28, global adaptive_avg_pool2d on 1x512x7x7;
 * ResNet-18, batch 1, 224x224 (``bench.models.resnet18``: BlockBuilder, BN folded).
 
 Nothing heavy is imported at module level: ``--threads`` must reach TVM_NUM_THREADS
@@ -71,17 +72,19 @@ def pool_case(kind: str, xs, rng):
     from tvm import relax
 
     x = rng.standard_normal(xs).astype("float32")
-    if kind == "max":
-        body = lambda bb, xv: bb.emit(relax.op.nn.max_pool2d(xv, 3, 2, 1))  # noqa: E731
-    else:
-        body = lambda bb, xv: bb.emit(relax.op.nn.adaptive_avg_pool2d(xv, (1, 1)))  # noqa: E731
+    body = {"max": lambda bb, xv: bb.emit(relax.op.nn.max_pool2d(xv, 3, 2, 1)),
+            "avg": lambda bb, xv: bb.emit(relax.op.nn.avg_pool2d(xv, 3, 1, 1)),
+            "global": lambda bb, xv: bb.emit(relax.op.nn.adaptive_avg_pool2d(xv, (1, 1)))}[kind]
 
     def torch_run(t):
         import torch.nn.functional as F
         tx = t(x)
-        return (lambda: F.max_pool2d(tx, 3, 2, 1)) if kind == "max" else (lambda: F.adaptive_avg_pool2d(tx, 1))
+        return {"max": lambda: F.max_pool2d(tx, 3, 2, 1),
+                # ONNX AveragePool's default, as Inception's: padding not counted
+                "avg": lambda: F.avg_pool2d(tx, 3, 1, 1, count_include_pad=False),
+                "global": lambda: F.adaptive_avg_pool2d(tx, 1)}[kind]
 
-    label = "max_pool2d 3x3/2" if kind == "max" else "global adaptive_avg_pool2d"
+    label = {"max": "max_pool2d 3x3/2", "avg": "avg_pool2d 3x3/1", "global": "global adaptive_avg_pool2d"}[kind]
     return dict(name=f"{label} {'x'.join(map(str, xs))}", mod=module([x], body), args=[x],
                 flops=0, torch=torch_run)
 
@@ -149,7 +152,8 @@ def main(argv=None) -> list[dict]:
     cases = [conv_case("1x64x56x56 3x3 pad 1", (1, 64, 56, 56), (64, 64, 3, 3), 1, 1, rng)]
     if not args.quick:
         cases += [conv_case(*spec, rng) for spec in RESNET_CONVS]
-    cases += [pool_case("max", (1, 64, 112, 112), rng), pool_case("avg", (1, 512, 7, 7), rng), resnet_case()]
+    cases += [pool_case("max", (1, 64, 112, 112), rng), pool_case("avg", (1, 256, 28, 28), rng),
+              pool_case("global", (1, 512, 7, 7), rng), resnet_case()]
     print(f"threads={args.threads} repeat={args.repeat} load={os.getloadavg()[0]:.1f} "
           "(ratios: median of the other / median of jitbyoc; >1 means jitbyoc is faster)")
     rows = []

@@ -56,6 +56,8 @@ def window_grid():
 ADAPTIVE = [((2, 17, 7, 7), (1, 1)), ((1, 3, 9, 5), (4, 3)), ((1, 5, 5, 5), (5, 5)),
             ((1, 1, 3, 7), (2, 5)), ((1, 16, 1, 1), (1, 1)), ((3, 4, 127, 3), (1, 1))]
 RESNET_MAXPOOL = ((1, 64, 112, 112), dict(kind="max", pool_size=(3, 3), strides=(2, 2), padding=(1, 1, 1, 1)))
+# Inception's branch pool: rows of two vectors, the second masked, taps outside at both ends
+INCEPTION_AVGPOOL = ((1, 19, 28, 28), dict(kind="avg", pool_size=(3, 3), strides=(1, 1), padding=(1, 1, 1, 1)))
 # the last window starts just below the input (bottom padding > window): padding only
 BELOW = [((1, 2, 4, 5), dict(kind=kind, pool_size=(2, 1), strides=(2, 1), dilation=(2, 1),
                               padding=(0, 0, 4, 0), count_include_pad=True))
@@ -64,7 +66,7 @@ BELOW = [((1, 2, 4, 5), dict(kind=kind, pool_size=(2, 1), strides=(2, 1), dilati
 
 def all_cases():
     grid = window_grid() + [(s, dict(kind="adaptive", output_size=o)) for s, o in ADAPTIVE]
-    return [([(s, F32)], a) for s, a in grid + [RESNET_MAXPOOL] + BELOW]
+    return [([(s, F32)], a) for s, a in grid + [RESNET_MAXPOOL] + BELOW + [INCEPTION_AVGPOOL]]
 
 
 def check(got, x, attrs, tvm_out):
@@ -173,7 +175,9 @@ def pool_configs(draw):
     size = (draw(st.integers(1, 4)), draw(st.integers(1, 4)))
     dil = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
     pad = tuple(draw(st.integers(0, (size[i % 2] - 1) * dil[i % 2] // 2 + 1)) for i in range(4))
-    hw = tuple(draw(st.integers(max(1, (size[i] - 1) * dil[i] + 1 - pad[i] - pad[i + 2]), 12)) for i in range(2))
+    # rows up to 40 wide: several vectors of columns, a masked tail, taps outside at both ends
+    hw = tuple(draw(st.integers(max(1, (size[i] - 1) * dil[i] + 1 - pad[i] - pad[i + 2]), (12, 40)[i]))
+               for i in range(2))
     return (draw(st.integers(1, 2)), draw(st.integers(1, 5))) + hw, dict(
         kind=kind, pool_size=size, dilation=dil, padding=pad,
         strides=(draw(st.integers(1, 3)), draw(st.integers(1, 3))),
