@@ -23,7 +23,12 @@ def lowest(dt) -> float | int:
 
 
 def emit_pool(stage, ctx) -> None:
-    body = _adaptive_planes if stage.row.adaptive else _window_planes
+    if stage.row.adaptive:
+        body = _adaptive_planes
+    elif lookup_dtype(stage.out.dtype).is_float and stage.stride[1] <= MAX_VECTOR_STRIDE:
+        body = _vector_planes
+    else:
+        body = _window_planes
     planes = ctx.product(stage.planes)
     if threaded(stage.out.shape, "rows"):
         ctx.parallel_for(planes, lambda c, lo, hi, _: body(stage, c, lo, hi))
@@ -40,15 +45,30 @@ def _kernel_rows(stage, b, ops, hs):
     return lo, ops.min(hi, kh)
 
 
+def _identity(stage) -> float | int:
+    """What a window starts from and what taps outside the input count as."""
+    return 0 if stage.row.average else lowest(stage.out.dtype)
+
+
+def _combine_op(stage) -> str:
+    return "add" if stage.row.average else "maximum"
+
+
+def _input_row(stage, b, src, hs, kh):
+    """Offset of the input row kernel row ``kh`` reads for the output row whose window
+    starts at input row ``hs``, in the plane at ``src``."""
+    w = stage.inputs[0].shape[3]
+    return b.add(src, b.mul(b.add(hs, b.mul(kh, I64(stage.dilation[0]))), I64(w)))
+
+
 def _window_planes(stage, c, lo, hi) -> None:
-    b, em, ops = c.b, c.em, LLVM(c)
+    """Integer pools and column strides above MAX_VECTOR_STRIDE: whole output rows
+    combined in memory, tap by tap (see :func:`_vector_planes` for the rest)."""
+    b, ops = c.b, LLVM(c)
     (x,), out, dt = stage.inputs, stage.out, stage.out.dtype
     _, _, h, w = x.shape
     _, _, oh_n, ow_n = out.shape
-    init = em.const(0 if stage.row.average else lowest(dt), dt)
-    if lookup_dtype(dt).is_float and stage.stride[1] <= MAX_VECTOR_STRIDE:
-        _vector_planes(stage, c, lo, hi)
-        return
+    init = c.em.const(_identity(stage), dt)
     with for_range(b, hi, "pl", start=lo) as pl:
         src, dst = b.mul(pl, I64(h * w)), b.mul(pl, I64(oh_n * ow_n))
         with for_range(b, I64(oh_n), "oh") as oh:
@@ -58,7 +78,7 @@ def _window_planes(stage, c, lo, hi) -> None:
             hs = ops.sub(ops.mul(oh, stage.stride[0]), stage.pad[0])
             k0, k1 = _kernel_rows(stage, b, ops, hs)
             with for_range(b, k1, "kh", start=k0) as kh:
-                xrow = b.add(src, b.mul(b.add(hs, b.mul(kh, I64(stage.dilation[0]))), I64(w)))
+                xrow = _input_row(stage, b, src, hs, kh)
                 for kw in range(stage.size[1]):
                     _combine_row(stage, c, row, xrow, kw)
             if stage.row.average:
@@ -81,7 +101,8 @@ def _vector_planes(stage, c, lo, hi) -> None:
     _, _, h, w = x.shape
     _, _, oh_n, ow_n = out.shape
     width, vt = lanes(dt), vtype(dt)
-    identity = Emitter(b, width).const(0 if stage.row.average else lowest(dt), dt)
+    em = Emitter(b, width)
+    identity = em.const(_identity(stage), dt)
     col_counts = _column_counts(stage, c) if stage.row.average else None
     with b.goto_block(b.function.entry_basic_block):
         acc = b.alloca(vt)
@@ -91,22 +112,23 @@ def _vector_planes(stage, c, lo, hi) -> None:
             row = b.add(dst, b.mul(oh, I64(ow_n)))
             hs = ops.sub(ops.mul(oh, stage.stride[0]), stage.pad[0])
             k0, k1 = _kernel_rows(stage, b, ops, hs)
+            rows = stage.counts(0, oh, ops) if stage.row.average else None
             for q, start in enumerate(range(0, ow_n, width)):
                 b.store(identity, acc)
                 with for_range(b, k1, "kh", start=k0) as kh:
-                    xrow = b.add(src, b.mul(b.add(hs, b.mul(kh, I64(stage.dilation[0]))), I64(w)))
+                    xrow = _input_row(stage, b, src, hs, kh)
                     for kw in range(stage.size[1]):
-                        _combine_taps(stage, c, acc, xrow, kw, start)
+                        _combine_taps(stage, c, em, acc, xrow, kw, start)
                 v = b.load(acc, typ=vt)
                 if stage.row.average:
-                    v = _divided(b, v, stage.counts(0, oh, ops), col_counts[q])
+                    v = _divided(b, v, rows, col_counts[q])
                 count = min(width, ow_n - start)
                 vstore(b, v, c.element(out, b.add(row, I64(start))), dt,
                        None if count == width else lane_mask(b, count, width))
         _plane_epilogue(stage, c, pl)
 
 
-def _combine_taps(stage, c, acc, xrow, kw: int, start: int) -> None:
+def _combine_taps(stage, c, em, acc, xrow, kw: int, start: int) -> None:
     """acc op= the tap ``kw`` of output columns [start, start + lanes): one (masked) load
     of the input span they read, every ``sw``-th element picked by a shuffle; lanes whose
     tap lies outside the input (or past the row) hold the identity."""
@@ -124,11 +146,10 @@ def _combine_taps(stage, c, acc, xrow, kw: int, start: int) -> None:
     v = vload(b, src, dt, None if all(loaded) else ir.Constant(ir.VectorType(I1, wide), loaded), wide)
     if sw > 1:
         v = b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, width), [k * sw for k in range(width)]))
-    em = Emitter(b, width)
     if not (first == start and last == start + width):
         inside = ir.Constant(ir.VectorType(I1, width), [first <= start + k < last for k in range(width)])
-        v = b.select(inside, v, em.const(0 if stage.row.average else lowest(dt), dt))
-    b.store(em.op("add" if stage.row.average else "maximum", dt, b.load(acc, typ=v.type), v), acc)
+        v = b.select(inside, v, em.const(_identity(stage), dt))
+    b.store(em.op(_combine_op(stage), dt, b.load(acc, typ=v.type), v), acc)
 
 
 def _column_counts(stage, c) -> list:
@@ -166,8 +187,7 @@ def _combine_row(stage, c, row, xrow, kw: int) -> None:
         v = c.load(x, b.add(base, b.mul(ow, I64(stage.stride[1]))))
         at = b.add(row, ow)
         acc = c.load(out, at)
-        new = b.fadd(acc, v) if stage.row.average else c.em.op("maximum", out.dtype, acc, v)
-        c.store(out, at, new)
+        c.store(out, at, c.em.op(_combine_op(stage), out.dtype, acc, v))
 
 
 def _adaptive_planes(stage, c, lo, hi) -> None:
