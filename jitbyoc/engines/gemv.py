@@ -81,7 +81,7 @@ def emit_gemv_columns(ctx, bufs: dict, dtype: str, callback, batch: int) -> None
 def _partial_sums(c, bufs: dict, dtype: str, lo, hi, extra) -> None:
     b, vl, vt = c.b, lanes(dtype), vtype(dtype)
     partial, width = b.inttoptr(extra[0], PTR), extra[2]
-    n, k = c.syms["n"], c.syms["k"]
+    k = c.syms["k"]
     with for_range(b, hi, "chunk", start=lo) as chunk:
         out = b.gep(partial, [b.mul(chunk, width)], source_etype=vt.element)
         k0 = b.mul(chunk, I64(K_CHUNK))
@@ -89,8 +89,9 @@ def _partial_sums(c, bufs: dict, dtype: str, lo, hi, extra) -> None:
         strips(b, I64(0), width, vl, lambda j, _m: vstore(
             b, ir.Constant(vt, [0.0] * vl), b.gep(out, [j], source_etype=vt.element), dtype))
         rows = b.sub(k1, k0)
-        whole = b.mul(b.sdiv(rows, I64(ROWS)), I64(ROWS))
-        with for_range(b, b.sdiv(rows, I64(ROWS)), "kk") as kk:
+        groups = b.sdiv(rows, I64(ROWS))
+        whole = b.mul(groups, I64(ROWS))
+        with for_range(b, groups, "kk") as kk:
             _add_rows(c, bufs, dtype, out, b.add(k0, b.mul(kk, I64(ROWS))), ROWS)
         with for_range(b, b.sub(rows, whole), "kr") as kr:
             _add_rows(c, bufs, dtype, out, b.add(b.add(k0, whole), kr), 1)
