@@ -45,7 +45,11 @@ API
   :class:`Strided` covers every dense layout: element ``(b, x, k)`` at
   ``sum(unravel(b)[i] * batch[i]) + x * x_stride + k * k_stride`` of a buffer, strides being
   dims or tuples of dims (products), 0 for a broadcast batch dim. A transposed operand is
-  the same buffer with the two strides swapped.
+  the same buffer with the two strides swapped. :class:`Panels` is a B packed at build
+  time into the engine's own column panels (a constant weight: see
+  :func:`jitbyoc.tvm.inference.prepacked_weight`); its ``direct_llvm`` gives the panel
+  height as the x stride (valid at panel starts, which are all the engine asks for) and
+  the panel width as the k stride, so the engine streams each panel in place.
 * **Output.** :class:`Output` places ``C[b, m, n]`` at ``sum(unravel(b)[i] * batch[i]) +
   m * row + n`` of a buffer (unit stride along ``n``, so tiles are stored as vectors).
 * **Epilogue.** ``epilogue(ctx, b, m0, mc, n0, nc)`` is called (in both renderers) once
@@ -216,6 +220,46 @@ class Strided(Operand):
             mk.call_packer(ctx.b, "transposed", self.dtype, dst, src, ctx.product(_dims(self.x)), nx, kc, width)
         else:
             super().pack_llvm(ctx, dst, b, x0, nx, k0, kc, width)
+
+
+@dataclass(frozen=True)
+class Panels(Operand):
+    """B packed at build time into the engine's column panels (:func:`panel_width` of
+    them, ``k_size`` rows each, one after another): ``X(b, x, k) = buf[sum(b[i] *
+    batch[i]) + (x // width) * width * k_size + k * width + x % width]``. The engine reads
+    each panel in place: one contiguous run, where a row-major B puts every row of a
+    micro-panel ``N`` elements (a page, for N >= 1024) from the last."""
+    buf: object
+    batch: tuple
+    k_size: Dim
+    width: int
+
+    @property
+    def dtype(self) -> str:
+        return self.buf.dtype
+
+    def _offset(self, e, b, x, k):
+        panel = e.mul(e.div(x, self.width), e.mul(e.dim(self.k_size), self.width))
+        inner = e.add(e.mul(k, self.width), e.rem(x, self.width))
+        return e.i(e.add(_linear(e, list(zip(b, self.batch))), e.add(panel, inner)))
+
+    def element_llvm(self, ctx, b, x, k) -> ir.Value:
+        return ctx.load(self.buf, self._offset(LLVM(ctx), b, x, k))
+
+    def element_c(self, ctx, b, x, k) -> str:
+        return ctx.element(self.buf, self._offset(C(ctx), b, x, k))
+
+    def direct_llvm(self, ctx, b) -> tuple:
+        """``(pointer to X(b, 0, 0), k_size, width)``: column ``x`` of a panel start is
+        ``x * k_size`` elements in, and a panel's rows are ``width`` apart."""
+        e = LLVM(ctx)
+        return (ctx.element(self.buf, self._offset(e, b, I64(0), I64(0))), e.i(e.dim(self.k_size)), I64(self.width))
+
+
+def panel_width(dtype: str) -> int:
+    """The engine's NR for ``dtype`` on the build's machine: the column-panel width
+    :class:`Panels` are packed in (64 float32 columns with AVX-512, 16 with AVX2)."""
+    return blocking_for(dtype).nv * mk.lanes(dtype)
 
 
 @dataclass(frozen=True)

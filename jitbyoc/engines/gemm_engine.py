@@ -20,16 +20,27 @@ from llvmlite import ir
 
 from ..ir.llvmtypes import I32, I64
 from . import registry
-from .gemm import Gemm, Output, Strided, _dims, _is_one
+from .gemm import Gemm, Output, Panels, Strided, _dims, _is_one, panel_width
 from .gemm_llvm import emit
 from .gemv import emit_gemv, emit_gemv_columns
 
 BATCH_RANK = 4  # the smallest engine batch rank (see call)
 
 
-def _unit(operand: Strided) -> str:
-    """Which stride of ``operand`` is statically 1: "x", "k", or "n" (neither)."""
+def _unit(operand: Strided | Panels) -> str:
+    """Which stride of ``operand`` is statically 1: "x", "k", or "n" (neither); "p" for
+    :class:`~.gemm.Panels` (x is 1 within a panel)."""
+    if isinstance(operand, Panels):
+        return "p"
     return "x" if _is_one(operand.x) else "k" if _is_one(operand.k) else "n"
+
+
+def _strides(operand: Strided | Panels) -> tuple:
+    """The two run-time strides the engine takes for ``operand``: x then k (for Panels,
+    the panel height K and the width)."""
+    if isinstance(operand, Panels):
+        return operand.k_size, operand.width
+    return operand.x, operand.k
 
 
 @registry.kind
@@ -55,9 +66,11 @@ class GemmEngine(registry.Engine):
         ctx, bufs = registry.open_params(self, module, fn, self.names(), "abc", self.dtype)
         r = range(self.batch)
 
-        def operand(x: str, unit: str) -> Strided:
-            return Strided(bufs[x], tuple(f"{x}b{i}" for i in r),
-                           1 if unit == "x" else f"{x}x", 1 if unit == "k" else f"{x}k")
+        def operand(x: str, unit: str) -> Strided | Panels:
+            batch = tuple(f"{x}b{i}" for i in r)
+            if unit == "p":
+                return Panels(bufs[x], batch, f"{x}x", panel_width(self.dtype))
+            return Strided(bufs[x], batch, 1 if unit == "x" else f"{x}x", 1 if unit == "k" else f"{x}k")
 
         g = Gemm("m", "n", "k", operand("a", self.a), operand("b", self.b),
                  Output(bufs["c"], tuple(f"cb{i}" for i in r), "crow"), self.dtype,
@@ -86,8 +99,10 @@ def _callback(ctx, bidx, m0, mc, n0, nc) -> None:
 
 
 def fits(g: Gemm) -> bool:
-    """Whether ``g`` can run on the engine (dense operands, as every matmul has)."""
-    return isinstance(g.a, Strided) and isinstance(g.b, Strided)
+    """Whether ``g`` can run on the engine (dense operands, as every matmul has; panels
+    packed for this machine's engine)."""
+    return isinstance(g.a, Strided) and (isinstance(g.b, Strided) or isinstance(g.b, Panels)
+                                         and g.b.width == panel_width(g.dtype))
 
 
 def call(g: Gemm, ctx) -> None:
@@ -109,7 +124,7 @@ def call(g: Gemm, ctx) -> None:
     slots = [ctx.element(g.a.buf, I64(0)), ctx.element(g.b.buf, I64(0)), ctx.element(g.c.buf, I64(0)),
              size(g.m), size(g.n), size(g.k)]
     slots += pad + [size(s) for s in g.a.batch[:r]] + [size(g.a.x), size(g.a.k)]
-    slots += pad + [size(s) for s in g.b.batch[:r]] + [size(g.b.x), size(g.b.k)]
+    slots += pad + [size(s) for s in g.b.batch[:r]] + [size(s) for s in _strides(g.b)]
     slots += pad + [size(s) for s in g.c.batch[:r]] + [size(g.c.row)]
     slots += [I64(1)] * len(pad) + [ctx.dim(d) for d in g.batch] + [epi, env]
     registry.call(ctx, engine, slots)

@@ -117,8 +117,8 @@ def _columns(g, c, bidx, mblock, kblock, nrange, ap, bp) -> None:
     if ap is None:
         abase, axs, aks = g.a.direct_llvm(c, bidx)
         abase = mk.gep(b, abase, b.add(b.mul(ic, axs), b.mul(pc, aks)), dt)
-    if bp is None:
-        bbase, _, bks = g.b.direct_llvm(c, bidx)
+    if bp is None:  # column x starts at x * bxs: 1 for a row-major B, K for Panels
+        bbase, bxs, bks = g.b.direct_llvm(c, bidx)
         bbase = mk.gep(b, bbase, b.mul(pc, bks), dt)
     with for_range(b, nb, "gj") as jb:
         jc = b.add(nrange[0], b.mul(jb, ncb))
@@ -136,7 +136,7 @@ def _columns(g, c, bidx, mblock, kblock, nrange, ap, bp) -> None:
                 j0 = b.mul(jr, I64(g.nr))
                 out = c.element(g.c.buf, g.c.offset_llvm(c, bidx, b.add(ic, i0), b.add(jc, j0)))
                 bt = (mk.gep(b, bp, b.mul(j0, kc), dt), I64(g.nr)) if bp is not None else \
-                    (mk.gep(b, bbase, b.add(jc, j0), dt), bks)
+                    (mk.gep(b, bbase, b.mul(b.add(jc, j0), bxs), dt), bks)
                 micro_tile(g, c, [*a, *bt, kc, out, ldc, mv, smin(b, I64(g.nr), b.sub(nc, j0)), accumulate],
                        bp is None)
             if g.epilogue is not None:
@@ -165,6 +165,9 @@ def b_in_place(g) -> bool:
     exported builds alternating: AVX-512 float32 (NR = 64, 256 B) in place 217 vs packed
     204 GFLOP/s at 64x1024x1024, 222 vs 218 at 500x512x1536, equal at 2048^3; AVX2
     (NR = 16, 64 B) packed 172 vs 157, 212 vs 193 and 190 vs 150."""
+    width = getattr(g.b, "width", None)
+    if width is not None:  # Panels: in place when packed for this engine's NR
+        return width == g.nr
     nbytes = g.nr * lookup_dtype(g.dtype).nbytes
     return getattr(g.b, "contiguous_x", False) and nbytes >= IN_PLACE_MIN_ROW_BYTES
 

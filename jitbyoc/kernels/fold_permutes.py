@@ -1,10 +1,12 @@
-"""A rewrite across two kernels: a matmul reads through strides what a ``permute_dims``
+"""Rewrites across two kernels: a matmul reads through strides what a ``permute_dims``
 would have copied (``linear``'s weight transpose then costs nothing: the GEMM packer
-transposes in registers). Registered with :func:`jitbyoc.ir.rules.rewrite`; it runs after
-lowering and epilogue fusion."""
+transposes in registers), and reads a weight packed into panels at build time as it is.
+Registered with :func:`jitbyoc.ir.rules.rewrite`; they run after lowering and epilogue
+fusion."""
 
 from __future__ import annotations
 
+from ..engines.gemm import panel_width
 from ..ir import kir
 from ..ir.rules import rewrite
 from .layout import Permute
@@ -33,3 +35,29 @@ def fold_permutes(kernel: kir.Kernel) -> None:
                 kernel.temps.remove(buf)
 
 
+
+
+@rewrite
+def fold_panels(kernel: kir.Kernel) -> None:
+    """Make a matmul read a weight packed into column panels at build time
+    (:func:`jitbyoc.tvm.inference.prepacked_weight`) in place. Its B is then
+    ``reshape(permute_dims(P, [1, 0, 2]), (K, N))`` of a constant ``P`` (N/w, K, w); when
+    ``w`` is the GEMM engine's panel width here, the product reads ``P``'s panels as they
+    are and the permute (a copy of the whole weight) is dropped. Otherwise the permute
+    stays: the product is still right, only slower."""
+    for stage in [s for s in kernel.stages if isinstance(s, MatMul) and not s.panels]:
+        view = stage.inputs[1]
+        if stage.perms[1] is not None or view.base is None or view.ndim != 2 or view.base not in kernel.temps:
+            continue
+        producer = next((s for s in kernel.stages if isinstance(s, Permute) and s.out == view.base
+                         and s.epilogue is None and tuple(s.axes) == (1, 0, 2)), None)
+        if producer is None:
+            continue
+        panels = producer.inputs[0]
+        count, k, width = panels.shape
+        if tuple(view.shape) != (k, count * width) or width != panel_width(stage.out.dtype):
+            continue
+        stage.inputs, stage.panels = (stage.inputs[0], panels), width
+        if not any(view.base in kir.stage_reads(s) for s in kernel.stages):
+            kernel.stages.remove(producer)
+            kernel.temps.remove(view.base)

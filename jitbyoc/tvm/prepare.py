@@ -115,7 +115,7 @@ class _Prepare(relax.PyExprMutator):
             const = inference.constant_reshape(call)
             return call if const is None else const
         if call.op.same_as(inference.MATMUL):
-            folded = inference.pretransposed_weight(call, self.lookup_binding)
+            folded = inference.prepacked_weight(call, self.lookup_binding, self.builder_.emit)
             return call if folded is None else folded
         if call.op.same_as(inference.BROADCAST_TO):
             same = inference.unbroadcast(call)
