@@ -11,7 +11,7 @@ from tvm import relax
 
 import jitbyoc
 from jitbyoc.tvm.partition import regions
-from tests.conftest import build_both, build_model, build_tvm, run
+from tests.conftest import build_both, build_model
 
 RNG = np.random.default_rng(7)
 
@@ -247,46 +247,6 @@ def test_a_linear_layers_transposed_constant_weight_is_made_once_at_build_time(r
     want, got = build_both(mod).run(x)
     np.testing.assert_allclose(got, np.maximum(x @ w.T, 0), rtol=1e-5, atol=1e-5)
     _assert_close(got, want, rtol=1e-6)
-
-
-@pytest.mark.parametrize("cpu,form,rows,k", [(None, "linear", (5,), 40), (None, "matmul", (2, 3), 800),
-                                             ("haswell", "linear", (7,), 800), ("haswell", "matmul", (3,), 40)])
-def test_a_constant_weight_is_packed_into_the_gemm_engines_panels_at_build_time(cpu, form, rows, k):
-    """A constant weight of a product of several rows (torch's linear, W.T, or a plain
-    K x N constant) is packed once into the engine's column panels (64 float32 columns
-    with AVX-512, 16 with AVX2): the region takes P (N/w, K, w), runs no permute, and the
-    engine reads the panels in place (its "p" variant), K blocks (K > 384) included."""
-    import tvm
-
-    from jitbyoc.engines.gemm import panel_width
-    from jitbyoc.render import isa
-    from jitbyoc.tvm.target import machine_for
-
-    target = tvm.target.Target({"kind": "llvm", "mcpu": cpu} if cpu else "llvm")
-    machine = machine_for(target)
-    with isa.compiling_for(machine):
-        width = panel_width("float32")
-    n = 3 * width
-    w = RNG.standard_normal((n, k) if form == "linear" else (k, n)).astype("float32")
-    bias = RNG.standard_normal(n).astype("float32")
-
-    def body(bb, x):
-        weight = relax.op.permute_dims(relax.const(w), [1, 0]) if form == "linear" else relax.const(w)
-        y = bb.emit(relax.op.add(bb.emit(relax.op.matmul(x, bb.emit(weight))), relax.const(bias)))
-        return bb.emit(relax.op.nn.relu(y))
-
-    mod = build_model({"x": (rows + (k,), "float32")}, body)
-    with isa.compiling_for(machine):  # the region is lowered for this machine
-        (region,) = jitbyoc.inspect(mod)
-        assert (n // width, k, width) in [tuple(b.shape) for b in region.kernel.inputs], region.kernel.inputs
-        assert [type(s).__name__ for s in region.kernel.stages] == ["MatMul"], region.kernel.stages
-        assert any(e.endswith("_p") for e in region.engines), region.engines
-    x = RNG.standard_normal(rows + (k,)).astype("float32")
-    with jitbyoc.enabled():
-        got = run(relax.VirtualMachine(tvm.compile(mod, target=target), tvm.cpu()), x)
-    wkn = w.T if form == "linear" else w
-    np.testing.assert_allclose(got, np.maximum(x @ wkn + bias, 0), rtol=1e-4, atol=1e-4)
-    _assert_close(got, run(build_tvm(mod), x), rtol=1e-4)
 
 
 @pytest.mark.parametrize("shape,stride,groups", [((1, 32, 14, 14), (2, 2), 1), ((2, 24, 9, 11), (2, 3), 3),

@@ -40,22 +40,23 @@ def fold_permutes(kernel: kir.Kernel) -> None:
 @rewrite
 def fold_panels(kernel: kir.Kernel) -> None:
     """Make a matmul read a weight packed into column panels at build time
-    (:func:`jitbyoc.tvm.inference.prepacked_weight`) in place. Its B is then
-    ``reshape(permute_dims(P, [1, 0, 2]), (K, N))`` of a constant ``P`` (N/w, K, w); when
-    ``w`` is the GEMM engine's panel width here, the product reads ``P``'s panels as they
-    are and the permute (a copy of the whole weight) is dropped. Otherwise the permute
-    stays: the product is still right, only slower."""
+    (:mod:`jitbyoc.tvm.linear`) in place. Its B is then ``reshape(permute_dims(P, [...,
+    r + 1, r, r + 2]), (..., K, N))`` of a constant ``P`` (``..., N/w, K, w``); when ``w`` is
+    the GEMM engine's panel width here, the product reads ``P``'s panels as they are and
+    the permute (a copy of the whole weight) is dropped. Otherwise the permute stays: the
+    product is still right, only slower."""
     for stage in [s for s in kernel.stages if isinstance(s, MatMul) and not s.panels]:
         view = stage.inputs[1]
-        if stage.perms[1] is not None or view.base is None or view.ndim != 2 or view.base not in kernel.temps:
+        if stage.perms[1] is not None or view.base is None or view.base not in kernel.temps:
             continue
+        r = view.ndim - 2
         producer = next((s for s in kernel.stages if isinstance(s, Permute) and s.out == view.base
-                         and s.epilogue is None and tuple(s.axes) == (1, 0, 2)), None)
+                         and s.epilogue is None and tuple(s.axes) == (*range(r), r + 1, r, r + 2)), None)
         if producer is None:
             continue
         panels = producer.inputs[0]
-        count, k, width = panels.shape
-        if tuple(view.shape) != (k, count * width) or width != panel_width(stage.out.dtype):
+        *lead, count, k, width = panels.shape
+        if tuple(view.shape) != (*lead, k, count * width) or width != panel_width(stage.out.dtype):
             continue
         stage.inputs, stage.panels = (stage.inputs[0], panels), width
         if not any(view.base in kir.stage_reads(s) for s in kernel.stages):

@@ -44,15 +44,15 @@ def _strides(shape) -> list[tuple]:
 @dataclass(eq=False)
 class MatMul(kir.KernelStage):
     perms: tuple = (None, None)  # operand i is permute_dims(inputs[i], perms[i]); None: as is
-    panels: int = 0  # B is inputs[1] packed in panels of this many columns (N/w, K, w); 0: not
+    panels: int = 0  # B is inputs[1] packed in panels of this many columns (..., N/w, K, w); 0: not
 
     def operand(self, i: int):
         """(logical shape, stride of each logical dim) of operand ``i`` (for B in panels,
-        its logical (K, N) shape and no strides)."""
+        its logical (..., K, N) shape, and strides for the leading dims only)."""
         buf, perm = self.inputs[i], self.perms[i]
         if i == 1 and self.panels:
-            count, k, width = buf.shape
-            return [k, count * width], [None, None]
+            *lead, count, k, width = buf.shape
+            return [*lead, k, count * width], _strides(buf.shape)[:len(lead)] + [None, None]
         perm = range(buf.ndim) if perm is None else perm
         strides = _strides(buf.shape)
         return [buf.shape[p] for p in perm], [strides[p] for p in perm]
@@ -71,11 +71,10 @@ class MatMul(kir.KernelStage):
             pairs = [(1, 0)] * (len(batch) - len(pairs)) + pairs
             return tuple(0 if d == 1 else s for d, s in pairs)
 
+        bbatch = batch_strides(bshape, bstr)
         if self.panels:
-            bbatch = (0,) * len(batch)
             b = Panels(self.inputs[1], bbatch, k, self.panels)
         else:
-            bbatch = batch_strides(bshape, bstr)
             b = Strided(self.inputs[1], bbatch, bstr[-1] if has_n else 0, bstr[-2] if has_n else bstr[-1])
         if batch and has_m and self.perms[0] is None and all(s == 0 for s in bbatch) \
                 and tuple(ashape[:-2]) == tuple(batch):

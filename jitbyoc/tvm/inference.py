@@ -13,9 +13,7 @@ onnxruntime's graph optimizer and oneDNN do before they run a model):
   one shape become ``((a + b) + ...)``, the order TVM's reduction adds them in, so the
   add joins the producer's fused output loop (ResNet's residual connections).
 * **broadcast_to a tensor's own shape** is the tensor, and a **reshaped constant** a
-  constant. A linear layer's constant weight is packed once, here, into the GEMM
-  engine's column panels when the layer multiplies several rows (see
-  :func:`prepacked_weight`).
+  constant. (Linear layers' constant weights: :mod:`.linear`.)
   A bias the frontend adds between the conv and the batch norm folds with it.
 """
 
@@ -25,8 +23,6 @@ import numpy as np
 from tvm import relax
 from tvm.ir import Op
 from tvm.ir.expr import Constant
-
-from ..engines.gemm import panel_width
 
 CONV2D, BATCH_NORM, ADD = Op.get("relax.nn.conv2d"), Op.get("relax.nn.batch_norm"), Op.get("relax.add")
 RESHAPE, PERMUTE_DIMS, MATMUL = (Op.get(f"relax.{n}") for n in ("reshape", "permute_dims", "matmul"))
@@ -150,55 +146,6 @@ def constant_reshape(call: relax.Call):
     if value is None or dims is None:
         return None
     return relax.const(value.reshape(dims), str(value.dtype))
-
-
-def constant_weight(matmul: relax.Call, lookup) -> np.ndarray | None:
-    """The constant (K, N) weight of ``matmul(x, W)`` (``W`` constant) or of torch's
-    linear ``matmul(x, permute_dims(W))`` (``W.T``, made here) when ``x`` is a static stack
-    of more than one row and of ``W``'s dtype, else None. One row (or a symbolic count
-    that may be one: decoders) keeps ``W.T``, which the GEMV path reads fastest as dot
-    products of ``W``'s rows."""
-    x, weight = matmul.args
-    rows = _static_dims(x)
-    if rows is None or len(rows) < 2 or int(np.prod(rows[:-1])) <= 1:
-        return None
-    bound = lookup(weight) if isinstance(weight, relax.Var) else weight
-    value = _constant(bound)
-    if value is None:
-        permute = bound
-        if not (isinstance(permute, relax.Call) and permute.op.same_as(PERMUTE_DIMS)):
-            return None
-        value, axes = _constant(permute.args[0]), permute.attrs.axes
-        if value is None or value.ndim != 2 or (axes is not None and [int(a) for a in axes] != [1, 0]):
-            return None
-        value = value.T
-    if value.ndim != 2 or str(value.dtype) != str(x.ty.dtype):
-        return None
-    return np.ascontiguousarray(value)
-
-
-def prepacked_weight(matmul: relax.Call, lookup, emit):
-    """``matmul(x, W)`` with the constant weight of :func:`constant_weight` packed once,
-    here, into the GEMM engine's column panels (:func:`jitbyoc.engines.gemm.panel_width`
-    ``w`` columns each, a panel's K rows contiguous): ``matmul(x, reshape(permute_dims(P,
-    [1, 0, 2]), (K, N)))`` with ``P`` (N/w, K, w), which the engine streams panel by panel
-    (:func:`jitbyoc.kernels.fold_permutes.fold_panels`) where a row-major weight puts each
-    row of a panel N elements after the last. When N is not a multiple of ``w`` (or the
-    dtype is not one the engine multiplies), torch's transposed weight is made row-major
-    instead, so no region repacks it per call. None: nothing to do. ``emit`` binds an
-    expression (the caller's block builder)."""
-    value = constant_weight(matmul, lookup)
-    if value is None:
-        return None
-    (k, n), dt, out_dtype = value.shape, str(value.dtype), matmul.attrs.out_dtype
-    width = panel_width(dt) if dt in ("float32", "float64") else 0
-    if not width or n % width:
-        weight = matmul.args[1]
-        changed = _constant(lookup(weight) if isinstance(weight, relax.Var) else weight) is None  # W.T: made
-        return relax.op.matmul(matmul.args[0], relax.const(value, dt), out_dtype) if changed else None
-    panels = np.ascontiguousarray(value.reshape(k, n // width, width).transpose(1, 0, 2))
-    weight = emit(relax.op.reshape(emit(relax.op.permute_dims(relax.const(panels, dt), [1, 0, 2])), (k, n)))
-    return relax.op.matmul(matmul.args[0], weight, out_dtype)
 
 
 def summed_stack(call: relax.Call, lookup):

@@ -32,7 +32,7 @@ from tvm.ir import Op, Range
 from tvm.ir.prim import IntImm
 from tvm.sym import Analyzer
 
-from . import inference
+from . import inference, linear
 
 log = logging.getLogger("jitbyoc")
 
@@ -115,8 +115,11 @@ class _Prepare(relax.PyExprMutator):
             const = inference.constant_reshape(call)
             return call if const is None else const
         if call.op.same_as(inference.MATMUL):
-            folded = inference.prepacked_weight(call, self.lookup_binding, self.builder_.emit)
+            folded = linear.prepacked_weight(call, self.lookup_binding, self.builder_.emit)
             return call if folded is None else folded
+        if call.op.same_as(inference.PERMUTE_DIMS):
+            split = linear.head_split(call, self.lookup_binding, self.uses, self.builder_.emit)
+            return call if split is None else split
         if call.op.same_as(inference.BROADCAST_TO):
             same = inference.unbroadcast(call)
             return call if same is None else same

@@ -1,0 +1,156 @@
+"""Build-time rewrites of linear layers whose weight is a constant (frontends hand weights
+over as constants; onnxruntime prepacks them the same way, once):
+
+* **The weight is packed into the GEMM engine's column panels** (:func:`prepacked_weight`):
+  ``N/w`` blocks of ``K x w``, ``w`` the engine's register-tile width
+  (:func:`jitbyoc.engines.gemm.panel_width`), each streamed as one contiguous run where a
+  row-major weight puts every row of a panel ``N`` elements from the last.
+* **A projection split into heads is one batched product** (:func:`head_split`):
+  ``permute_dims(reshape(x @ W + b, (B, M, G..., D)), axes)`` with ``D`` and then ``M``
+  kept last (attention's Q, K and V: BERT's ``(1, 12, 128, 64)``, ViT's fused QKV as
+  ``(3, 1, 12, 197, 64)``) is ``x @ W' + b'`` with ``W'``, ``b'`` rearranged here into one
+  ``K x D`` block per head: the product writes each head's rows where the permute would
+  have copied them, and the copy (10 % of the projection) is gone.
+
+In Relax a packed weight ``P`` reads ``reshape(permute_dims(P, ...), shape)``, so a build
+that leaves the product to TVM still computes the same thing; jitbyoc's matmul reads ``P``
+in place (:func:`jitbyoc.kernels.fold_permutes.fold_panels`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from tvm import relax
+
+from ..engines.gemm import panel_width
+from .inference import ADD, MATMUL, PERMUTE_DIMS, RESHAPE, _constant, _static_dims
+
+MATMUL_DTYPES = ("float32", "float64")  # what the GEMM engine multiplies
+
+
+def _bound(expr, lookup):
+    return lookup(expr) if isinstance(expr, relax.Var) else expr
+
+
+def _permuted(expr, lookup):
+    """``(source, axes)`` when ``expr`` is (a variable bound to) ``permute_dims``."""
+    call = _bound(expr, lookup)
+    if isinstance(call, relax.Call) and call.op.same_as(PERMUTE_DIMS) and call.attrs.axes is not None:
+        return call.args[0], [int(a) for a in call.attrs.axes]
+    return None
+
+
+def _weight_value(weight, lookup) -> np.ndarray | None:
+    """The (K, N) value of a product's B: a constant, torch's ``W.T`` of a constant, or a
+    weight this module already packed (``reshape(permute_dims(P, [1, 0, 2]), (K, N))``)."""
+    bound = _bound(weight, lookup)
+    value = _constant(bound)
+    if value is not None:
+        return value
+    if isinstance(bound, relax.Call) and bound.op.same_as(RESHAPE):
+        packed = _permuted(bound.args[0], lookup)
+        value = None if packed is None else _constant(_bound(packed[0], lookup))
+        if value is not None and value.ndim == 3 and packed[1] == [1, 0, 2]:
+            return value.transpose(1, 0, 2).reshape(value.shape[1], -1)
+        return None
+    transposed = _permuted(bound, lookup)
+    value = None if transposed is None else _constant(_bound(transposed[0], lookup))
+    return value.T if value is not None and value.ndim == 2 and transposed[1] == [1, 0] else None
+
+
+def constant_weight(matmul: relax.Call, lookup) -> np.ndarray | None:
+    """The constant (K, N) weight of ``matmul(x, B)`` (see :func:`_weight_value`) when
+    ``x`` is a static stack of more than one row of the weight's dtype, else None. One row
+    (or a symbolic count that may be one: decoders) keeps ``W.T``, which the GEMV path
+    reads fastest as dot products of ``W``'s rows."""
+    x, weight = matmul.args
+    rows = _static_dims(x)
+    if rows is None or len(rows) < 2 or int(np.prod(rows[:-1])) <= 1:
+        return None
+    value = _weight_value(weight, lookup)
+    if value is None or value.ndim != 2 or str(value.dtype) != str(x.ty.dtype):
+        return None
+    return np.ascontiguousarray(value)
+
+
+def panel_weight(value: np.ndarray, emit):
+    """A Relax expression equal to ``value`` (``(..., K, D)``): when the engine multiplies
+    its dtype and ``w`` divides ``D``, ``reshape(permute_dims(P, ...), value.shape)`` of
+    ``P`` (``..., D/w, K, w``), the engine's panels; else the constant itself."""
+    dt, (k, d), lead = str(value.dtype), value.shape[-2:], value.shape[:-2]
+    width = panel_width(dt) if dt in MATMUL_DTYPES else 0
+    if not width or d % width:
+        return relax.const(np.ascontiguousarray(value), dt)
+    r = len(lead)
+    packed = value.reshape(*lead, k, d // width, width).swapaxes(r, r + 1)
+    axes = [*range(r), r + 1, r, r + 2]
+    unpacked = emit(relax.op.permute_dims(relax.const(np.ascontiguousarray(packed), dt), axes))
+    return emit(relax.op.reshape(unpacked, value.shape))
+
+
+def prepacked_weight(matmul: relax.Call, lookup, emit):
+    """``matmul(x, W)`` with its constant weight (:func:`constant_weight`) in the engine's
+    panels (:func:`panel_weight`), or made row-major once (torch's ``W.T``) when the panels
+    do not fit; None when there is nothing to do (not constant, or already done)."""
+    value = constant_weight(matmul, lookup)
+    weight = matmul.args[1]
+    bound = _bound(weight, lookup)
+    if value is None or _constant(bound) is None and not _permuted(bound, lookup):
+        return None  # not a constant weight, or one already packed
+    packed = panel_weight(value, emit)
+    if _constant(packed) is not None and _constant(bound) is not None:
+        return None  # a row-major constant that stays as it is
+    return relax.op.matmul(matmul.args[0], packed, matmul.attrs.out_dtype)
+
+
+def _single_call(var, lookup, uses: dict):
+    """The call bound to ``var`` when its one use is the caller's, else None (a value
+    used elsewhere too would be computed twice)."""
+    value = lookup(var) if isinstance(var, relax.Var) else None
+    return value if isinstance(value, relax.Call) and uses.get(str(var.name)) == 1 else None
+
+
+def _projection(expr, lookup, uses: dict):
+    """``(matmul call, bias or None)`` that ``expr`` is made of through reshapes: ``x @ W``
+    or ``x @ W + b`` (either order) with ``b`` a constant; None otherwise."""
+    node = _single_call(expr, lookup, uses)
+    while node is not None and node.op.same_as(RESHAPE):
+        node = _single_call(node.args[0], lookup, uses)
+    if node is None or not node.op.same_as(ADD):
+        return (node, None) if node is not None and node.op.same_as(MATMUL) else None
+    for product, other in (node.args, node.args[::-1]):
+        bias, matmul = _constant(_bound(other, lookup)), _single_call(product, lookup, uses)
+        if bias is not None and matmul is not None and matmul.op.same_as(MATMUL):
+            return matmul, bias
+    return None
+
+
+def head_split(permute: relax.Call, lookup, uses: dict, emit):
+    """``permute_dims(reshape(x @ W [+ b], (B, M, G..., D)), axes)`` with a constant
+    weight (and bias), ``axes`` ending with ``M``'s then ``D``'s: as ``reshape(x, ...) @ W'
+    [+ b']``, one ``K x D`` block of ``W`` per head (leading dims in the permute's order, B
+    on ``x``'s side, the groups on the weight's), packed in panels (:func:`panel_weight`).
+    None when ``permute`` is not such a split."""
+    split, found = _static_dims(permute.args[0]), _projection(permute.args[0], lookup, uses)
+    axes = None if permute.attrs.axes is None else [int(a) for a in permute.attrs.axes]
+    if split is None or found is None or axes is None or len(split) < 3 or axes[-2:] != [1, len(split) - 1]:
+        return None
+    matmul, bias = found
+    value = constant_weight(matmul, lookup)
+    rows = _static_dims(matmul.args[0])
+    (b, m), groups, d = split[:2], split[2:-1], split[-1]
+    if value is None or int(np.prod(rows[:-1])) != b * m or int(np.prod(groups)) * d != value.shape[1]:
+        return None
+    if bias is not None and (bias.shape[-1:] != (value.shape[1],) or bias.size != value.shape[1]):
+        return None
+    lead = axes[:-2]
+    order = [a - 2 for a in lead if a != 0]  # the groups, in the output's order
+    heads = [1 if a == 0 else split[a] for a in lead]
+    k = value.shape[0]
+    weight = value.reshape(k, *groups, d).transpose([1 + g for g in order] + [0, len(groups) + 1])
+    x = emit(relax.op.reshape(matmul.args[0], [b if a == 0 else 1 for a in lead] + [m, k]))
+    product = relax.op.matmul(x, panel_weight(weight.reshape(*heads, k, d), emit), matmul.attrs.out_dtype)
+    if bias is None:
+        return product
+    per_head = bias.reshape(*groups, d).transpose(order + [len(groups)]).reshape(*heads, 1, d)
+    return relax.op.add(emit(product), relax.const(np.ascontiguousarray(per_head), str(bias.dtype)))

@@ -1,0 +1,138 @@
+"""Build-time rewrites of linear layers with constant weights (jitbyoc/tvm/linear.py):
+the weight packed into the GEMM engine's column panels, and a projection split into
+attention heads done as one batched product. Each is checked for what it changes in the
+region (inputs, stages, engine) and differentially: numpy and TVM's default build, on
+this machine's ISA and on AVX2 (16-column panels)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+import jitbyoc
+from jitbyoc.engines.gemm import panel_width
+from jitbyoc.render import isa
+from jitbyoc.tvm.target import machine_for
+from tests.conftest import build_model, build_tvm, run
+
+RNG = np.random.default_rng(7)
+
+
+def _target(cpu):
+    return tvm.target.Target({"kind": "llvm", "mcpu": cpu} if cpu else "llvm")
+
+
+def _width(machine) -> int:
+    with isa.compiling_for(machine):
+        return panel_width("float32")
+
+
+def _check(mod, target, x, want):
+    """jitbyoc's build for ``target`` against numpy's ``want`` and TVM's default build."""
+    with jitbyoc.enabled():
+        got = run(relax.VirtualMachine(tvm.compile(mod, target=target), tvm.cpu()), x)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    ref = run(build_tvm(mod), x)
+    assert float(np.max(np.abs(got - ref))) <= 1e-4 * max(float(np.max(np.abs(ref))), 1.0)
+
+
+def _region(mod, machine):
+    """The one region of ``mod``, lowered for ``machine``: (input shapes, stage kinds, engines)."""
+    with isa.compiling_for(machine):
+        (region,) = jitbyoc.inspect(mod)
+        return ([tuple(b.shape) for b in region.kernel.inputs], [type(s).__name__ for s in region.kernel.stages],
+                region.engines)
+
+
+@pytest.mark.parametrize("cpu,form,rows,k", [(None, "linear", (5,), 40), (None, "matmul", (2, 3), 800),
+                                             ("haswell", "linear", (7,), 800), ("haswell", "matmul", (3,), 40)])
+def test_a_constant_weight_is_packed_into_the_gemm_engines_panels_at_build_time(cpu, form, rows, k):
+    """A constant weight of a product of several rows (torch's linear, W.T, or a plain
+    K x N constant) is packed once into the engine's column panels (64 float32 columns
+    with AVX-512, 16 with AVX2): the region takes P (N/w, K, w), runs no permute, and the
+    engine reads the panels in place (its "p" variant), K blocks (K > 384) included."""
+    target = _target(cpu)
+    machine = machine_for(target)
+    width = _width(machine)
+    n = 3 * width
+    w = RNG.standard_normal((n, k) if form == "linear" else (k, n)).astype("float32")
+    bias = RNG.standard_normal(n).astype("float32")
+
+    def body(bb, x):
+        weight = relax.op.permute_dims(relax.const(w), [1, 0]) if form == "linear" else relax.const(w)
+        y = bb.emit(relax.op.add(bb.emit(relax.op.matmul(x, bb.emit(weight))), relax.const(bias)))
+        return bb.emit(relax.op.nn.relu(y))
+
+    mod = build_model({"x": (rows + (k,), "float32")}, body)
+    inputs, stages, engines = _region(mod, machine)
+    assert (n // width, k, width) in inputs and stages == ["MatMul"], (inputs, stages)
+    assert any(e.endswith("_p") for e in engines), engines
+    x = RNG.standard_normal(rows + (k,)).astype("float32")
+    _check(mod, target, x, np.maximum(x @ (w.T if form == "linear" else w) + bias, 0))
+
+
+def test_a_weight_whose_columns_do_not_fill_panels_is_only_transposed_once():
+    """N not a multiple of the panel width: torch's W.T is made row-major once (no
+    permute per call), as before panels."""
+    w = RNG.standard_normal((24, 40)).astype("float32")
+
+    def body(bb, x):
+        return bb.emit(relax.op.matmul(x, bb.emit(relax.op.permute_dims(relax.const(w), [1, 0]))))
+
+    mod = build_model({"x": ((5, 40), "float32")}, body)
+    inputs, stages, _ = _region(mod, isa.host())
+    assert (40, 24) in inputs and stages == ["MatMul"], (inputs, stages)
+    x = RNG.standard_normal((5, 40)).astype("float32")
+    _check(mod, "llvm", x, x @ w.T)
+
+
+# (x rows, reshape, permute axes): BERT's Q/K/V (2-D x, one batch item), a batch of 2,
+# ViT's fused QKV (three groups, then heads), and a head size that is not a panel width
+SPLITS = [((128,), (1, 128, 12, 64), (0, 2, 1, 3)), ((2, 9), (2, 9, 4, 32), (0, 2, 1, 3)),
+          ((1, 11), (1, 11, 3, 4, 32), (2, 0, 3, 1, 4)), ((7,), (1, 7, 3, 24), (0, 2, 1, 3))]
+
+
+@pytest.mark.parametrize("cpu", [None, "haswell"])
+@pytest.mark.parametrize("rows,split,axes", SPLITS)
+def test_a_projection_split_into_heads_is_one_batched_product(cpu, rows, split, axes):
+    """``permute_dims(reshape(x @ W.T + b, (B, M, G..., D)), axes)`` (attention's Q, K, V)
+    becomes one product per head with W and b rearranged at build time: the region has a
+    single matmul stage (no permute copying its output) whose weight is one block per head,
+    in panels when D is a multiple of the panel width."""
+    target = _target(cpu)
+    machine = machine_for(target)
+    k, n = 48, int(np.prod(split[2:]))
+    w, bias = RNG.standard_normal((n, k)).astype("float32"), RNG.standard_normal(n).astype("float32")
+
+    def body(bb, x):
+        y = bb.emit(relax.op.matmul(x, bb.emit(relax.op.permute_dims(relax.const(w), [1, 0]))))
+        y = bb.emit(relax.op.add(relax.const(bias), y))
+        return bb.emit(relax.op.permute_dims(bb.emit(relax.op.reshape(y, split)), axes))
+
+    mod = build_model({"x": (rows + (k,), "float32")}, body)
+    _, stages, engines = _region(mod, machine)
+    assert stages == ["MatMul"], stages
+    width, d = _width(machine), split[-1]
+    assert any(e.endswith("_p") for e in engines) == (d % width == 0 and d > width), engines
+    x = RNG.standard_normal(rows + (k,)).astype("float32")
+    _check(mod, target, x, np.transpose((x @ w.T + bias).reshape(split), axes))
+
+
+def test_a_head_split_whose_projection_is_used_elsewhere_stays_as_it_is():
+    """The projection also feeds another op: splitting it would compute it twice."""
+    w = RNG.standard_normal((64, 16)).astype("float32")
+
+    def body(bb, x):
+        y = bb.emit(relax.op.matmul(x, bb.emit(relax.op.permute_dims(relax.const(w), [1, 0]))))
+        heads = bb.emit(relax.op.permute_dims(bb.emit(relax.op.reshape(y, (1, 6, 2, 32))), [0, 2, 1, 3]))
+        return [heads, bb.emit(relax.op.nn.relu(y))]
+
+    mod = build_model({"x": ((6, 16), "float32")}, body)
+    _, stages, _ = _region(mod, isa.host())
+    assert "Permute" in stages, stages
+    x = RNG.standard_normal((6, 16)).astype("float32")
+    with jitbyoc.enabled():
+        got = run(relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu()), x)
+    np.testing.assert_allclose(got[0], np.transpose((x @ w.T).reshape(1, 6, 2, 32), (0, 2, 1, 3)), rtol=1e-5, atol=1e-5)
