@@ -167,9 +167,13 @@ class RegionLowering:
             buf = kir.Buffer(f"out{k}", tuple(dims(r.ty)), str(r.ty.dtype))
             self.kernel.outputs.append(buf)
             self.arg_names.append(f"output{k}")
-            by_shape.setdefault(buf.shape, []).append((buf, self.value(r)))
-        for shape, stores in by_shape.items():
-            self.kernel.stages.append(kir.Elementwise(shape, tuple(stores)))
+            value = self.value(r)
+            # a kernel's result as it is gets a stage of its own, which fuse_epilogues
+            # turns into the kernel writing the output; the rest share one loop per shape
+            copy = isinstance(value, kir.Load) and value.buf.storage in self.kernel.temps
+            by_shape.setdefault(("copy", k) if copy else buf.shape, []).append((buf, value))
+        for stores in by_shape.values():
+            self.kernel.stages.append(kir.Elementwise(stores[0][0].shape, tuple(stores)))
         fuse_epilogues(self.kernel)
         for rewrite in REWRITES:
             rewrite(self.kernel)
@@ -197,8 +201,10 @@ class RegionLowering:
 def fuse_epilogues(kernel: kir.Kernel) -> None:
     """Fold an elementwise stage that only post-processes a kernel's fresh temp into the
     kernel: the kernel then writes the stage's buffer and applies the expression to each
-    block it finishes. Also lets a kernel write a region output directly (a plain copy).
-    The temp may be read through a reshape that only adds or drops leading unit dims (a
+    block it finishes. Also lets a kernel write a region output directly (a plain copy),
+    also one whose epilogue is already fused (a bias add, then a squeeze of the result),
+    and through any reshape (a view: the same elements in the same order). An epilogue
+    may read the temp through a reshape that only adds or drops leading unit dims (a
     batched product's ``(H, S, S)`` read as ``(1, H, S, S)``: attention scores)."""
     changed = True
     while changed:
@@ -214,11 +220,15 @@ def fuse_epilogues(kernel: kir.Kernel) -> None:
             seen = next(n.buf for n in kir.walk([expr]) if isinstance(n, kir.Load) and n.buf.storage == tmp)
             if seen.shape != dst.shape or tmp.dtype != dst.dtype or dst.shape != stage.shape:
                 continue
-            epi = _in_producer_coordinates(expr, seen, tmp.shape)
-            if epi is None:
-                continue
+            # a plain copy through any view (same elements, same order) or an epilogue
+            plain = isinstance(expr, kir.Load) and expr.buf == seen
+            epi = kir.Acc(seen.dtype) if plain else _in_producer_coordinates(expr, seen, tmp.shape)
+            copy = isinstance(epi, kir.Acc)
+            if epi is None or producer.epilogue is not None and not copy:
+                continue  # (an epilogue already fused stays; a copy after it is free)
             producer.out = kir.view(dst, tmp.shape)
-            producer.epilogue = None if isinstance(epi, kir.Acc) else epi
+            if not copy:
+                producer.epilogue = epi
             kernel.stages.remove(stage)
             kernel.temps.remove(tmp)
             changed = True
@@ -253,8 +263,7 @@ def _sole_kernel_input(kernel: kir.Kernel, stage: kir.Elementwise, index: int):
     if len(temps) != 1:
         return None
     tmp = temps[0]
-    producers = [s for s in kernel.stages[:index]
-                 if isinstance(s, kir.KernelStage) and s.out == tmp and s.epilogue is None]
+    producers = [s for s in kernel.stages[:index] if isinstance(s, kir.KernelStage) and s.out == tmp]
     if len(producers) != 1:
         return None
     producer = producers[0]

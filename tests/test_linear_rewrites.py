@@ -136,3 +136,75 @@ def test_a_head_split_whose_projection_is_used_elsewhere_stays_as_it_is():
     with jitbyoc.enabled():
         got = run(relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu()), x)
     np.testing.assert_allclose(got[0], np.transpose((x @ w.T).reshape(1, 6, 2, 32), (0, 2, 1, 3)), rtol=1e-5, atol=1e-5)
+
+
+def test_a_fused_qkv_sliced_into_q_k_v_is_one_product_per_piece():
+    """ViT's attention: one linear to 3 x hidden, split into (3, B, heads, M, D), then Q, K
+    and V sliced off and squeezed. Each slice becomes the product of its own weights,
+    written straight into its output (its bias add fused, the squeeze then free): no
+    slice, no permute."""
+    k, heads, d, m = 48, 2, 32, 11
+    w = RNG.standard_normal((3 * heads * d, k)).astype("float32")
+    bias = RNG.standard_normal(3 * heads * d).astype("float32")
+
+    def body(bb, x):
+        y = bb.emit(relax.op.linear(x, relax.const(w), relax.const(bias)))
+        qkv = bb.emit(relax.op.permute_dims(bb.emit(relax.op.reshape(y, (1, m, 3, heads, d))), [2, 0, 3, 1, 4]))
+        return [bb.emit(relax.op.squeeze(bb.emit(relax.op.strided_slice(qkv, [0], [i], [i + 1])), [0]))
+                for i in range(3)]
+
+    mod = build_model({"x": ((1, m, k), "float32")}, body)
+    with isa.compiling_for(isa.host()):
+        stages = [type(s).__name__ for r in jitbyoc.inspect(mod) for s in r.kernel.stages]
+    # each piece's product writes its output (no slice, no permute); the partitioner may
+    # hand x's reshape out of one piece's region to the others (an Elementwise copy)
+    assert stages.count("MatMul") >= 1 and set(stages) <= {"MatMul", "Elementwise"}, stages
+    x = RNG.standard_normal((1, m, k)).astype("float32")
+    with jitbyoc.enabled():
+        got = run(relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu()), x)
+    want = np.transpose((x @ w.T + bias).reshape(1, m, 3, heads, d), (2, 0, 3, 1, 4))
+    ref = run(build_tvm(mod), x)
+    for i in range(3):
+        np.testing.assert_allclose(got[i], want[i], rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(got[i], ref[i], rtol=1e-5, atol=1e-5)
+
+
+def test_a_slice_of_a_product_used_elsewhere_too_is_left_to_the_slice():
+    """The split product also feeds another op: slicing its weights would compute the
+    pieces twice, so the slice stays a slice."""
+    k, d, m = 16, 32, 5
+    w = RNG.standard_normal((2 * d, k)).astype("float32")
+
+    def body(bb, x):
+        y = bb.emit(relax.op.linear(x, relax.const(w)))
+        halves = bb.emit(relax.op.permute_dims(bb.emit(relax.op.reshape(y, (1, m, 2, d))), [2, 0, 1, 3]))
+        return [bb.emit(relax.op.strided_slice(halves, [0], [1], [2])), bb.emit(relax.op.nn.relu(halves))]
+
+    mod = build_model({"x": ((1, m, k), "float32")}, body)
+    with isa.compiling_for(isa.host()):
+        stages = [type(s).__name__ for r in jitbyoc.inspect(mod) for s in r.kernel.stages]
+    assert stages.count("MatMul") == 1, stages
+    x = RNG.standard_normal((1, m, k)).astype("float32")
+    with jitbyoc.enabled():
+        got = run(relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu()), x)
+    halves = np.transpose((x @ w.T).reshape(1, m, 2, d), (2, 0, 1, 3))
+    np.testing.assert_allclose(got[0], halves[1:2], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got[1], np.maximum(halves, 0), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("after", ["squeeze", "reshape"])
+def test_a_product_with_a_fused_bias_writes_a_reshaped_output_directly(after):
+    """A bias add fused into the product, then a squeeze or reshape as the region's
+    output: the product writes the output (a view of it), no copy stage after it."""
+    w, bias = RNG.standard_normal((40, 24)).astype("float32"), RNG.standard_normal(24).astype("float32")
+
+    def body(bb, x):
+        y = bb.emit(relax.op.add(bb.emit(relax.op.matmul(x, relax.const(w))), relax.const(bias)))
+        return bb.emit(relax.op.squeeze(y, [0]) if after == "squeeze" else relax.op.reshape(y, (6, 4, 24)))
+
+    mod = build_model({"x": ((1, 24, 40), "float32")}, body)
+    _, stages, _ = _region(mod, isa.host())
+    assert stages == ["MatMul"], stages
+    x = RNG.standard_normal((1, 24, 40)).astype("float32")
+    want = (x @ w + bias).reshape((24, 24) if after == "squeeze" else (6, 4, 24))
+    _check(mod, "llvm", x, want)

@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import numpy as np
 from tvm import relax
+from tvm.ir import Op
 
 from ..engines.gemm import panel_width
 from .inference import ADD, MATMUL, PERMUTE_DIMS, RESHAPE, _constant, _static_dims
+
+STRIDED_SLICE = Op.get("relax.strided_slice")
 
 MATMUL_DTYPES = ("float32", "float64")  # what the GEMM engine multiplies
 
@@ -33,25 +36,29 @@ def _bound(expr, lookup):
 
 
 def _permuted(expr, lookup):
-    """``(source, axes)`` when ``expr`` is (a variable bound to) ``permute_dims``."""
+    """``(source, axes)`` when ``expr`` is (a variable bound to) ``permute_dims`` (axes
+    None: reversed)."""
     call = _bound(expr, lookup)
-    if isinstance(call, relax.Call) and call.op.same_as(PERMUTE_DIMS) and call.attrs.axes is not None:
-        return call.args[0], [int(a) for a in call.attrs.axes]
-    return None
+    if not (isinstance(call, relax.Call) and call.op.same_as(PERMUTE_DIMS)):
+        return None
+    axes = call.attrs.axes
+    ndim = len(_static_dims(call.args[0]) or ())
+    return call.args[0], [int(a) for a in axes] if axes is not None else list(range(ndim))[::-1]
 
 
 def _weight_value(weight, lookup) -> np.ndarray | None:
-    """The (K, N) value of a product's B: a constant, torch's ``W.T`` of a constant, or a
-    weight this module already packed (``reshape(permute_dims(P, [1, 0, 2]), (K, N))``)."""
+    """The ``(..., K, N)`` value of a product's B: a constant, torch's ``W.T`` of a
+    constant, or a weight :func:`panel_weight` packed."""
     bound = _bound(weight, lookup)
     value = _constant(bound)
     if value is not None:
         return value
-    if isinstance(bound, relax.Call) and bound.op.same_as(RESHAPE):
+    if isinstance(bound, relax.Call) and bound.op.same_as(RESHAPE):  # panels (..., N/w, K, w)
         packed = _permuted(bound.args[0], lookup)
         value = None if packed is None else _constant(_bound(packed[0], lookup))
-        if value is not None and value.ndim == 3 and packed[1] == [1, 0, 2]:
-            return value.transpose(1, 0, 2).reshape(value.shape[1], -1)
+        r = -1 if value is None else value.ndim - 3
+        if r >= 0 and packed[1] == [*range(r), r + 1, r, r + 2]:
+            return value.swapaxes(r, r + 1).reshape(*value.shape[:r], value.shape[r + 1], -1)
         return None
     transposed = _permuted(bound, lookup)
     value = None if transposed is None else _constant(_bound(transposed[0], lookup))
@@ -103,11 +110,13 @@ def prepacked_weight(matmul: relax.Call, lookup, emit):
     return relax.op.matmul(matmul.args[0], packed, matmul.attrs.out_dtype)
 
 
-def _single_call(var, lookup, uses: dict):
-    """The call bound to ``var`` when its one use is the caller's, else None (a value
-    used elsewhere too would be computed twice)."""
-    value = lookup(var) if isinstance(var, relax.Var) else None
-    return value if isinstance(value, relax.Call) and uses.get(str(var.name)) == 1 else None
+def _single_call(expr, lookup, uses: dict):
+    """The call ``expr`` is (nested) or is bound to, when its one use is the caller's,
+    else None (a value used elsewhere too would be computed twice)."""
+    if isinstance(expr, relax.Call):
+        return expr
+    value = lookup(expr) if isinstance(expr, relax.Var) else None
+    return value if isinstance(value, relax.Call) and uses.get(str(expr.name)) == 1 else None
 
 
 def _projection(expr, lookup, uses: dict):
@@ -132,8 +141,8 @@ def head_split(permute: relax.Call, lookup, uses: dict, emit):
     on ``x``'s side, the groups on the weight's), packed in panels (:func:`panel_weight`).
     None when ``permute`` is not such a split."""
     split, found = _static_dims(permute.args[0]), _projection(permute.args[0], lookup, uses)
-    axes = None if permute.attrs.axes is None else [int(a) for a in permute.attrs.axes]
-    if split is None or found is None or axes is None or len(split) < 3 or axes[-2:] != [1, len(split) - 1]:
+    axes = _permuted(permute, lookup)[1]
+    if split is None or found is None or len(split) < 3 or axes[-2:] != [1, len(split) - 1]:
         return None
     matmul, bias = found
     value = constant_weight(matmul, lookup)
@@ -154,3 +163,64 @@ def head_split(permute: relax.Call, lookup, uses: dict, emit):
         return product
     per_head = bias.reshape(*groups, d).transpose(order + [len(groups)]).reshape(*heads, 1, d)
     return relax.op.add(emit(product), relax.const(np.ascontiguousarray(per_head), str(bias.dtype)))
+
+
+def sliced_only(func: relax.Function, uses: dict) -> set[str]:
+    """Names of the variables whose every use (``uses``: name -> count) is the data of a
+    ``strided_slice``: a value sliced into pieces and nothing else."""
+    slices: dict[str, int] = {}
+
+    @relax.expr_functor.visitor
+    class _Slices(relax.PyExprVisitor):
+        def visit_call_(self, call):
+            data = call.args[0] if call.args else None
+            if call.op.same_as(STRIDED_SLICE) and isinstance(data, relax.Var):
+                slices[str(data.name)] = slices.get(str(data.name), 0) + 1
+            super().visit_call_(call)
+
+    _Slices().visit_expr(func)
+    return {name for name, count in slices.items() if uses.get(name) == count}
+
+
+def _slice_range(call: relax.Call, shape) -> tuple[int, int, int] | None:
+    """``(axis, start, stop)`` of a one-axis, unit-stride slice with static bounds."""
+    if len(call.args) not in (4, 5) or len(call.args[1].fields) != 1:
+        return None
+    try:
+        axis, lo, hi, *step = (int(arg.fields[0].value) for arg in call.args[1:])
+    except (AttributeError, TypeError):
+        return None
+    if step and step[0] != 1:
+        return None
+    axis %= len(shape)
+    lo, hi = (max(0, min(v + shape[axis] if v < 0 else v, shape[axis])) for v in (lo, hi))
+    return (axis, lo, hi) if lo < hi else None
+
+
+def sliced_product(call: relax.Call, lookup, sliced: set[str], emit):
+    """A slice, along a head group, of a product :func:`head_split` made (ViT's fused QKV
+    sliced into Q, K and V) as the product of that group's weights alone: each piece is
+    written where it goes instead of copied out of the whole. ``sliced``: the variables
+    only slices read (:func:`sliced_only`). None when ``call`` is not such a slice."""
+    data = call.args[0]
+    shape = _static_dims(data)
+    if not isinstance(data, relax.Var) or str(data.name) not in sliced or shape is None:
+        return None
+    whole, found = lookup(data), _slice_range(call, shape)
+    bias = None
+    if isinstance(whole, relax.Call) and whole.op.same_as(ADD):
+        whole, bias = lookup(whole.args[0]) if isinstance(whole.args[0], relax.Var) else None, _constant(whole.args[1])
+    if found is None or not (isinstance(whole, relax.Call) and whole.op.same_as(MATMUL)):
+        return None
+    axis, lo, hi = found
+    x, weight = whole.args
+    value, xs = _weight_value(weight, lookup), _static_dims(x)
+    if value is None or xs is None or not (len(xs) == value.ndim == len(shape)) or axis >= len(shape) - 2 \
+            or xs[axis] != 1 or bias is not None and bias.ndim != len(shape):
+        return None
+    piece = (slice(None),) * axis + (slice(lo, hi),)
+    product = relax.op.matmul(x, panel_weight(value[piece], emit), whole.attrs.out_dtype)
+    if bias is None:
+        return product
+    part = bias[piece] if bias.shape[axis] > 1 else bias
+    return relax.op.add(emit(product), relax.const(np.ascontiguousarray(part), str(bias.dtype)))

@@ -91,6 +91,7 @@ class _Prepare(relax.PyExprMutator):
         super().__init__(mod)
         self.analyzer = analyzer
         self.uses = uses  # variable name -> uses before rewriting (names: vars may be remade)
+        self.sliced = set()  # names of variables only strided_slice reads (linear.sliced_only)
 
     def visit_tuple_getitem_(self, op):
         op = super().visit_tuple_getitem_(op)
@@ -126,6 +127,10 @@ class _Prepare(relax.PyExprMutator):
         if call.op.same_as(inference.SUM):
             items = inference.summed_stack(call, self._bound)
             return call if items is None else self._adds(items)
+        if call.op.same_as(STRIDED_SLICE):
+            piece = linear.sliced_product(call, self.lookup_binding, self.sliced, self.builder_.emit)
+            if piece is not None:
+                return piece
         if call.op.same_as(STRIDED_SLICE) and self.analyzer is not None and not call.attrs.assume_inbound:
             return self._inbound_slice(call)
         return call
@@ -183,7 +188,9 @@ def _prepared(mod, gv, func: relax.Function, analyzer) -> relax.Function:
     jitbyoc could not prepare still builds, as TVM would build it)."""
     try:
         uses = inference.use_counts(func)
-        return relax.analysis.remove_all_unused(_Prepare(mod, analyzer, uses).visit_expr(func))
+        prepare = _Prepare(mod, analyzer, uses)
+        prepare.sliced = linear.sliced_only(func, uses)
+        return relax.analysis.remove_all_unused(prepare.visit_expr(func))
     except Exception as err:  # noqa: BLE001 - any failure leaves the function as it was
         last = (str(err).strip().splitlines() or [""])[-1][:200]
         log.warning("jitbyoc: preparing %s failed (%s: %s); it is partitioned as it is",
