@@ -328,3 +328,25 @@ def test_single_row_products_take_the_gemv_paths():
                   case((1, 1, k), (n, k), linear=True),
                   case((1, k), (k, n + 64), dtype="float64")]
     differential(cases, sizes=[{"m": 1}, {"m": 3}], sym=("m",))
+
+
+def test_a_transpose_read_through_a_reshape_dropping_unit_dims_is_read_in_place():
+    """Attention's K^T as torch.export gives it: ``permute_dims(k, [0, 1, 3, 2])`` of a
+    ``(1, H, S, D)`` key, reshaped to ``(H, D, S)`` for a batched product. The product
+    reads ``k`` in place (no permute copies it)."""
+    from tests.conftest import build_both, build_model
+
+    h, s, d = 3, 19, 16
+
+    def body(bb, q, k):
+        kt = bb.emit(relax.op.reshape(bb.emit(relax.op.permute_dims(k, [0, 1, 3, 2])), (h, d, s)))
+        return bb.emit(relax.op.matmul(bb.emit(relax.op.reshape(q, (h, s, d))), kt))
+
+    mod = build_model({"q": ((1, h, s, d), "float32"), "k": ((1, h, s, d), "float32")}, body)
+    kinds = [type(st).__name__ for st in stages(mod)]
+    assert kinds == ["MatMul"], kinds
+    rng = np.random.default_rng(3)
+    q, k = (rng.standard_normal((1, h, s, d)).astype("float32") for _ in range(2))
+    want, got = build_both(mod).run(q, k)
+    np.testing.assert_allclose(got, q[0] @ np.swapaxes(k[0], -1, -2), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -181,16 +181,21 @@ class Operand:
 
 
 @dataclass(frozen=True)
-class Strided(Operand):
-    """``X(b, x, k) = buf[sum(b[i] * batch[i]) + x * x_stride + k * k_stride]``."""
+class _InBuffer(Operand):
+    """An operand held in a buffer, ``batch`` giving each batch dim's stride."""
     buf: object
     batch: tuple
-    x: Stride
-    k: Stride
 
     @property
     def dtype(self) -> str:
         return self.buf.dtype
+
+
+@dataclass(frozen=True)
+class Strided(_InBuffer):
+    """``X(b, x, k) = buf[sum(b[i] * batch[i]) + x * x_stride + k * k_stride]``."""
+    x: Stride
+    k: Stride
 
     def offset_llvm(self, ctx, b, x, k) -> ir.Value:
         return _linear(LLVM(ctx), list(zip(b, self.batch)) + [(x, self.x), (k, self.k)])
@@ -223,20 +228,14 @@ class Strided(Operand):
 
 
 @dataclass(frozen=True)
-class Panels(Operand):
+class Panels(_InBuffer):
     """B packed at build time into the engine's column panels (:func:`panel_width` of
     them, ``k_size`` rows each, one after another): ``X(b, x, k) = buf[sum(b[i] *
     batch[i]) + (x // width) * width * k_size + k * width + x % width]``. The engine reads
     each panel in place: one contiguous run, where a row-major B puts every row of a
     micro-panel ``N`` elements (a page, for N >= 1024) from the last."""
-    buf: object
-    batch: tuple
     k_size: Dim
     width: int
-
-    @property
-    def dtype(self) -> str:
-        return self.buf.dtype
 
     def _offset(self, e, b, x, k):
         panel = e.mul(e.div(x, self.width), e.mul(e.dim(self.k_size), self.width))

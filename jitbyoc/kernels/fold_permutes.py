@@ -20,19 +20,38 @@ def fold_permutes(kernel: kir.Kernel) -> None:
     weight transpose then costs nothing: the packer transposes in registers)."""
     for stage in [s for s in kernel.stages if isinstance(s, MatMul)]:
         for i, buf in enumerate(stage.inputs):
-            producer = next((s for s in kernel.stages if isinstance(s, Permute) and s.out == buf
+            temp = buf.storage
+            producer = next((s for s in kernel.stages if isinstance(s, Permute) and s.out == temp
                              and s.epilogue is None), None)
-            if producer is None or buf not in kernel.temps:
+            source = None if producer is None or temp not in kernel.temps else _unit_free(producer, buf)
+            if source is None:
                 continue
+            src, axes = source
             perm = range(buf.ndim) if stage.perms[i] is None else stage.perms[i]
             perms = list(stage.perms)
-            perms[i] = tuple(producer.axes[p] for p in perm)
+            perms[i] = tuple(axes[p] for p in perm)
             inputs = list(stage.inputs)
-            inputs[i] = producer.inputs[0]
+            inputs[i] = src
             stage.inputs, stage.perms = tuple(inputs), tuple(perms)
-            if not any(buf in kir.stage_reads(s) for s in kernel.stages):
+            if not any(temp in kir.stage_reads(s) for s in kernel.stages):
                 kernel.stages.remove(producer)
-                kernel.temps.remove(buf)
+                kernel.temps.remove(temp)
+
+
+def _unit_free(permute: Permute, buf: kir.Buffer):
+    """``(source, axes)`` with ``buf == permute_dims(source, axes)``: the permute's own
+    input and axes when ``buf`` is its result, else (``buf`` a view dropping ``u`` leading
+    unit dims, which the permute took from its input's first ``u`` dims: attention's
+    ``K^T`` of shape ``(1, H, D, S)`` read as ``(H, D, S)``) the input without those dims;
+    None otherwise."""
+    src, out = permute.inputs[0], permute.out
+    u = out.ndim - buf.ndim
+    if buf == out:
+        return src, tuple(permute.axes)
+    if u <= 0 or tuple(buf.shape) != tuple(out.shape[u:]) or tuple(permute.axes[:u]) != tuple(range(u)) \
+            or any(d != 1 for d in src.shape[:u]):
+        return None
+    return kir.view(src, src.shape[u:]), tuple(a - u for a in permute.axes[u:])
 
 
 
