@@ -96,3 +96,27 @@ def test_a_batched_product_with_symbolic_rows_exports_right(tmp_path):
     for s in (1, 23):
         args = [rng.standard_normal((1, 4, s, 16)).astype("float32"), rng.standard_normal((1, 4, 16, s)).astype("float32")]
         np.testing.assert_allclose(run(vm, *args), np.matmul(*args), rtol=1e-5, atol=1e-5)
+
+
+def test_constant_weights_packed_in_panels_export_right(tmp_path):
+    """A linear layer's constant weight packed into the engine's panels, and a projection
+    split into heads (jitbyoc/tvm/linear.py): the C rendering reads the panels through
+    the same layout and matches numpy."""
+    rng = np.random.default_rng(5)
+    w, bias = rng.standard_normal((128, 40)).astype("float32"), rng.standard_normal(128).astype("float32")
+    x = rng.standard_normal((6, 40)).astype("float32")
+    projected = x @ w.T + bias
+
+    def linear(bb, v):
+        weight = bb.emit(relax.op.permute_dims(relax.const(w)))
+        return bb.emit(relax.op.add(bb.emit(relax.op.matmul(v, weight)), relax.const(bias)))
+
+    def heads(bb, v):
+        return bb.emit(relax.op.permute_dims(bb.emit(relax.op.reshape(linear(bb, v), (1, 6, 2, 64))), [0, 2, 1, 3]))
+
+    cases = {"linear": (lambda bb, v: bb.emit(relax.op.nn.relu(linear(bb, v))), np.maximum(projected, 0)),
+             "heads": (heads, np.transpose(projected.reshape(1, 6, 2, 64), (0, 2, 1, 3)))}
+    for name, (body, want) in cases.items():
+        vm, report = _exported(build_model({"x": ((6, 40), "float32")}, body), tmp_path / f"{name}.so")
+        assert report.regions and not report.fallbacks, str(report)
+        np.testing.assert_allclose(run(vm, x), want, rtol=1e-5, atol=1e-5)
