@@ -208,3 +208,24 @@ def test_a_product_with_a_fused_bias_writes_a_reshaped_output_directly(after):
     x = RNG.standard_normal((1, 24, 40)).astype("float32")
     want = (x @ w + bias).reshape((24, 24) if after == "squeeze" else (6, 4, 24))
     _check(mod, "llvm", x, want)
+
+
+@pytest.mark.parametrize("cpu", [None, "haswell"])
+def test_a_float64_weight_is_packed_in_its_own_panel_width(cpu):
+    """float64's register tile is narrower (16 columns with AVX-512, 8 with AVX2): its
+    panels follow it."""
+    target = _target(cpu)
+    machine = machine_for(target)
+    with isa.compiling_for(machine):
+        width = panel_width("float64")
+    k, n = 30, 4 * width
+    w = RNG.standard_normal((n, k))
+
+    def body(bb, x):
+        return bb.emit(relax.op.matmul(x, bb.emit(relax.op.permute_dims(relax.const(w, "float64"), [1, 0]))))
+
+    mod = build_model({"x": ((9, k), "float64")}, body)
+    inputs, stages, _ = _region(mod, machine)
+    assert (n // width, k, width) in inputs and stages == ["MatMul"], (inputs, stages)
+    x = RNG.standard_normal((9, k))
+    _check(mod, target, x, x @ w.T)
