@@ -47,7 +47,7 @@ API
   dims or tuples of dims (products), 0 for a broadcast batch dim. A transposed operand is
   the same buffer with the two strides swapped. :class:`Panels` is a B packed at build
   time into the engine's own column panels (a constant weight: see
-  :func:`jitbyoc.tvm.inference.prepacked_weight`); its ``direct_llvm`` gives the panel
+  :func:`jitbyoc.tvm.linear.prepacked_weight`); its ``direct_llvm`` gives the panel
   height as the x stride (valid at panel starts, which are all the engine asks for) and
   the panel width as the k stride, so the engine streams each panel in place.
 * **Output.** :class:`Output` places ``C[b, m, n]`` at ``sum(unravel(b)[i] * batch[i]) +

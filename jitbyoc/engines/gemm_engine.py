@@ -102,7 +102,7 @@ def fits(g: Gemm) -> bool:
     """Whether ``g`` can run on the engine (dense operands, as every matmul has; panels
     packed for this machine's engine)."""
     return isinstance(g.a, Strided) and (isinstance(g.b, Strided) or isinstance(g.b, Panels)
-                                         and g.b.width == panel_width(g.dtype))
+                                         and g.b.width == g.nr)
 
 
 def call(g: Gemm, ctx) -> None:

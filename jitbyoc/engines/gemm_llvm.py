@@ -24,7 +24,7 @@ from ..ir.dtypes import dtype as lookup_dtype
 from ..ir.llvmtypes import I1, I32, I64, PTR, declare
 from ..render.loops import ceil_div, claim_each, for_range, smin, task_counter
 from . import gemm_micro as mk
-from .gemm import SERIAL_MAX_MACS, _all_dims
+from .gemm import SERIAL_MAX_MACS, Panels, _all_dims
 
 CHUNKS = 8  # chunks per batch item: enough to even out threads that get unequal CPU
 EDGE_UNROLL = 1  # edge tiles are few: their microkernels are not unrolled (smaller engine)
@@ -165,9 +165,8 @@ def b_in_place(g) -> bool:
     exported builds alternating: AVX-512 float32 (NR = 64, 256 B) in place 217 vs packed
     204 GFLOP/s at 64x1024x1024, 222 vs 218 at 500x512x1536, equal at 2048^3; AVX2
     (NR = 16, 64 B) packed 172 vs 157, 212 vs 193 and 190 vs 150."""
-    width = getattr(g.b, "width", None)
-    if width is not None:  # Panels: in place when packed for this engine's NR
-        return width == g.nr
+    if isinstance(g.b, Panels):  # in place when packed for this engine's NR
+        return g.b.width == g.nr
     nbytes = g.nr * lookup_dtype(g.dtype).nbytes
     return getattr(g.b, "contiguous_x", False) and nbytes >= IN_PLACE_MIN_ROW_BYTES
 

@@ -21,9 +21,8 @@ def fold_permutes(kernel: kir.Kernel) -> None:
     for stage in [s for s in kernel.stages if isinstance(s, MatMul)]:
         for i, buf in enumerate(stage.inputs):
             temp = buf.storage
-            producer = next((s for s in kernel.stages if isinstance(s, Permute) and s.out == temp
-                             and s.epilogue is None), None)
-            source = None if producer is None or temp not in kernel.temps else _unit_free(producer, buf)
+            producer = _permute_making(kernel, temp)
+            source = None if producer is None else _unit_free(producer, buf)
             if source is None:
                 continue
             src, axes = source
@@ -33,9 +32,21 @@ def fold_permutes(kernel: kir.Kernel) -> None:
             inputs = list(stage.inputs)
             inputs[i] = src
             stage.inputs, stage.perms = tuple(inputs), tuple(perms)
-            if not any(temp in kir.stage_reads(s) for s in kernel.stages):
-                kernel.stages.remove(producer)
-                kernel.temps.remove(temp)
+            _drop_if_unread(kernel, producer)
+
+
+def _permute_making(kernel: kir.Kernel, temp: kir.Buffer) -> Permute | None:
+    """The permute (without an epilogue) that writes the kernel temp ``temp``, if any."""
+    if temp not in kernel.temps:
+        return None
+    return next((s for s in kernel.stages if isinstance(s, Permute) and s.out == temp and s.epilogue is None), None)
+
+
+def _drop_if_unread(kernel: kir.Kernel, producer: Permute) -> None:
+    """Remove ``producer`` and its temp once no stage reads the temp any more."""
+    if not any(producer.out in kir.stage_reads(s) for s in kernel.stages):
+        kernel.stages.remove(producer)
+        kernel.temps.remove(producer.out)
 
 
 def _unit_free(permute: Permute, buf: kir.Buffer):
@@ -54,8 +65,6 @@ def _unit_free(permute: Permute, buf: kir.Buffer):
     return kir.view(src, src.shape[u:]), tuple(a - u for a in permute.axes[u:])
 
 
-
-
 @rewrite
 def fold_panels(kernel: kir.Kernel) -> None:
     """Make a matmul read a weight packed into column panels at build time
@@ -66,18 +75,13 @@ def fold_panels(kernel: kir.Kernel) -> None:
     product is still right, only slower."""
     for stage in [s for s in kernel.stages if isinstance(s, MatMul) and not s.panels]:
         view = stage.inputs[1]
-        if stage.perms[1] is not None or view.base is None or view.base not in kernel.temps:
-            continue
+        producer = None if stage.perms[1] is not None or view.base is None else _permute_making(kernel, view.base)
         r = view.ndim - 2
-        producer = next((s for s in kernel.stages if isinstance(s, Permute) and s.out == view.base
-                         and s.epilogue is None and tuple(s.axes) == (*range(r), r + 1, r, r + 2)), None)
-        if producer is None:
+        if producer is None or tuple(producer.axes) != (*range(r), r + 1, r, r + 2):
             continue
         panels = producer.inputs[0]
         *lead, count, k, width = panels.shape
         if tuple(view.shape) != (*lead, k, count * width) or width != panel_width(stage.out.dtype):
             continue
         stage.inputs, stage.panels = (stage.inputs[0], panels), width
-        if not any(view.base in kir.stage_reads(s) for s in kernel.stages):
-            kernel.stages.remove(producer)
-            kernel.temps.remove(view.base)
+        _drop_if_unread(kernel, producer)

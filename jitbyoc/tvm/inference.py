@@ -62,13 +62,19 @@ def use_counts(func: relax.Function) -> dict[str, int]:
     return counts
 
 
+def single_use_call(var, lookup, uses: dict):
+    """The call bound to ``var`` when ``uses`` (name -> count) says its one use is the
+    caller's, else None: a value used elsewhere too would be computed twice if a rewrite
+    folded it."""
+    value = lookup(var) if isinstance(var, relax.Var) else None
+    return value if isinstance(value, relax.Call) and uses.get(str(var.name)) == 1 else None
+
+
 def _bn_source(bn: relax.Call, lookup, uses: dict):
     """``(conv2d call, constant bias or None)`` that ``bn``'s input is made of, when the
-    conv (and its bias add) feed nothing else: a conv output used elsewhere too would be
-    computed twice. ``uses`` counts the uses of each variable name."""
+    conv (and its bias add) feed nothing else (:func:`single_use_call`)."""
     def single(var):
-        value = lookup(var) if isinstance(var, relax.Var) else None
-        return value if isinstance(value, relax.Call) and uses.get(str(var.name)) == 1 else None
+        return single_use_call(var, lookup, uses)
 
     first = single(bn.args[0])
     if first is not None and first.op.same_as(ADD):

@@ -22,9 +22,10 @@ from __future__ import annotations
 import numpy as np
 from tvm import relax
 from tvm.ir import Op
+from tvm.ir.expr import Constant
 
 from ..engines.gemm import panel_width
-from .inference import ADD, MATMUL, PERMUTE_DIMS, RESHAPE, _constant, _static_dims
+from .inference import ADD, MATMUL, PERMUTE_DIMS, RESHAPE, _constant, _static_dims, single_use_call
 
 STRIDED_SLICE = Op.get("relax.strided_slice")
 
@@ -99,24 +100,21 @@ def prepacked_weight(matmul: relax.Call, lookup, emit):
     """``matmul(x, W)`` with its constant weight (:func:`constant_weight`) in the engine's
     panels (:func:`panel_weight`), or made row-major once (torch's ``W.T``) when the panels
     do not fit; None when there is nothing to do (not constant, or already done)."""
-    value = constant_weight(matmul, lookup)
-    weight = matmul.args[1]
-    bound = _bound(weight, lookup)
-    if value is None or _constant(bound) is None and not _permuted(bound, lookup):
+    bound = _bound(matmul.args[1], lookup)
+    row_major = isinstance(bound, Constant)
+    if not row_major and _permuted(bound, lookup) is None:
         return None  # not a constant weight, or one already packed
-    packed = panel_weight(value, emit)
-    if _constant(packed) is not None and _constant(bound) is not None:
-        return None  # a row-major constant that stays as it is
+    value = constant_weight(matmul, lookup)
+    packed = None if value is None else panel_weight(value, emit)
+    if packed is None or row_major and isinstance(packed, Constant):
+        return None  # not a stack of rows, or a row-major constant that stays as it is
     return relax.op.matmul(matmul.args[0], packed, matmul.attrs.out_dtype)
 
 
 def _single_call(expr, lookup, uses: dict):
-    """The call ``expr`` is (nested) or is bound to, when its one use is the caller's,
-    else None (a value used elsewhere too would be computed twice)."""
-    if isinstance(expr, relax.Call):
-        return expr
-    value = lookup(expr) if isinstance(expr, relax.Var) else None
-    return value if isinstance(value, relax.Call) and uses.get(str(expr.name)) == 1 else None
+    """The call ``expr`` is (nested: one use by construction) or is bound to when its one
+    use is the caller's (:func:`.inference.single_use_call`), else None."""
+    return expr if isinstance(expr, relax.Call) else single_use_call(expr, lookup, uses)
 
 
 def _projection(expr, lookup, uses: dict):

@@ -87,11 +87,11 @@ def _spatial_zero_pad(call) -> list[int] | None:
 
 @relax.expr_functor.mutator
 class _Prepare(relax.PyExprMutator):
-    def __init__(self, mod, analyzer: Analyzer | None, uses: dict):
+    def __init__(self, mod, analyzer: Analyzer | None, uses: dict, sliced: set):
         super().__init__(mod)
         self.analyzer = analyzer
         self.uses = uses  # variable name -> uses before rewriting (names: vars may be remade)
-        self.sliced = set()  # names of variables only strided_slice reads (linear.sliced_only)
+        self.sliced = sliced  # names of variables only strided_slice reads (linear.sliced_only)
 
     def visit_tuple_getitem_(self, op):
         op = super().visit_tuple_getitem_(op)
@@ -131,8 +131,8 @@ class _Prepare(relax.PyExprMutator):
             piece = linear.sliced_product(call, self.lookup_binding, self.sliced, self.builder_.emit)
             if piece is not None:
                 return piece
-        if call.op.same_as(STRIDED_SLICE) and self.analyzer is not None and not call.attrs.assume_inbound:
-            return self._inbound_slice(call)
+            if self.analyzer is not None and not call.attrs.assume_inbound:
+                return self._inbound_slice(call)
         return call
 
     def _bound(self, value):
@@ -188,8 +188,7 @@ def _prepared(mod, gv, func: relax.Function, analyzer) -> relax.Function:
     jitbyoc could not prepare still builds, as TVM would build it)."""
     try:
         uses = inference.use_counts(func)
-        prepare = _Prepare(mod, analyzer, uses)
-        prepare.sliced = linear.sliced_only(func, uses)
+        prepare = _Prepare(mod, analyzer, uses, linear.sliced_only(func, uses))
         return relax.analysis.remove_all_unused(prepare.visit_expr(func))
     except Exception as err:  # noqa: BLE001 - any failure leaves the function as it was
         last = (str(err).strip().splitlines() or [""])[-1][:200]
