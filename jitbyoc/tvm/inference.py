@@ -22,7 +22,9 @@ from __future__ import annotations
 import numpy as np
 from tvm import relax
 from tvm.ir import Op
-from tvm.ir.expr import Constant
+
+from .constants import constant as _constant
+from .constants import tensor_constant
 
 CONV2D, BATCH_NORM, ADD = Op.get("relax.nn.conv2d"), Op.get("relax.nn.batch_norm"), Op.get("relax.add")
 RESHAPE, PERMUTE_DIMS, MATMUL = (Op.get(f"relax.{n}") for n in ("reshape", "permute_dims", "matmul"))
@@ -37,11 +39,6 @@ def _static_dims(expr) -> tuple[int, ...] | None:
     if values is None or not all(hasattr(v, "value") for v in values):
         return None
     return tuple(int(v.value) for v in values)
-
-
-def _constant(expr) -> np.ndarray | None:
-    value = getattr(expr, "value", None) if isinstance(expr, Constant) else None
-    return value.numpy() if hasattr(value, "numpy") else None
 
 
 def use_counts(func: relax.Function) -> dict[str, int]:
@@ -122,9 +119,9 @@ def folded_batch_norm(bn: relax.Call, lookup, uses: dict):
     scale, shift = _scale_shift(bn, stats)
     dt = weight.dtype
     w = (weight.astype(np.float64) * scale.reshape(-1, 1, 1, 1)).astype(dt)
-    new_conv = relax.op.nn.conv2d(conv.args[0], relax.const(w, str(dt)), a.strides, a.padding,
+    new_conv = relax.op.nn.conv2d(conv.args[0], tensor_constant(w), a.strides, a.padding,
                                   a.dilation, a.groups, "NCHW", "OIHW", "NCHW", a.out_dtype)
-    return new_conv, relax.const(shift.astype(dt).reshape(1, -1, 1, 1), str(dt))
+    return new_conv, tensor_constant(shift.astype(dt).reshape(1, -1, 1, 1))
 
 
 def affine_batch_norm(bn: relax.Call):
@@ -141,8 +138,8 @@ def affine_batch_norm(bn: relax.Call):
     axis = int(bn.attrs.axis) % ndim
     shape = (-1,) + (1,) * (ndim - axis - 1)
     dt = str(stats[0].dtype)
-    return (relax.op.multiply(x, relax.const(scale.astype(dt).reshape(shape), dt)),
-            relax.const(shift.astype(dt).reshape(shape), dt))
+    return (relax.op.multiply(x, tensor_constant(scale.astype(dt).reshape(shape))),
+            tensor_constant(shift.astype(dt).reshape(shape)))
 
 
 def constant_reshape(call: relax.Call):
@@ -151,7 +148,7 @@ def constant_reshape(call: relax.Call):
     value, dims = _constant(call.args[0]), _static_dims(call)
     if value is None or dims is None:
         return None
-    return relax.const(value.reshape(dims), str(value.dtype))
+    return tensor_constant(value.reshape(dims))
 
 
 def summed_stack(call: relax.Call, lookup):

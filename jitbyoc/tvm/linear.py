@@ -25,7 +25,9 @@ from tvm.ir import Op
 from tvm.ir.expr import Constant
 
 from ..engines.gemm import panel_width
-from .inference import ADD, MATMUL, PERMUTE_DIMS, RESHAPE, _constant, _static_dims, single_use_call
+from .constants import constant as _constant
+from .constants import tensor_constant
+from .inference import ADD, MATMUL, PERMUTE_DIMS, RESHAPE, _static_dims, single_use_call
 
 STRIDED_SLICE = Op.get("relax.strided_slice")
 
@@ -78,7 +80,7 @@ def constant_weight(matmul: relax.Call, lookup) -> np.ndarray | None:
     value = _weight_value(weight, lookup)
     if value is None or value.ndim != 2 or str(value.dtype) != str(x.ty.dtype):
         return None
-    return np.ascontiguousarray(value)
+    return value
 
 
 def panel_weight(value: np.ndarray, emit):
@@ -88,11 +90,11 @@ def panel_weight(value: np.ndarray, emit):
     dt, (k, d), lead = str(value.dtype), value.shape[-2:], value.shape[:-2]
     width = panel_width(dt) if dt in MATMUL_DTYPES else 0
     if not width or d % width:
-        return relax.const(np.ascontiguousarray(value), dt)
+        return tensor_constant(value)
     r = len(lead)
     packed = value.reshape(*lead, k, d // width, width).swapaxes(r, r + 1)
     axes = [*range(r), r + 1, r, r + 2]
-    unpacked = emit(relax.op.permute_dims(relax.const(np.ascontiguousarray(packed), dt), axes))
+    unpacked = emit(relax.op.permute_dims(tensor_constant(packed), axes))
     return emit(relax.op.reshape(unpacked, value.shape))
 
 
@@ -160,7 +162,7 @@ def head_split(permute: relax.Call, lookup, uses: dict, emit):
     if bias is None:
         return product
     per_head = bias.reshape(*groups, d).transpose(order + [len(groups)]).reshape(*heads, 1, d)
-    return relax.op.add(emit(product), relax.const(np.ascontiguousarray(per_head), str(bias.dtype)))
+    return relax.op.add(emit(product), tensor_constant(per_head))
 
 
 def sliced_only(func: relax.Function, uses: dict) -> set[str]:
@@ -221,4 +223,4 @@ def sliced_product(call: relax.Call, lookup, sliced: set[str], emit):
     if bias is None:
         return product
     part = bias[piece] if bias.shape[axis] > 1 else bias
-    return relax.op.add(emit(product), relax.const(np.ascontiguousarray(part), str(bias.dtype)))
+    return relax.op.add(emit(product), tensor_constant(part))

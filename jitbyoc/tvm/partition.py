@@ -20,9 +20,9 @@ from tvm.relax.transform import FuseOpsByPattern
 
 from .. import lower
 from ..ir.errors import LoweringError
-from ..render import isa
 from ..memo import LRU
-from . import patterns
+from ..render import isa
+from . import constants, patterns
 from .composite_types import retype_composites
 from .merge import merge_regions
 from .patterns import OPS_USED, PREFIX
@@ -100,6 +100,13 @@ MAX_REJECTIONS = 32  # lowering failures one partitioning may reject before leav
 def _partition(mod: tvm.IRModule) -> tuple[tvm.IRModule, dict]:
     """Partition and lower every region; a region whose lowering fails rejects the call
     that failed (or all its calls) and the module is partitioned again without it."""
+    try:  # prepared weights are written in the background meanwhile (constants.py)
+        return _partition_prepared(mod)
+    finally:
+        constants.finish_writes()
+
+
+def _partition_prepared(mod: tvm.IRModule) -> tuple[tvm.IRModule, dict]:
     ops = _ops_in(mod)
     prepared = prepare(mod, ops)
     if prepared is not mod:  # folding may have removed ops (shape_of, pad)

@@ -32,7 +32,7 @@ from tvm.ir import Op, Range
 from tvm.ir.prim import IntImm
 from tvm.sym import Analyzer
 
-from . import inference, linear
+from . import constants, inference, linear
 
 log = logging.getLogger("jitbyoc")
 
@@ -188,8 +188,11 @@ def _prepared(mod, gv, func: relax.Function, analyzer) -> relax.Function:
     jitbyoc could not prepare still builds, as TVM would build it)."""
     try:
         uses = inference.use_counts(func)
-        prepare = _Prepare(mod, analyzer, uses, linear.sliced_only(func, uses))
-        return relax.analysis.remove_all_unused(prepare.visit_expr(func))
+        with constants.deferred() as pending:  # packed weights: written once, if still used
+            prepare = _Prepare(mod, analyzer, uses, linear.sliced_only(func, uses))
+            out = relax.analysis.remove_all_unused(prepare.visit_expr(func))
+            constants.write_deferred(pending, out)
+        return out
     except Exception as err:  # noqa: BLE001 - any failure leaves the function as it was
         last = (str(err).strip().splitlines() or [""])[-1][:200]
         log.warning("jitbyoc: preparing %s failed (%s: %s); it is partitioned as it is",

@@ -1,0 +1,133 @@
+"""Constants at build time, read and written with as few copies as can be: a model's
+weights are most of its bytes (BERT-base: 340 MB of linear weights), and every pass over
+them is build time.
+
+* Reading a constant (:func:`constant`) is a view of TVM's tensor.
+* Making one (:func:`tensor_constant`) is a single copy into memory TVM's tensor wraps
+  as it is. Inside :func:`deferred` (the rewrites of :mod:`.prepare`) the copy waits: the
+  tensor is made over untouched memory, reading it gives the view it will be copied from,
+  and :func:`write_deferred` copies only the constants the rewritten function still uses,
+  over the cores. A rewrite that packs a weight a later rewrite repacks (a projection's
+  panels, then its heads, then slices of the heads: ViT's fused QKV) writes it once.
+* Those copies run in the background while partitioning goes on (numpy copies without
+  the GIL); :func:`finish_writes` waits for them, and reading a constant still being
+  written waits for it. Small constants (scalars a lowering reads) are written at once.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from contextvars import ContextVar
+from functools import cache
+from threading import Lock
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.ir.expr import Constant
+
+from ..threads import physical_cores
+
+TENSOR_ALIGN = 64  # what TVM's tensors wrapping foreign memory require
+DEFER_BYTES = 1 << 16  # smaller constants are written at once
+
+# address of a deferred tensor's memory -> (that memory as an array, the value it will hold)
+_DEFERRED: ContextVar[dict | None] = ContextVar("jitbyoc_deferred_constants", default=None)
+_WRITING: dict = {}  # address -> future of its copy, until finish_writes
+_WRITING_LOCK = Lock()
+
+
+def constant(expr) -> np.ndarray | None:
+    """A constant's value as a read-only numpy array: a view of TVM's tensor, or of what a
+    deferred one will hold (a copy only where numpy's DLPack does not take the dtype);
+    None when ``expr`` is not a constant."""
+    value = getattr(expr, "value", None) if isinstance(expr, Constant) else None
+    if not hasattr(value, "numpy"):
+        return None
+    try:
+        array = np.from_dlpack(value)
+    except (BufferError, TypeError, ValueError, RuntimeError):
+        array = value.numpy()
+    with _WRITING_LOCK:
+        writing = _WRITING.get(array.ctypes.data)
+    if writing is not None:
+        writing.result()
+    waiting = (_DEFERRED.get() or {}).get(array.ctypes.data)
+    if waiting is not None and waiting[0].shape == array.shape and waiting[0].dtype == array.dtype:
+        array = waiting[1].view()
+    array.flags.writeable = False
+    return array
+
+
+def tensor_constant(value: np.ndarray) -> relax.Constant:
+    """``relax.const(value)`` written once (now, or by :func:`write_deferred`).
+    ``relax.const`` of an array copies it once more, twice with a dtype."""
+    value = np.asarray(value)
+    raw = np.empty(value.nbytes + TENSOR_ALIGN, np.uint8)
+    start = -raw.ctypes.data % TENSOR_ALIGN
+    buffer = raw[start:start + value.nbytes].view(value.dtype).reshape(value.shape)
+    pending = _DEFERRED.get()
+    try:
+        made = relax.const(tvm.runtime.from_dlpack(buffer))
+    except (BufferError, TypeError, ValueError, RuntimeError):  # a dtype DLPack does not carry
+        return relax.const(np.ascontiguousarray(value), str(value.dtype))
+    if pending is None or value.nbytes < DEFER_BYTES:
+        np.copyto(buffer, value)
+    else:
+        pending[buffer.ctypes.data] = (buffer, value)
+    return made
+
+
+@contextmanager
+def deferred():
+    """Constants made inside are written by :func:`write_deferred` (given the pending set
+    this yields), or never if it is not called: the caller drops what it made."""
+    pending: dict = {}
+    token = _DEFERRED.set(pending)
+    try:
+        yield pending
+    finally:
+        _DEFERRED.reset(token)
+
+
+def write_deferred(pending: dict, func) -> None:
+    """Start writing the deferred constants ``func`` uses (all of them: it is the only
+    holder), over the cores; forget the others. :func:`finish_writes` waits for them."""
+    used: set[int] = set()
+
+    def note(expr) -> None:
+        if isinstance(expr, Constant) and hasattr(expr.value, "__dlpack__") and pending:
+            try:
+                used.add(np.from_dlpack(expr.value).ctypes.data)
+            except (BufferError, TypeError, ValueError, RuntimeError):
+                pass
+
+    relax.analysis.post_order_visit(func, note)
+    jobs = [pending[address] for address in used if address in pending]
+    jobs.sort(key=lambda job: -job[0].nbytes)  # big first: the cores finish together
+    with _WRITING_LOCK:
+        for buffer, value in jobs:
+            _WRITING[buffer.ctypes.data] = _pool().submit(np.copyto, buffer, value)
+    pending.clear()
+
+
+def finish_writes() -> None:
+    """Wait for the constants :func:`write_deferred` started (an error in a copy is raised
+    here: the build must not go on with a constant half written)."""
+    with _WRITING_LOCK:
+        futures = list(_WRITING.values())
+    try:
+        for done in futures:
+            done.result()
+    finally:
+        with _WRITING_LOCK:
+            for address in [a for a, f in _WRITING.items() if f in futures]:
+                del _WRITING[address]
+
+
+@cache
+def _pool() -> ThreadPoolExecutor:
+    """numpy copies without the GIL; a packing copy gathers and faults in fresh pages, so
+    two cores write faster than one."""
+    return ThreadPoolExecutor(physical_cores(), thread_name_prefix="jitbyoc-constants")

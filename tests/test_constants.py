@@ -1,0 +1,148 @@
+"""Constants made at build time (jitbyoc/tvm/constants.py): weights packed by the linear
+rewrites are written once, only if the rewritten model still uses them, in the
+background; reading one before or while it is written gives its value. End-to-end
+correctness of the packed weights is in tests/test_linear_rewrites.py."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+import jitbyoc
+from jitbyoc.tvm import constants
+from tests.conftest import build_model, build_tvm, run
+
+RNG = np.random.default_rng(11)
+
+
+class _Recorder(ThreadPoolExecutor):
+    """A one-thread pool that notes every copy it runs (and may slow each down)."""
+
+    def __init__(self, delay: float = 0.0):
+        super().__init__(1)
+        self.written: list[int] = []
+        self.delay = delay
+
+    def submit(self, fn, dst, src):
+        def copy():
+            time.sleep(self.delay)
+            fn(dst, src)
+        self.written.append(dst.nbytes)
+        return super().submit(copy)
+
+
+@pytest.fixture
+def recorder(monkeypatch):
+    pool = _Recorder()
+    monkeypatch.setattr(constants, "_pool", lambda: pool)
+    return pool
+
+
+def _uses(values) -> relax.Function:
+    """``main(x) = x + c0 + c1 ...``: a function that holds the constants ``values``."""
+    x = relax.Var("x", relax.TensorType(values[0].value.shape, "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        total = x
+        for value in values:
+            total = bb.emit(relax.op.add(total, value))
+        bb.emit_func_output(total)
+    return bb.get()["main"]
+
+
+def _big(shape=(64, 512)) -> np.ndarray:
+    value = RNG.standard_normal(shape).astype("float32")
+    assert value.nbytes >= constants.DEFER_BYTES
+    return value
+
+
+def test_a_deferred_constant_reads_as_its_value_and_only_used_ones_are_written(recorder):
+    a, b = _big(), _big()
+    with constants.deferred() as pending:
+        made_a = constants.tensor_constant(a.T[::-1])
+        constants.tensor_constant(b)  # made, never used
+        np.testing.assert_array_equal(constants.constant(made_a), a.T[::-1])  # before it is written
+        constants.write_deferred(pending, _uses([made_a]))
+    constants.finish_writes()
+    assert recorder.written == [a.nbytes]  # b: made, not used, never written
+    np.testing.assert_array_equal(made_a.value.numpy(), a.T[::-1])
+
+
+def test_reading_a_constant_while_it_is_written_waits_for_it(monkeypatch):
+    pool = _Recorder(delay=0.3)
+    monkeypatch.setattr(constants, "_pool", lambda: pool)
+    value = _big()
+    with constants.deferred() as pending:
+        made = constants.tensor_constant(value)
+        constants.write_deferred(pending, _uses([made]))
+    np.testing.assert_array_equal(constants.constant(made), value)  # outside: waits for the copy
+    constants.finish_writes()
+
+
+def test_a_failed_copy_is_raised_by_finish_writes(monkeypatch):
+    class Failing(ThreadPoolExecutor):
+        def submit(self, fn, dst, src):
+            return super().submit(lambda: (_ for _ in ()).throw(MemoryError("no memory for the copy")))
+
+    monkeypatch.setattr(constants, "_pool", lambda: Failing(1))
+    with constants.deferred() as pending:
+        made = constants.tensor_constant(_big())
+        constants.write_deferred(pending, _uses([made]))
+    with pytest.raises(MemoryError, match="no memory"):
+        constants.finish_writes()
+    constants.finish_writes()  # nothing left in flight
+
+
+def test_small_constants_are_written_at_once(recorder):
+    small = np.arange(7, dtype="float32")
+    with constants.deferred():
+        made = constants.tensor_constant(small)
+    np.testing.assert_array_equal(made.value.numpy(), small)
+    assert recorder.written == []
+
+
+def test_a_fused_qkv_sliced_into_heads_writes_each_weight_once(recorder):
+    """ViT's chain: the projection's weight packed in panels, then rearranged per head,
+    then cut into Q, K and V. Before, each step wrote the whole weight again (three
+    writes of it); now only the pieces the built model uses are written, once each."""
+    k, heads, d, m = 160, 2, 64, 9
+    w = RNG.standard_normal((3 * heads * d, k)).astype("float32")
+    bias = RNG.standard_normal(3 * heads * d).astype("float32")
+
+    def body(bb, x):
+        y = bb.emit(relax.op.linear(x, relax.const(w), relax.const(bias)))
+        qkv = bb.emit(relax.op.permute_dims(bb.emit(relax.op.reshape(y, (1, m, 3, heads, d))), [2, 0, 3, 1, 4]))
+        return [bb.emit(relax.op.squeeze(bb.emit(relax.op.strided_slice(qkv, [0], [i], [i + 1])), [0]))
+                for i in range(3)]
+
+    mod = build_model({"x": ((1, m, k), "float32")}, body)
+    x = RNG.standard_normal((1, m, k)).astype("float32")
+    with jitbyoc.enabled():
+        ex = tvm.compile(mod, target="llvm")
+    assert sorted(recorder.written) == [w.nbytes // 3] * 3, recorder.written
+    got = run(relax.VirtualMachine(ex, tvm.cpu()), x)
+    ref = run(build_tvm(mod), x)
+    for i in range(3):
+        np.testing.assert_allclose(got[i], ref[i], rtol=1e-5, atol=1e-5)
+
+
+def test_constants_are_written_before_a_partitioned_module_is_returned(monkeypatch):
+    """``partition_for_jitbyoc`` hands back a module whose constants are all written,
+    however slow the copies."""
+    pool = _Recorder(delay=0.2)
+    monkeypatch.setattr(constants, "_pool", lambda: pool)
+    w = RNG.standard_normal((256, 96)).astype("float32")
+    mod = build_model({"x": ((4, 96), "float32")},
+                      lambda bb, x: bb.emit(relax.op.linear(x, relax.const(w))))
+    part = jitbyoc.partition_for_jitbyoc(mod)
+    assert pool.written and not constants._WRITING
+    held = []
+    for func in part.functions.values():
+        relax.analysis.post_order_visit(func, lambda e: held.append(constants.constant(e)))
+    held = [h for h in held if h is not None and h.size == w.size]
+    assert held and all(np.array_equal(np.sort(h.ravel()), np.sort(w.ravel())) for h in held)
