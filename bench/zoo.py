@@ -7,10 +7,11 @@ through ``torch.export``). They are registered in :data:`bench.models.ZOO` with 
 
 Each row of :data:`ENTRIES` is ``(name, make, description, rounds, quick, tvm_default)``:
 ``rounds`` of timed blocks per candidate (few for the heavy models), ``quick`` puts the
-model in ``--suite zoo --quick``, and ``tvm_default`` builds and times TVM's default build
-too. That build is single-threaded and unscheduled (about 0.1-1.5 s per call for the
-models marked, several seconds for ResNet-50, 20 s or more for VGG-19), so only the
-smaller models get it; the rest are checked against onnxruntime's outputs instead.
+model in ``--suite zoo --quick``, and ``tvm_default`` runs and times TVM's default build
+too (its build time is measured for every model). That build runs single-threaded and
+unscheduled (about 0.1-1.5 s per call for the models marked, several seconds for
+ResNet-50, 20 s or more for VGG-19), so only the smaller models are run on it; the rest
+are checked against onnxruntime's outputs instead.
 """
 
 from __future__ import annotations

@@ -62,6 +62,9 @@ def format_table(rows: list[dict], skipped: list[dict], machine: dict, summary: 
     g_ort, g_fast = summary.get("geomean_ratio_onnxruntime"), summary.get("geomean_ratio_fastest")
     lines.append(f"geomean jitbyoc/onnxruntime time {fmt_num(g_ort, '.2f')}, jitbyoc/fastest peer "
                  f"{fmt_num(g_fast, '.2f')} (below 1: jitbyoc faster)")
+    slower = summary.get("build_slower_than_tvm")
+    if slower is not None:
+        lines.append("cold build slower than TVM's own build: " + (", ".join(slower) or "none"))
     lines.append("jit/X = jitbyoc median / X median; median of all calls, every candidate "
                  "timed in blocks of warm calls taking turns; GFLOP = 2 x MACs of conv/matmul/attention; "
                  f"% peak of {machine.get('peak_gflops', 0):.0f} GFLOP/s measured; ref = what "

@@ -48,6 +48,17 @@ class _Merger:
         self.bb = relax.BlockBuilder()  # types the new GlobalVars; collects the regions
         self.anchors = {gv for gv, f in self.composites.items() if _calls(f, anchor_ops())}
         self.softmaxes = {gv for gv, f in self.composites.items() if _calls(f, {SOFTMAX})}
+        self._free: dict = {}  # a binding value's handle -> its free variables
+
+    def free_vars(self, value) -> frozenset:
+        """``relax.analysis.free_vars(value)``, once per value (keyed by handle: comparing
+        Relax expressions costs more): every outlining asks it of every binding after the
+        region (BERT: 25,000 calls, 0.2 s of its build)."""
+        key = value.__chandle__()
+        found = self._free.get(key)
+        if found is None:
+            found = self._free[key] = frozenset(relax.analysis.free_vars(value))
+        return found
 
     # ---- walking the function ------------------------------------------------------------
     def expr(self, e):
@@ -130,17 +141,14 @@ class _Merger:
         used = set()
         for b in reversed(region):  # users before operands: what feeds a staying binding stays
             if b not in free or b.var in used:
-                used.update(relax.analysis.free_vars(b.value))
+                used.update(self.free_vars(b.value))
         return [b for b in free if b.var not in used]
 
-    @staticmethod
-    def uses_vars(value, defined) -> bool:
-        return any(v in defined for v in relax.analysis.free_vars(value))
+    def uses_vars(self, value, defined) -> bool:
+        return any(v in defined for v in self.free_vars(value))
 
-    @staticmethod
-    def uses(value, region) -> bool:
-        defined = {b.var for b in region}
-        return any(v in defined for v in relax.analysis.free_vars(value))
+    def uses(self, value, region) -> bool:
+        return self.uses_vars(value, {b.var for b in region})
 
     # ---- outlining one region --------------------------------------------------------------
     def outline(self, region, rest) -> list:
@@ -155,7 +163,7 @@ class _Merger:
                     inputs.append(a)
         later = set()
         for b in rest:
-            later.update(relax.analysis.free_vars(b.value))
+            later.update(self.free_vars(b.value))
         outputs = [b.var for b in region
                    if not isinstance(b.var, relax.DataflowVar) or b.var in later]
         region, outputs, rebuilt = self.flatten_tuples(region, outputs)
