@@ -100,7 +100,8 @@ def test_a_projection_split_into_heads_is_one_batched_product(cpu, rows, split, 
     """``permute_dims(reshape(x @ W.T + b, (B, M, G..., D)), axes)`` (attention's Q, K, V)
     becomes one product per head with W and b rearranged at build time: the region has a
     single matmul stage (no permute copying its output) whose weight is one block per head,
-    in panels when D is a multiple of the panel width."""
+    in panels when D is a multiple of the panel width (one panel wide: the row-major block
+    is that panel, and the panel engine reads it)."""
     target = _target(cpu)
     machine = machine_for(target)
     k, n = 48, int(np.prod(split[2:]))
@@ -115,7 +116,7 @@ def test_a_projection_split_into_heads_is_one_batched_product(cpu, rows, split, 
     _, stages, engines = _region(mod, machine)
     assert stages == ["MatMul"], stages
     width, d = _width(machine), split[-1]
-    assert any(e.endswith("_p") for e in engines) == (d % width == 0 and d > width), engines
+    assert any(e.endswith("_p") for e in engines) == (d % width == 0), engines
     x = RNG.standard_normal(rows + (k,)).astype("float32")
     _check(mod, target, x, np.transpose((x @ w.T + bias).reshape(split), axes))
 
@@ -229,3 +230,25 @@ def test_a_float64_weight_is_packed_in_its_own_panel_width(cpu):
     assert (n // width, k, width) in inputs and stages == ["MatMul"], (inputs, stages)
     x = RNG.standard_normal((9, k))
     _check(mod, target, x, x @ w.T)
+
+
+@pytest.mark.parametrize("cpu", [None, "haswell"])
+@pytest.mark.parametrize("rows", [5, "m"])
+def test_a_row_major_b_one_panel_wide_runs_on_the_panel_engine(cpu, rows):
+    """A B of exactly one panel's width with contiguous rows has the panel layout: a static
+    stack of rows reads it on the panel engine (a model needs no in-place engine besides);
+    a symbolic row count keeps the in-place engine, whose GEMV serves one row."""
+    target = _target(cpu)
+    machine = machine_for(target)
+    n, k = _width(machine), 40
+    mod = build_model({"x": ((rows, k), "float32"), "w": ((k, n), "float32")},
+                      lambda bb, x, w: bb.emit(relax.op.matmul(x, w)))
+    _, _, engines = _region(mod, machine)
+    unit = sorted(e.rsplit("_", 1)[1] for e in engines if "_gemm_" in e)
+    assert unit == (["p"] if rows == 5 else ["x"]), engines
+    for m in ([5] if rows == 5 else [1, 3]):
+        x, w = RNG.standard_normal((m, k)).astype("float32"), RNG.standard_normal((k, n)).astype("float32")
+        with jitbyoc.enabled():
+            got = run(relax.VirtualMachine(tvm.compile(mod, target=target), tvm.cpu()), x, w)
+        np.testing.assert_allclose(got, x @ w, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(got, run(build_tvm(mod), x, w), rtol=1e-5, atol=1e-5)

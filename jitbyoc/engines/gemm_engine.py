@@ -14,7 +14,8 @@ masked), where an inline product had one sized to its static remainder.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 from llvmlite import ir
 
@@ -105,11 +106,29 @@ def fits(g: Gemm) -> bool:
                                          and g.b.width == g.nr)
 
 
+def _static(stride) -> int | None:
+    dims = _dims(stride)
+    return math.prod(dims) if all(isinstance(d, int) for d in dims) else None
+
+
+def _one_panel(g: Gemm) -> Gemm:
+    """``g`` with a row-major B exactly one panel wide (``N = NR``, rows ``NR`` apart: the
+    per-head ``K x 64`` weights of attention's projections) read as the panel it is, so
+    a model's products share the panel engine instead of compiling the in-place one too.
+    Only for a static stack of more than one row: one row keeps the in-place engine's GEMV."""
+    b, rows, k = g.b, _static(g.m), _static(g.k)
+    if not (isinstance(b, Strided) and _is_one(b.x) and _static(b.k) == g.nr == _static(g.n)
+            and rows is not None and rows > 1 and k is not None):
+        return g
+    return replace(g, b=Panels(b.buf, b.batch, k, g.nr))
+
+
 def call(g: Gemm, ctx) -> None:
     """Emit a call of the engine for ``g`` at ``ctx``'s insertion point. Products with
     fewer than :data:`BATCH_RANK` batch dims call the rank-``BATCH_RANK`` engine with
     leading dims of size 1 (stride 0): one engine serves plain, batched and attention
     products alike, so a model pays its compile time once."""
+    g = _one_panel(g)
     r = len(g.batch)  # an operand may list more batch strides than the product has batch dims
     pad = [I64(0)] * (max(r, BATCH_RANK) - r)
     engine = GemmEngine(g.dtype, r + len(pad), _unit(g.a), _unit(g.b))
