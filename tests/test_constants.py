@@ -16,6 +16,7 @@ from tvm import relax
 import jitbyoc
 from jitbyoc.tvm import constants
 from tests.conftest import build_model, build_tvm, run
+from tests.test_linear_rewrites import fused_qkv
 
 RNG = np.random.default_rng(11)
 
@@ -110,17 +111,8 @@ def test_a_fused_qkv_sliced_into_heads_writes_each_weight_once(recorder):
     """ViT's chain: the projection's weight packed in panels, then rearranged per head,
     then cut into Q, K and V. Before, each step wrote the whole weight again (three
     writes of it); now only the pieces the built model uses are written, once each."""
-    k, heads, d, m = 160, 2, 64, 9
-    w = RNG.standard_normal((3 * heads * d, k)).astype("float32")
-    bias = RNG.standard_normal(3 * heads * d).astype("float32")
-
-    def body(bb, x):
-        y = bb.emit(relax.op.linear(x, relax.const(w), relax.const(bias)))
-        qkv = bb.emit(relax.op.permute_dims(bb.emit(relax.op.reshape(y, (1, m, 3, heads, d))), [2, 0, 3, 1, 4]))
-        return [bb.emit(relax.op.squeeze(bb.emit(relax.op.strided_slice(qkv, [0], [i], [i + 1])), [0]))
-                for i in range(3)]
-
-    mod = build_model({"x": ((1, m, k), "float32")}, body)
+    k, m = 160, 9
+    mod, w, _ = fused_qkv(k, 2, 64, m)
     x = RNG.standard_normal((1, m, k)).astype("float32")
     with jitbyoc.enabled():
         ex = tvm.compile(mod, target="llvm")

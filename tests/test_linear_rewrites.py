@@ -139,12 +139,9 @@ def test_a_head_split_whose_projection_is_used_elsewhere_stays_as_it_is():
     np.testing.assert_allclose(got[0], np.transpose((x @ w.T).reshape(1, 6, 2, 32), (0, 2, 1, 3)), rtol=1e-5, atol=1e-5)
 
 
-def test_a_fused_qkv_sliced_into_q_k_v_is_one_product_per_piece():
-    """ViT's attention: one linear to 3 x hidden, split into (3, B, heads, M, D), then Q, K
-    and V sliced off and squeezed. Each slice becomes the product of its own weights,
-    written straight into its output (its bias add fused, the squeeze then free): no
-    slice, no permute."""
-    k, heads, d, m = 48, 2, 32, 11
+def fused_qkv(k: int, heads: int, d: int, m: int):
+    """ViT's attention input: one linear to 3 x hidden, split into (3, 1, heads, M, D),
+    then Q, K and V sliced off and squeezed. ``(module, W, bias)``."""
     w = RNG.standard_normal((3 * heads * d, k)).astype("float32")
     bias = RNG.standard_normal(3 * heads * d).astype("float32")
 
@@ -154,7 +151,15 @@ def test_a_fused_qkv_sliced_into_q_k_v_is_one_product_per_piece():
         return [bb.emit(relax.op.squeeze(bb.emit(relax.op.strided_slice(qkv, [0], [i], [i + 1])), [0]))
                 for i in range(3)]
 
-    mod = build_model({"x": ((1, m, k), "float32")}, body)
+    return build_model({"x": ((1, m, k), "float32")}, body), w, bias
+
+
+def test_a_fused_qkv_sliced_into_q_k_v_is_one_product_per_piece():
+    """ViT's attention (:func:`fused_qkv`): each slice becomes the product of its own
+    weights, written straight into its output (its bias add fused, the squeeze then
+    free): no slice, no permute."""
+    k, heads, d, m = 48, 2, 32, 11
+    mod, w, bias = fused_qkv(k, heads, d, m)
     with isa.compiling_for(isa.host()):
         stages = [type(s).__name__ for r in jitbyoc.inspect(mod) for s in r.kernel.stages]
     # each piece's product writes its output (no slice, no permute); the partitioner may
