@@ -257,3 +257,23 @@ def test_a_row_major_b_one_panel_wide_runs_on_the_panel_engine(cpu, rows):
             got = run(relax.VirtualMachine(tvm.compile(mod, target=target), tvm.cpu()), x, w)
         np.testing.assert_allclose(got, x @ w, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(got, run(build_tvm(mod), x, w), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("cpu", [None, "haswell"])
+@pytest.mark.parametrize("m,n,packed", [(512, 2050, True), (511, 2048, False), (512, 2047, False)])
+def test_a_b_with_rows_8_kb_apart_is_packed_for_a_tall_product(cpu, m, n, packed):
+    """A row-major B whose rows are 8 KB or more apart, multiplied by 512 rows or more, is
+    packed rather than read in place (the engine's "xp" unit; sgemm 2048^3 3 % faster);
+    shorter stacks and narrower B keep reading it in place. Edges of N included."""
+    target = _target(cpu)
+    machine = machine_for(target)
+    k = 9
+    mod = build_model({"x": ((m, k), "float32"), "w": ((k, n), "float32")},
+                      lambda bb, x, w: bb.emit(relax.op.matmul(x, w)))
+    _, _, engines = _region(mod, machine)
+    unit = [e.rsplit("_", 1)[1] for e in engines if "_gemm_" in e]
+    assert unit == (["xp"] if packed else ["x"]), engines
+    x, w = RNG.standard_normal((m, k)).astype("float32"), RNG.standard_normal((k, n)).astype("float32")
+    with jitbyoc.enabled():
+        got = run(relax.VirtualMachine(tvm.compile(mod, target=target), tvm.cpu()), x, w)
+    np.testing.assert_allclose(got, x @ w, rtol=1e-5, atol=1e-5)

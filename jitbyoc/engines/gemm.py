@@ -193,9 +193,12 @@ class _InBuffer(Operand):
 
 @dataclass(frozen=True)
 class Strided(_InBuffer):
-    """``X(b, x, k) = buf[sum(b[i] * batch[i]) + x * x_stride + k * k_stride]``."""
+    """``X(b, x, k) = buf[sum(b[i] * batch[i]) + x * x_stride + k * k_stride]``; as B,
+    ``packed`` packs it even when its rows could be read in place (see
+    :func:`.gemm_engine.call`)."""
     x: Stride
     k: Stride
+    packed: bool = False
 
     def offset_llvm(self, ctx, b, x, k) -> ir.Value:
         return _linear(LLVM(ctx), list(zip(b, self.batch)) + [(x, self.x), (k, self.k)])

@@ -167,6 +167,8 @@ def b_in_place(g) -> bool:
     (NR = 16, 64 B) packed 172 vs 157, 212 vs 193 and 190 vs 150."""
     if isinstance(g.b, Panels):  # in place when packed for this engine's NR
         return g.b.width == g.nr
+    if getattr(g.b, "packed", False):
+        return False
     nbytes = g.nr * lookup_dtype(g.dtype).nbytes
     return getattr(g.b, "contiguous_x", False) and nbytes >= IN_PLACE_MIN_ROW_BYTES
 
