@@ -11,7 +11,9 @@ what follows: no cycles, and no tuple-typed outputs.
 A region holds at most one heavy kernel (rules with ``anchor`` set, :mod:`jitbyoc.ir.rules`: matmul,
 conv), except attention's second product (``softmax(...) @ V`` joins the region of the
 scores' product, so the two can be fused): another one starts a new region, taking along
-the open region's bindings that are independent of its kernel (a weight's ``permute_dims`` feeds the next layer). Elementwise tails still fuse into the kernel
+the open region's bindings that are independent of its kernel and feed the new one (a
+weight's ``permute_dims`` feeds the next layer); other independent bindings with static
+shapes (BERT's attention mask) become a region of their own. Elementwise tails still fuse into the kernel
 before them, and layout ops and reductions ride along; but each layer of a network
 becomes its own region, so identical layers share one compiled kernel (their content
 hashes match), the compile cache works per layer, and changing one layer recompiles
