@@ -126,8 +126,8 @@ def run_case(case, repeat: int) -> dict:
     return row
 
 
-def _print(row: dict) -> None:
-    gf = f"{row['gflops']:7.1f} GF/s" if "gflops" in row else " " * 12
+def _print(row: dict, peak: float) -> None:
+    gf = f"{row['gflops']:7.1f} GF/s {100 * row['gflops'] / peak:3.0f}%" if "gflops" in row else " " * 17
     torch = f"  x{row['vs_torch']:5.2f} vs torch ({row['torch_ms']:.2f} ms)" if "vs_torch" in row else "  torch n/a"
     print(f"{row['name']:44s} {row['ms']:9.3f} ms (min {row['min_ms']:.3f}) {gf}  "
           f"x{row['vs_tvm']:7.1f} vs TVM{torch}  max|err| {row['err']:.1e}", flush=True)
@@ -154,12 +154,17 @@ def main(argv=None) -> list[dict]:
         cases += [conv_case(*spec, rng) for spec in RESNET_CONVS]
     cases += [pool_case("max", (1, 64, 112, 112), rng), pool_case("avg", (1, 256, 28, 28), rng),
               pool_case("global", (1, 512, 7, 7), rng), resnet_case()]
-    print(f"threads={args.threads} repeat={args.repeat} load={os.getloadavg()[0]:.1f} "
+    from .kernels_matmul import machine_peak
+
+    peak = machine_peak(args.threads)
+    print(f"threads={args.threads} repeat={args.repeat} load={os.getloadavg()[0]:.1f}; "
+          f"% = of the target ISA's FMA peak measured here, {peak:.1f} GFLOP/s "
           "(ratios: median of the other / median of jitbyoc; >1 means jitbyoc is faster)")
     rows = []
     for case in cases:
         rows.append(run_case(case, args.repeat))
-        _print(rows[-1])
+        rows[-1]["peak_pct"] = 100 * rows[-1]["gflops"] / peak if "gflops" in rows[-1] else None
+        _print(rows[-1], peak)
     return rows
 
 
