@@ -146,9 +146,14 @@ def _all_dims(g) -> tuple:
     return _dims(g.m) + _dims(g.n) + _dims(g.k) + tuple(g.batch)
 
 
+def static_size(stride: Stride) -> int | None:
+    """The size of a dim or product of dims when it is static, else None."""
+    dims = _dims(stride)
+    return reduce(lambda x, y: x * y, dims, 1) if all(isinstance(d, int) for d in dims) else None
+
+
 def _is_one(stride: Stride) -> bool:
-    return all(isinstance(d, int) for d in _dims(stride)) and \
-        reduce(lambda x, y: x * y, _dims(stride), 1) == 1
+    return static_size(stride) == 1
 
 
 def _linear(e, terms):

@@ -14,7 +14,6 @@ masked), where an inline product had one sized to its static remainder.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
 from llvmlite import ir
@@ -22,7 +21,7 @@ from llvmlite import ir
 from ..ir.dtypes import dtype as lookup_dtype
 from ..ir.llvmtypes import I32, I64
 from . import registry
-from .gemm import Gemm, Output, Panels, Strided, _dims, _is_one, panel_width
+from .gemm import Gemm, Output, Panels, Strided, _dims, _is_one, panel_width, static_size
 from .gemm_llvm import emit
 from .gemv import emit_gemv, emit_gemv_columns
 
@@ -109,9 +108,9 @@ def fits(g: Gemm) -> bool:
                                          and g.b.width == g.nr)
 
 
-def _static(stride) -> int | None:
-    dims = _dims(stride)
-    return math.prod(dims) if all(isinstance(d, int) for d in dims) else None
+def _row_major(b) -> bool:
+    """Whether ``b`` is a B in a buffer with contiguous rows, read in place unless packed."""
+    return isinstance(b, Strided) and _is_one(b.x) and not b.packed
 
 
 def _one_panel(g: Gemm) -> Gemm:
@@ -119,8 +118,8 @@ def _one_panel(g: Gemm) -> Gemm:
     per-head ``K x 64`` weights of attention's projections) read as the panel it is, so
     a model's products share the panel engine instead of compiling the in-place one too.
     Only for a static stack of more than one row: one row keeps the in-place engine's GEMV."""
-    b, rows, k = g.b, _static(g.m), _static(g.k)
-    if not (isinstance(b, Strided) and _is_one(b.x) and _static(b.k) == g.nr == _static(g.n)
+    b, rows, k = g.b, static_size(g.m), static_size(g.k)
+    if not (_row_major(b) and static_size(b.k) == g.nr == static_size(g.n)
             and rows is not None and rows > 1 and k is not None):
         return g
     return replace(g, b=Panels(b.buf, b.batch, k, g.nr))
@@ -137,12 +136,13 @@ def _wide_rows_packed(g: Gemm) -> Gemm:
     process, exported builds alternating, GFLOP/s in place vs packed: 512x2048x2048 192
     vs 207, 2048^3 203 vs 210 and 189 vs 193; level at 1024^3 and 256x1024x3072; in
     place better at 64x2048x2048 (156 vs 142) and 500x512x1536 (201 vs 198)."""
-    b, rows, stride = g.b, _static(g.m), _static(getattr(g.b, "k", None))
-    if not (isinstance(b, Strided) and _is_one(b.x) and not b.packed and rows is not None
-            and stride is not None and rows >= PACK_B_MIN_ROWS
-            and stride * lookup_dtype(g.dtype).nbytes >= PACK_B_MIN_ROW_BYTES):
+    if not _row_major(g.b):
         return g
-    return replace(g, b=replace(b, packed=True))
+    rows, stride = static_size(g.m), static_size(g.b.k)
+    if rows is None or stride is None or rows < PACK_B_MIN_ROWS \
+            or stride * lookup_dtype(g.dtype).nbytes < PACK_B_MIN_ROW_BYTES:
+        return g
+    return replace(g, b=replace(g.b, packed=True))
 
 
 def call(g: Gemm, ctx) -> None:
