@@ -83,14 +83,22 @@ def constant_weight(matmul: relax.Call, lookup) -> np.ndarray | None:
     return value
 
 
-def panel_weight(value: np.ndarray, emit):
-    """A Relax expression equal to ``value`` (``(..., K, D)``): when the engine multiplies
-    its dtype and ``w`` divides ``D``, ``reshape(permute_dims(P, ...), value.shape)`` of
-    ``P`` (``..., D/w, K, w``), the engine's panels; else the constant itself."""
-    dt, (k, d), lead = str(value.dtype), value.shape[-2:], value.shape[:-2]
+def _panels_of(value: np.ndarray) -> int:
+    """The panel width ``value`` (``(..., K, D)``) packs in: the engine's ``w`` when it
+    multiplies the dtype and ``w`` divides ``D``, else 0 (no panels)."""
+    dt = str(value.dtype)
     width = panel_width(dt) if dt in MATMUL_DTYPES else 0
-    if not width or d % width:
+    return width if width and value.shape[-1] % width == 0 else 0
+
+
+def panel_weight(value: np.ndarray, emit):
+    """A Relax expression equal to ``value`` (``(..., K, D)``): when it packs in panels
+    (:func:`_panels_of`), ``reshape(permute_dims(P, ...), value.shape)`` of ``P`` (``...,
+    D/w, K, w``), the engine's panels; else the constant itself."""
+    width = _panels_of(value)
+    if not width:
         return tensor_constant(value)
+    (k, d), lead = value.shape[-2:], value.shape[:-2]
     r = len(lead)
     packed = value.reshape(*lead, k, d // width, width).swapaxes(r, r + 1)
     axes = [*range(r), r + 1, r, r + 2]
@@ -107,10 +115,9 @@ def prepacked_weight(matmul: relax.Call, lookup, emit):
     if not row_major and _permuted(bound, lookup) is None:
         return None  # not a constant weight, or one already packed
     value = constant_weight(matmul, lookup)
-    packed = None if value is None else panel_weight(value, emit)
-    if packed is None or row_major and isinstance(packed, Constant):
+    if value is None or row_major and not _panels_of(value):
         return None  # not a stack of rows, or a row-major constant that stays as it is
-    return relax.op.matmul(matmul.args[0], packed, matmul.attrs.out_dtype)
+    return relax.op.matmul(matmul.args[0], panel_weight(value, emit), matmul.attrs.out_dtype)
 
 
 def _single_call(expr, lookup, uses: dict):
