@@ -6,11 +6,11 @@ them is build time.
 * Making one (:func:`tensor_constant`) is a single copy into memory TVM's tensor wraps
   as it is. Inside :func:`deferred` (the rewrites of :mod:`.prepare`) the copy waits: the
   tensor is made over untouched memory, reading it gives the view it will be copied from,
-  and :func:`write_deferred` copies only the constants the rewritten function still uses,
-  over the cores. A rewrite that packs a weight a later rewrite repacks (a projection's
+  and :func:`write_deferred` copies only the constants the rewritten function still uses.
+  A rewrite that packs a weight a later rewrite repacks (a projection's
   panels, then its heads, then slices of the heads: ViT's fused QKV) writes it once.
-* Those copies run in the background while partitioning goes on (numpy copies without
-  the GIL); :func:`finish_writes` waits for them, and reading a constant still being
+* Those copies run on writer threads (all cores but one) while partitioning goes on
+  (numpy copies without the GIL); :func:`finish_writes` waits for them, and reading a constant still being
   written waits for it. Small constants (scalars a lowering reads) are written at once.
 """
 
@@ -48,9 +48,8 @@ def constant(expr) -> np.ndarray | None:
     value = getattr(expr, "value", None) if isinstance(expr, Constant) else None
     if not hasattr(value, "numpy"):
         return None
-    try:
-        array = np.from_dlpack(value)
-    except (BufferError, TypeError, ValueError, RuntimeError):
+    array = _dlpack_view(value)
+    if array is None:
         array = value.numpy()
     with _WRITING_LOCK:
         writing = _WRITING.get(array.ctypes.data)
@@ -61,6 +60,14 @@ def constant(expr) -> np.ndarray | None:
         array = waiting[1].view()
     array.flags.writeable = False
     return array
+
+
+def _dlpack_view(tensor) -> np.ndarray | None:
+    """A numpy view of TVM's ``tensor`` (None where numpy's DLPack does not take it)."""
+    try:
+        return np.from_dlpack(tensor)
+    except (BufferError, TypeError, ValueError, RuntimeError):
+        return None
 
 
 def tensor_constant(value: np.ndarray) -> relax.Constant:
@@ -123,19 +130,19 @@ def deferred():
 
 def write_deferred(pending: dict, func) -> None:
     """Start writing the deferred constants ``func`` uses (all of them: it is the only
-    holder), over the cores; forget the others. :func:`finish_writes` waits for them."""
+    holder) on the writer threads; forget the others. :func:`finish_writes` waits for them."""
+    if not pending:
+        return
     used: set[int] = set()
 
     def note(expr) -> None:
-        if isinstance(expr, Constant) and hasattr(expr.value, "__dlpack__") and pending:
-            try:
-                used.add(np.from_dlpack(expr.value).ctypes.data)
-            except (BufferError, TypeError, ValueError, RuntimeError):
-                pass
+        view = _dlpack_view(expr.value) if isinstance(expr, Constant) and hasattr(expr.value, "__dlpack__") else None
+        if view is not None:
+            used.add(view.ctypes.data)
 
     relax.analysis.post_order_visit(func, note)
     jobs = [pending[address] for address in used if address in pending]
-    jobs.sort(key=lambda job: -job[0].nbytes)  # big first: the cores finish together
+    jobs.sort(key=lambda job: -job[0].nbytes)  # big first: several writers finish together
     with _WRITING_LOCK:
         for buffer, value in jobs:
             _WRITING[buffer.ctypes.data] = _pool().submit(_write, buffer, value)
