@@ -120,3 +120,21 @@ def test_constant_weights_packed_in_panels_export_right(tmp_path):
         vm, report = _exported(build_model({"x": ((6, 40), "float32")}, body), tmp_path / f"{name}.so")
         assert report.regions and not report.fallbacks, str(report)
         np.testing.assert_allclose(run(vm, x), want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_conv_weight_packed_in_channel_blocks_exports_right(tmp_path):
+    """A conv's constant weight packed into blocks of the engine's output channels
+    (jitbyoc/tvm/conv_weights.py): the C rendering indexes the same blocks."""
+    from jitbyoc.kernels.conv2d import Conv2d
+
+    rng = np.random.default_rng(6)
+    w = (rng.standard_normal((32, 5, 3, 3)) * 0.3).astype("float32")
+    x = rng.standard_normal((1, 5, 11, 9)).astype("float32")
+    mod = build_model({"x": ((1, 5, 11, 9), "float32")},
+                      lambda bb, v: bb.emit(relax.op.nn.conv2d(v, relax.const(w), strides=(1, 2), padding=1)))
+    (region,) = jitbyoc.inspect(mod)
+    assert region.kernel.stages[0].packed, region.kernel.stages
+    vm, report = _exported(mod, tmp_path / "conv.so")
+    assert report.regions and not report.fallbacks, str(report)
+    want = Conv2d.reference(x.astype(np.float64), w.astype(np.float64), strides=(1, 2), padding=(1, 1, 1, 1))
+    np.testing.assert_allclose(run(vm, x), want, rtol=1e-5, atol=1e-5)

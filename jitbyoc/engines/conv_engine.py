@@ -49,6 +49,7 @@ class ConvEngine(registry.Engine):
     lanes: int
     j: int
     v: int
+    packed: int = 0  # weights in blocks of J channels (Conv2d.packed), not OIHW
 
     def emit(self, module: ir.Module, fn: ir.Function) -> None:
         ctx, bufs = registry.open_params(self, module, fn, NAMES, NAMES[:4], self.dtype)
@@ -127,8 +128,7 @@ class _Emit:
         pend = b.add(b.mul(b.sub(r1, I64(1)), s["wq"]), s["ow"])
         span = I64(e.v * e.lanes)
         xbase = b.add(b.mul(n, s["img"]), b.mul(grp, b.mul(s["cg"], s["chan"])))
-        ktaps = b.mul(s["cg"], s["taps"])
-        wrows = [b.mul(b.add(oc0, smin(b, I64(j), b.sub(jn, I64(1)))), ktaps) for j in range(e.j)]
+        wrows = self.weight_rows(c, oc0, jn)
         with b.goto_block(b.function.entry_basic_block):
             accs = [b.alloca(self.vt) for _ in range(e.j * e.v)]
         with for_range(b, ceil_div(b, b.sub(pend, pstart), span), "chunk") as k:
@@ -136,6 +136,18 @@ class _Emit:
             self.accumulate(c, b.add(xbase, p0), wrows, accs)
             self.store_chunk(c, n, oc0, jn, p0, pend, accs)
         registry.call_back(b, s["epi"], s["env"], [n, oc0, jn, r0, b.sub(r1, r0)])
+
+    def weight_rows(self, c, oc0, jn) -> list:
+        """Per channel j of the block, the offset of its weights (of input channel 0, tap
+        0) in ``w``: OIHW rows (channels past ``jn`` re-read the last one's), or, packed
+        (``w`` is ``K/J`` blocks of ``Cin/groups x taps x J``: the block's J weights of a tap
+        are one contiguous run, :func:`jitbyoc.tvm.conv_weights.pack`), the block's start
+        plus j."""
+        b, s, e = c.b, c.syms, self.e
+        ktaps = b.mul(s["cg"], s["taps"])
+        if e.packed:
+            return [b.add(b.mul(oc0, ktaps), I64(j)) for j in range(e.j)]
+        return [b.mul(b.add(oc0, smin(b, I64(j), b.sub(jn, I64(1)))), ktaps) for j in range(e.j)]
 
     def accumulate(self, c, xoff, wrows, accs) -> None:
         """``accs[j*V + v] = sum over channels and taps`` for the chunk at ``xoff``."""
@@ -146,7 +158,8 @@ class _Emit:
             b.store(ir.Constant(vt, None), a)
         with for_range(b, s["cg"], "ic") as ic:
             xp = c.element(self.bufs["work"], b.add(xoff, b.mul(ic, s["chan"])))
-            wps = [c.element(self.bufs["w"], b.add(w, b.mul(ic, s["taps"]))) for w in wrows]
+            step = I64(e.j if e.packed else 1)  # between a channel's weights of two taps
+            wps = [c.element(self.bufs["w"], b.add(w, b.mul(b.mul(ic, s["taps"]), step))) for w in wrows]
             # not inbounds: the last channels' windows ahead lie past the workspace (never read)
             ahead = b.gep(c.ptrs[self.bufs["work"].storage],
                           [b.add(xoff, b.mul(b.add(ic, I64(PREFETCH_CHANNELS)), s["chan"]))], source_etype=elem.ir)
@@ -159,7 +172,7 @@ class _Emit:
                 xs = [b.load(b.gep(xp, [b.add(off, I64(v * e.lanes))], source_etype=elem.ir),
                              typ=vt, align=elem.nbytes) for v in range(e.v)]
                 for j in range(e.j):
-                    wv = splat(b, b.load(b.gep(wps[j], [t], source_etype=elem.ir), typ=elem.ir), e.lanes)
+                    wv = splat(b, b.load(b.gep(wps[j], [b.mul(t, step)], source_etype=elem.ir), typ=elem.ir), e.lanes)
                     for v in range(e.v):
                         vals[j * e.v + v] = multiply_add(b, xs[v], wv, vals[j * e.v + v])
                 for a, val in zip(accs, vals):
@@ -242,7 +255,7 @@ def call(stage, ctx) -> None:
     """Emit the call of ``stage``'s (a :class:`~.conv2d.Conv2d`) engine, with its epilogue
     outlined into a callback."""
     g, plan, out = stage.geo, stage.plan, stage.out
-    engine = ConvEngine(out.dtype, plan.lanes, plan.j, plan.v)
+    engine = ConvEngine(out.dtype, plan.lanes, plan.j, plan.v, int(stage.packed))
 
     def epilogue(c, args):
         n, oc0, jn, r0, rows = args

@@ -105,10 +105,13 @@ C_COLUMNS = 64  # output columns per block of accumulators in the C rendering
 
 @dataclass(eq=False)
 class Conv2d(kir.KernelStage):
-    """``out = conv(x, w)``; ``work`` holds ``x`` packed as ``plan.layout`` says."""
+    """``out = conv(x, w)``; ``work`` holds ``x`` packed as ``plan.layout`` says. With
+    ``packed`` (:func:`jitbyoc.kernels.fold_permutes.fold_conv_weights`), ``w`` is the
+    weight in blocks of ``plan.j`` output channels, ``(K/J, Cin/groups, KH, KW, J)``."""
     geo: ConvGeometry = None
     plan: Plan = None
     work: kir.Buffer = None
+    packed: bool = False
 
     def emit_llvm(self, ctx) -> None:
         if self.geo.pointwise:
@@ -166,7 +169,7 @@ class Conv2d(kir.KernelStage):
                     c.line(f"const int64_t ih = oh * {sh} + i * {dh} - {pt};")
                     c.line(f"const int64_t row = ((n * {g.c} + grp * {g.cg} + ic) * {g.h} + ih) * {g.w};")
                     with c.loop("j", g.kw):
-                        c.line(f"const {ctype} wv = {c.element(w, f'((oc * {g.cg} + ic) * {g.kh} + i) * {g.kw} + j')};")
+                        c.line(f"const {ctype} wv = {c.element(w, self._c_weight_index())};")
                         with c.loop("o", "own"):
                             c.line(f"const int64_t iw = (ow0 + o) * {sw} + j * {dw} - {pl};")
                             c.line(f"const {ctype} xv = (ih >= 0 && ih < {g.h} && iw >= 0 && iw < {g.w})"
@@ -174,6 +177,14 @@ class Conv2d(kir.KernelStage):
                             c.line("acc[o] += xv * wv;")
                 with c.loop("o", "own"):
                     c.line(f"{c.element(out, f'((n * {g.k} + oc) * {g.oh} + oh) * {g.ow} + ow0 + o')} = acc[o];")
+
+    def _c_weight_index(self) -> str:
+        """The C index of output channel ``oc``'s weight at (``ic``, ``i``, ``j``) in ``w``."""
+        g = self.geo
+        if not self.packed:
+            return f"((oc * {g.cg} + ic) * {g.kh} + i) * {g.kw} + j"
+        jb = self.plan.j
+        return f"((((oc / {jb}) * {g.cg} + ic) * {g.kh} + i) * {g.kw} + j) * {jb} + oc % {jb}"
 
     @staticmethod
     def reference(x: np.ndarray, w: np.ndarray, strides=(1, 1), padding=(0, 0, 0, 0),

@@ -9,6 +9,7 @@ from __future__ import annotations
 from ..engines.gemm import panel_width
 from ..ir import kir
 from ..ir.rules import rewrite
+from .conv2d import Conv2d
 from .layout import Permute
 from .matmul import MatMul
 
@@ -84,4 +85,27 @@ def fold_panels(kernel: kir.Kernel) -> None:
         if tuple(view.shape) != (*lead, k, count * width) or width != panel_width(stage.out.dtype):
             continue
         stage.inputs, stage.panels = (stage.inputs[0], panels), width
+        _drop_if_unread(kernel, producer)
+
+
+@rewrite
+def fold_conv_weights(kernel: kir.Kernel) -> None:
+    """Make a convolution read a weight packed into blocks of ``J`` output channels at
+    build time (:mod:`jitbyoc.tvm.conv_weights`) in place. Its weight is then
+    ``reshape(permute_dims(P, [0, d, 1, ..., d - 1]), (K, Cin/groups, KH[, KW]))`` of a
+    constant ``P`` (``K/J, Cin/groups, KH[, KW], J``); when ``J`` is the block of the
+    engine the conv's plan calls, the engine reads ``P`` as it is and the permute (a copy
+    of the whole weight) is dropped. Otherwise the permute stays: the conv is still right,
+    only slower."""
+    for stage in [s for s in kernel.stages if isinstance(s, Conv2d) and s.plan is not None and not s.packed]:
+        view = stage.inputs[1]
+        producer = None if view.base is None else _permute_making(kernel, view.base)
+        d = view.ndim
+        if producer is None or tuple(producer.axes) != (0, d, *range(1, d)):
+            continue
+        packed = producer.inputs[0]
+        blocks, *rest, j = packed.shape
+        if (blocks * j, *rest) != tuple(view.shape) or j != stage.plan.j or stage.geo.kg % j:
+            continue
+        stage.inputs, stage.packed = (stage.inputs[0], packed), True
         _drop_if_unread(kernel, producer)

@@ -19,6 +19,9 @@
   folded into the convolution before it (else ``x * s + t``), ONNX's N-ary ``Sum`` as
   adds, identity ``broadcast_to`` and reshapes of constants dropped, a multi-row linear
   layer's transposed weight made once.
+* **Constant convolution weights are packed for the engine** (:mod:`.conv_weights`), in
+  blocks of the output channels its register block computes together; after the rest,
+  so that batch norm has folded into them.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from tvm.ir import Op, Range
 from tvm.ir.prim import IntImm
 from tvm.sym import Analyzer
 
-from . import constants, inference, linear
+from . import constants, conv_weights, inference, linear
 
 log = logging.getLogger("jitbyoc")
 
@@ -42,7 +45,8 @@ STRIDED_SLICE = Op.get("relax.strided_slice")
 SHAPE_TO_TENSOR = Op.get("relax.shape_to_tensor")
 CONV2D, PAD = Op.get("relax.nn.conv2d"), Op.get("relax.nn.pad")
 # ops worth a pass without bounds
-TRIGGERS = frozenset({"relax.shape_to_tensor", "relax.nn.pad"}) | inference.TRIGGERS
+TRIGGERS = frozenset({"relax.shape_to_tensor", "relax.nn.pad", "relax.nn.conv2d", "relax.nn.conv1d"}) \
+    | inference.TRIGGERS
 
 
 def _analyzer(func: relax.Function) -> Analyzer | None:
@@ -191,6 +195,7 @@ def _prepared(mod, gv, func: relax.Function, analyzer) -> relax.Function:
         with constants.deferred() as pending:  # packed weights: written once, if still used
             prepare = _Prepare(mod, analyzer, uses, linear.sliced_only(func, uses))
             out = relax.analysis.remove_all_unused(prepare.visit_expr(func))
+            out = relax.analysis.remove_all_unused(conv_weights.PackConvWeights(mod).visit_expr(out))
             constants.write_deferred(pending, out)
         return out
     except Exception as err:  # noqa: BLE001 - any failure leaves the function as it was

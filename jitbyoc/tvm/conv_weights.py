@@ -1,0 +1,77 @@
+"""Build-time packing of constant convolution weights (frontends hand weights over as
+constants; onnxruntime and oneDNN reorder them the same way, once).
+
+The direct-convolution engine (:mod:`jitbyoc.engines.conv_engine`) multiplies a vector of
+pixels by the weights of ``J`` output channels at a time, one tap after another. Read
+from OIHW, those ``J`` weights lie ``Cin/groups * KH * KW`` elements apart: ``J`` pointers
+live across the tap loop (spilled with J = 16) and ``J`` cache lines per tap. Packed here
+into blocks of ``J`` channels, ``P[K/J, Cin/groups, KH, KW, J]``, a tap's weights are one
+contiguous run behind one pointer.
+
+In Relax the packed weight reads ``reshape(permute_dims(P, [0, 4, 1, 2, 3]), W.shape)``
+(``[0, 3, 1, 2]`` for conv1d), so a build that leaves the convolution to TVM still
+computes the same thing; jitbyoc's convolution reads ``P`` in place
+(:func:`jitbyoc.kernels.fold_permutes.fold_conv_weights`). This runs after the rewrites
+of :mod:`.prepare` (batch norm folds into a convolution's weight first).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from tvm import relax
+from tvm.ir import Op
+
+from ..engines.conv_plan import choose_plan
+from ..kernels import depthwise_llvm
+from ..kernels.conv2d import _check, _conv_geometry
+from .constants import constant, tensor_constant
+
+CONVS = (Op.get("relax.nn.conv2d"), Op.get("relax.nn.conv1d"))
+ENGINE_DTYPES = ("float32", "float64")  # what the conv engine computes in
+
+
+def pack(value: np.ndarray, j: int) -> np.ndarray:
+    """An OIHW (or OIW) weight in blocks of ``j`` output channels: ``(K/j, I, H[, W], j)``."""
+    k = value.shape[0]
+    return np.moveaxis(value.reshape(k // j, j, *value.shape[1:]), 1, -1)
+
+
+def engine_block(call: relax.Call) -> int:
+    """The ``J`` of the engine jitbyoc will run ``call`` (a normalized conv) on, when it
+    will and ``J`` divides the output channels of a group; else 0."""
+    if str(call.ty.dtype) not in ENGINE_DTYPES or _check(call) is not None:
+        return 0
+    geo = _conv_geometry(call)
+    if geo.pointwise or depthwise_llvm.fits(geo, str(call.ty.dtype)):
+        return 0  # a matrix product, or the depthwise kernel: both read OIHW
+    j = choose_plan(geo, str(call.ty.dtype)).j
+    return j if geo.kg % j == 0 else 0
+
+
+def packed_conv(call: relax.Call, lookup, emit) -> relax.Call | None:
+    """``call`` (a normalized conv whose weight is a constant) reading its weight packed
+    for the engine (:func:`pack`), or None when it runs elsewhere, its weight is not a
+    constant, or it is packed already."""
+    weight = call.args[1]
+    bound = lookup(weight) if isinstance(weight, relax.Var) else weight
+    value = constant(bound)
+    j = 0 if value is None else engine_block(call)
+    if not j:
+        return None
+    d = value.ndim
+    unpacked = emit(relax.op.permute_dims(tensor_constant(pack(value, j)), [0, d, *range(1, d)]))
+    return relax.Call(call.op, [call.args[0], emit(relax.op.reshape(unpacked, value.shape))], call.attrs)
+
+
+@relax.expr_functor.mutator
+class PackConvWeights(relax.PyExprMutator):
+    """Every convolution with a constant weight that jitbyoc's engine runs, reading it
+    packed (:func:`packed_conv`)."""
+
+    def visit_call_(self, call):
+        call = super().visit_call_(call)
+        if not any(call.op.same_as(op) for op in CONVS):
+            return call
+        call = self.builder_.normalize(call)
+        packed = packed_conv(call, self.lookup_binding, self.builder_.emit)
+        return call if packed is None else packed
