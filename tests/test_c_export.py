@@ -122,18 +122,20 @@ def test_constant_weights_packed_in_panels_export_right(tmp_path):
         np.testing.assert_allclose(run(vm, x), want, rtol=1e-5, atol=1e-5)
 
 
-def test_a_conv_weight_packed_in_channel_blocks_exports_right(tmp_path):
+@pytest.mark.parametrize("k", [32, 19])
+def test_a_conv_weight_packed_in_channel_blocks_exports_right(k, tmp_path):
     """A conv's constant weight packed into blocks of the engine's output channels
-    (jitbyoc/tvm/conv_weights.py): the C rendering indexes the same blocks."""
+    (jitbyoc/tvm/conv_weights.py; 19 channels: a padded last block): the C rendering
+    indexes the same blocks."""
     from jitbyoc.kernels.conv2d import Conv2d
 
     rng = np.random.default_rng(6)
-    w = (rng.standard_normal((32, 5, 3, 3)) * 0.3).astype("float32")
+    w = (rng.standard_normal((k, 5, 3, 3)) * 0.3).astype("float32")
     x = rng.standard_normal((1, 5, 11, 9)).astype("float32")
     mod = build_model({"x": ((1, 5, 11, 9), "float32")},
                       lambda bb, v: bb.emit(relax.op.nn.conv2d(v, relax.const(w), strides=(1, 2), padding=1)))
     (region,) = jitbyoc.inspect(mod)
-    assert region.kernel.stages[0].packed, region.kernel.stages
+    assert [type(s).__name__ for s in region.kernel.stages] == ["Conv2d"] and region.kernel.stages[0].packed
     vm, report = _exported(mod, tmp_path / "conv.so")
     assert report.regions and not report.fallbacks, str(report)
     want = Conv2d.reference(x.astype(np.float64), w.astype(np.float64), strides=(1, 2), padding=(1, 1, 1, 1))

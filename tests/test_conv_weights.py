@@ -51,24 +51,29 @@ CASES = [  # (x shape, w shape, attrs): 3x3 and 7x7/2 stems, groups, conv1d, a b
     ((2, 3, 29, 29), (48, 3, 7, 7), dict(strides=2, padding=3)),
     ((1, 8, 13, 13), (64, 4, 3, 3), dict(padding=1, groups=2)),
     ((1, 6, 40), (32, 6, 5), dict(padding=2)),
+    ((1, 8, 7, 7), (19, 8, 3, 3), dict(padding=1)),  # 19 channels: a padded last block
+    ((2, 8, 20, 20), (23, 8, 3, 3), dict(padding=1)),
+    ((1, 32, 7, 7), (64, 32, 3, 3), dict(padding=1)),  # small maps: half-width vectors, J = 3
+    ((1, 6, 9, 9), (10, 3, 3, 3), dict(padding=1, groups=2)),  # grouped and ragged: OIHW
 ]
 
 
 @pytest.mark.parametrize("cpu", [None, "haswell"])
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_a_constant_weight_is_packed_in_blocks_of_the_engines_channels(cpu, case):
-    """The region takes ``P`` (K/J, Cin/groups, KH[, KW], J) for the J its plan computes
-    together, runs no permute stage, and calls the engine's packed variant, whenever J
-    divides each group's output channels; else it reads OIHW as before."""
+    """The region takes ``P`` (ceil(K/J), Cin/groups, KH[, KW], J) for the J its plan
+    computes together and runs no permute (nor slice) stage whenever J divides each
+    group's output channels or there is one group (the last block padded with zeros);
+    else it reads OIHW as before."""
     x_shape, w_shape, attrs = CASES[case]
     target = _target(cpu)
     w = (RNG.standard_normal(w_shape) * 0.3).astype(F32)
     mod = _conv_model(x_shape, w, attrs)
     stage = _conv_stage(mod, machine_for(target))
     j, kg = stage.plan.j, stage.geo.kg
-    assert stage.packed == (kg % j == 0)
+    assert stage.packed == (kg % j == 0 or stage.geo.groups == 1)
     if stage.packed:
-        assert tuple(stage.inputs[1].shape) == (w_shape[0] // j, *w_shape[1:], j)
+        assert tuple(stage.inputs[1].shape) == (-(-w_shape[0] // j), *w_shape[1:], j)
     x = RNG.standard_normal(x_shape).astype(F32)
     with jitbyoc.enabled():
         got = run(relax.VirtualMachine(tvm.compile(mod, target=target), tvm.cpu()), x)
@@ -76,10 +81,11 @@ def test_a_constant_weight_is_packed_in_blocks_of_the_engines_channels(cpu, case
 
 
 def test_pack_puts_a_taps_block_of_weights_together():
-    w = np.arange(4 * 2 * 3 * 3).reshape(4, 2, 3, 3)
+    w = np.arange(1, 5 * 2 * 3 * 3 + 1).reshape(5, 2, 3, 3)
     p = pack(w, 2)
-    assert p.shape == (2, 2, 3, 3, 2)
+    assert p.shape == (3, 2, 3, 3, 2)
     assert p[1, 0, 2, 1, 0] == w[2, 0, 2, 1] and p[1, 0, 2, 1, 1] == w[3, 0, 2, 1]
+    assert p[2, 1, 0, 2, 0] == w[4, 1, 0, 2] and not p[2, ..., 1].any()  # padding channel
 
 
 def test_a_weight_packed_for_another_block_stays_a_permute_and_is_right():

@@ -12,6 +12,7 @@ from ..ir.rules import rewrite
 from .conv2d import Conv2d
 from .layout import Permute
 from .matmul import MatMul
+from .slicing import Slice
 
 
 @rewrite
@@ -98,14 +99,30 @@ def fold_conv_weights(kernel: kir.Kernel) -> None:
     of the whole weight) is dropped. Otherwise the permute stays: the conv is still right,
     only slower."""
     for stage in [s for s in kernel.stages if isinstance(s, Conv2d) and s.plan is not None and not s.packed]:
-        view = stage.inputs[1]
+        view, cut = _padding_cut(kernel, stage.inputs[1])
         producer = None if view.base is None else _permute_making(kernel, view.base)
         d = view.ndim
         if producer is None or tuple(producer.axes) != (0, d, *range(1, d)):
             continue
         packed = producer.inputs[0]
         blocks, *rest, j = packed.shape
-        if (blocks * j, *rest) != tuple(view.shape) or j != stage.plan.j or stage.geo.kg % j:
+        ragged = cut is not None and stage.geo.groups == 1  # the last block's padding cut off
+        if (blocks * j, *rest) != tuple(view.shape) or j != stage.plan.j or stage.geo.kg % j and not ragged:
             continue
         stage.inputs, stage.packed = (stage.inputs[0], packed), True
+        if cut is not None:
+            kernel.stages.remove(cut)
+            kernel.temps.remove(cut.out)
         _drop_if_unread(kernel, producer)
+
+
+def _padding_cut(kernel: kir.Kernel, weight: kir.Buffer):
+    """``(source, slice)`` when the temp ``weight`` is only a leading-channels slice of
+    ``source`` (a packed weight's padding channels cut off) that nothing else reads; else
+    ``(weight, None)``."""
+    cut = next((s for s in kernel.stages if isinstance(s, Slice) and s.out == weight and s.epilogue is None), None)
+    if cut is None or weight not in kernel.temps or any(cut.begin) or any(st != 1 for st in cut.step) \
+            or tuple(cut.inputs[0].shape[1:]) != tuple(weight.shape[1:]) \
+            or sum(weight in kir.stage_reads(s) for s in kernel.stages) != 1:
+        return weight, None
+    return cut.inputs[0], cut

@@ -9,8 +9,9 @@ into blocks of ``J`` channels, ``P[K/J, Cin/groups, KH, KW, J]``, a tap's weight
 contiguous run behind one pointer.
 
 In Relax the packed weight reads ``reshape(permute_dims(P, [0, 4, 1, 2, 3]), W.shape)``
-(``[0, 3, 1, 2]`` for conv1d), so a build that leaves the convolution to TVM still
-computes the same thing; jitbyoc's convolution reads ``P`` in place
+(``[0, 3, 1, 2]`` for conv1d; a last block padded with zero channels is sliced off with
+``strided_slice``), so a build that leaves the convolution to TVM still computes the
+same thing; jitbyoc's convolution reads ``P`` in place
 (:func:`jitbyoc.kernels.fold_permutes.fold_conv_weights`). This runs after the rewrites
 of :mod:`.prepare` (batch norm folds into a convolution's weight first).
 """
@@ -31,21 +32,26 @@ ENGINE_DTYPES = ("float32", "float64")  # what the conv engine computes in
 
 
 def pack(value: np.ndarray, j: int) -> np.ndarray:
-    """An OIHW (or OIW) weight in blocks of ``j`` output channels: ``(K/j, I, H[, W], j)``."""
+    """An OIHW (or OIW) weight in blocks of ``j`` output channels: ``(ceil(K/j), I, H[,
+    W], j)``, the last block padded with zero channels."""
     k = value.shape[0]
-    return np.moveaxis(value.reshape(k // j, j, *value.shape[1:]), 1, -1)
+    blocks = -(-k // j)
+    if blocks * j != k:
+        value = np.concatenate([value, np.zeros((blocks * j - k, *value.shape[1:]), value.dtype)])
+    return np.moveaxis(value.reshape(blocks, j, *value.shape[1:]), 1, -1)
 
 
 def engine_block(call: relax.Call) -> int:
     """The ``J`` of the engine jitbyoc will run ``call`` (a normalized conv) on, when it
-    will and ``J`` divides the output channels of a group; else 0."""
+    will and ``J`` divides the output channels of a group or there is one group (its last
+    block is padded); else 0."""
     if str(call.ty.dtype) not in ENGINE_DTYPES or _check(call) is not None:
         return 0
     geo = _conv_geometry(call)
     if geo.pointwise or depthwise_llvm.fits(geo, str(call.ty.dtype)):
         return 0  # a matrix product, or the depthwise kernel: both read OIHW
     j = choose_plan(geo, str(call.ty.dtype)).j
-    return j if geo.kg % j == 0 else 0
+    return j if geo.kg % j == 0 or geo.groups == 1 else 0
 
 
 def packed_conv(call: relax.Call, lookup, emit) -> relax.Call | None:
@@ -58,9 +64,12 @@ def packed_conv(call: relax.Call, lookup, emit) -> relax.Call | None:
     j = 0 if value is None else engine_block(call)
     if not j:
         return None
-    d = value.ndim
-    unpacked = emit(relax.op.permute_dims(tensor_constant(pack(value, j)), [0, d, *range(1, d)]))
-    return relax.Call(call.op, [call.args[0], emit(relax.op.reshape(unpacked, value.shape))], call.attrs)
+    d, packed = value.ndim, pack(value, j)
+    unpacked = emit(relax.op.permute_dims(tensor_constant(packed), [0, d, *range(1, d)]))
+    weight = emit(relax.op.reshape(unpacked, (packed.shape[0] * j, *value.shape[1:])))
+    if packed.shape[0] * j != value.shape[0]:  # the padding channels sliced off
+        weight = emit(relax.op.strided_slice(weight, [0], [0], [value.shape[0]], assume_inbound=True))
+    return relax.Call(call.op, [call.args[0], weight], call.attrs)
 
 
 @relax.expr_functor.mutator
