@@ -14,7 +14,8 @@ LLVM rendering, by geometry:
   *contiguous* run of it (:mod:`jitbyoc.engines.conv_plan`: phase planes, or one shifted
   plane per kernel column for small images); outputs are then computed ``lanes`` pixels
   per vector, register-blocked over ``J`` output channels x ``V`` vectors, with weights
-  read straight from OIHW as broadcast scalars. Layout, vector width and blocking are
+  read as broadcast scalars (from blocks of J channels when the weight is a constant,
+  :mod:`jitbyoc.tvm.conv_weights`; else from OIHW). Layout, vector width and blocking are
   chosen per conv by a cost model. Threads take (image, group, channel block, row band)
   tasks; each task applies the epilogue to its band while it is in cache.
 
