@@ -7,7 +7,9 @@ each timed in blocks of warm calls of their own, taking turns (:func:`bench.timi
 a call of one between two of another's would flush the layer from cache, and TVM's and
 torch's pools spin after a call). Cases:
 
-* the target conv: 1x64x56x56, 3x3, pad 1, + bias + relu (one fused jitbyoc region);
+* the target conv: 1x64x56x56, 3x3, pad 1, + bias + relu (one fused jitbyoc region),
+  with weight and bias as inputs, then as constants (``const w``: as a frontend imports a
+  model; jitbyoc packs the weight at build time, :mod:`jitbyoc.tvm.conv_weights`);
 * (without ``--quick``) every distinct conv of ResNet-18, each + bias + relu;
 * max_pool2d 3x3/2 on ResNet-18's stem output, avg_pool2d 3x3/1 on an Inception branch's
   1x256x28x28, global adaptive_avg_pool2d on 1x512x7x7;
@@ -48,14 +50,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def conv_case(name, xs, ws, stride, pad, rng):
+def conv_case(name, xs, ws, stride, pad, rng, constant: bool = False):
+    """conv + bias + relu; weight and bias are inputs, or (``constant``) constants as a
+    frontend imports a model's weights, which jitbyoc packs at build time."""
     from tvm import relax
 
     x, w = rng.standard_normal(xs).astype("float32"), (rng.standard_normal(ws) * 0.1).astype("float32")
     b = rng.standard_normal((1, ws[0], 1, 1)).astype("float32")
     out = (xs[2] + 2 * pad - ws[2]) // stride + 1
 
-    def body(bb, xv, wv, bv):
+    def body(bb, xv, wv=relax.const(w), bv=relax.const(b)):
         y = bb.emit(relax.op.nn.conv2d(xv, wv, strides=stride, padding=pad))
         return bb.emit(relax.op.nn.relu(bb.emit(relax.op.add(y, bv))))
 
@@ -64,7 +68,8 @@ def conv_case(name, xs, ws, stride, pad, rng):
         tx, tw, tb = t(x), t(w), t(b.reshape(-1))
         return lambda: torch.relu(torch.nn.functional.conv2d(tx, tw, tb, stride=stride, padding=pad))
 
-    return dict(name=f"conv {name} +bias+relu", mod=module([x, w, b], body), args=[x, w, b],
+    params = [x] if constant else [x, w, b]
+    return dict(name=f"conv {name} +bias+relu{', const w' if constant else ''}", mod=module(params, body), args=params,
                 flops=2 * ws[0] * ws[1] * ws[2] * ws[3] * out * out, torch=torch_run)
 
 
@@ -129,7 +134,7 @@ def run_case(case, repeat: int) -> dict:
 def _print(row: dict, peak: float) -> None:
     gf = f"{row['gflops']:7.1f} GF/s {100 * row['gflops'] / peak:3.0f}%" if "gflops" in row else " " * 17
     torch = f"  x{row['vs_torch']:5.2f} vs torch ({row['torch_ms']:.2f} ms)" if "vs_torch" in row else "  torch n/a"
-    print(f"{row['name']:44s} {row['ms']:9.3f} ms (min {row['min_ms']:.3f}) {gf}  "
+    print(f"{row['name']:52s} {row['ms']:9.3f} ms (min {row['min_ms']:.3f}) {gf}  "
           f"x{row['vs_tvm']:7.1f} vs TVM{torch}  max|err| {row['err']:.1e}", flush=True)
 
 
@@ -149,7 +154,8 @@ def main(argv=None) -> list[dict]:
     except ImportError:
         pass
     rng = np.random.default_rng(0)
-    cases = [conv_case("1x64x56x56 3x3 pad 1", (1, 64, 56, 56), (64, 64, 3, 3), 1, 1, rng)]
+    target_conv = ("1x64x56x56 3x3 pad 1", (1, 64, 56, 56), (64, 64, 3, 3), 1, 1)
+    cases = [conv_case(*target_conv, rng), conv_case(*target_conv, rng, constant=True)]
     if not args.quick:
         cases += [conv_case(*spec, rng) for spec in RESNET_CONVS]
     cases += [pool_case("max", (1, 64, 112, 112), rng), pool_case("avg", (1, 256, 28, 28), rng),
