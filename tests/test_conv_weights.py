@@ -124,3 +124,38 @@ def test_models_that_differ_only_in_weights_share_code():
              for _ in range(2)}
     assert len(names) == 1, names
 
+
+
+def test_a_symbolic_batch_reads_the_packed_weight():
+    w = (RNG.standard_normal((32, 8, 3, 3)) * 0.3).astype(F32)
+    mod = build_model({"x": (("n", 8, 12, 12), F32)},
+                      lambda bb, x: bb.emit(relax.op.nn.conv2d(x, relax.const(w), padding=1)))
+    (region,) = jitbyoc.inspect(mod)
+    assert [type(s).__name__ for s in region.kernel.stages] == ["Conv2d"] and region.kernel.stages[0].packed
+    with jitbyoc.enabled():
+        vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+    for n in (1, 3):
+        x = RNG.standard_normal((n, 8, 12, 12)).astype(F32)
+        check(run(vm, x), x, w, dict(padding=1))
+
+
+def test_a_failing_pack_keeps_the_other_rewrites(monkeypatch, caplog):
+    """Packing is an optimization: if it fails, the warning says so and batch norm is
+    still folded into the conv, which reads its OIHW weight."""
+    from jitbyoc.tvm import conv_weights
+    from tests.test_inference_rewrites import _conv_bn, _region_ops
+
+    def broken(*_args):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(conv_weights, "packed_conv", broken)
+    mod = build_model({"x": ((1, 5, 15, 13), F32)}, lambda bb, x: _conv_bn(bb, x, 16))
+    with caplog.at_level("WARNING", logger="jitbyoc"):
+        symbols = _region_ops(mod)
+    assert not any("batch_norm" in s or "permute_dims" in s for s in symbols), symbols
+    assert "packing the convolution weights" in caplog.text and "boom" in caplog.text
+    x = RNG.standard_normal((1, 5, 15, 13)).astype(F32)
+    with jitbyoc.enabled():
+        got = run(relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu()), x)
+    ref = run(build_tvm(mod), x)
+    assert float(np.max(np.abs(got - ref))) <= 1e-4 * float(np.max(np.abs(ref)))

@@ -194,12 +194,25 @@ def _prepared(mod, gv, func: relax.Function, analyzer) -> relax.Function:
         uses = inference.use_counts(func)
         with constants.deferred() as pending:  # packed weights: written once, if still used
             prepare = _Prepare(mod, analyzer, uses, linear.sliced_only(func, uses))
-            out = relax.analysis.remove_all_unused(prepare.visit_expr(func))
-            out = relax.analysis.remove_all_unused(conv_weights.PackConvWeights(mod).visit_expr(out))
+            out = _conv_weights_packed(mod, gv, relax.analysis.remove_all_unused(prepare.visit_expr(func)))
             constants.write_deferred(pending, out)
         return out
     except Exception as err:  # noqa: BLE001 - any failure leaves the function as it was
-        last = (str(err).strip().splitlines() or [""])[-1][:200]
-        log.warning("jitbyoc: preparing %s failed (%s: %s); it is partitioned as it is",
-                    gv.name_hint, type(err).__name__, last)
+        _warn(gv, "preparing", err)
         return func
+
+
+def _conv_weights_packed(mod, gv, func: relax.Function) -> relax.Function:
+    """``func`` with its convolutions' constant weights packed (:mod:`.conv_weights`); as
+    it is if that fails, the other rewrites kept."""
+    try:
+        return relax.analysis.remove_all_unused(conv_weights.PackConvWeights(mod).visit_expr(func))
+    except Exception as err:  # noqa: BLE001 - an optimization: the function stays right without it
+        _warn(gv, "packing the convolution weights of", err)
+        return func
+
+
+def _warn(gv, what: str, err: Exception) -> None:
+    last = (str(err).strip().splitlines() or [""])[-1][:200]
+    log.warning("jitbyoc: %s %s failed (%s: %s); it is partitioned as it is",
+                what, gv.name_hint, type(err).__name__, last)
