@@ -18,13 +18,10 @@ from jitbyoc.tvm.conv_weights import pack
 from jitbyoc.tvm.target import machine_for
 from tests.conftest import build_model, build_tvm, run
 from tests.test_kernel_conv import check
+from tests.test_linear_rewrites import _target
 
 RNG = np.random.default_rng(11)
 F32 = "float32"
-
-
-def _target(cpu):
-    return tvm.target.Target({"kind": "llvm", "mcpu": cpu} if cpu else "llvm")
 
 
 def _conv_model(x_shape, w, attrs, weight=None):
@@ -123,7 +120,6 @@ def test_models_that_differ_only_in_weights_share_code():
     names = {jitbyoc.inspect(_conv_model(x_shape, RNG.standard_normal(w_shape).astype(F32), attrs))[0].kernel.name
              for _ in range(2)}
     assert len(names) == 1, names
-
 
 
 def test_a_symbolic_batch_reads_the_packed_weight():

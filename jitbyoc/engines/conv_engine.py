@@ -156,9 +156,9 @@ class _Emit:
         prefetch = declare(c.module, "llvm.prefetch.p0", ir.VoidType(), [PTR, I32, I32, I32])
         for a in accs:
             b.store(ir.Constant(vt, None), a)
+        step = I64(e.j if e.packed else 1)  # between a channel's weights of two taps
         with for_range(b, s["cg"], "ic") as ic:
             xp = c.element(self.bufs["work"], b.add(xoff, b.mul(ic, s["chan"])))
-            step = I64(e.j if e.packed else 1)  # between a channel's weights of two taps
             wps = [c.element(self.bufs["w"], b.add(w, b.mul(b.mul(ic, s["taps"]), step))) for w in wrows]
             # not inbounds: the last channels' windows ahead lie past the workspace (never read)
             ahead = b.gep(c.ptrs[self.bufs["work"].storage],
@@ -197,10 +197,8 @@ class _Emit:
                 with plain:
                     for j in range(e.j):
                         with b.if_then(b.icmp_signed("<", I64(j), jn)):
-                            chan = b.add(b.mul(n, s["k"]), b.add(oc0, I64(j)))
-                            at = b.add(b.mul(b.add(b.mul(chan, s["oh"]), row), s["ow"]), col)
-                            vstore(b, b.load(accs[j * e.v + v], typ=self.vt), c.element(self.bufs["out"], at),
-                                   e.dtype)
+                            at = c.element(self.bufs["out"], self.output_at(c, n, oc0, j, row, col))
+                            vstore(b, b.load(accs[j * e.v + v], typ=self.vt), at, e.dtype)
                 with edge:
                     self.store_rows(c, n, oc0, jn, q, row, col, pend, [accs[j * e.v + v] for j in range(e.j)])
 
@@ -223,11 +221,17 @@ class _Emit:
             inside = b.and_(inside, band)
             for j, acc in enumerate(accs):
                 live = splat(b, b.icmp_signed("<", I64(j), jn), lanes)
-                chan = b.add(b.mul(n, s["k"]), b.add(oc0, I64(j)))
-                at = b.add(b.mul(b.add(b.mul(chan, s["oh"]), row), s["ow"]), shift)
+                at = self.output_at(c, n, oc0, j, row, shift)
                 # not inbounds: lane 0 may sit before the row; masked-off lanes are never touched
                 ptr = b.gep(c.ptrs[self.bufs["out"]], [at], source_etype=vt.element)
                 vstore(b, b.load(acc, typ=vt), ptr, e.dtype, b.and_(inside, live))
+
+    @staticmethod
+    def output_at(c, n, oc0, j, row, col):
+        """The output element index of channel ``oc0 + j`` of image ``n`` at ``(row, col)``."""
+        b, s = c.b, c.syms
+        chan = b.add(b.mul(n, s["k"]), b.add(oc0, I64(j)))
+        return b.add(b.mul(b.add(b.mul(chan, s["oh"]), row), s["ow"]), col)
 
     @staticmethod
     def dynamic_for(ctx, count, body) -> None:

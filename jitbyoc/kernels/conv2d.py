@@ -89,7 +89,7 @@ class ConvGeometry:
         return self.taps == 1 and not any(self.pad) and self.cg >= MIN_POINTWISE_CG
 
 
-def _conv_geometry(call) -> ConvGeometry:
+def conv_geometry(call) -> ConvGeometry:
     x, w, out = (dims(a.ty) for a in (call.args[0], call.args[1], call))
     a = call.attrs
     if len(x) == 3:  # conv1d: a conv2d with one row
@@ -282,7 +282,7 @@ def _check(call) -> str | None:
         return f"{name}: only the batch dim may be symbolic"
     if dims(call.ty)[0] != dims(x.ty)[0]:
         return f"{name}: output batch differs from input batch"
-    return _geometry_problem(name, _conv_geometry(call), dims(w.ty)[1])
+    return _geometry_problem(name, conv_geometry(call), dims(w.ty)[1])
 
 
 def _geometry_problem(name: str, g: ConvGeometry, w_in: int) -> str | None:
@@ -297,16 +297,24 @@ def _geometry_problem(name: str, g: ConvGeometry, w_in: int) -> str | None:
     return None
 
 
+def engine_plan(geo: ConvGeometry, dt: str) -> Plan | None:
+    """The direct-conv engine's plan for ``geo``, or None when another path runs the
+    conv: a pointwise one is a matrix product, a depthwise one has its own kernel."""
+    if geo.pointwise or depthwise_llvm.fits(geo, dt):
+        return None
+    return choose_plan(geo, dt)
+
+
 def _build(fe, call, out):
     x, w = fe.buffer(call.args[0]), fe.buffer(call.args[1])
-    geo = _conv_geometry(call)
+    geo = conv_geometry(call)
     if geo.pointwise:  # a matrix product: no plan; a workspace only to subsample
         strided = geo.stride != (1, 1)
         work = fe.temp((geo.n, geo.c, geo.oh, geo.ow), x.dtype) if strided else None
         return Conv2d((x, w), out, geo=geo, work=work)
-    if depthwise_llvm.fits(geo, x.dtype):  # no plan, no workspace
+    plan = engine_plan(geo, x.dtype)
+    if plan is None:  # the depthwise kernel: no plan, no workspace
         return Conv2d((x, w), out, geo=geo)
-    plan = choose_plan(geo, x.dtype)
     work = fe.temp((geo.n, workspace_size(plan, x.dtype)), x.dtype)
     return Conv2d((x, w), out, geo=geo, plan=plan, work=work)
 

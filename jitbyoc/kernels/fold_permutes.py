@@ -44,7 +44,7 @@ def _permute_making(kernel: kir.Kernel, temp: kir.Buffer) -> Permute | None:
     return next((s for s in kernel.stages if isinstance(s, Permute) and s.out == temp and s.epilogue is None), None)
 
 
-def _drop_if_unread(kernel: kir.Kernel, producer: Permute) -> None:
+def _drop_if_unread(kernel: kir.Kernel, producer: kir.KernelStage) -> None:
     """Remove ``producer`` and its temp once no stage reads the temp any more."""
     if not any(producer.out in kir.stage_reads(s) for s in kernel.stages):
         kernel.stages.remove(producer)
@@ -111,8 +111,7 @@ def fold_conv_weights(kernel: kir.Kernel) -> None:
             continue
         stage.inputs, stage.packed = (stage.inputs[0], packed), True
         if cut is not None:
-            kernel.stages.remove(cut)
-            kernel.temps.remove(cut.out)
+            _drop_if_unread(kernel, cut)
         _drop_if_unread(kernel, producer)
 
 

@@ -22,9 +22,8 @@ import numpy as np
 from tvm import relax
 from tvm.ir import Op
 
-from ..engines.conv_plan import choose_plan
-from ..kernels import depthwise_llvm
-from ..kernels.conv2d import _check, _conv_geometry
+from ..ir.rules import why_not
+from ..kernels.conv2d import conv_geometry, engine_plan
 from .constants import constant, tensor_constant
 
 CONVS = (Op.get("relax.nn.conv2d"), Op.get("relax.nn.conv1d"))
@@ -44,14 +43,15 @@ def pack(value: np.ndarray, j: int) -> np.ndarray:
 def engine_block(call: relax.Call) -> int:
     """The ``J`` of the engine jitbyoc will run ``call`` (a normalized conv) on, when it
     will and ``J`` divides the output channels of a group or there is one group (its last
-    block is padded); else 0."""
-    if str(call.ty.dtype) not in ENGINE_DTYPES or _check(call) is not None:
+    block is padded); else 0 (the matrix product and the depthwise kernel read OIHW)."""
+    dt = str(call.ty.dtype)
+    if dt not in ENGINE_DTYPES or why_not(call) is not None:
         return 0
-    geo = _conv_geometry(call)
-    if geo.pointwise or depthwise_llvm.fits(geo, str(call.ty.dtype)):
-        return 0  # a matrix product, or the depthwise kernel: both read OIHW
-    j = choose_plan(geo, str(call.ty.dtype)).j
-    return j if geo.kg % j == 0 or geo.groups == 1 else 0
+    geo = conv_geometry(call)
+    plan = engine_plan(geo, dt)
+    if plan is None:
+        return 0
+    return plan.j if geo.kg % plan.j == 0 or geo.groups == 1 else 0
 
 
 def packed_conv(call: relax.Call, lookup, emit) -> relax.Call | None:
