@@ -53,11 +53,11 @@ class ConvEngine(registry.Engine):
 
     def emit(self, module: ir.Module, fn: ir.Function) -> None:
         ctx, bufs = registry.open_params(self, module, fn, NAMES, NAMES[:4], self.dtype)
-        _Emit(self, bufs).run(ctx)
+        Emit(self, bufs).run(ctx)
         ctx.b.ret(I32(0))
 
 
-class _Emit:
+class Emit:
     """The engine's body; ``c.syms`` holds the run-time sizes (see :data:`NAMES`)."""
 
     def __init__(self, engine: ConvEngine, bufs: dict):
@@ -255,11 +255,14 @@ def _table(ctx, kind: str, values: list[int]) -> ir.Value:
     return ctx.b.ptrtoint(g, I64)
 
 
-def call(stage, ctx) -> None:
+def call(stage, ctx, plan=None, engine=None, chan: int | None = None, img: int | None = None) -> None:
     """Emit the call of ``stage``'s (a :class:`~.conv2d.Conv2d`) engine, with its epilogue
-    outlined into a callback."""
-    g, plan, out = stage.geo, stage.plan, stage.out
-    engine = ConvEngine(out.dtype, plan.lanes, plan.j, plan.v, int(stage.packed))
+    outlined into a callback: ``plan`` (default ``stage.plan``) on ``engine`` (default
+    its :class:`ConvEngine`); ``chan`` and ``img`` override the elements of one input
+    channel and one image in the workspace (:mod:`.conv_channels`)."""
+    g, out = stage.geo, stage.out
+    plan = plan or stage.plan
+    engine = engine or ConvEngine(out.dtype, plan.lanes, plan.j, plan.v, int(stage.packed))
 
     def epilogue(c, args):
         n, oc0, jn, r0, rows = args
@@ -271,9 +274,10 @@ def call(stage, ctx) -> None:
     epi, env = ctx.outline("epi", 5, epilogue)  # empty without an epilogue: the engine calls it
     lay = plan.layout
     (x, w), work = stage.inputs, stage.work
+    chan = lay.channel_size() if chan is None else chan
+    img = workspace_size(plan, out.dtype) if img is None else img
     sizes = [ctx.dim(g.n), g.c, g.h, g.w, g.k, g.oh, g.ow, g.groups, g.cg, g.kg, g.taps, lay.wq,
-             lay.plane_size, lay.channel_size(), workspace_size(plan, out.dtype), lay.planes, plan.rows,
-             g.stride[0], g.stride[1]]
-    ptrs = [ctx.element(buf, I64(0)) for buf in (x, w, work, out)]
+             lay.plane_size, chan, img, lay.planes, plan.rows, g.stride[0], g.stride[1]]
+    ptrs = [ctx.element(buf, I64(0)) for buf in (x, w, work if work is not None else x, out)]
     registry.call(ctx, engine, ptrs + sizes + [_table(ctx, "taps", tap_table(plan)),
                                               _table(ctx, "planes", plane_table(plan)), epi, env])

@@ -3,6 +3,11 @@ dilation and groups, depthwise included, with a fused elementwise epilogue.
 
 LLVM rendering, by geometry:
 
+* *small maps, long reductions* (7x7, 13x13, 14x14 maps, 1x1 or k x k, one group, a
+  constant weight): vectors of output channels times a tile of pixels
+  (:mod:`jitbyoc.engines.conv_channels`), where vectors of pixels waste lanes, chosen
+  when its cost model says it beats the path below that would run the conv otherwise
+  (a weight that is an input takes that path);
 * *pointwise* (1x1, no padding, at least 8 input channels per group): a matrix product
   per group on the GEMM engine, on views of the operands (a strided one first gathers
   the pixels it reads into a workspace);
@@ -36,18 +41,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..engines import conv_engine
+from ..engines import conv_channels, conv_engine
+from ..engines.conv_channels import ChannelPlan
 from ..engines.conv_plan import Plan, choose_plan, workspace_size
 from ..ir import kir
 from ..ir.dtypes import FLOATS
 from ..ir.dtypes import dtype as lookup_dtype
-from ..ir.relax_types import dims, operands_problem
 from ..ir.llvmtypes import I64
+from ..ir.relax_types import dims, operands_problem
 from ..ir.rules import register
 from ..render.loops import for_range, threaded
 from . import depthwise_llvm
 from .matmul import MatMul
-
 
 MIN_POINTWISE_CG = 8  # input channels per group for a pointwise conv to run as a product
 
@@ -115,7 +120,14 @@ class Conv2d(kir.KernelStage):
     packed: bool = False
 
     def emit_llvm(self, ctx) -> None:
-        if self.geo.pointwise:
+        if isinstance(self.plan, ChannelPlan):
+            if self.packed:
+                conv_channels.call(self, ctx)
+            elif self.plan.fallback is not None:  # the weight is an input: not packed
+                conv_engine.call(self, ctx, self.plan.fallback)
+            else:
+                self._emit_as_matmul(ctx)
+        elif self.geo.pointwise:
             self._emit_as_matmul(ctx)
         elif depthwise_llvm.fits(self.geo, self.out.dtype):
             depthwise_llvm.emit(self, ctx)
@@ -297,26 +309,35 @@ def _geometry_problem(name: str, g: ConvGeometry, w_in: int) -> str | None:
     return None
 
 
-def engine_plan(geo: ConvGeometry, dt: str) -> Plan | None:
-    """The direct-conv engine's plan for ``geo``, or None when another path runs the
-    conv: a pointwise one is a matrix product, a depthwise one has its own kernel."""
-    if geo.pointwise or depthwise_llvm.fits(geo, dt):
+def engine_plan(geo: ConvGeometry, dt: str) -> Plan | ChannelPlan | None:
+    """The plan of the engine that runs ``geo`` on a constant weight, or None when
+    another path runs it: the depthwise kernel, or for a pointwise one, the GEMM engine.
+    Small maps with long reductions vectorize over output channels
+    (:mod:`jitbyoc.engines.conv_channels`) when that costs less."""
+    if depthwise_llvm.fits(geo, dt):
         return None
-    return choose_plan(geo, dt)
+    channels = conv_channels.choose(geo, dt)
+    if channels is not None:
+        return channels
+    return None if geo.pointwise else choose_plan(geo, dt)
 
 
 def _build(fe, call, out):
     x, w = fe.buffer(call.args[0]), fe.buffer(call.args[1])
     geo = conv_geometry(call)
-    if geo.pointwise:  # a matrix product: no plan; a workspace only to subsample
+    plan = engine_plan(geo, x.dtype)
+    if geo.pointwise and plan is None or isinstance(plan, ChannelPlan) and plan.fallback is None:
+        # a matrix product (or channel vectors, with the same workspace): one only to subsample
         strided = geo.stride != (1, 1)
         work = fe.temp((geo.n, geo.c, geo.oh, geo.ow), x.dtype) if strided else None
-        return Conv2d((x, w), out, geo=geo, work=work)
-    plan = engine_plan(geo, x.dtype)
+        return Conv2d((x, w), out, geo=geo, plan=plan, work=work)
     if plan is None:  # the depthwise kernel: no plan, no workspace
         return Conv2d((x, w), out, geo=geo)
-    work = fe.temp((geo.n, workspace_size(plan, x.dtype)), x.dtype)
-    return Conv2d((x, w), out, geo=geo, plan=plan, work=work)
+    if isinstance(plan, ChannelPlan):  # the pixel engine's workspace if the weight is an input
+        size = max(plan.workspace(), workspace_size(plan.fallback, x.dtype))
+    else:
+        size = workspace_size(plan, x.dtype)
+    return Conv2d((x, w), out, geo=geo, plan=plan, work=fe.temp((geo.n, size), x.dtype))
 
 
 register("relax.nn.conv2d", 2, _check, anchor=True)(_build)

@@ -1,0 +1,170 @@
+"""The convolution vectorized over output channels (jitbyoc.engines.conv_channels): small
+maps with long reductions, 1x1 and k x k, on packed constant weights; against numpy and
+TVM's default build, on the host's ISA and AVX2."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tvm import relax
+
+import jitbyoc
+from jitbyoc.engines import conv_channels
+from jitbyoc.engines.conv_channels import ChannelPlan
+from jitbyoc.engines.conv_plan import Layout, choose_plan
+from jitbyoc.kernels import conv2d
+from jitbyoc.kernels.conv2d import Conv2d
+from jitbyoc.render import isa
+from jitbyoc.tvm.target import machine_for
+from tests.conftest import build_model, build_tvm, run
+from tests.test_kernel_conv import error_bound, ref_attrs
+from tests.test_linear_rewrites import _target
+
+RNG = np.random.default_rng(5)
+
+CASES = [  # (x shape, w shape, attrs), run with channel vectors whatever they cost (_always)
+    ((1, 64, 7, 7), (64, 64, 3, 3), dict(padding=1)),
+    ((1, 64, 14, 14), (72, 64, 3, 3), dict(strides=2, padding=1)),  # 72: a padded last vector
+    ((1, 256, 7, 7), (88, 256, 1, 1), {}),  # 1x1 read in place; the last block overlaps
+    ((1, 128, 14, 14), (64, 128, 1, 1), dict(strides=2)),  # strided 1x1: packed first
+    ((2, 160, 5, 9), (64, 160, 3, 3), dict(padding=(1, 2, 1, 0))),  # two images, uneven pads
+    ((1, 128, 7, 7), (96, 128, 3, 3), dict(padding=2, dilation=2)),
+    ((1, 256, 12), (64, 256, 3), dict(padding=1)),  # conv1d
+]
+
+
+def _model(x_shape, w, bias, attrs, weight_input=False):
+    """``2 * relu(conv(x, W) + b) + x2``: an epilogue that is wrong if a band's runs twice."""
+    op = relax.op.nn.conv1d if len(x_shape) == 3 else relax.op.nn.conv2d
+    out_shape = _reference(np.zeros(x_shape), np.zeros(w.shape), attrs).shape
+    inputs = {"x": (x_shape, w.dtype), "r": (out_shape, w.dtype)}
+    if weight_input:
+        inputs["w"] = (w.shape, w.dtype)
+
+    def body(bb, x, r, *weight):
+        y = bb.emit(op(x, weight[0] if weight else relax.const(w, str(w.dtype)), **attrs))
+        y = bb.emit(relax.op.nn.relu(bb.emit(relax.op.add(y, relax.const(bias, str(w.dtype))))))
+        return bb.emit(relax.op.add(bb.emit(relax.op.multiply(y, relax.const(2.0, str(w.dtype)))), r))
+
+    return build_model(inputs, body), out_shape
+
+
+def _reference(x, w, attrs):
+    return Conv2d.reference(x.astype(np.float64), w.astype(np.float64), **ref_attrs(x.shape, attrs))
+
+
+def _stage(mod, target) -> Conv2d:
+    with isa.compiling_for(machine_for(target)):
+        (region,) = jitbyoc.inspect(mod)
+    (stage,) = [s for s in region.kernel.stages if isinstance(s, Conv2d)]
+    return stage
+
+
+def _check(mod, target, x, w, bias, res, attrs):
+    with jitbyoc.enabled():
+        got = run(relax.VirtualMachine(tvm.compile(mod, target=target), tvm.cpu()), *[x, res])
+    conv = _reference(x, w, attrs)
+    ref = 2 * np.maximum(conv + bias.reshape((-1,) + (1,) * (conv.ndim - 2)), 0) + res
+    bound = 2 * error_bound(x, w, attrs, w.dtype) + 4 * np.finfo(w.dtype).eps * np.abs(ref)
+    assert np.all(np.abs(got - ref) <= bound), f"max err {np.abs(got - ref).max()} vs numpy"
+    tvm_out = run(build_tvm(mod), x, res)
+    assert np.all(np.abs(got - tvm_out) <= bound), f"max err {np.abs(got - tvm_out).max()} vs TVM"
+
+
+def _operands(x_shape, w_shape, attrs, dt="float32"):
+    w = (RNG.standard_normal(w_shape) / np.sqrt(np.prod(w_shape[1:]))).astype(dt)
+    bias = RNG.standard_normal(w_shape[0]).astype(dt)
+    x = RNG.standard_normal(x_shape).astype(dt)
+    mod, out_shape = _model(x_shape, w, bias.reshape((1, -1) + (1,) * (len(x_shape) - 2)), attrs)
+    return mod, x, w, bias, RNG.standard_normal(out_shape).astype(dt)
+
+
+def _always(monkeypatch):
+    """Channel vectors for every conv they fit, whatever the other paths would cost."""
+    monkeypatch.setattr(conv_channels, "CHEAPER", float("inf"))
+    monkeypatch.setattr(conv_channels, "gemm_cost", lambda geo, dt: float("inf"))
+
+
+@pytest.mark.parametrize("cpu", [None, "haswell"])
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_small_maps_vectorize_over_output_channels(monkeypatch, cpu, case):
+    """The region reads the weight packed in blocks of one vector of channels and runs
+    the channel engine; results match numpy and TVM, each band's epilogue applied once."""
+    _always(monkeypatch)
+    x_shape, w_shape, attrs = CASES[case]
+    target = _target(cpu)
+    mod, x, w, bias, res = _operands(x_shape, w_shape, attrs)
+    stage = _stage(mod, target)
+    assert isinstance(stage.plan, ChannelPlan) and stage.packed, stage.plan
+    lanes = stage.plan.lanes
+    assert tuple(stage.inputs[1].shape) == (-(-w_shape[0] // lanes), *w_shape[1:], lanes)
+    _check(mod, target, x, w, bias, res, attrs)
+
+
+def test_float64(monkeypatch):
+    _always(monkeypatch)
+    x_shape, w_shape, attrs = CASES[0]
+    mod, x, w, bias, res = _operands(x_shape, w_shape, attrs, "float64")
+    assert isinstance(_stage(mod, _target(None)).plan, ChannelPlan)
+    _check(mod, "llvm", x, w, bias, res, attrs)
+
+
+@pytest.mark.parametrize("case", [0, 2, 3])
+def test_a_weight_that_is_an_input_runs_on_the_other_engines(monkeypatch, case):
+    """Without a constant weight to pack, a k x k conv runs the pixel engine's fallback
+    plan (in the same workspace) and a 1x1 the GEMM engine."""
+    _always(monkeypatch)
+    x_shape, w_shape, attrs = CASES[case]
+    w = RNG.standard_normal(w_shape).astype("float32") / 8
+    bias = RNG.standard_normal(w_shape[0]).astype("float32")
+    mod, out_shape = _model(x_shape, w, bias.reshape(1, -1, 1, 1), attrs, weight_input=True)
+    stage = _stage(mod, _target(None))
+    assert isinstance(stage.plan, ChannelPlan) and not stage.packed
+    x, res = RNG.standard_normal(x_shape).astype("float32"), RNG.standard_normal(out_shape).astype("float32")
+    with jitbyoc.enabled():
+        got = run(relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu()), x, res, w)
+    np.testing.assert_allclose(got, run(build_tvm(mod), x, res, w), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("shape, channels, expected", [
+    ((1, 512, 7, 7), 2048, True),  # 49 pixels fill 49 of 64 GEMM lanes
+    ((1, 512, 13, 13), 64, True),  # the GEMM's 3 chunks on 2 cores
+    ((1, 128, 28, 28), 512, False),  # a short reduction: the transposed store does not pay
+    ((1, 64, 56, 56), 256, False),  # under MIN_REDUCTION
+    ((1, 512, 7, 7), 32, False),  # under MIN_VECTORS
+])
+def test_pointwise_convs_choose_by_the_estimates(shape, channels, expected):
+    """Measured on Zen 4 (see conv_channels.choose): channel vectors where they won."""
+    geo = conv2d.ConvGeometry(1, shape[1], shape[2], shape[3], channels, 1, 1, (1, 1), (1, 1), (0, 0, 0, 0), 1,
+                              shape[2], shape[3])
+    with isa.compiling_for(machine_for(tvm.target.Target({"kind": "llvm", "mcpu": "znver4"}))):
+        assert isinstance(conv2d.engine_plan(geo, "float32"), ChannelPlan) == expected
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.integers(8, 40), st.integers(1, 9), st.integers(1, 9), st.integers(1, 70), st.sampled_from([1, 3]),
+       st.integers(1, 2), st.integers(1, 16), st.integers(1, 4), st.integers(1, 9), st.sampled_from([None, "haswell"]))
+def test_forced_tiles_cover_every_output_once(c, h, w, k, ksize, stride, r, v, rows, cpu):
+    """Any tile (R pixels x V vectors) and band height the engine can be handed: tiles
+    and channel blocks clamped at the ends of bands and channels recompute, never store
+    twice what another task owns, and every output is written."""
+    attrs = dict(strides=stride, padding=ksize // 2)
+    x_shape, w_shape = (1, c * 4, h, w), (k, c * 4, ksize, ksize)
+    mod, x, wt, bias, res = _operands(x_shape, w_shape, attrs)
+    target = _target(cpu)
+
+    def forced(geo, dt):
+        lanes = isa.vector_bits() // 32
+        rows_ = min(geo.oh, max(rows, -(-min(r, geo.oh * geo.ow) // geo.ow)))
+        fallback = None if geo.pointwise else choose_plan(geo, dt)
+        vv = min(v, -(-geo.k // lanes), (isa.vector_registers() - 2) // (min(r, geo.oh * geo.ow) + 1))
+        return ChannelPlan(Layout(geo, True), lanes, min(r, geo.oh * geo.ow, rows_ * geo.ow), max(1, vv),
+                           fallback, rows_)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(conv_channels, "choose", forced)
+        assert isinstance(_stage(mod, target).plan, ChannelPlan)
+        _check(mod, target, x, wt, bias, res, attrs)
