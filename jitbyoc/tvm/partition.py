@@ -145,11 +145,12 @@ def _partition_once(mod: tvm.IRModule, ops: set[str]) -> tuple[tvm.IRModule, dic
     # only patterns whose ops all occur (``ops``; matching costs per pattern and node:
     # ResNet-18's and the encoder's partitioning took 22 ms with all 92)
     found = [p for p in get_patterns_with_prefix(PREFIX) if OPS_USED.get(p.name, frozenset()) <= ops]
-    fuse = FuseOpsByPattern(found, bind_constants=False, annotate_codegen=False)
+    fuse = FuseOpsByPattern(patterns.one_pass(found), bind_constants=False, annotate_codegen=False)
     mod = fuse(mod)
     retyped = retype_composites(mod)
     if retyped is not mod:  # ops after a re-declared composite see their operands' shapes now
         mod = fuse(retyped)
+    mod = patterns.name_single_ops(mod)
     mod = merge_regions(mod)
     codes: dict[str, str] = {}  # code symbol -> its key: distinct code never shares a name
     low_by_handle: dict[int, tuple] = {}  # region function handle -> (function, Lowered)

@@ -14,8 +14,11 @@ so a lowering error never fails a build; the call stays with TVM.
 
 from __future__ import annotations
 
+from functools import reduce
+
 from tvm import relax
 from tvm.relax.backend.pattern_registry import register_patterns
+from tvm.relax.transform import FusionPattern
 from tvm.relax.dpl import is_op, wildcard
 
 from .. import kernels  # noqa: F401 - registers every kernel's rule
@@ -101,6 +104,34 @@ def patterns() -> list[tuple]:
         out.append((f"{PREFIX}.{relax_name.removeprefix('relax.')}", pat, {}, _check))
         OPS_USED[out[-1][0]] = frozenset([relax_name])
     return out + composite_patterns()
+
+
+SINGLE = f"{PREFIX}.op"  # the composite name of a single op matched by one_pass
+
+
+def one_pass(found: list) -> list:
+    """``found`` (patterns in priority order) with its single-op patterns folded into one
+    alternation, matched last: ``FuseOpsByPattern`` walks the whole module once per
+    pattern, about 9 ms a pattern on BERT-base whether or not it matches (its 21 patterns
+    took 0.26 s, the folded 5 0.09 s). Single ops never overlap, so the partition is the
+    same; :func:`name_single_ops` gives each composite its op's pattern name back."""
+    singles = [p for p in found if len(OPS_USED.get(p.name, ())) == 1 and p.pattern.__class__.__name__ == "CallPattern"
+               and not p.annotation_patterns]
+    if len(singles) < 2:
+        return found
+    either = reduce(lambda a, b: a | b, [p.pattern for p in singles])
+    return [p for p in found if p not in singles] + [FusionPattern(SINGLE, either, {}, _check)]
+
+
+def name_single_ops(mod):
+    """Rename the composites :func:`one_pass` matched after their op, as its own pattern
+    would have: ``jitbyoc.add`` rather than ``jitbyoc.op``."""
+    for gv, func in list(mod.functions.items()):
+        if isinstance(func, relax.Function) and func.attrs and func.attrs.get("Composite") == SINGLE:
+            call = func.body.blocks[0].bindings[0].value if func.body.blocks else func.body.body
+            name = f"{PREFIX}.{call.op.name.removeprefix('relax.')}"
+            mod[gv] = func.with_attr("Composite", name)
+    return mod
 
 
 def register() -> None:
