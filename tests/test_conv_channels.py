@@ -168,3 +168,21 @@ def test_forced_tiles_cover_every_output_once(c, h, w, k, ksize, stride, r, v, r
         patch.setattr(conv_channels, "choose", forced)
         assert isinstance(_stage(mod, target).plan, ChannelPlan)
         _check(mod, target, x, wt, bias, res, attrs)
+
+
+@pytest.mark.parametrize("case", [0, 2])
+def test_c_export_reads_the_same_packed_weight(monkeypatch, case, tmp_path):
+    """With target "c" the region's C nest indexes the weight in the channel engine's
+    blocks of one vector (88 channels: a padded last block)."""
+    from tests.test_c_export import _exported
+
+    _always(monkeypatch)
+    x_shape, w_shape, attrs = CASES[case]
+    mod, x, w, bias, res = _operands(x_shape, w_shape, attrs)
+    stage = _stage(mod, _target(None))
+    assert isinstance(stage.plan, ChannelPlan) and stage.packed
+    vm, report = _exported(mod, tmp_path / "conv.so")
+    assert report.regions and not report.fallbacks, str(report)
+    conv = _reference(x, w, attrs)
+    want = 2 * np.maximum(conv + bias.reshape(-1, 1, 1), 0) + res
+    np.testing.assert_allclose(run(vm, x, res), want, rtol=1e-4, atol=1e-4)
