@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from ..ir.dtypes import dtype as lookup_dtype
-from ..ir.llvmtypes import I32, I64, PTR
+from ..ir.llvmtypes import I64, PTR
 from ..render.isa import vector_bits, vector_registers
 from ..render.loops import ceil_div, for_range, smin
 from ..render.vectors import multiply_add, splat
@@ -152,7 +152,9 @@ def choose(geo, dt: str) -> ChannelPlan | None:
 
 @registry.kind
 @dataclass(frozen=True)
-class ChannelEngine(registry.Engine):
+class ChannelEngine(conv_engine.ConvKind):
+    """One engine per (dtype, lanes, R, V, direct, pointwise), on the pixel engine's
+    parameters (sizes and tables at run time)."""
     kind = "convc"
     dtype: str
     lanes: int
@@ -161,10 +163,8 @@ class ChannelEngine(registry.Engine):
     direct: int  # reads the input in place (ChannelPlan.direct): no packing
     pointwise: int  # one tap (1x1)
 
-    def emit(self, module: ir.Module, fn: ir.Function) -> None:
-        ctx, bufs = registry.open_params(self, module, fn, conv_engine.NAMES, conv_engine.NAMES[:4], self.dtype)
-        _Emit(self, bufs).run(ctx)
-        ctx.b.ret(I32(0))
+    def body(self, bufs: dict):
+        return _Emit(self, bufs)
 
 
 class _Emit(conv_engine.Emit):

@@ -41,9 +41,19 @@ PLANE_FIELDS = 6  # row shift, column shift, first/last+1 valid plane row, first
 PREFETCH_CHANNELS = 4
 
 
+class ConvKind(registry.Engine):
+    """An engine called with the direct convolution's parameters (:data:`NAMES`), its
+    body written by ``self.body(bufs).run(ctx)``."""
+
+    def emit(self, module: ir.Module, fn: ir.Function) -> None:
+        ctx, bufs = registry.open_params(self, module, fn, NAMES, NAMES[:4], self.dtype)
+        self.body(bufs).run(ctx)
+        ctx.b.ret(I32(0))
+
+
 @registry.kind
 @dataclass(frozen=True)
-class ConvEngine(registry.Engine):
+class ConvEngine(ConvKind):
     kind = "conv"
     dtype: str
     lanes: int
@@ -51,10 +61,8 @@ class ConvEngine(registry.Engine):
     v: int
     packed: int = 0  # weights in blocks of J channels (Conv2d.packed), not OIHW
 
-    def emit(self, module: ir.Module, fn: ir.Function) -> None:
-        ctx, bufs = registry.open_params(self, module, fn, NAMES, NAMES[:4], self.dtype)
-        Emit(self, bufs).run(ctx)
-        ctx.b.ret(I32(0))
+    def body(self, bufs: dict):
+        return Emit(self, bufs)
 
 
 class Emit:
