@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from tvm import relax
 
@@ -147,6 +147,7 @@ def test_pointwise_convs_choose_by_the_estimates(shape, channels, expected):
 @settings(max_examples=12, deadline=None)
 @given(st.integers(8, 40), st.integers(1, 9), st.integers(1, 9), st.integers(1, 70), st.sampled_from([1, 3]),
        st.integers(1, 2), st.integers(1, 16), st.integers(1, 4), st.integers(1, 9), st.sampled_from([None, "haswell"]))
+@example(8, 3, 2, 1, 1, 1, 3, 1, 1, None)  # bands of 4 and 2 pixels, tiles of 3: the last starts a band early
 def test_forced_tiles_cover_every_output_once(c, h, w, k, ksize, stride, r, v, rows, cpu):
     """Any tile (R pixels x V vectors) and band height the engine can be handed: tiles
     and channel blocks clamped at the ends of bands and channels recompute, never store

@@ -15,7 +15,8 @@ Tasks are (image, block of ``V`` vectors of channels, band of rows). No tile is
 partial: a band's last tile of pixels ends at the band's end and the last block of
 channels at channel ``ceil(K / lanes) * lanes``, recomputing what the one before
 computed (the plan takes ``R`` and ``V`` that waste least, bands of at least ``R``
-pixels). A task stores only the channels it owns, pixel by pixel from its finished
+pixels but the last). A task stores only the channels and pixels it owns (a last band
+shorter than a tile starts its tile in the band before), pixel by pixel from its finished
 tiles (a transposed store: ``R * V * lanes`` scalars against ``R * V`` FMAs per channel
 and tap), then hands its band to the region's epilogue callback, as :mod:`.conv_engine`
 does.
@@ -202,7 +203,7 @@ class _Emit(conv_engine.Emit):
             self.accumulate(c, src, b.add(xbase, p0), kb, accs)
             for k, acc in enumerate(accs):
                 b.store(b.load(acc, typ=self.vt), b.gep(tile, [I64(k)], source_etype=self.vt))
-            self.store_tile(c, scratch, n, kb, own0, kend, p0)
+            self.store_tile(c, scratch, n, kb, own0, kend, p0, pstart)
         registry.call_back(b, s["epi"], s["env"], [n, own0, b.sub(kend, own0), r0, b.sub(r1, r0)])
 
     def accumulate(self, c, src, xoff, kb, accs) -> None:
@@ -237,18 +238,22 @@ class _Emit(conv_engine.Emit):
         for a, val in zip(accs, vals):
             b.store(val, a)
 
-    def store_tile(self, c, scratch, n, kb, own0, kend, p0) -> None:
+    def store_tile(self, c, scratch, n, kb, own0, kend, p0, pstart) -> None:
         """Channels ``own0 .. kend`` of the tile (``scratch[r][channel - kb*lanes]``) to
-        their ``R`` consecutive output pixels from ``p0``."""
+        their ``R`` consecutive output pixels from ``p0``, those before the band's first
+        (``pstart``: a band shorter than a tile started its tile in the band before) left
+        to their own task."""
         b, s, e = c.b, c.syms, self.e
         pixels = b.mul(s["oh"], s["ow"])
         first = b.mul(kb, I64(e.lanes))
+        mine = [b.icmp_signed(">=", b.add(p0, I64(r)), pstart) for r in range(e.r)]
         with for_range(b, kend, "ch", start=own0) as ch:
             row = b.add(b.mul(b.add(b.mul(n, s["k"]), ch), pixels), p0)
             lane = b.sub(ch, first)
             for r in range(e.r):
-                at = b.gep(scratch, [b.add(lane, I64(r * e.v * e.lanes))], source_etype=self.elem.ir)
-                c.store(self.bufs["out"], b.add(row, I64(r)), b.load(at, typ=self.elem.ir))
+                with b.if_then(mine[r], likely=True):
+                    at = b.gep(scratch, [b.add(lane, I64(r * e.v * e.lanes))], source_etype=self.elem.ir)
+                    c.store(self.bufs["out"], b.add(row, I64(r)), b.load(at, typ=self.elem.ir))
 
 
 def call(stage, ctx) -> None:
