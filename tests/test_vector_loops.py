@@ -98,3 +98,24 @@ def test_regions_of_explicit_vectors_skip_the_loop_vectorizer():
     assert soft.pipeline == GLUE_VECTORS  # rows along the last axis are vectors
     across = region({"x": ((8, 40), "float32")}, lambda bb, x: bb.emit(relax.op.nn.softmax(x, axis=0)))
     assert across.pipeline == GLUE  # columns: scalar rows, for the loop vectorizer
+
+
+def test_epilogues_over_narrow_rows_run_as_vectors():
+    """A 7x7 map's epilogue box spans its 7-wide rows whole: one 49-long run of vectors
+    per channel, not a scalar loop per row (EfficientNet's SiLU after its 7x7 convs cost
+    more than the convs). Exact against TVM on small integers (relu), and the region asks
+    for no loop vectorizer."""
+    w = np.arange(-4, 5, dtype="float32").reshape(1, 1, 3, 3).repeat(32, 0)
+
+    def body(bb, x, b):
+        y = bb.emit(relax.op.nn.conv2d(x, relax.const(w), padding=1, groups=32))
+        return bb.emit(relax.op.nn.relu(bb.emit(relax.op.add(y, b))))
+
+    params = {"x": ((1, 32, 7, 7), "float32"), "b": ((1, 32, 1, 1), "float32")}
+    (region,) = _regions(build_model(params, body)).values()
+    assert region.pipeline == GLUE_VECTORS
+    rng = np.random.default_rng(3)
+    builds = build_both(build_model(params, body))
+    want, got = builds.run(rng.integers(-3, 4, (1, 32, 7, 7)).astype("float32"),
+                           rng.integers(-20, 20, (1, 32, 1, 1)).astype("float32"))
+    np.testing.assert_array_equal(got, want)

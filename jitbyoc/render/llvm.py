@@ -200,7 +200,11 @@ class Ctx:
         if stage.epilogue is None:
             return
         reads = kir.loads([stage.epilogue])
-        n = vector_lanes(stage.out, reads, stage.out.shape[-1:], [stage.epilogue])
+        # a run is the trailing dims the box spans whole: 7-wide rows of a 7x7 map are
+        # 49-long runs, vectors (not scalar loops: EfficientNet's SiLU after its 7x7
+        # convs cost more than the convs)
+        run = stage.out.shape[stage.out.ndim - _run_dims(stage.out, reads, origin, extent):]
+        n = vector_lanes(stage.out, reads, run, [stage.epilogue])
         if n:
             self._vector_epilogue(stage, reads, origin, extent, n)
             return
