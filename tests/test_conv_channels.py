@@ -187,3 +187,21 @@ def test_c_export_reads_the_same_packed_weight(monkeypatch, case, tmp_path):
     conv = _reference(x, w, attrs)
     want = 2 * np.maximum(conv + bias.reshape(-1, 1, 1), 0) + res
     np.testing.assert_allclose(run(vm, x, res), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("w_shape, attrs", [((64, 96, 3, 3), {"padding": 1}), ((80, 256, 1, 1), {})])
+def test_a_symbolic_batch(monkeypatch, w_shape, attrs):
+    """Images are tasks counted at run time: 1 and 3 images of one build."""
+    from tests.test_kernel_conv import check
+
+    _always(monkeypatch)
+    w = (RNG.standard_normal(w_shape) / np.sqrt(np.prod(w_shape[1:]))).astype("float32")
+    mod = build_model({"x": (("n", w_shape[1], 7, 7), "float32")},
+                      lambda bb, x: bb.emit(relax.op.nn.conv2d(x, relax.const(w), **attrs)))
+    stage = _stage(mod, _target(None))
+    assert isinstance(stage.plan, ChannelPlan) and stage.packed
+    with jitbyoc.enabled():
+        vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+    for n in (1, 3):
+        x = RNG.standard_normal((n, w_shape[1], 7, 7)).astype("float32")
+        check(run(vm, x), x, w, attrs)
