@@ -26,13 +26,13 @@ from tests.test_linear_rewrites import _target
 RNG = np.random.default_rng(5)
 
 CASES = [  # (x shape, w shape, attrs), run with channel vectors whatever they cost (_always)
-    ((1, 64, 7, 7), (64, 64, 3, 3), dict(padding=1)),
-    ((1, 64, 14, 14), (72, 64, 3, 3), dict(strides=2, padding=1)),  # 72: a padded last vector
+    ((1, 64, 7, 7), (64, 64, 3, 3), {"padding": 1}),
+    ((1, 64, 14, 14), (72, 64, 3, 3), {"strides": 2, "padding": 1}),  # 72: a padded last vector
     ((1, 256, 7, 7), (88, 256, 1, 1), {}),  # 1x1 read in place; the last block overlaps
-    ((1, 128, 14, 14), (64, 128, 1, 1), dict(strides=2)),  # strided 1x1: packed first
-    ((2, 160, 5, 9), (64, 160, 3, 3), dict(padding=(1, 2, 1, 0))),  # two images, uneven pads
-    ((1, 128, 7, 7), (96, 128, 3, 3), dict(padding=2, dilation=2)),
-    ((1, 256, 12), (64, 256, 3), dict(padding=1)),  # conv1d
+    ((1, 128, 14, 14), (64, 128, 1, 1), {"strides": 2}),  # strided 1x1: packed first
+    ((2, 160, 5, 9), (64, 160, 3, 3), {"padding": (1, 2, 1, 0)}),  # two images, uneven pads
+    ((1, 128, 7, 7), (96, 128, 3, 3), {"padding": 2, "dilation": 2}),
+    ((1, 256, 12), (64, 256, 3), {"padding": 1}),  # conv1d
 ]
 
 
@@ -152,7 +152,7 @@ def test_forced_tiles_cover_every_output_once(c, h, w, k, ksize, stride, r, v, r
     """Any tile (R pixels x V vectors) and band height the engine can be handed: tiles
     and channel blocks clamped at the ends of bands and channels recompute, never store
     twice what another task owns, and every output is written."""
-    attrs = dict(strides=stride, padding=ksize // 2)
+    attrs = {"strides": stride, "padding": ksize // 2}
     x_shape, w_shape = (1, c * 4, h, w), (k, c * 4, ksize, ksize)
     mod, x, wt, bias, res = _operands(x_shape, w_shape, attrs)
     target = _target(cpu)

@@ -18,8 +18,8 @@ from functools import reduce
 
 from tvm import relax
 from tvm.relax.backend.pattern_registry import register_patterns
-from tvm.relax.transform import FusionPattern
 from tvm.relax.dpl import is_op, wildcard
+from tvm.relax.transform import FusionPattern
 
 from .. import kernels  # noqa: F401 - registers every kernel's rule
 from ..ir.rules import RULES, why_not
