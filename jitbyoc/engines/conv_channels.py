@@ -133,7 +133,7 @@ def choose(geo, dt: str) -> ChannelPlan | None:
     otherwise: the pixel engine's best plan by :data:`CHEAPER`, or for a pointwise conv
     the GEMM engine (:func:`gemm_cost`). Measured on Zen 4 against those paths (exported
     builds alternating): 7x7 maps 0.81-0.90x their time; 13x13 and 14x14 1x1 with few
-    output channels 0.72-0.91x; the estimates were within 0.1 of the measured ratio on 10
+    output channels 0.72-0.91x; the estimates were within 0.1 of the measured ratio on 11
     of 13 pointwise layers of ResNet-50, MobileNetV2, EfficientNet, SqueezeNet, DenseNet."""
     if not fits(geo, dt):
         return None
