@@ -83,7 +83,9 @@ def _operands(x_shape, w_shape, attrs, dt="float32"):
 
 
 def _always(monkeypatch):
-    """Channel vectors for every conv they fit, whatever the other paths would cost."""
+    """Channel vectors for every conv they fit, whatever the other paths would cost
+    (choices made uncached: none remembered from before, none kept after)."""
+    monkeypatch.setattr(conv_channels, "_choose", conv_channels._choose.__wrapped__)
     monkeypatch.setattr(conv_channels, "CHEAPER", float("inf"))
     monkeypatch.setattr(conv_channels, "gemm_cost", lambda geo, dt: float("inf"))
 

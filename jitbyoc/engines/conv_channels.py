@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from llvmlite import ir
 
@@ -71,13 +72,16 @@ class ChannelPlan:
 
     @property
     def direct(self) -> bool:
-        """A 1x1 convolution with unit stride and no padding: its input is the layout."""
-        g = self.layout.geo
-        return g.taps == 1 and g.stride == (1, 1) and not any(g.pad)
+        return reads_in_place(self.layout.geo)
 
     def workspace(self) -> int:
         """Elements of one image's packed input (0 when read in place)."""
         return 0 if self.direct else self.layout.geo.c * self.layout.channel_size()
+
+
+def reads_in_place(geo) -> bool:
+    """A 1x1 convolution with unit stride and no padding: its input is the dense layout."""
+    return geo.taps == 1 and geo.stride == (1, 1) and not any(geo.pad)
 
 
 def fits(geo, dt: str) -> bool:
@@ -108,8 +112,7 @@ def tile_cost(geo, dt: str, r: int, v: int) -> float:
     groups = math.ceil(blocks / v)
     step = max(r * v * bits / 512, v * bits / 512 + r * 0.66, 4.0) + 0.5  # FMA latency: 4 cycles
     stores = r * v * lanes * 1.5
-    pack = 0 if geo.taps == 1 and geo.stride == (1, 1) and not any(geo.pad) else \
-        geo.c * Layout(geo, True).channel_size() * 0.5
+    pack = 0 if reads_in_place(geo) else geo.c * Layout(geo, True).channel_size() * 0.5
     return tiles * groups * (step * geo.cg * geo.taps + stores + 20) + pack
 
 
@@ -128,6 +131,14 @@ def gemm_cost(geo, dt: str) -> float:
 
 
 def choose(geo, dt: str) -> ChannelPlan | None:
+    """:func:`_choose` for the build's machine (its vector registers), remembered per
+    geometry as the pixel engine's plans are: a model repeats its layers, and each conv
+    asks twice (packing its weight, then lowering), 0.5 ms a time."""
+    return _choose(geo, dt, vector_bits(), vector_registers())
+
+
+@lru_cache(maxsize=1024)
+def _choose(geo, dt: str, _bits: int, _registers: int) -> ChannelPlan | None:
     """The cheapest tile by :func:`tile_cost` when it fits the registers, no tile is
     larger than the map or the channels, and it beats the path that would run the conv
     otherwise: the pixel engine's best plan by :data:`CHEAPER`, or for a pointwise conv
@@ -261,5 +272,5 @@ def call(stage, ctx) -> None:
     with a :class:`ChannelPlan` and a packed weight)."""
     plan, g = stage.plan, stage.geo
     engine = ChannelEngine(stage.out.dtype, plan.lanes, plan.r, plan.v, int(plan.direct), int(g.taps == 1))
-    chan = g.h * g.w if plan.direct else plan.layout.channel_size()
-    conv_engine.call(stage, ctx, plan, engine, chan=chan, img=g.c * chan)
+    # the dense layout of an input read in place is the input itself (one H x W plane a channel)
+    conv_engine.call(stage, ctx, plan, engine, img=g.c * plan.layout.channel_size())

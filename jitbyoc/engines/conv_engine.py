@@ -263,11 +263,11 @@ def _table(ctx, kind: str, values: list[int]) -> ir.Value:
     return ctx.b.ptrtoint(g, I64)
 
 
-def call(stage, ctx, plan=None, engine=None, chan: int | None = None, img: int | None = None) -> None:
+def call(stage, ctx, plan=None, engine=None, img: int | None = None) -> None:
     """Emit the call of ``stage``'s (a :class:`~.conv2d.Conv2d`) engine, with its epilogue
     outlined into a callback: ``plan`` (default ``stage.plan``) on ``engine`` (default
-    its :class:`ConvEngine`); ``chan`` and ``img`` override the elements of one input
-    channel and one image in the workspace (:mod:`.conv_channels`)."""
+    its :class:`ConvEngine`); ``img`` overrides the elements of one image in the
+    workspace (:mod:`.conv_channels`: no slack)."""
     g, out = stage.geo, stage.out
     plan = plan or stage.plan
     engine = engine or ConvEngine(out.dtype, plan.lanes, plan.j, plan.v, int(stage.packed))
@@ -282,10 +282,9 @@ def call(stage, ctx, plan=None, engine=None, chan: int | None = None, img: int |
     epi, env = ctx.outline("epi", 5, epilogue)  # empty without an epilogue: the engine calls it
     lay = plan.layout
     (x, w), work = stage.inputs, stage.work
-    chan = lay.channel_size() if chan is None else chan
     img = workspace_size(plan, out.dtype) if img is None else img
     sizes = [ctx.dim(g.n), g.c, g.h, g.w, g.k, g.oh, g.ow, g.groups, g.cg, g.kg, g.taps, lay.wq,
-             lay.plane_size, chan, img, lay.planes, plan.rows, g.stride[0], g.stride[1]]
+             lay.plane_size, lay.channel_size(), img, lay.planes, plan.rows, g.stride[0], g.stride[1]]
     ptrs = [ctx.element(buf, I64(0)) for buf in (x, w, work if work is not None else x, out)]
     registry.call(ctx, engine, ptrs + sizes + [_table(ctx, "taps", tap_table(plan)),
                                               _table(ctx, "planes", plane_table(plan)), epi, env])

@@ -120,19 +120,15 @@ class Conv2d(kir.KernelStage):
     packed: bool = False
 
     def emit_llvm(self, ctx) -> None:
-        if isinstance(self.plan, ChannelPlan):
-            if self.packed:
-                conv_channels.call(self, ctx)
-            elif self.plan.fallback is not None:  # the weight is an input: not packed
-                conv_engine.call(self, ctx, self.plan.fallback)
-            else:
-                self._emit_as_matmul(ctx)
-        elif self.geo.pointwise:
+        channels = isinstance(self.plan, ChannelPlan)
+        if channels and self.packed:
+            conv_channels.call(self, ctx)
+        elif self.geo.pointwise:  # the GEMM engine, also for a weight that is an input
             self._emit_as_matmul(ctx)
         elif depthwise_llvm.fits(self.geo, self.out.dtype):
             depthwise_llvm.emit(self, ctx)
-        else:
-            conv_engine.call(self, ctx)
+        else:  # the pixel engine (a channel plan's fallback for a weight that is an input)
+            conv_engine.call(self, ctx, self.plan.fallback if channels else None)
 
     def _emit_as_matmul(self, ctx) -> None:
         """A pointwise convolution is a matrix product per group (the GEMM engine runs it
@@ -326,8 +322,7 @@ def _build(fe, call, out):
     x, w = fe.buffer(call.args[0]), fe.buffer(call.args[1])
     geo = conv_geometry(call)
     plan = engine_plan(geo, x.dtype)
-    if geo.pointwise and plan is None or isinstance(plan, ChannelPlan) and plan.fallback is None:
-        # a matrix product (or channel vectors, with the same workspace): one only to subsample
+    if geo.pointwise:  # a matrix product or channel vectors: a workspace only to subsample
         strided = geo.stride != (1, 1)
         work = fe.temp((geo.n, geo.c, geo.oh, geo.ow), x.dtype) if strided else None
         return Conv2d((x, w), out, geo=geo, plan=plan, work=work)

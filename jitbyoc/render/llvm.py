@@ -203,10 +203,10 @@ class Ctx:
         # a run is the trailing dims the box spans whole: 7-wide rows of a 7x7 map are
         # 49-long runs, vectors (not scalar loops: EfficientNet's SiLU after its 7x7
         # convs cost more than the convs)
-        run = stage.out.shape[stage.out.ndim - _run_dims(stage.out, reads, origin, extent):]
-        n = vector_lanes(stage.out, reads, run, [stage.epilogue])
+        lead = stage.out.ndim - _run_dims(stage.out, reads, origin, extent)
+        n = vector_lanes(stage.out, reads, stage.out.shape[lead:], [stage.epilogue])
         if n:
-            self._vector_epilogue(stage, reads, origin, extent, n)
+            self._vector_epilogue(stage, reads, origin, extent, n, lead)
             return
         self.scalar_loops()
         out, b = stage.out, self.b
@@ -223,14 +223,14 @@ class Ctx:
             values = evaluate(self.em, [stage.epilogue], load, acc)
             self.store(out, offset, values[id(stage.epilogue)])
 
-    def _vector_epilogue(self, stage: kir.KernelStage, reads, origin, extent, n: int) -> None:
+    def _vector_epilogue(self, stage: kir.KernelStage, reads, origin, extent, n: int, lead: int) -> None:
         """:meth:`epilogue` on ``n``-element vectors along runs of the box that are
-        contiguous in ``out`` (the last dim, and the dims before it while the box spans
-        the dims after them whole: a 4-row band of 56-wide image rows is one run of 14
-        vectors, not 4 runs of 3.5), the last vector of each run masked."""
+        contiguous in ``out`` (the dims from ``lead`` on, :func:`_run_dims`: the last dim,
+        and the dims before it while the box spans the dims after them whole: a 4-row band
+        of 56-wide image rows is one run of 14 vectors, not 4 runs of 3.5), the last
+        vector of each run masked."""
         out, b, em = stage.out, self.b, Emitter(self.b, n)
         nd = out.ndim
-        lead = nd - _run_dims(out, reads, origin, extent)
         sizes = [_static(e) if _static(e) is not None else e for e in extent[lead:]]
         length = reduce(lambda x, y: x * y if isinstance(x, int) and isinstance(y, int)
                         else b.mul(self.i64(x), self.i64(y), flags=["nsw"]), sizes)

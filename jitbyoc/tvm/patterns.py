@@ -18,7 +18,7 @@ from functools import reduce
 
 from tvm import relax
 from tvm.relax.backend.pattern_registry import register_patterns
-from tvm.relax.dpl import is_op, wildcard
+from tvm.relax.dpl import CallPattern, is_op, wildcard
 from tvm.relax.transform import FusionPattern
 
 from .. import kernels  # noqa: F401 - registers every kernel's rule
@@ -115,7 +115,7 @@ def one_pass(found: list) -> list:
     pattern, about 9 ms a pattern on BERT-base whether or not it matches (its 21 patterns
     took 0.26 s, the folded 5 0.09 s). Single ops never overlap, so the partition is the
     same; :func:`name_single_ops` gives each composite its op's pattern name back."""
-    singles = [p for p in found if len(OPS_USED.get(p.name, ())) == 1 and p.pattern.__class__.__name__ == "CallPattern"
+    singles = [p for p in found if len(OPS_USED.get(p.name, ())) == 1 and isinstance(p.pattern, CallPattern)
                and not p.annotation_patterns]
     if len(singles) < 2:
         return found
