@@ -254,12 +254,11 @@ class _Emit(conv_engine.Emit):
         their ``R`` consecutive output pixels from ``p0``, those before the band's first
         (``pstart``: a band shorter than a tile started its tile in the band before) left
         to their own task."""
-        b, s, e = c.b, c.syms, self.e
-        pixels = b.mul(s["oh"], s["ow"])
+        b, e = c.b, self.e
         first = b.mul(kb, I64(e.lanes))
         mine = [b.icmp_signed(">=", b.add(p0, I64(r)), pstart) for r in range(e.r)]
         with for_range(b, kend, "ch", start=own0) as ch:
-            row = b.add(b.mul(b.add(b.mul(n, s["k"]), ch), pixels), p0)
+            row = self.output_at(c, n, ch, 0, I64(0), p0)  # pixel p0 of the flattened map
             lane = b.sub(ch, first)
             for r in range(e.r):
                 with b.if_then(mine[r], likely=True):
