@@ -4,6 +4,8 @@ TVM's default build, on the host's ISA and AVX2."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import tvm
@@ -148,12 +150,14 @@ def test_pointwise_convs_choose_by_the_estimates(shape, channels, expected):
 
 @settings(max_examples=12, deadline=None)
 @given(st.integers(8, 40), st.integers(1, 9), st.integers(1, 9), st.integers(1, 70), st.sampled_from([1, 3]),
-       st.integers(1, 2), st.integers(1, 16), st.integers(1, 4), st.integers(1, 9), st.sampled_from([None, "haswell"]))
-@example(8, 3, 2, 1, 1, 1, 3, 1, 1, None)  # bands of 4 and 2 pixels, tiles of 3: the last starts a band early
-def test_forced_tiles_cover_every_output_once(c, h, w, k, ksize, stride, r, v, rows, cpu):
-    """Any tile (R pixels x V vectors) and band height the engine can be handed: tiles
-    and channel blocks clamped at the ends of bands and channels recompute, never store
-    twice what another task owns, and every output is written."""
+       st.integers(1, 2), st.integers(1, 16), st.integers(1, 4), st.integers(1, 9), st.sampled_from([None, "haswell"]),
+       st.sampled_from([(1, 1), (2, 1), (3, 96), (8, 96)]))
+@example(8, 3, 2, 1, 1, 1, 3, 1, 1, None, (8, 96))  # bands of 4 and 2 pixels, tiles of 3: the last starts a band early
+def test_forced_tiles_cover_every_output_once(c, h, w, k, ksize, stride, r, v, rows, cpu, blocking):
+    """Any tile (R pixels x V vectors), band height, group of tiles and block of input
+    channels the engine can be handed: tiles and channel blocks clamped at the ends of
+    bands and channels recompute, never store twice what another task owns, and every
+    output is written (a block of 1 KiB of weights holds one or two input channels)."""
     attrs = {"strides": stride, "padding": ksize // 2}
     x_shape, w_shape = (1, c * 4, h, w), (k, c * 4, ksize, ksize)
     mod, x, wt, bias, res = _operands(x_shape, w_shape, attrs)
@@ -165,12 +169,32 @@ def test_forced_tiles_cover_every_output_once(c, h, w, k, ksize, stride, r, v, r
         fallback = None if geo.pointwise else choose_plan(geo, dt)
         vv = min(v, -(-geo.k // lanes), (isa.vector_registers() - 2) // (min(r, geo.oh * geo.ow) + 1))
         return ChannelPlan(Layout(geo, True), lanes, min(r, geo.oh * geo.ow, rows_ * geo.ow), max(1, vv),
-                           fallback, rows_)
+                           fallback, rows_, *blocking)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(conv_channels, "choose", forced)
         assert isinstance(_stage(mod, target).plan, ChannelPlan)
         _check(mod, target, x, wt, bias, res, attrs)
+
+
+@pytest.mark.parametrize("case", [0, 2, 4])
+def test_blocks_of_input_channels_keep_the_sums_in_order(monkeypatch, case):
+    """Tiles computed in groups, a block of input channels at a time, give the bits of
+    one tile after another over all channels (the order of the sums is kept): groups of
+    2 tiles and blocks of 1 KiB of weights (one or two channels) against groups of one
+    tile and a block larger than any layer."""
+    _always(monkeypatch)
+    x_shape, w_shape, attrs = CASES[case]
+    mod, x, w, bias, res = _operands(x_shape, w_shape, attrs)
+    plan = _stage(mod, _target(None)).plan
+    outs = []
+    for group, kib in ((1, 1 << 20), (2, 1)):
+        blocked = dataclasses.replace(plan, group=group, block_kib=kib)
+        monkeypatch.setattr(conv_channels, "choose", lambda geo, dt, p=blocked: p)
+        with jitbyoc.enabled():
+            outs.append(run(relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu()), x, res))
+    np.testing.assert_array_equal(outs[1], outs[0])
+    _check(mod, "llvm", x, w, bias, res, attrs)
 
 
 @pytest.mark.parametrize("case", [0, 2])

@@ -18,6 +18,10 @@ def smin(b: ir.IRBuilder, x, y):
     return b.select(b.icmp_signed("<", x, y), x, y)
 
 
+def smax(b: ir.IRBuilder, x, y):
+    return b.select(b.icmp_signed(">", x, y), x, y)
+
+
 @contextmanager
 def for_range(b: ir.IRBuilder, count, name: str = "i", start=None):
     """``for (i = start; i < count; ++i)``; yields ``i`` with the builder in the body.
