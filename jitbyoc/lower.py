@@ -52,6 +52,8 @@ class RegionLowering:
         self.sizes = SymbolicSizes()
         self.n_temps = 0  # temps are named by a counter: builders may drop theirs
         self.made_by: dict[str, relax.Call] = {}  # a symbolic size -> the first op whose result has it
+        self.materialized: dict[int, tuple] = {}  # id(node) -> (node, the buffer it was written to)
+        self.results: dict = {}  # a region output's var -> its buffer
 
     # ---- values ------------------------------------------------------------------------------
     def value(self, expr):
@@ -73,14 +75,32 @@ class RegionLowering:
         return buf
 
     def buffer(self, expr) -> kir.Buffer:
-        """``expr`` as a materialized buffer of its own shape (kernels read these)."""
+        """``expr`` as a materialized buffer of its own shape (kernels read these). An
+        expression is materialized once, and into the region's output when it is one
+        (a squeeze-and-excitation block's ``silu(conv)`` is both the output and what the
+        mean reads): the conv then writes the output with its epilogue, and the mean
+        reads it, where the output used to be computed a second time from the conv's raw
+        result (EfficientNet's SE blocks: the SiLU twice, and two more temps)."""
         node = self.value(expr)
-        shape = tuple(dims(expr.ty))
+        shape, dtype = tuple(dims(expr.ty)), str(expr.ty.dtype)
         if isinstance(node, kir.Load) and node.buf.shape == shape:
             return node.buf
-        buf = self.temp(shape, str(expr.ty.dtype))
+        made = self.materialized.get(id(node))
+        if made is not None and made[0] is node and made[1].shape == shape and made[1].dtype == dtype:
+            return made[1]
+        buf = self._output_of(node, shape, dtype) or self.temp(shape, dtype)
         self.kernel.stages.append(kir.Elementwise(shape, ((buf, node),)))
+        self.materialized[id(node)] = (node, buf)
         return buf
+
+    def _output_of(self, node, shape, dtype: str) -> kir.Buffer | None:
+        """The region output whose value is ``node`` (of this shape and dtype), now
+        bound to its buffer: the output is written where ``node`` is materialized."""
+        for var, buf in self.results.items():
+            if self.env.get(var) is node and buf.shape == shape and buf.dtype == dtype:
+                self.env[var] = kir.Load(buf)
+                return buf
+        return None
 
     # ---- ops -----------------------------------------------------------------------------------
     def op(self, call: relax.Call, out_ty):
@@ -157,17 +177,21 @@ class RegionLowering:
             self.kernel.inputs.append(buf)
             self.arg_names.append(p.name)
             self.env[p] = kir.Load(buf)
+        body = self.func.body.body
+        results = body.fields if isinstance(body, relax.Tuple) else [body]
+        for k, r in enumerate(results):
+            self.kernel.outputs.append(kir.Buffer(f"out{k}", tuple(dims(r.ty)), str(r.ty.dtype)))
+            self.arg_names.append(f"output{k}")
+            if isinstance(r, relax.Var):
+                self.results.setdefault(r, self.kernel.outputs[-1])
         for block in self.func.body.blocks:
             for b in block.bindings:
                 self.bind(b)
-        body = self.func.body.body
-        results = body.fields if isinstance(body, relax.Tuple) else [body]
         by_shape: dict[tuple, list] = {}
-        for k, r in enumerate(results):
-            buf = kir.Buffer(f"out{k}", tuple(dims(r.ty)), str(r.ty.dtype))
-            self.kernel.outputs.append(buf)
-            self.arg_names.append(f"output{k}")
+        for k, (r, buf) in enumerate(zip(results, self.kernel.outputs)):
             value = self.value(r)
+            if isinstance(value, kir.Load) and value.buf is buf:
+                continue  # written where it was materialized (buffer)
             # a kernel's result as it is gets a stage of its own, which fuse_epilogues
             # turns into the kernel writing the output; the rest share one loop per shape
             copy = isinstance(value, kir.Load) and value.buf.storage in self.kernel.temps

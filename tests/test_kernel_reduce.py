@@ -195,3 +195,33 @@ def test_c_rendering_matches_llvm(tmp_path):
     one_region(mod)
     # sums differ only by association order (LLVM vector lanes, C in order): n * eps
     check_c_matches_llvm(mod, inputs(cases), tmp_path, rtol=300 * 1.2e-7, atol=300 * 1.2e-7)
+
+
+@pytest.mark.parametrize("kernel", ["conv", "none"])
+def test_an_output_a_reduction_reads_is_computed_once(kernel):
+    """A squeeze-and-excitation block's ``y = silu(conv(x) + b)`` is an output and what
+    ``mean`` and ``max`` read: ``y`` is computed once, into its output (the conv writes
+    it with the SiLU as its epilogue; the reductions read it), not once for the output
+    and again into a temp for each reduction."""
+    rng = np.random.default_rng(3)
+    w = relax.const((rng.standard_normal((12, 1, 3, 3)) * 0.3).astype("float32"))
+    b = relax.const(rng.standard_normal((1, 12, 1, 1)).astype("float32"))
+
+    def make(bb, vs, _):
+        y = vs[0] if kernel == "none" else bb.emit(R.nn.conv2d(vs[0], w, padding=1, groups=12))
+        y = bb.emit(R.add(y, b))
+        y = bb.emit(R.multiply(y, bb.emit(R.sigmoid(y))))
+        return [y, bb.emit(R.mean(y, axis=[2, 3], keepdims=True)), bb.emit(R.max(y, axis=[1])), y]
+
+    cases = [([((1, 12, 9, 7), "float32")], None)]
+    mod = model(cases, make)
+    one_region(mod)
+    (region,) = jitbyoc.inspect(mod)
+    kinds = [type(s).__name__ for s in region.kernel.stages]
+    first = "Conv2d" if kernel == "conv" else "Elementwise"
+    assert kinds == [first, "Reduce", "Reduce"] and not region.kernel.temps, kinds
+    arrays = inputs(cases)
+    got, ref = both(mod, arrays)
+    for g, r in zip(got, ref):
+        np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(got[3], got[0])
