@@ -172,9 +172,22 @@ def tanh(e, dt, x):
     return _copysign(e, dt, x, t)
 
 
+# exp's argument range in sigmoid: 2**n stays one factor (2**-126 .. 2**127, then 2**128
+# = inf for arguments past ln(FLT_MAX), where the sigmoid is 0 to within the flush allowance)
+_SIGMOID = {"float32": (-87.0, 89.0), "float64": (-708.0, 710.0)}
+
+
 def sigmoid(e, dt, x):
-    one = e.const(1, dt)
-    return e.op("divide", dt, one, e.op("add", dt, one, exp(e, dt, e.op("negative", dt, x))))
+    """1 / (1 + exp(-x)) with an exp of its own: the argument is clamped to where 2**n is
+    one normal factor (or inf: a sigmoid of 0), so none of exp's fix-ups for underflow,
+    NaN and the far range are needed: 33 table ops, not 45 (EfficientNet's SiLUs). The
+    clamp's maximum is a select that takes the bound for NaN; NaN comes back at the end."""
+    lo, hi = _SIGMOID[dt]
+    t = e.op("minimum", dt, e.op("maximum", dt, e.op("negative", dt, x), e.const(lo, dt)), e.const(hi, dt))
+    n, p = _exp_reduced(e, dt, t)
+    y = e.op("multiply", dt, e.op("add", dt, p, e.const(1, dt)), _pow2(e, dt, n))
+    s = e.op("divide", dt, e.const(1, dt), e.op("add", dt, e.const(1, dt), y))
+    return e.op("select", dt, _isnan(e, dt, x), x, s)
 
 
 def _finite(e, dt, x):
