@@ -20,8 +20,9 @@ from tvm.ir.expr import Var as SizeVar
 
 from . import kernels  # noqa: F401 - registers every kernel's rule
 from .ir import kir
-from .ir.errors import LoweringError, error_context
 from .ir import sizes as size_exprs
+from .ir.errors import LoweringError, error_context
+from .ir.hoist import hoist_broadcast_subexpressions
 from .ir.relax_types import SymbolicSizes, dim, dims, naming_sizes
 from .ir.rules import REWRITES, RULES
 
@@ -198,6 +199,7 @@ class RegionLowering:
             by_shape.setdefault(("copy", k) if copy else buf.shape, []).append((buf, value))
         for stores in by_shape.values():
             self.kernel.stages.append(kir.Elementwise(stores[0][0].shape, tuple(stores)))
+        hoist_broadcast_subexpressions(self.kernel, self.temp)
         fuse_epilogues(self.kernel)
         for rewrite in REWRITES:
             rewrite(self.kernel)
