@@ -53,7 +53,7 @@ class RegionLowering:
         self.sizes = SymbolicSizes()
         self.n_temps = 0  # temps are named by a counter: builders may drop theirs
         self.made_by: dict[str, relax.Call] = {}  # a symbolic size -> the first op whose result has it
-        self.materialized: dict[int, tuple] = {}  # id(node) -> (node, the buffer it was written to)
+        self.materialized: dict = {}  # node (hashed by identity) -> the buffer it was written to
         self.results: dict = {}  # a region output's var -> its buffer
 
     # ---- values ------------------------------------------------------------------------------
@@ -86,12 +86,12 @@ class RegionLowering:
         shape, dtype = tuple(dims(expr.ty)), str(expr.ty.dtype)
         if isinstance(node, kir.Load) and node.buf.shape == shape:
             return node.buf
-        made = self.materialized.get(id(node))
-        if made is not None and made[0] is node and made[1].shape == shape and made[1].dtype == dtype:
-            return made[1]
+        made = self.materialized.get(node)
+        if made is not None and made.shape == shape and made.dtype == dtype:
+            return made
         buf = self._output_of(node, shape, dtype) or self.temp(shape, dtype)
         self.kernel.stages.append(kir.Elementwise(shape, ((buf, node),)))
-        self.materialized[id(node)] = (node, buf)
+        self.materialized[node] = buf
         return buf
 
     def _output_of(self, node, shape, dtype: str) -> kir.Buffer | None:

@@ -22,12 +22,11 @@ from collections.abc import Callable
 from . import kir
 from .ops import OPS
 
-CHEAP_EXPANSIONS = frozenset({"clip", "rsqrt"})  # min/max; a divide and a root, as below
+CHEAP_EXPANSIONS = frozenset({"clip"})  # a minimum and a maximum
 
 
 def _expensive(op: str) -> bool:
-    row = OPS[op]
-    return (row.expand is not None and op not in CHEAP_EXPANSIONS) or op in ("divide", "sqrt", "rsqrt")
+    return (OPS[op].expand is not None and op not in CHEAP_EXPANSIONS) or op in ("divide", "sqrt")
 
 
 def _varying(shape: tuple, stage_shape: tuple) -> tuple[bool, ...]:
@@ -36,7 +35,7 @@ def _varying(shape: tuple, stage_shape: tuple) -> tuple[bool, ...]:
     return tuple(d >= pad and shape[d - pad] != 1 for d in range(len(stage_shape)))
 
 
-def _shapes(expr, stage_shape: tuple) -> dict:
+def _node_facts(expr, stage_shape: tuple) -> dict:
     """``{id(node): (varying dims, holds an expensive op)}`` for every node of ``expr``."""
     info: dict[int, tuple] = {}
     none = tuple(False for _ in stage_shape)
@@ -87,7 +86,7 @@ def hoist_broadcast_subexpressions(kernel: kir.Kernel, make_temp: Callable) -> N
 def _hoist(stage: kir.Elementwise, make_temp: Callable, before: list) -> kir.Elementwise:
     mapping: dict = {}
     for _, expr in stage.stores:
-        info = _shapes(expr, stage.shape)
+        info = _node_facts(expr, stage.shape)
         for node in _maximal(expr, info, stage.shape):
             if node in mapping:
                 continue
