@@ -162,6 +162,18 @@ def test_2d_grid_awkward_sizes():
     differential([case((m, k), (k, n)) for m, k, n in SHAPES_2D])
 
 
+def test_rows_in_tiles_one_row_short():
+    """Rows that leave each remainder 1..5 by the 6-row tile run their last tiles one row
+    short (gemm_llvm.row_tiles); 13 rows are too few for that (plain edge). Static rows
+    (inline driver, constant weights) and symbolic ones (library engine), with an N edge
+    and a fused epilogue."""
+    rows = [13, 25, 128, 129, 130, 131, 197]
+    differential([case((m, 96), (96, 70), bias=(70,), act="relu") for m in rows]
+                 + [case((m, 40), (130, 40), linear=True) for m in rows[:3]])
+    differential([case(("n", 96), (96, 70), bias=(70,), act="relu")],
+                 sizes=[{"n": m} for m in rows], sym=("n",))
+
+
 BATCHED = [((2, 17, 33), (2, 33, 40)), ((2, 17, 33), (33, 40)), ((1, 17, 33), (3, 33, 40)),
            ((3, 17, 33), (1, 33, 40)), ((2, 3, 17, 33), (3, 33, 40)), ((2, 1, 5, 33), (1, 4, 33, 7)),
            ((4, 5, 6), (6,)), ((6,), (2, 6, 9)), ((33,), (33,)), ((17, 33), (33,)), ((5, 1, 3), (3, 2))]
