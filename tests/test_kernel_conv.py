@@ -256,6 +256,20 @@ def test_engine_stores_vectors_inside_a_row_plainly(lanes, j, v):
     assert "llvm.masked.store" in optimized  # vectors across a row's end
 
 
+def test_engine_packs_rows_without_libc_calls():
+    """The pack copies a row and zeroes its halos with vector code: a libc call per row
+    (memcpy of 224 bytes, memset of a pixel or two) cost a 56x56 3x3 conv with 64 input
+    channels 32K calls per image, 4-8 % of the conv's time."""
+    from jitbyoc.build import jit
+    from jitbyoc.engines import ir_text
+    from jitbyoc.engines.conv_engine import ConvEngine
+    from jitbyoc.render import isa
+
+    engine = ConvEngine(F32, 16, 16, 1)
+    optimized = jit.optimize(ir_text(engine, isa.current().triple, jit.data_layout()), engine.pipeline)
+    assert "@llvm.memcpy" not in optimized and "@memcpy" not in optimized
+
+
 @st.composite
 def conv_configs(draw):
     groups = draw(st.sampled_from([1, 1, 2, 3]))
