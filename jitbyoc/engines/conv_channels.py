@@ -44,7 +44,7 @@ from ..threads import physical_cores
 from . import conv_engine, registry
 from .conv_plan import DENSE_MAX_KW, MIN_TASKS, Layout, Plan, choose_plan, cost
 from .gemm import blocking_for, panel_width
-from .gemm_llvm import CHUNKS
+from .gemm_llvm import chunks_of
 
 MAX_V = 4  # vectors of channels per tile
 MAX_R = 16  # pixels per tile
@@ -132,12 +132,12 @@ def tile_cost(geo, dt: str, r: int, v: int) -> float:
 def gemm_cost(geo, dt: str) -> float:
     """The GEMM engine's cycles for a pointwise ``geo`` in :func:`tile_cost`'s units: its
     tiles' FMAs (``MR`` rows of output channels by vectors of pixels: a 7x7 map fills 49
-    of 64 lanes), spread over its chunks (:mod:`.gemm_llvm`: at most ``CHUNKS`` per image,
+    of 64 lanes), spread over its chunks (:func:`.gemm_llvm.chunks_of` per image,
     so 3 chunks of a 13x13 map keep one of two cores idle a third of the time)."""
     mr, lanes, bits = blocking_for(dt).mr, _lanes(dt), vector_bits()
     rows, pixels = geo.kg, geo.oh * geo.ow
     parts = math.ceil(pixels / panel_width(dt)) if pixels >= rows else math.ceil(rows / mr)
-    chunks = math.ceil(parts / math.ceil(parts / CHUNKS))
+    chunks = chunks_of(parts)
     threads = physical_cores()
     fmas = math.ceil(rows / mr) * mr * math.ceil(pixels / lanes) * geo.cg * bits / 512
     return fmas * math.ceil(chunks / threads) * threads / chunks

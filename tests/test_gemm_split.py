@@ -1,0 +1,122 @@
+"""How the GEMM driver splits a product (jitbyoc/engines/gemm_llvm.py), run as LLVM.
+
+- Row tiles (``row_tiles``): a product whose rows are not a multiple of the register
+  tile's MR gets its last tiles one row shorter instead of one thin edge tile (which
+  costs about a full tile's time).
+- Chunks (``chunks_of``, ``chunk_parts``): the threads' units of work are of equal size
+  give or take a part.
+
+The products themselves are checked against TVM and numpy in test_kernel_matmul.py.
+"""
+
+import ctypes
+import itertools
+
+import llvmlite.binding as llvm
+import pytest
+from llvmlite import ir
+
+from jitbyoc.engines.gemm_llvm import chunk_count, chunk_parts, chunks_of, row_tiles
+from jitbyoc.ir.llvmtypes import I64, PTR
+from jitbyoc.render.loops import for_range
+
+MAX_TILES = 256
+
+
+def _tiles_function(mr: int, balanced: bool):
+    """``n = tiles(rows, out)``: writes (first row, rows) of every tile to ``out``."""
+    module = ir.Module(name=f"tiles_{mr}_{balanced}")
+    fn = ir.Function(module, ir.FunctionType(I64, [I64, PTR]), name="tiles")
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    rows, out = fn.args
+    count, tile = row_tiles(b, rows, mr, balanced)
+    with for_range(b, count, "t") as t:
+        first, height = tile(t)
+        for i, v in enumerate((first, height)):
+            b.store(v, b.gep(out, [b.add(b.mul(t, I64(2)), I64(i))], source_etype=I64))
+    b.ret(count)
+    return str(module)
+
+
+def _chunks_function():
+    """``n = chunks(parts, out)``: writes (first part, end) of every chunk to ``out``."""
+    module = ir.Module(name="chunks")
+    fn = ir.Function(module, ir.FunctionType(I64, [I64, PTR]), name="tiles")
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    parts, out = fn.args
+    chunks = chunk_count(b, parts)
+    with for_range(b, chunks, "c") as c:
+        for i, v in enumerate(chunk_parts(b, c, parts, chunks)):
+            b.store(v, b.gep(out, [b.add(b.mul(c, I64(2)), I64(i))], source_etype=I64))
+    b.ret(chunks)
+    return str(module)
+
+
+def _jit(text: str):
+    """The function ``tiles`` of LLVM IR ``text``, callable, and its engine (keep alive)."""
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    engine = llvm.create_mcjit_compiler(llvm.parse_assembly(text),
+                                        llvm.Target.from_default_triple().create_target_machine())
+    engine.finalize_object()
+    fn = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)(engine.get_function_address("tiles"))
+    return fn, engine
+
+
+def _pairs(fn, arg):
+    out = (ctypes.c_int64 * (2 * MAX_TILES))()
+    n = fn(arg, ctypes.addressof(out))
+    return [(out[2 * t], out[2 * t + 1]) for t in range(n)]
+
+
+@pytest.fixture(scope="module")
+def tiles():
+    jitted = {(mr, balanced): _jit(_tiles_function(mr, balanced)) for mr in (2, 6, 12) for balanced in (False, True)}
+    yield lambda mr, balanced, rows: _pairs(jitted[mr, balanced][0], rows)
+    jitted.clear()
+
+
+def _heights(tiles_, rows):
+    """The tiles' heights, after checking they cover 0..rows once, in order."""
+    at = 0
+    for first, height in tiles_:
+        assert first == at and height >= 1
+        at += height
+    assert at == rows
+    return [h for _, h in tiles_]
+
+
+def test_bert_rows_run_in_tiles_of_six_and_five(tiles):
+    assert _heights(tiles(6, True, 128), 128) == [6] * 18 + [5] * 4
+    assert _heights(tiles(6, False, 128), 128) == [6] * 21 + [2]
+
+
+@pytest.mark.parametrize("mr", [2, 6, 12])
+def test_balanced_tiles_have_no_thin_edge_where_rows_allow(tiles, mr):
+    for rows in range(1, 200):
+        plain = _heights(tiles(mr, False, rows), rows)
+        assert plain == [mr] * (rows // mr) + ([rows % mr] if rows % mr else [])
+        got = _heights(tiles(mr, True, rows), rows)
+        assert len(got) == len(plain), rows  # as many microkernel calls as before
+        short = (mr - rows % mr) % mr
+        if rows >= short * (mr - 1):
+            assert got == [mr] * (len(got) - short) + [mr - 1] * short, rows
+        else:  # too few rows for that many shorter tiles: the plain split
+            assert got == plain, rows
+
+
+def test_chunks_are_equal_give_or_take_a_part():
+    fn, engine = _jit(_chunks_function())
+    for parts in range(200):
+        got = _pairs(fn, parts)
+        assert len(got) == chunks_of(parts)
+        sizes = [hi - lo for lo, hi in got]
+        assert got[0][0] == 0 and got[-1][1] == parts and all(a[1] == b[0] for a, b in itertools.pairwise(got))
+        assert max(sizes) - min(sizes) <= 1, parts
+    # ResNet-50's 56x56 1x1 convs: 49 column panels were 7 chunks (4 for one of 2 threads, 3 for the other)
+    assert [hi - lo for lo, hi in _pairs(fn, 49)] == [6, 6, 6, 6, 6, 6, 6, 7]
+    # a short last chunk evens out an odd count: no more, smaller chunks
+    assert [hi - lo for lo, hi in _pairs(fn, 13)] == [1, 2, 2, 2, 2, 2, 2]
+    assert [hi - lo for lo, hi in _pairs(fn, 12)] == [2] * 6
+    assert [chunks_of(p) for p in (1, 2, 3, 7, 8, 9, 13, 21, 200)] == [1, 2, 3, 7, 8, 5, 7, 8, 8]
+    del engine
