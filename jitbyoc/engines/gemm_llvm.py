@@ -47,7 +47,7 @@ def chunk_count(b, parts):
     parts each; but an odd count of whole chunks gets one chunk more, all then of equal
     size give or take a part (:func:`chunk_parts`). ResNet-50's 56x56 1x1 convs have 49
     column panels: 7 chunks of 7 gave one thread of two 4 chunks and the other 3; 8 of 6
-    or 7 run its 256->64 conv in 0.91-0.94x the time. Where the last chunk is short (13
+    or 7 run its 256->64 conv in 0.89-0.94x the time. Where the last chunk is short (13
     panels: 6 of 2 and 1) the split is even already, and more, smaller chunks only
     re-read the other operand more."""
     per = ceil_div(b, smax(b, parts, I64(1)), I64(CHUNKS))
