@@ -23,33 +23,32 @@ from jitbyoc.render.loops import for_range
 MAX_TILES = 256
 
 
-def _tiles_function(mr: int, balanced: bool):
-    """``n = tiles(rows, out)``: writes (first row, rows) of every tile to ``out``."""
-    module = ir.Module(name=f"tiles_{mr}_{balanced}")
+def _pairs_function(name: str, split):
+    """``n = tiles(arg, out)``: writes the ``n`` (first, second) pairs of
+    ``split(b, arg) -> (n, pair(i))`` to ``out``."""
+    module = ir.Module(name=name)
     fn = ir.Function(module, ir.FunctionType(I64, [I64, PTR]), name="tiles")
     b = ir.IRBuilder(fn.append_basic_block("entry"))
-    rows, out = fn.args
-    count, tile = row_tiles(b, rows, mr, balanced)
+    arg, out = fn.args
+    count, pair = split(b, arg)
     with for_range(b, count, "t") as t:
-        first, height = tile(t)
-        for i, v in enumerate((first, height)):
+        for i, v in enumerate(pair(t)):
             b.store(v, b.gep(out, [b.add(b.mul(t, I64(2)), I64(i))], source_etype=I64))
     b.ret(count)
     return str(module)
 
 
+def _tiles_function(mr: int, balanced: bool):
+    """Per row tile of ``rows``: (first row, rows)."""
+    return _pairs_function(f"tiles_{mr}_{balanced}", lambda b, rows: row_tiles(b, rows, mr, balanced))
+
+
 def _chunks_function():
-    """``n = chunks(parts, out)``: writes (first part, end) of every chunk to ``out``."""
-    module = ir.Module(name="chunks")
-    fn = ir.Function(module, ir.FunctionType(I64, [I64, PTR]), name="tiles")
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
-    parts, out = fn.args
-    chunks = chunk_count(b, parts)
-    with for_range(b, chunks, "c") as c:
-        for i, v in enumerate(chunk_parts(b, c, parts, chunks)):
-            b.store(v, b.gep(out, [b.add(b.mul(c, I64(2)), I64(i))], source_etype=I64))
-    b.ret(chunks)
-    return str(module)
+    """Per chunk of ``parts``: (first part, end)."""
+    def split(b, parts):
+        chunks = chunk_count(b, parts)
+        return chunks, lambda c: chunk_parts(b, c, parts, chunks)
+    return _pairs_function("chunks", split)
 
 
 def _jit(text: str):

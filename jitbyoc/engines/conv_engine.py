@@ -104,15 +104,18 @@ class Emit:
         longer than the conv), elements otherwise."""
         b, dt, n = c.b, self.e.dtype, lanes(self.e.dtype)
         x, work = self.bufs["x"], self.bufs["work"]
+
+        def vectors(load):  # load(j, mask): the vector of elements j .. j + n
+            strips(b, I64(0), count, n, lambda j, mask: vstore(
+                b, load(j, mask), c.element(work, b.add(dst, j)), dt, mask))
+
         with b.if_else(b.icmp_signed("==", stride, I64(1))) as (unit, strided):
             with unit:
-                strips(b, I64(0), count, n, lambda j, mask: vstore(
-                    b, vload(b, c.element(x, b.add(src, j)), dt, mask), c.element(work, b.add(dst, j)), dt, mask))
+                vectors(lambda j, mask: vload(b, c.element(x, b.add(src, j)), dt, mask))
             with strided, b.if_else(b.icmp_signed("==", stride, I64(2))) as (pairs, other):
                 with pairs:
-                    strips(b, I64(0), count, n, lambda j, mask: vstore(
-                        b, self.even_lanes(c, b.add(src, b.mul(j, I64(2))), n if mask is None else b.sub(count, j)),
-                        c.element(work, b.add(dst, j)), dt, mask))
+                    vectors(lambda j, mask: self.even_lanes(
+                        c, b.add(src, b.mul(j, I64(2))), n if mask is None else b.sub(count, j)))
                 with other, for_range(b, count, "q") as q:
                     c.store(work, b.add(dst, q), c.load(x, b.add(src, b.mul(q, stride))))
 

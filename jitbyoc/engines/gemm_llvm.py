@@ -250,14 +250,10 @@ def micro_tile(g, c, args, in_place: bool, short: bool = False) -> None:
         # no N edge and every row edge has its kernel: a tile of MR rows is always full
         variants.remove((blk.mr, blk.nv))
     done = b.append_basic_block("micro.done")
-    full = b.and_(b.icmp_signed("==", mv, I64(blk.mr)), b.icmp_signed("==", nvalid, I64(g.nr)))
-    with b.if_then(full, likely=True):
-        b.call(mk.microkernel(c.module, dt, blk.mr, blk.nv, blk.unroll, False, full=True), args)
-        b.branch(done)
-    if short:
-        whole_n = b.icmp_signed("==", nvalid, I64(g.nr))
-        with b.if_then(b.and_(b.icmp_signed("==", mv, I64(blk.mr - 1)), whole_n), likely=True):
-            b.call(mk.microkernel(c.module, dt, blk.mr - 1, blk.nv, blk.unroll, False, full=True), args)
+    whole_n = b.icmp_signed("==", nvalid, I64(g.nr))
+    for height in [blk.mr] + ([blk.mr - 1] if short else []):  # whole tiles: unrolled, unmasked
+        with b.if_then(b.and_(b.icmp_signed("==", mv, I64(height)), whole_n), likely=True):
+            b.call(mk.microkernel(c.module, dt, height, blk.nv, blk.unroll, False, full=True), args)
             b.branch(done)
     for r, v in variants:
         fits = b.and_(b.icmp_signed("<=", mv, I64(r)), b.icmp_signed("<=", nvec, I64(v)))
