@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Callable
 
 import numpy as np
@@ -92,6 +93,23 @@ def _intrinsic(name: str):
         fname = f"llvm.{name}.{f'v{dt.lanes}' if dt.lanes > 1 else ''}f{dt.bits}"
         return b.call(declare(b.module, fname, dt.ir, [dt.ir] * len(xs)), xs)
     return rule
+
+
+def _np_fma(x, y, z):
+    """``x*y + z`` rounded once, as C's ``fma``: exact in rationals, then rounded to float64
+    (correctly, by Python's division) and, for float32, through float64 rounded to odd
+    (which leaves float32's rounding exact)."""
+    def one(a, b, c):
+        if not all(math.isfinite(v) for v in (a, b, c)):
+            return a * b + c  # NaN and infinities: the product and sum rules decide
+        exact = Fraction(a) * Fraction(b) + Fraction(c)
+        near = float(exact)
+        if x.dtype == np.float32 and Fraction(near) != exact and math.isfinite(near) \
+                and int(np.float64(near).view(np.int64)) % 2 == 0:
+            near = math.nextafter(near, math.inf if exact > Fraction(near) else -math.inf)
+        return near
+    with np.errstate(all="ignore"):
+        return np.vectorize(one, otypes=[np.float64])(x, y, z).astype(x.dtype)
 
 
 def _np_divide(x, y):
@@ -284,6 +302,7 @@ OPS: dict[str, OpDef] = {
     "divide":   OpDef(2, _np_divide, N, lambda b, dt, x, y: b.fdiv(x, y) if dt.is_float
                       else (b.sdiv if dt.signed else b.udiv)(x, y), "({0} / {1})", relax="relax.divide",
                       traps=True),
+    "fma":      OpDef(3, _np_fma, F, _intrinsic("fma"), _libm("fma")),
     "maximum":  OpDef(2, np.maximum, N | H, _select_rule(">"), "({0} > {1} ? {0} : {1})", relax="relax.maximum"),
     "minimum":  OpDef(2, np.minimum, N | H, _select_rule("<"), "({0} < {1} ? {0} : {1})", relax="relax.minimum"),
     "negative": OpDef(1, np.negative, N | H, lambda b, dt, x: b.fneg(x) if dt.is_float else b.neg(x),

@@ -4,8 +4,14 @@ LLVM lowers ``llvm.exp.*`` to scalar ``expf`` calls, which stop the loop vectori
 C's libm differs between machines. So exp, log, tanh, erf and friends are expanded here
 into table ops (add, mul, floor, select, bitcast, shifts) that both renderers emit the
 same way. ``e.op(name, dtype, *values, **attrs)`` emits a row of :mod:`jitbyoc.ir.ops`;
-``e.const(value, dtype)`` a literal. No fused multiply-add is used, so the C and LLVM
-renderings round identically.
+``e.const(value, dtype)`` a literal. Where the machine fuses multiply-adds (``e.fused``:
+x86 FMA3, AArch64), Horner steps and exp's argument reduction are the ``fma`` row, one
+rounding and one instruction (``llvm.fma`` in LLVM, C's ``fma``): float32 gelu 1.24 ->
+0.73 ns an element, silu 0.61 -> 0.42, tanh 0.88 -> 0.58 (Zen 4, one thread). Elsewhere
+(baseline x86-64, where ``llvm.fma`` is a libm call per element) they are a multiply and
+an add. Either way the C and LLVM renderings of one machine round identically; a C
+export for an FMA machine compiled without its FMA flags calls libm's ``fma``: the same
+results, slower.
 
 Error bounds against the exact function, in ulps of the result, checked by
 ``tests/test_vecmath.py`` on dense grids for float32 and float64: exp, log <= 2;
@@ -48,11 +54,19 @@ def _split_ln2(dt: str) -> tuple[float, float]:
 
 
 def _horner(e, dt, x, coeffs):
-    """coeffs[0] + x*(coeffs[1] + x*(...))."""
+    """coeffs[0] + x*(coeffs[1] + x*(...)): fused multiply-adds where the machine has them
+    (``e.fused``), else a multiply and an add a step."""
     acc = e.const(coeffs[-1], dt)
     for c in reversed(coeffs[:-1]):
-        acc = e.op("add", dt, e.op("multiply", dt, acc, x), e.const(c, dt))
+        acc = _multiply_add(e, dt, acc, x, e.const(c, dt))
     return acc
+
+
+def _multiply_add(e, dt, x, y, z):
+    """x*y + z: the ``fma`` row (one rounding) where the machine fuses, else two ops."""
+    if e.fused:
+        return e.op("fma", dt, x, y, z)
+    return e.op("add", dt, e.op("multiply", dt, x, y), z)
 
 
 def _isnan(e, dt, x):
@@ -81,10 +95,9 @@ def _exp_reduced(e, dt, x, s=None):
     it, deg = _F[dt][0], _F[dt][5]
     ln2_hi, ln2_lo = _split_ln2(dt)
     xs = x if s is None else e.op("add", dt, x, s)  # only chooses n
-    t = e.op("floor", dt, e.op("add", dt, e.op("multiply", dt, xs, e.const(1 / math.log(2), dt)),
-                               e.const(0.5, dt)))
-    r = e.op("subtract", dt, e.op("subtract", dt, x, e.op("multiply", dt, t, e.const(ln2_hi, dt))),
-             e.op("multiply", dt, t, e.const(ln2_lo, dt)))
+    t = e.op("floor", dt, _multiply_add(e, dt, xs, e.const(1 / math.log(2), dt), e.const(0.5, dt)))
+    # x - t*ln2_hi is exact, fused or not; t*ln2_lo then rounds once fused, twice not
+    r = _multiply_add(e, dt, t, e.const(-ln2_lo, dt), _multiply_add(e, dt, t, e.const(-ln2_hi, dt), x))
     if s is not None:
         r = e.op("add", dt, r, s)
     p = e.op("multiply", dt, r, _horner(e, dt, r, [1 / math.factorial(k) for k in range(1, deg + 1)]))
@@ -224,7 +237,7 @@ def _times_exp_neg_square(e, dt, y, x, scale):
     m = e.const(-scale, dt)
     n, p = _exp_reduced(e, dt, e.op("multiply", dt, e.op("multiply", dt, hi, hi), m),
                         e.op("multiply", dt, e.op("multiply", dt, lo, e.op("add", dt, x, hi)), m))
-    return _ldexp(e, dt, e.op("add", dt, y, e.op("multiply", dt, y, p)), n)
+    return _ldexp(e, dt, _multiply_add(e, dt, y, p, y), n)
 
 
 def erf(e, dt, x):

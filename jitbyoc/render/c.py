@@ -20,6 +20,7 @@ from ..ir import kir
 from ..ir.dtypes import dtype as lookup_dtype
 from ..ir.errors import RenderError, error_context
 from ..ir.ops import op_def
+from . import isa
 from .loops import threaded
 
 PRELUDE = r"""#include <math.h>
@@ -82,6 +83,7 @@ class Emitter:
 
     def __init__(self, ctx: "Ctx"):
         self.ctx = ctx
+        self.fused = isa.has_fma()  # as the LLVM emitter: C's fma rounds once, as llvm.fma
 
     def temp(self, dt: str, expr: str) -> str:
         return self.ctx.let(lookup_dtype(dt).c, expr)

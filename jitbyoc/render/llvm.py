@@ -25,6 +25,7 @@ from ..ir.dtypes import dtype as lookup_dtype
 from ..ir.errors import RenderError, error_context
 from ..ir.llvmtypes import I8, I32, I64, PTR, declare
 from ..ir.ops import op_def, traps_on_masked_lanes
+from . import isa
 from .loops import for_range, loop_nest, threaded
 from .vectors import SplatConstant, lanes, splat, strips, vload, vstore
 
@@ -35,6 +36,7 @@ class Emitter:
 
     def __init__(self, b: ir.IRBuilder, lanes: int = 1):
         self.b, self.lanes = b, lanes
+        self.fused = isa.has_fma()  # expansions may use the ``fma`` row (one rounding, fast)
 
     def const(self, value, dt: str):
         d = lookup_dtype(dt)

@@ -96,18 +96,10 @@ def vstore(b, value, ptr, dt, mask=None):
     b.call(fn, [value, ptr, I32(align), mask])
 
 
-def has_fma() -> bool:
-    """Whether the build's machine fuses multiply-adds in hardware (x86 FMA3, every
-    AArch64). Without it ``llvm.fma`` is a call to libm's ``fma`` per element (3 GFLOP/s
-    on a 256^3 product for baseline x86-64)."""
-    m = isa.current()
-    return m.arch != "x86_64" or m.has("fma") or m.has("avx512f")
-
-
 def multiply_add(b: ir.IRBuilder, x, y, acc):
     """``x * y + acc``: one fused multiply-add (one rounding) where the machine has them,
     else a multiply and an add."""
-    if not has_fma():
+    if not isa.has_fma():
         return b.fadd(b.fmul(x, y), acc)
     fn = intrinsic(b.module, f"llvm.fma.{suffix(x.type)}", x.type, [x.type] * 3)
     return b.call(fn, [x, y, acc])
