@@ -246,8 +246,9 @@ def micro_tile(g, c, args, in_place: bool, short: bool = False) -> None:
     cols = sorted({blk.nv, *(-(-e // vl) for e in col_edges)})
     variants = sorted(((r, v) for r in rows for v in cols), key=lambda rv: rv[0] * rv[1])
     static_m = all(isinstance(d, int) for d in (g.m if isinstance(g.m, tuple) else (g.m,)))
-    if in_place and static_m and not col_edges:
+    if static_m and not col_edges:
         # no N edge and every row edge has its kernel: a tile of MR rows is always full
+        # (B packed or in place: 56 of the 211 KB of IR of BERT's attention region)
         variants.remove((blk.mr, blk.nv))
     done = b.append_basic_block("micro.done")
     whole_n = b.icmp_signed("==", nvalid, I64(g.nr))
