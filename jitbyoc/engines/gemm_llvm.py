@@ -245,8 +245,7 @@ def micro_tile(g, c, args, in_place: bool, short: bool = False) -> None:
     col_edges = _edges(g.n, g.nr)
     cols = sorted({blk.nv, *(-(-e // vl) for e in col_edges)})
     variants = sorted(((r, v) for r in rows for v in cols), key=lambda rv: rv[0] * rv[1])
-    static_m = all(isinstance(d, int) for d in (g.m if isinstance(g.m, tuple) else (g.m,)))
-    if static_m and not col_edges:
+    if static_size(g.m) is not None and not col_edges:
         # no N edge and every row edge has its kernel: a tile of MR rows is always full
         # (B packed or in place: 56 of the 211 KB of IR of BERT's attention region)
         variants.remove((blk.mr, blk.nv))
