@@ -7,8 +7,10 @@ before TVM starts its thread pool.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -45,6 +47,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "RPC server (bench/remote.py) instead of here")
     p.add_argument("--cc", metavar="COMPILER", help="with --rpc: the compiler export_library links "
                    "with (a cross compiler for another architecture)")
+    p.add_argument("--busy-cpu", type=int, metavar="CPU", help="keep a busy process pinned to "
+                   "this CPU while the suite runs (a loaded machine: how each runtime's thread "
+                   "pool copes with a core it must share)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging (tracebacks)")
     return p.parse_args(argv)
 
@@ -108,11 +113,26 @@ def list_models(models) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.keep_cache:
+    with contextlib.ExitStack() as stack:
+        if args.busy_cpu is not None:
+            stack.enter_context(busy_cpu(args.busy_cpu))
+        if not args.keep_cache:
+            cache = stack.enter_context(tempfile.TemporaryDirectory(prefix="jitbyoc-bench-cache-"))
+            os.environ["JITBYOC_CACHE_DIR"] = cache  # read by jitbyoc at build time
         return bench(args)
-    with tempfile.TemporaryDirectory(prefix="jitbyoc-bench-cache-") as cache:
-        os.environ["JITBYOC_CACHE_DIR"] = cache  # read by jitbyoc at build time
-        return bench(args)
+
+
+@contextlib.contextmanager
+def busy_cpu(cpu: int):
+    """A process spinning on ``cpu`` (and only there) until the block ends (yielded)."""
+    code = f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"
+    spin = subprocess.Popen([sys.executable, "-c", code])
+    os.environ["JITBYOC_BENCH_BUSY_CPU"] = str(cpu)  # for the machine record
+    try:
+        yield spin
+    finally:
+        spin.kill()
+        spin.wait()
 
 
 def bench(args: argparse.Namespace) -> int:

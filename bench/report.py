@@ -89,7 +89,9 @@ def format_machine(machine: dict) -> str:
                                                         "onnxruntime") if machine.get(k))
     return (f"machine: {machine['cpu_model'] or '?'} (llvm cpu {machine['cpu']}), "
             f"{machine['cores']} cores, threads {machine['threads'] or 'default'}, "
-            f"load {'/'.join(map(str, machine.get('loadavg') or ['?']))}; "
+            f"load {'/'.join(map(str, machine.get('loadavg') or ['?']))}"
+            + (f", a busy process on CPU {machine['busy_cpu']}" if machine.get("busy_cpu") else "")
+            + "; "
             f"python {machine['python']}, {versions}"
             + (f"; {machine['target']}" if machine.get("target") else ""))
 

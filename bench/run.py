@@ -211,6 +211,8 @@ def machine_info(threads: int | None) -> dict:
     info = {"cpu": llvm.get_host_cpu_name(), "cpu_model": _cpu_model(),
             "cores": os.cpu_count(), "threads": threads,
             "TVM_NUM_THREADS": os.environ.get("TVM_NUM_THREADS"),
+            "TVM_BIND_THREADS": os.environ.get("TVM_BIND_THREADS"),
+            "busy_cpu": os.environ.get("JITBYOC_BENCH_BUSY_CPU"),
             "loadavg": loadavg(), "platform": platform.platform(),
             "python": sys.version.split()[0],
             "tvm": tvm.__version__, "llvmlite": llvmlite.__version__, "numpy": np.__version__,

@@ -6,8 +6,10 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -190,3 +192,18 @@ def test_quick_numbers_are_consistent(quick_run):
     assert by_name["seeds_10x10"]["offload_share"] == 1.0 and by_name["seeds_10x10"]["regions"] == 1
     # 3 matmul + 3 add + 2 relu, whichever of them jitbyoc takes
     assert by_name["mlp"]["model_ops"] == 8 and by_name["mlp"]["offloaded_ops"] > 0
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="thread affinity needs Linux")
+def test_busy_cpu_spins_on_that_cpu_only_and_stops(monkeypatch):
+    from bench.__main__ import busy_cpu
+
+    monkeypatch.delenv("JITBYOC_BENCH_BUSY_CPU", raising=False)
+    cpu = min(os.sched_getaffinity(0))
+    with busy_cpu(cpu) as spin:
+        deadline = time.monotonic() + 30
+        while os.sched_getaffinity(spin.pid) != {cpu}:  # the child pins itself first thing
+            assert spin.poll() is None and time.monotonic() < deadline
+            time.sleep(0.01)
+        assert os.environ["JITBYOC_BENCH_BUSY_CPU"] == str(cpu)
+    assert spin.poll() is not None

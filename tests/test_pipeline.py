@@ -280,6 +280,27 @@ def test_thread_pool_size(env, expect):
     assert threads == (1 if expect == "explicit" else cores)
 
 
+PINNED = textwrap.dedent("""
+    import os, jitbyoc, tvm
+    tvm.runtime.num_threads()  # starts the pool: TVM pins its workers here, if it does
+    everywhere = os.sched_getaffinity(0)
+    print(sum(os.sched_getaffinity(int(t)) != everywhere for t in os.listdir("/proc/self/task")))
+""")
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="thread affinity needs Linux and two CPUs")
+@pytest.mark.parametrize("env, pinned", [({}, False), ({"TVM_BIND_THREADS": "1"}, True)])
+def test_pool_workers_are_not_pinned_unless_asked(env, pinned):
+    """A worker pinned to a CPU another process keeps busy stalls every parallel launch
+    (RegNetY 356 ms instead of 13): jitbyoc leaves placement to the OS, as onnxruntime
+    does; an explicit ``TVM_BIND_THREADS=1`` still pins."""
+    base = {k: v for k, v in os.environ.items() if k not in ("TVM_BIND_THREADS", "TVM_NUM_THREADS")}
+    out = subprocess.run([sys.executable, "-c", PINNED], env={**base, **env, "PYTHONPATH": ROOT, "TVM_NUM_THREADS": "2"},
+                         cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    assert (int(out[-1]) > 0) == pinned
+
+
 def test_clashing_labels_fail_in_python_not_in_the_assembler():
     from jitbyoc.build import runtime
     asm = "\t.text\nhelper:\n\tretq\n"
