@@ -98,8 +98,13 @@ def reads_in_place(geo) -> bool:
 
 
 def fits(geo, dt: str) -> bool:
-    return (dt in ("float32", "float64") and geo.groups == 1 and geo.kw <= DENSE_MAX_KW
-            and geo.cg * geo.taps >= MIN_REDUCTION and geo.k >= MIN_VECTORS * _lanes(dt))
+    """Whether the channel engine may run ``geo`` (:func:`choose` then weighs its cost).
+    Maps of fewer pixels than a vector has lanes (a squeeze-and-excitation block's 1x1
+    products) fit whatever their reduction and channel count: there the GEMM engine's
+    vectors of pixels are a lane or two of 16."""
+    if dt not in ("float32", "float64") or geo.groups != 1 or geo.kw > DENSE_MAX_KW:
+        return False
+    return geo.oh * geo.ow < _lanes(dt) or (geo.cg * geo.taps >= MIN_REDUCTION and geo.k >= MIN_VECTORS * _lanes(dt))
 
 
 def _lanes(dt: str) -> int:
