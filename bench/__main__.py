@@ -125,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
 @contextlib.contextmanager
 def busy_cpu(cpu: int):
     """A process spinning on ``cpu`` (and only there) until the block ends (yielded)."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if cpu not in allowed:
+        raise SystemExit(f"--busy-cpu {cpu}: this process may run on CPUs {allowed} only")
     code = f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"
     spin = subprocess.Popen([sys.executable, "-c", code])
     os.environ["JITBYOC_BENCH_BUSY_CPU"] = str(cpu)  # for the machine record
@@ -133,6 +136,7 @@ def busy_cpu(cpu: int):
     finally:
         spin.kill()
         spin.wait()
+        os.environ.pop("JITBYOC_BENCH_BUSY_CPU", None)
 
 
 def bench(args: argparse.Namespace) -> int:

@@ -206,4 +206,12 @@ def test_busy_cpu_spins_on_that_cpu_only_and_stops(monkeypatch):
             assert spin.poll() is None and time.monotonic() < deadline
             time.sleep(0.01)
         assert os.environ["JITBYOC_BENCH_BUSY_CPU"] == str(cpu)
-    assert spin.poll() is not None
+    assert spin.poll() is not None and "JITBYOC_BENCH_BUSY_CPU" not in os.environ
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="thread affinity needs Linux")
+def test_busy_cpu_refuses_a_cpu_the_process_may_not_use():
+    from bench.__main__ import busy_cpu
+
+    with pytest.raises(SystemExit, match="--busy-cpu 4096: this process may run on CPUs"), busy_cpu(4096):
+        pass
