@@ -91,8 +91,7 @@ def format_machine(machine: dict) -> str:
             f"{machine['cores']} cores, threads {machine['threads'] or 'default'}, "
             f"load {'/'.join(map(str, machine.get('loadavg') or ['?']))}"
             + (f", a busy process on CPU {machine['busy_cpu']}" if machine.get("busy_cpu") else "")
-            + "; "
-            f"python {machine['python']}, {versions}"
+            + f"; python {machine['python']}, {versions}"
             + (f"; {machine['target']}" if machine.get("target") else ""))
 
 

@@ -264,6 +264,14 @@ def test_identical_regions_are_compiled_once_and_counted_per_call():
     np.testing.assert_allclose(run(build(models.TwinRegions, True), a, b), want, rtol=1e-5, atol=1e-5)
 
 
+def _fresh_process(code: str, env: dict) -> list[str]:
+    """The words ``code`` prints in a new interpreter whose environment is this one without
+    TVM's thread settings, plus ``env``."""
+    base = {k: v for k, v in os.environ.items() if k not in ("TVM_BIND_THREADS", "TVM_NUM_THREADS")}
+    return subprocess.run([sys.executable, "-c", code], env={**base, **env, "PYTHONPATH": ROOT},
+                          cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+
+
 THREADS = textwrap.dedent("""
     import jitbyoc, tvm
     from jitbyoc.threads import physical_cores
@@ -273,9 +281,7 @@ THREADS = textwrap.dedent("""
 
 @pytest.mark.parametrize("env, expect", [({"TVM_NUM_THREADS": "1"}, "explicit"), ({}, "cores")])
 def test_thread_pool_size(env, expect):
-    base = {k: v for k, v in os.environ.items() if k != "TVM_NUM_THREADS"}
-    out = subprocess.run([sys.executable, "-c", THREADS], env={**base, **env, "PYTHONPATH": ROOT},
-                         cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    out = _fresh_process(THREADS, env)
     threads, cores = int(out[-2]), int(out[-1])
     assert threads == (1 if expect == "explicit" else cores)
 
@@ -295,9 +301,7 @@ def test_pool_workers_are_not_pinned_unless_asked(env, pinned):
     """A worker pinned to a CPU another process keeps busy stalls every parallel launch
     (RegNetY 356 ms instead of 13): jitbyoc leaves placement to the OS, as onnxruntime
     does; an explicit ``TVM_BIND_THREADS=1`` still pins."""
-    base = {k: v for k, v in os.environ.items() if k not in ("TVM_BIND_THREADS", "TVM_NUM_THREADS")}
-    out = subprocess.run([sys.executable, "-c", PINNED], env={**base, **env, "PYTHONPATH": ROOT, "TVM_NUM_THREADS": "2"},
-                         cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    out = _fresh_process(PINNED, {**env, "TVM_NUM_THREADS": "2"})
     assert (int(out[-1]) > 0) == pinned
 
 
