@@ -2,6 +2,8 @@
 reference, over a grid of awkward sizes and every attribute (see jitbyoc/kernels/conv2d.py
 for the tolerance: ``K * eps * sum |x * w|`` per output, K = Cin/groups * KH * KW)."""
 
+import os
+
 import numpy as np
 import pytest
 import tvm
@@ -198,19 +200,29 @@ def test_float16_stays_with_tvm():
 
 def run_with_plan(mod, args, layout_dense: bool, lanes: int, j: int, v: int, rows: int):
     """Run the single conv region of ``mod`` compiled with a forced plan."""
+    return outputs_with_plan(mod, args, (layout_dense, lanes, j, v, rows), 1)[0]
+
+
+def outputs_with_plan(mod, args, plan: tuple, calls: int) -> list:
+    """The outputs of ``calls`` calls of the single conv region of ``mod`` compiled with
+    a forced plan ``(layout_dense, lanes, j, v, rows)``, each into a NaN-filled output."""
     (region,) = jitbyoc.inspect(mod)
     (stage,) = region.kernel.stages
-    plan = Plan(Layout(stage.geo, layout_dense), lanes, j, v, min(rows, stage.geo.oh))
+    dense, lanes, j, v, rows = plan
+    plan = Plan(Layout(stage.geo, dense), lanes, j, v, min(rows, stage.geo.oh))
     work = kir.Buffer(stage.work.name if stage.work else "forced_work", (stage.geo.n, workspace_size(plan, F32)), F32)
     if stage.work is None:  # a depthwise conv (depthwise_llvm) plans no workspace
         region.kernel.temps.append(work)
     else:
         region.kernel.temps[region.kernel.temps.index(stage.work)] = work
     stage.plan, stage.work = plan, work
-    out = tvm.runtime.empty(tuple(stage.out.shape), F32)
-    driver.load_region(region)[region.symbol](
-        *[tvm.runtime.tensor(a) for a in args], out)
-    return out.numpy()
+    fn, tensors = driver.load_region(region)[region.symbol], [tvm.runtime.tensor(a) for a in args]
+    out, outs = tvm.runtime.empty(tuple(stage.out.shape), F32), []
+    for _ in range(calls):
+        out.copyfrom(np.full(out.shape, np.nan, F32))
+        fn(*tensors, out)
+        outs.append(out.numpy())
+    return outs
 
 
 PLANS = [(False, 16, 5, 2, 3), (False, 8, 3, 8, 100), (True, 16, 16, 1, 2), (True, 8, 7, 3, 1), (True, 8, 2, 8, 5)]
@@ -238,6 +250,23 @@ def test_forced_plans_store_whole_and_partial_vectors(c, h, w, k, stride, dense,
     args = random_inputs(cs, seed=h * 41 + w)
     got = run_with_plan(grid_model(cs, conv), args, dense, lanes, j, v, rows)
     check(got, *args, cs[0][1])
+
+
+@pytest.mark.skipif(int(os.environ.get("TVM_NUM_THREADS", os.cpu_count())) < 2, reason="one thread takes every band")
+@pytest.mark.parametrize("x_shape, w_shape, attrs, rows", [
+    ((1, 8, 9, 9), (40, 8, 3, 3), dict(padding=(1, 1, 1, 1)), 100),  # one band: thread 0's range is empty
+    ((1, 6, 11, 11), (12, 2, 3, 3), dict(padding=(1, 1, 1, 1), groups=3), 100),  # 3 units on 2 threads
+    ((2, 5, 13, 7), (9, 5, 3, 3), dict(strides=(2, 2), padding=(1, 1, 1, 1)), 2),  # bands of 2 rows, 2 images
+])
+def test_bands_taken_from_another_threads_range_are_packed_by_the_taker(x_shape, w_shape, attrs, rows):
+    """A thread packs its own range of row bands into a workspace of its own; a task it
+    takes from another thread's range (that thread is behind, or its range is the only
+    one) packs that band's rows, window reach included, into its own first. One output
+    channel per task: many tasks per band, so both threads take tasks of every band."""
+    cs = cases([(x_shape, w_shape, attrs)])
+    args = random_inputs(cs, seed=7)
+    for got in outputs_with_plan(grid_model(cs, conv), args, (False, 16, 1, 1, rows), 25):
+        check(got, *args, cs[0][1])
 
 
 @pytest.mark.parametrize("lanes, j, v", [(16, 16, 1), (8, 3, 7)])

@@ -87,10 +87,6 @@ class ChannelPlan:
     def direct(self) -> bool:
         return reads_in_place(self.layout.geo)
 
-    def workspace(self) -> int:
-        """Elements of one image's packed input (0 when read in place)."""
-        return 0 if self.direct else self.layout.geo.c * self.layout.channel_size()
-
 
 def reads_in_place(geo) -> bool:
     """A 1x1 convolution with unit stride and no padding: its input is the dense layout."""
@@ -204,19 +200,15 @@ class _Emit(conv_engine.Emit):
 
     def run(self, ctx) -> None:
         s, b, e = ctx.syms, ctx.b, self.e
-        if not e.direct:
-            ctx.parallel_for(b.mul(s["n"], s["c"]), self.pack)
-        groups = ceil_div(b, ceil_div(b, s["k"], I64(e.lanes)), I64(e.v))
-        bands = ceil_div(b, s["oh"], s["rows"])
-        self.dynamic_for(ctx, b.mul(b.mul(s["n"], groups), bands), self.task)
+        self.banded(ctx, ceil_div(b, ceil_div(b, s["k"], I64(e.lanes)), I64(e.v)), pack=not e.direct)
 
     def task(self, c, t) -> None:
         b, s, e = c.b, c.syms, self.e
         vec = ceil_div(b, s["k"], I64(e.lanes))
         groups = ceil_div(b, vec, I64(e.v))
         bands = ceil_div(b, s["oh"], s["rows"])
-        band, rest = b.srem(t, bands), b.sdiv(t, bands)
-        grp, n = b.srem(rest, groups), b.sdiv(rest, groups)
+        grp, unit = b.srem(t, groups), b.sdiv(t, groups)
+        band, n = b.srem(unit, bands), b.sdiv(unit, bands)  # a unit per image and band: groups == 1
         kb = smin(b, b.mul(grp, I64(e.v)), b.sub(vec, I64(e.v)))  # first vector computed
         own0 = b.mul(grp, I64(e.v * e.lanes))  # first channel stored: the last block overlaps
         kend = smin(b, s["k"], b.mul(b.add(kb, I64(e.v)), I64(e.lanes)))

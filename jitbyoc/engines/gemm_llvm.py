@@ -23,7 +23,16 @@ from llvmlite import ir
 
 from ..ir.dtypes import dtype as lookup_dtype
 from ..ir.llvmtypes import I1, I32, I64, PTR, declare
-from ..render.loops import ceil_div, claim_each, for_range, smax, smin, task_counter
+from ..render.loops import (
+    ceil_div,
+    claim_each,
+    claim_home_first,
+    for_range,
+    home_counters,
+    smax,
+    smin,
+    task_counter,
+)
 from . import gemm_micro as mk
 from .gemm import SERIAL_MAX_MACS, Panels, _all_dims, static_size
 
@@ -71,21 +80,21 @@ def emit(g, ctx) -> None:
     split_n = b.icmp_signed(">=", n, m)
     parts = b.select(split_n, ceil_div(b, n, I64(g.nr)), ceil_div(b, m, I64(blk.mr)))
     per_item = chunk_count(b, parts)
-    counter = task_counter(b)
-    extra = [b.zext(split_n, I64), parts, per_item, counter]
     if g.serial():
-        _task(g, ctx, I64(0), I64(1), extra)
+        _task(g, ctx, I64(0), I64(1), [b.zext(split_n, I64), parts, per_item, task_counter(b)])
         return
+    extra = [b.zext(split_n, I64), parts, per_item, home_counters(b)]
     count = b.mul(ctx.product(g.batch), per_item)
     tasks = None
     if not g.static():  # small at run time: one task, on the calling thread
         macs = ctx.product(_all_dims(g))
         tasks = b.select(b.icmp_signed("<", macs, I64(SERIAL_MAX_MACS)), I32(1), I32(0))
-    ctx.parallel_for(count, lambda c, lo, hi, ex: _task(g, c, lo, hi, ex), extra, tasks)
+    ctx.parallel_for(count, lambda c, lo, hi, ex: _task(g, c, lo, hi, ex, c.team), extra, tasks)
 
 
-def _task(g, c, _lo, _hi, extra) -> None:
-    """Take chunks from the shared counter until every chunk is taken."""
+def _task(g, c, _lo, _hi, extra, team=None) -> None:
+    """Take chunks from the shared counter (``team``: the launch's home-range counters)
+    until every chunk is taken."""
     b, blk = c.b, g.blocking
     split_n, parts, per_item = b.trunc(extra[0], I1), extra[1], extra[2]
     m, n, k = extent(c, g.m), extent(c, g.n), extent(c, g.k)
@@ -98,7 +107,11 @@ def _task(g, c, _lo, _hi, extra) -> None:
     ap = None if direct else workspace(c, g.dtype, b.mul(mcap, kcb))
     bp = None if b_direct else workspace(c, g.dtype, b.mul(ncap, kcb))
     total = b.mul(c.product(g.batch), per_item)
-    with claim_each(b, extra[3], total, "chunk") as chunk:
+    # a thread's own chunks first: its columns (a conv's pixels) are the rows its
+    # neighbours in the model wrote and read (see conv_engine.Emit.banded)
+    claim = (claim_each(b, extra[3], total, "chunk") if team is None
+             else claim_home_first(b, team, extra[3], total, I64(1), "chunk"))
+    with claim as chunk:
         item = b.sdiv(chunk, per_item)
         p_lo, p_hi = chunk_parts(b, b.srem(chunk, per_item), parts, per_item)
         rows = (smin(b, b.mul(p_lo, I64(blk.mr)), m), smin(b, b.mul(p_hi, I64(blk.mr)), m))

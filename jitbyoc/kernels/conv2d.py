@@ -43,7 +43,7 @@ import numpy as np
 
 from ..engines import conv_channels, conv_engine
 from ..engines.conv_channels import ChannelPlan
-from ..engines.conv_plan import Plan, choose_plan, workspace_size
+from ..engines.conv_plan import Plan, choose_plan
 from ..ir import kir
 from ..ir.dtypes import FLOATS
 from ..ir.dtypes import dtype as lookup_dtype
@@ -326,13 +326,8 @@ def _build(fe, call, out):
         strided = geo.stride != (1, 1)
         work = fe.temp((geo.n, geo.c, geo.oh, geo.ow), x.dtype) if strided else None
         return Conv2d((x, w), out, geo=geo, plan=plan, work=work)
-    if plan is None:  # the depthwise kernel: no plan, no workspace
-        return Conv2d((x, w), out, geo=geo)
-    if isinstance(plan, ChannelPlan):  # the pixel engine's workspace if the weight is an input
-        size = max(plan.workspace(), workspace_size(plan.fallback, x.dtype))
-    else:
-        size = workspace_size(plan, x.dtype)
-    return Conv2d((x, w), out, geo=geo, plan=plan, work=fe.temp((geo.n, size), x.dtype))
+    # the depthwise kernel has no plan; the engines pack into workspaces of each thread's own
+    return Conv2d((x, w), out, geo=geo, plan=plan)
 
 
 register("relax.nn.conv2d", 2, _check, anchor=True)(_build)

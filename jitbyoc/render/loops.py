@@ -6,7 +6,7 @@ from contextlib import contextmanager
 
 from llvmlite import ir
 
-from ..ir.llvmtypes import I64, PTR
+from ..ir.llvmtypes import I1, I8, I64, PTR, declare
 
 
 def ceil_div(b: ir.IRBuilder, x, y):
@@ -80,6 +80,43 @@ def claim_each(b: ir.IRBuilder, counter, total, name: str = "task"):
     yield t
     b.branch(take)
     b.position_at_end(done)
+
+
+# Home ranges (claim_home_first): one counter per range, each on a cache line of its own;
+# a launch of more tasks than this shares ranges between them.
+HOME_RANGES = 64
+_LINE = 8  # i64s per cache line
+
+
+def home_counters(b: ir.IRBuilder) -> ir.Value:
+    """Zeroed counters for :func:`claim_home_first` (a static stack array, a cache line
+    per counter), as an i64 address."""
+    with b.goto_block(b.function.entry_basic_block):
+        slots = b.alloca(ir.ArrayType(I64, (HOME_RANGES + 1) * _LINE))
+    start = b.and_(b.add(b.ptrtoint(slots, I64), I64(8 * _LINE - 1)), I64(-8 * _LINE))  # line-aligned
+    memset = declare(b.module, "llvm.memset.p0.i64", ir.VoidType(), [PTR, I8, I64, I1])
+    b.call(memset, [b.inttoptr(start, PTR), I8(0), I64(HOME_RANGES * _LINE * 8), I1(0)])
+    return start
+
+
+@contextmanager
+def claim_home_first(b: ir.IRBuilder, team, counters, units, per_unit, name: str = "task"):
+    """Every task ``t`` of ``units * per_unit`` (unit ``t // per_unit``), each once, on a
+    :meth:`~jitbyoc.render.llvm.Ctx.parallel_for` over ``units`` (``team`` its task):
+    the units split into ranges as the launch splits them among its tasks, and each
+    task claims the tasks of its own range (:func:`claim_each`) before it moves on to
+    the next ranges'. A task then works on the data its range's units own (the input rows
+    it packed, the output rows it wrote the call before) unless another falls behind.
+    ``counters`` from :func:`home_counters`."""
+    ranges = smin(b, team.size, I64(HOME_RANGES))
+    mine = b.srem(team.index, ranges)
+    with for_range(b, ranges, f"{name}.range") as i:
+        r = b.srem(b.add(mine, i), ranges)
+        first = b.sdiv(b.mul(units, r), ranges)
+        last = b.sdiv(b.mul(units, b.add(r, I64(1))), ranges)
+        counter = b.add(counters, b.mul(r, I64(8 * _LINE)))
+        with claim_each(b, counter, b.mul(b.sub(last, first), per_unit), name) as k:
+            yield b.add(b.mul(first, per_unit), k)
 
 
 # When work is worth TVM's thread pool, by kind: a static size below the bound runs on
