@@ -60,7 +60,7 @@ API
   does it row by row when ``m`` is several output dims folded. ``None``: no epilogue.
 * **Threads.** the LLVM emitters and ``emit_c`` run ``ctx.parallel_for`` themselves (so never
   call them from inside one). The LLVM rendering splits the larger of M and N into
-  chunks that tasks take from an atomic counter (:mod:`.gemm_llvm`); the C rendering
+  chunks that tasks take from atomic counters, their own range first (:mod:`.gemm_llvm`); the C rendering
   splits rows statically. Packing buffers come from ``TVMBackendAllocWorkspace`` inside
   each task; static problems under :data:`SERIAL_MAX_MACS` stay on the calling thread.
 * **Layers.** :mod:`.gemm_micro` holds the LLVM pieces a custom operand may reuse

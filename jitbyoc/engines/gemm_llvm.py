@@ -3,9 +3,11 @@
 Work is split along the larger of M and N into *parts* (MR rows or NR columns), parts
 are grouped into :data:`CHUNKS` chunks per batch item (fewer when there are fewer parts)
 of equal size give or take a part, and every task of TVM's
-pool takes chunks from a shared atomic counter until none is left: on a machine shared
-with other processes a thread that gets less CPU simply takes fewer chunks, where a
-static split would make the whole product wait for it.
+pool takes chunks from atomic counters until none is left, those of its own range of
+chunks first (:func:`~jitbyoc.render.loops.claim_home_first`: the columns, a conv's
+pixels, its neighbours in the model worked on): on a machine shared with other processes
+a thread that gets less CPU simply takes fewer chunks, where a static split would make
+the whole product wait for it.
 
 Per chunk, the loop nest (outermost first) is: MC rows of A (one block when A is read
 in place), KC of K, NC columns (B packed ``kc x nc``, stays in L2), MR rows (the A

@@ -106,16 +106,10 @@ class Facts:
 
 class Team:
     """The task a :meth:`Ctx.parallel_for` body runs as (``ctx.team`` there): its index
-    and the number of tasks (i64 values), and TVM's barrier across them."""
+    and the number of tasks of the launch (i64 values)."""
 
-    def __init__(self, index, size, task, penv):
-        self.index, self.size, self._task, self._penv = index, size, task, penv
-
-    def barrier(self, b: ir.IRBuilder) -> None:
-        """Wait until every task of the launch has reached this point (``TVMBackendParallelBarrier``;
-        stores before it are visible to every task after it)."""
-        fn = declare(b.module, "TVMBackendParallelBarrier", I32, [I32, PTR])
-        b.call(fn, [self._task, self._penv])
+    def __init__(self, index, size):
+        self.index, self.size = index, size
 
 
 class Ctx:
@@ -206,7 +200,7 @@ class Ctx:
         t = cb.sext(task, I64)
         lo = cb.sdiv(cb.mul(n, t), num)
         hi = cb.sdiv(cb.mul(n, cb.add(t, I64(1))), num)
-        child.team = Team(t, num, task, penv)
+        child.team = Team(t, num)
         body(child, lo, hi, more)
         cb.ret(I32(0))
 
