@@ -14,8 +14,7 @@ from tvm import relax
 import jitbyoc
 from jitbyoc.build import driver
 from jitbyoc.engines import conv_plan
-from jitbyoc.engines.conv_plan import Layout, Plan, workspace_size
-from jitbyoc.ir import kir
+from jitbyoc.engines.conv_plan import Layout, Plan
 from jitbyoc.kernels.conv2d import Conv2d, ConvGeometry
 from tests.spatial_util import CC, build, grid_model, random_inputs, run, run_c
 
@@ -209,13 +208,8 @@ def outputs_with_plan(mod, args, plan: tuple, calls: int) -> list:
     (region,) = jitbyoc.inspect(mod)
     (stage,) = region.kernel.stages
     dense, lanes, j, v, rows = plan
-    plan = Plan(Layout(stage.geo, dense), lanes, j, v, min(rows, stage.geo.oh))
-    work = kir.Buffer(stage.work.name if stage.work else "forced_work", (stage.geo.n, workspace_size(plan, F32)), F32)
-    if stage.work is None:  # a depthwise conv (depthwise_llvm) plans no workspace
-        region.kernel.temps.append(work)
-    else:
-        region.kernel.temps[region.kernel.temps.index(stage.work)] = work
-    stage.plan, stage.work = plan, work
+    # the engines pack into workspaces of each thread's own: no region buffer to resize
+    stage.plan = Plan(Layout(stage.geo, dense), lanes, j, v, min(rows, stage.geo.oh))
     fn, tensors = driver.load_region(region)[region.symbol], [tvm.runtime.tensor(a) for a in args]
     out, outs = tvm.runtime.empty(tuple(stage.out.shape), F32), []
     for _ in range(calls):

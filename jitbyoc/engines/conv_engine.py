@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from ..ir.dtypes import dtype as lookup_dtype
-from ..ir.llvmtypes import I1, I8, I32, I64, PTR, declare
-from ..render.loops import ceil_div, claim_home_first, for_range, home_counters, smax, smin
+from ..ir.llvmtypes import I32, I64, PTR, declare
+from ..render.loops import ceil_div, claim_home_first, for_range, home_counters, smax, smin, zero_bytes
 from ..render.vectors import lane_mask, lanes, multiply_add, splat, strips, vload, vstore, vtype
 from . import registry
 from .conv_plan import plane_table, tap_table, workspace_size
@@ -125,9 +125,7 @@ class Emit:
 
     # ---- 1. pack -------------------------------------------------------------------------------
     def memset0(self, c, offset, count) -> None:
-        fn = declare(c.module, "llvm.memset.p0.i64", ir.VoidType(), [PTR, I8, I64, I1])
-        nbytes = c.b.mul(count, I64(self.elem.nbytes))
-        c.b.call(fn, [c.element(self.bufs["work"], offset), I8(0), nbytes, I1(0)])
+        zero_bytes(c.b, c.element(self.bufs["work"], offset), c.b.mul(count, I64(self.elem.nbytes)))
 
     # A row of a plane is short (a 56-wide map: 224 bytes, halos of a pixel or two): its
     # copy and halos are inline vector stores, not libc calls. 64 channels of a 3x3 conv

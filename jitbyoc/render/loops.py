@@ -94,9 +94,14 @@ def home_counters(b: ir.IRBuilder) -> ir.Value:
     with b.goto_block(b.function.entry_basic_block):
         slots = b.alloca(ir.ArrayType(I64, (HOME_RANGES + 1) * _LINE))
     start = b.and_(b.add(b.ptrtoint(slots, I64), I64(8 * _LINE - 1)), I64(-8 * _LINE))  # line-aligned
-    memset = declare(b.module, "llvm.memset.p0.i64", ir.VoidType(), [PTR, I8, I64, I1])
-    b.call(memset, [b.inttoptr(start, PTR), I8(0), I64(HOME_RANGES * _LINE * 8), I1(0)])
+    zero_bytes(b, b.inttoptr(start, PTR), I64(HOME_RANGES * _LINE * 8))
     return start
+
+
+def zero_bytes(b: ir.IRBuilder, ptr, nbytes) -> None:
+    """``memset(ptr, 0, nbytes)`` (``llvm.memset``; ``nbytes`` an i64 value)."""
+    memset = declare(b.module, "llvm.memset.p0.i64", ir.VoidType(), [PTR, I8, I64, I1])
+    b.call(memset, [ptr, I8(0), nbytes, I1(0)])
 
 
 @contextmanager
