@@ -71,3 +71,20 @@ def test_profile_of_tvm_alone_has_no_jitbyoc_rows():
     prof = jitbyoc.profile(ex, *_args(1), repeat=2, warmup=0, peak_gflops=100.0)
     assert prof.rows and all(r.owner != "jitbyoc" for r in prof.rows)
     assert prof.gflop == 0.0
+
+
+def test_peak_is_one_thread_times_threads_when_threads_together_run_on_one_core(monkeypatch):
+    """Two threads measured together at one core's rate (the other core busy elsewhere
+    for that moment) must not become the yardstick: % of peak would read double."""
+    from jitbyoc import peak
+
+    rates = {1: 110.0, 2: 112.0}  # 2 threads together: one core's rate
+    monkeypatch.setattr(peak, "fma_peak", lambda threads, iters=0: rates[threads])
+    peak._measured.cache_clear()
+    try:
+        assert peak.measured_peak(2) == 220.0
+        rates[2] = 230.0
+        peak._measured.cache_clear()
+        assert peak.measured_peak(2) == 230.0
+    finally:
+        peak._measured.cache_clear()

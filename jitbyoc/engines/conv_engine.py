@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from ..ir.dtypes import dtype as lookup_dtype
-from ..ir.llvmtypes import I32, I64, PTR, declare
+from ..ir.llvmtypes import I32, I64, PTR
 from ..render.loops import ceil_div, claim_home_first, for_range, home_counters, smax, smin, zero_bytes
-from ..render.vectors import lane_mask, lanes, multiply_add, splat, strips, vload, vstore, vtype
+from ..render.vectors import lane_mask, lanes, multiply_add, prefetch, splat, strips, vload, vstore, vtype
 from . import registry
 from .conv_plan import plane_table, tap_table, workspace_size
 from .gemm_llvm import free_workspace, workspace
@@ -263,7 +263,6 @@ class Emit:
         """``accs[j*V + v] = sum over channels and taps`` for the chunk at ``xoff``."""
         b, s, e, vt, elem = c.b, c.syms, self.e, self.vt, self.elem
         taps = b.inttoptr(s["taptab"], PTR)
-        prefetch = declare(c.module, "llvm.prefetch.p0", ir.VoidType(), [PTR, I32, I32, I32])
         for a in accs:
             b.store(ir.Constant(vt, None), a)
         step = I64(e.j if e.packed else 1)  # between a channel's weights of two taps
@@ -277,7 +276,7 @@ class Emit:
                 off = b.load(b.gep(taps, [t], source_etype=I64), typ=I64)
                 for v in sorted({0, e.v - 1}):  # a later channel's window, while this one computes
                     at = b.gep(ahead, [b.add(off, I64(v * e.lanes))], source_etype=elem.ir)
-                    b.call(prefetch, [at, I32(0), I32(3), I32(1)])
+                    prefetch(b, at)
                 vals = [b.load(a, typ=vt) for a in accs]
                 xs = [b.load(b.gep(xp, [b.add(off, I64(v * e.lanes))], source_etype=elem.ir),
                              typ=vt, align=elem.nbytes) for v in range(e.v)]

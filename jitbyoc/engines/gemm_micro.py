@@ -11,9 +11,19 @@ from __future__ import annotations
 from llvmlite import ir
 
 from ..ir.dtypes import dtype as lookup_dtype
-from ..ir.llvmtypes import I1, I8, I32, I64, PTR
+from ..ir.llvmtypes import I1, I32, I64, PTR
 from ..render.loops import for_range
-from ..render.vectors import VECTOR_BYTES, intrinsic, lane_mask, lanes, multiply_add, splat, vload, vstore, vtype
+from ..render.vectors import (
+    VECTOR_BYTES,
+    lane_mask,
+    lanes,
+    multiply_add,
+    prefetch,
+    splat,
+    vload,
+    vstore,
+    vtype,
+)
 
 
 def gep(b, ptr, offset, dt):
@@ -110,11 +120,8 @@ def _fma_step(b, dt, rows, aks, bp, bks, masks):
 def _prefetch_tile(b, dt, c, ldc, mr, nv):
     """Ask for the C tile (for writing) before the k loop, so its read-modify-write at the
     end does not wait on memory; a prefetch never faults, so edge rows need no guard."""
-    prefetch = intrinsic(b.module, "llvm.prefetch.p0", ir.VoidType(), [PTR, I32, I32, I32])
     for i in range(mr):
-        row = gep(b, c, b.mul(I64(i), ldc), dt)
-        for j in range(0, nv * VECTOR_BYTES, 64):
-            b.call(prefetch, [b.gep(row, [I64(j)], source_etype=I8), I32(1), I32(3), I32(1)])
+        prefetch(b, gep(b, c, b.mul(I64(i), ldc), dt), write=True, nbytes=nv * VECTOR_BYTES)
 
 
 def _carry_loop(b, start, stop, init, body, name):
