@@ -1,7 +1,8 @@
 """Which machine a build compiles for: what its TVM target names.
 
 Plain ``"llvm"`` (no ``mcpu`` or ``mattr``, no triple of another architecture), or
-``mcpu=native``, means this machine, with every feature it has (TVM's own code for plain ``"llvm"`` is baseline
+``mcpu=native`` or ``mcpu=host`` (LLVM's tools' name; TVM's codegen rejects it and
+falls back to ``generic``), means this machine, with every feature it has (TVM's own code for plain ``"llvm"`` is baseline
 x86-64; jitbyoc's is not: that is what a user building on the machine that runs the model
 wants). Otherwise the target decides, as it does for TVM's LLVM codegen: the triple (the
 host's when not given), the CPU (``generic`` when not given) and the complete feature set
@@ -19,6 +20,9 @@ from ..render import isa
 from ..render.isa import Machine
 
 ARCHES = ("x86_64", "aarch64")  # what jitbyoc's kernels are written and tested for
+# CPU names meaning "the CPU this runs on": LLVM has no processor called "host" (passed
+# on, it printed "'host' is not a recognized processor" per region and built SSE2 code)
+HOST_CPU_NAMES = ("native", "host")
 
 
 def _names_a_machine(target) -> bool:
@@ -27,7 +31,7 @@ def _names_a_machine(target) -> bool:
     attrs = target.attrs
     arch = str(attrs.get("mtriple") or isa.host().triple).split("-")[0]
     cpu = str(attrs.get("mcpu") or "")
-    return bool(cpu and cpu != "native" or attrs.get("mattr") or arch != isa.host().arch)
+    return bool(cpu and cpu not in HOST_CPU_NAMES or attrs.get("mattr") or arch != isa.host().arch)
 
 
 def machine_for(target) -> Machine | str:
