@@ -140,6 +140,7 @@ def _registers(obj) -> dict:
     (dict(mcpu="haswell"), {"xmm", "ymm"}),
     (dict(mcpu="x86-64"), {"xmm"}),
     (dict(mcpu="x86-64", mattr=["+avx2", "+fma"]), {"xmm", "ymm"}),
+    (dict(mcpu="znver4", mattr=["-avx512f"]), {"xmm", "ymm"}),  # a feature taken from the CPU
 ])
 def test_exported_x86_objects_use_only_their_targets_registers(attrs, allowed, tmp_path):
     with jitbyoc.enabled():

@@ -14,7 +14,7 @@ architecture leaves the build to TVM whole, with the reason in the offload repor
 
 from __future__ import annotations
 
-from tvm.target import codegen
+from tvm.target import Target, codegen
 
 from ..render import isa
 from ..render.isa import Machine
@@ -46,5 +46,17 @@ def machine_for(target) -> Machine | str:
     if arch not in ARCHES:
         return f"target triple {triple}: jitbyoc compiles for {', '.join(ARCHES)} only"
     cpu = str(attrs.get("mcpu") or "") or "generic"
-    features = sorted(str(f) for f in codegen.llvm_get_cpu_features(target))
-    return Machine(triple, cpu, ",".join(f"+{f}" for f in features))
+    cpu = host.cpu if cpu in HOST_CPU_NAMES else cpu
+    spec = {"kind": "llvm", "mcpu": cpu, **({"mtriple": triple} if attrs.get("mtriple") else {})}
+    mattr = [str(f) for f in attrs.get("mattr") or ()]
+    has = _features({**spec, "mattr": mattr} if mattr else spec)
+    # what the CPU has by default but the target's mattr took away must be switched off
+    # by name: LLVM starts from the CPU's own features (znver4 with -avx512f, listed as
+    # its other features only, still made zmm code)
+    lacks = _features(spec) - has if mattr else set()
+    return Machine(triple, cpu, ",".join([f"+{f}" for f in sorted(has)] + [f"-{f}" for f in sorted(lacks)]))
+
+
+def _features(spec: dict) -> set[str]:
+    """Every feature LLVM derives for a target (TVM's ``llvm_get_cpu_features``)."""
+    return {str(f) for f in codegen.llvm_get_cpu_features(Target(spec))}
