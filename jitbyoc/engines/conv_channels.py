@@ -42,7 +42,7 @@ from ..render.loops import ceil_div, for_range, smax, smin
 from ..render.vectors import multiply_add, splat
 from ..threads import physical_cores
 from . import conv_engine, registry
-from .conv_plan import DENSE_MAX_KW, MIN_TASKS, Layout, Plan, choose_plan, cost
+from .conv_plan import DENSE_MAX_KW, Layout, Plan, bands_wanted, choose_plan, cost
 from .gemm import blocking_for, panel_width
 from .gemm_llvm import chunks_of
 
@@ -112,7 +112,7 @@ def band_rows(geo, dt: str, r: int, v: int) -> int:
     :data:`.conv_plan.MIN_TASKS`, each at least one tile of ``r`` pixels."""
     batch = geo.n if isinstance(geo.n, int) else 1
     tasks = batch * math.ceil(math.ceil(geo.k / _lanes(dt)) / v)
-    rows = math.ceil(geo.oh / min(geo.oh, math.ceil(MIN_TASKS / tasks)))
+    rows = math.ceil(geo.oh / bands_wanted(geo, tasks))
     return min(geo.oh, max(rows, math.ceil(r / geo.ow)))
 
 

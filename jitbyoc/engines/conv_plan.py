@@ -25,6 +25,29 @@ from ..render.isa import vector_bits, vector_registers
 
 DENSE_MAX_KW = 16  # the dense layout copies the input once per kernel column: not for wide windows
 MIN_TASKS = 16  # split rows into bands until there are this many tasks (load balance)
+# and, where the input outweighs the weights, until there are this many units (bands of
+# one group of one image): a thread packs the input rows of the units it runs
+# (conv_engine.Emit.banded), so with one unit every thread packs all of it (an AVX2 3x3
+# 64->64 on 56x56 had one band of 56 rows), and a thread that takes a band from another
+# packs it first (smaller bands: cheaper to take). That conv, exported builds alternating
+# in one process, Zen 4, 2 threads: 1.539 / 1.942 ms with 4 units, 1.535 / 1.953 with 8,
+# 1.580 / 1.978 with 2, 1.647 / 2.001 with 1 (a quiet and a slow phase). Where the
+# weights are the bigger, a band per thread makes every thread read all of them instead
+# (ResNet's 3x3 256 on 14x14, AVX-512: 68-70 % of peak in two bands, 74-78 % in one)
+MIN_UNITS = 4
+
+
+def bands_wanted(geo, blocks: int) -> int:
+    """Row bands per image and group for ``blocks`` tasks per band (all images): enough
+    for :data:`MIN_TASKS` tasks and, when the input is larger than the weights,
+    :data:`MIN_UNITS` units; at most one per row."""
+    want = math.ceil(MIN_TASKS / blocks)
+    sizes = (geo.n, geo.c, geo.h, geo.w)
+    if all(isinstance(d, int) for d in sizes) and geo.c * geo.h * geo.w > geo.k * geo.cg * geo.kh * geo.kw:
+        want = max(want, math.ceil(MIN_UNITS / (geo.n * geo.groups)))
+    return min(geo.oh, want)
+
+
 MAX_V = 8  # vectors per chunk; the workspace's slack covers one chunk of full vectors
 # Register blocks (vector width divisor, J, V) preferred when nearly as cheap: each block
 # is a compiled engine (~100 ms of LLVM time on a machine's first build), so a model whose
@@ -175,7 +198,7 @@ def candidates(geo, dt: str):
                     if (j + 1) * v * _registers_per_vector(lanes, dt) > vector_registers() - 1:
                         continue
                     blocks = batch * geo.groups * math.ceil(geo.kg / j)
-                    rows = math.ceil(geo.oh / min(geo.oh, math.ceil(MIN_TASKS / blocks)))
+                    rows = math.ceil(geo.oh / bands_wanted(geo, blocks))
                     yield Plan(layout, lanes, j, v, rows)
 
 
