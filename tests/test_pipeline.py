@@ -256,9 +256,15 @@ def test_mismatched_llvm_majors_fail_clearly(monkeypatch):
 
 
 def test_identical_regions_are_compiled_once_and_counted_per_call():
+    """One region function per set of the user's names among its inputs (the first region
+    takes ``a``, the second the intermediate ``y``), both on one code, compiled once."""
     rep = jitbyoc.report(models.TwinRegions)
     assert rep.offloaded_ops == 4 and rep.total_ops == 5
-    assert [r.calls for r in rep.regions] == [2]
+    assert [r.calls for r in rep.regions] == [1, 1]
+    assert len({r.symbol.rsplit("_", 1)[0] for r in rep.regions}) == 1
+    again = relax.utils.copy_with_new_vars(models.TwinRegions["main"]).with_attr("global_symbol", "again")
+    twice = tvm.IRModule({"main": models.TwinRegions["main"], "again": again})
+    assert [r.calls for r in jitbyoc.report(twice).regions] == [2, 2]  # the same names: shared
     a, b = rand(4, 16), rand(4, 16, seed=1)
     want = np.maximum(np.sort(np.maximum(a + b, 0), axis=1) + b, 0)
     np.testing.assert_allclose(run(build(models.TwinRegions, True), a, b), want, rtol=1e-5, atol=1e-5)

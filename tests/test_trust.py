@@ -366,3 +366,38 @@ def test_every_canonical_field_counts():
         keys[name, shape, axis] = lower_region(func).key
     assert keys["a", (4, 6), 0] == keys["b", (4, 6), 0]
     assert len({keys[k] for k in keys if k[0] == "a"}) == 4
+
+
+def _same_region_in_two_functions(prefixes):
+    bb = relax.BlockBuilder()
+    for fname, pre in zip(("main", "second"), prefixes):
+        x = relax.Var(pre + "x", relax.TensorType((4, 8), "float32"))
+        w = relax.Var(pre + "w", relax.TensorType((8, 8), "float32"))
+        with bb.function(fname, [x, w]):
+            with bb.dataflow():
+                out = bb.emit_output(relax.op.nn.relu(relax.op.matmul(x, w)))
+            bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("target", ["llvm", "c"])
+def test_one_regions_code_called_from_two_functions_reports_each_callers_names(target):
+    """Two functions with the same region under other names: TVM's BlockBuilder merged
+    their region functions, names aside, and the second function's errors named the
+    first's arguments. Same names still make one region function."""
+    with jitbyoc.enabled():
+        ex = tvm.compile(_same_region_in_two_functions(("a_", "b_")), target=target)
+    regions = jitbyoc.last_report().regions
+    assert len(regions) == 2 and len({r.symbol.rsplit("_", 1)[0] for r in regions}) == 1  # one code
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    strided = tvm_ffi.from_dlpack(np.ones((4, 16), "float32")[:, ::2])
+    w = tvm.runtime.tensor(np.ones((8, 8), "float32"))
+    for fname, name, other in (("main", "a_x", "b_x"), ("second", "b_x", "a_x")):
+        with pytest.raises(ValueError) as err:
+            vm[fname](strided, w)
+        assert f"('{name}', input 0)" in str(err.value) and other not in str(err.value)
+    good = tvm.runtime.tensor(np.ones((4, 8), "float32"))
+    np.testing.assert_allclose(vm["second"](good, w).numpy(), np.full((4, 8), 8.0))
+    with jitbyoc.enabled():
+        tvm.compile(_same_region_in_two_functions(("", "")), target=target)
+    assert len(jitbyoc.last_report().regions) == 1

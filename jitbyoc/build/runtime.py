@@ -55,8 +55,9 @@ def _module_asm(symbol: str, asm: str) -> list[str]:
 
 
 def _trampoline(symbol: str, code: str, texts: list[str], checked: bool) -> str:
-    """``__tvm_ffi_<symbol>``: calls the code's entry with this use's names table (after
-    the CPU check, :mod:`.cpu_check`, when the module has one)."""
+    """``__tvm_ffi_<symbol>``: calls the code's entry (declared once per module by
+    :func:`module_text`) with this use's names table (after the CPU check,
+    :mod:`.cpu_check`, when the module has one)."""
     offsets, blob = names_table(texts)
     words = ", ".join(f"i64 {o}" for o in offsets)
     ty = f"{{ [{len(offsets)} x i64], [{len(blob)} x i8] }}"
@@ -65,7 +66,6 @@ def _trampoline(symbol: str, code: str, texts: list[str], checked: bool) -> str:
     body = cpu_check.guard(call) if checked else [call, "  ret i32 %r"]
     return "\n".join([f'@"{symbol}.names" = private unnamed_addr constant {ty} '
                       f'{{ [{len(offsets)} x i64] [{words}], [{len(blob)} x i8] c"{ir_bytes(blob)}" }}, align 8',
-                      f"declare i32 @{entry}(ptr, ptr, i32, ptr, ptr)",
                       f"define i32 @__tvm_ffi_{symbol}(ptr %self, ptr %args, i32 %n, ptr %ret) {{",
                       "entry:", *body, "}"])
 
@@ -101,6 +101,8 @@ def module_text(codes: dict[str, str], engines: dict[str, str], uses: dict[str, 
     check = cpu_check.module_ir(isa.current())
     if check:
         parts.append(check)
+    for code in dict.fromkeys(code for code, _ in uses.values()):  # once: uses may share code
+        parts.append(f"declare i32 @{entry_symbol(code)}(ptr, ptr, i32, ptr, ptr)")
     for symbol, (code, texts) in uses.items():
         parts.append(_trampoline(symbol, code, texts, bool(check)))
     parts += ["!llvm.module.flags = !{!0}",

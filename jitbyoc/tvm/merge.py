@@ -22,6 +22,8 @@ only that layer.
 
 from __future__ import annotations
 
+import json
+
 import tvm
 from tvm import relax
 from tvm.ir import TupleType
@@ -30,6 +32,7 @@ from tvm.relax.utils import copy_with_new_vars
 from ..ir.rules import anchor_ops
 
 CODEGEN = "jitbyoc"
+NAMES_ATTR = "jitbyoc_names"  # a region function's parameter names and types (JSON)
 
 
 SOFTMAX = "relax.nn.softmax"
@@ -59,6 +62,7 @@ class _Merger:
         self.anchors = {gv for gv, f in self.composites.items() if _calls(f, anchor_ops())}
         self.softmaxes = {gv for gv, f in self.composites.items() if _calls(f, {SOFTMAX})}
         self._free: dict = {}  # a binding value's handle -> its free variables
+        self.params: frozenset = frozenset()  # the parameters of the function being walked
 
     def free_vars(self, value) -> frozenset:
         """``relax.analysis.free_vars(value)``, once per value (keyed by handle: comparing
@@ -240,8 +244,15 @@ class _Merger:
         ret = [remap[o] for o in outputs]
         body = relax.SeqExpr([relax.BindingBlock(bindings)], ret[0] if len(ret) == 1 else relax.Tuple(ret))
         ret_ty = ret[0].ty if len(ret) == 1 else TupleType([r.ty for r in ret])
+        # the names of the user's inputs among its arguments (and their size names, in
+        # the types) as an attribute: BlockBuilder's add_func merges structurally equal
+        # functions, names aside, and one region function called by two functions
+        # reported the first one's names in errors. An intermediate value's name is left
+        # out: the VM made it, a call cannot get it wrong, and BERT's 12 layers keep
+        # sharing their regions
+        names = json.dumps([[p.name, str(p.ty)] if a in self.params else "" for a, p in zip(inputs, params)])
         return relax.Function(params, body, ret_ty, True,
-                              tvm.ir.make_node("ir.DictAttrs", **{"Codegen": CODEGEN}))
+                              tvm.ir.make_node("ir.DictAttrs", **{"Codegen": CODEGEN, NAMES_ATTR: names}))
 
 
 def merge_regions(mod: tvm.IRModule) -> tvm.IRModule:
@@ -252,6 +263,7 @@ def merge_regions(mod: tvm.IRModule) -> tvm.IRModule:
         if gv in m.composites:
             continue
         if isinstance(f, relax.Function) and not (f.attrs and "Codegen" in f.attrs):
+            m.params = frozenset(f.params)
             f = relax.Function(f.params, m.expr(f.body), f.ret_ty, f.is_pure, f.attrs)
         funcs[gv] = f
     funcs.update(m.bb.get().functions)
