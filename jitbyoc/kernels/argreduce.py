@@ -37,17 +37,23 @@ class ArgReduce(PortableStage, kir.KernelStage):
     axis: int | None = None
     kind: str = "argmax"
 
+    def sizes(self, e) -> tuple:
+        """(outer, n, inner) in ``e``: a threaded body must size things in its own
+        function (values of the launching one are undefined there: symbolic sizes)."""
+        x = self.inputs[0]
+        if self.axis is None:
+            return 1, e.product(x.shape), 1
+        a = self.axis
+        return e.product(x.shape[:a]), e.dim(x.shape[a]), e.product(x.shape[a + 1:])
+
     def emit(self, e) -> None:
         x, out = self.inputs[0], self.out
         dt = x.dtype
-        if self.axis is None:
-            outer, n, inner = 1, e.product(x.shape), 1
-        else:
-            a = self.axis
-            outer, n, inner = e.product(x.shape[:a]), e.dim(x.shape[a]), e.product(x.shape[a + 1:])
+        outer, _, inner = self.sizes(e)
         strict, keep, _ = KINDS[self.kind]
 
         def body(e, lo, hi):
+            _, n, inner = self.sizes(e)
             with e.loop(hi, lo, "p") as p:
                 o, i = e.let(e.div(p, inner)), e.let(e.rem(p, inner))
                 base = e.let(e.add(e.mul(o, e.mul(n, inner)), i))

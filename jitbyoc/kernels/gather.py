@@ -94,10 +94,10 @@ class GatherElements(PortableStage, kir.KernelStage):
     def emit(self, e) -> None:
         x, ind = self.inputs
         out, axis = self.out, self.axis
-        strides = [e.product(x.shape[k + 1:]) for k in range(x.ndim)]
-        n, width = e.dim(x.shape[axis]), e.dim(out.shape[-1])
 
-        def row(e, r, pos):
+        def row(e, r, pos):  # sized in its own function (a threaded body's: see ArgReduce.sizes)
+            strides = [e.product(x.shape[k + 1:]) for k in range(x.ndim)]
+            n, width = e.dim(x.shape[axis]), e.dim(out.shape[-1])
             with e.loop(width, 0, "k") as k:
                 at = e.let(e.add(e.mul(r, width), k))
                 coords = pos + [k]
@@ -149,11 +149,11 @@ class OneHot(PortableStage, kir.KernelStage):
     def emit(self, e) -> None:
         (ind,), out, axis = self.inputs, self.out, self.axis
         dt = out.dtype
-        strides = [e.product(ind.shape[k + 1:]) for k in range(ind.ndim)]
-        width = e.dim(out.shape[-1])
         on, off = e.const(self.on, dt), e.const(self.off, dt)
 
         def row(e, r, pos):
+            strides = [e.product(ind.shape[k + 1:]) for k in range(ind.ndim)]
+            width = e.dim(out.shape[-1])
             with e.loop(width, 0, "k") as k:
                 coords = pos + [k]
                 at = dot(e, coords[:axis] + coords[axis + 1:], strides)
@@ -201,11 +201,11 @@ class GatherND(PortableStage, kir.KernelStage):
     def emit(self, e) -> None:
         x, ind = self.inputs
         out, b, m = self.out, self.batch_dims, ind.shape[-1]
-        strides = [e.product(x.shape[k + 1:]) for k in range(b + m)]
-        width = e.product(x.shape[b + m:])
         lead = ind.shape[:-1]
 
         def body(e, lo, hi):
+            strides = [e.product(x.shape[k + 1:]) for k in range(b + m)]
+            width = e.product(x.shape[b + m:])
             with e.loop(hi, lo, "p") as p:
                 batch = unravel(e, p, [e.dim(d) for d in lead])[:b]
                 coords = [_wrapped(e, e.index(e.load(ind, e.add(e.mul(p, m), k)), ind.dtype), e.dim(x.shape[b + k]))

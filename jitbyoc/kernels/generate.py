@@ -94,9 +94,10 @@ class Triangle(PortableStage, kir.KernelStage):
 
     def emit(self, e) -> None:
         (x,), out, dt = self.inputs, self.out, self.out.dtype
-        width, zero = e.dim(out.shape[-1]), e.const(0, dt)
+        zero = e.const(0, dt)
 
-        def row(e, r, pos):
+        def row(e, r, pos):  # sized in its own function (a threaded body's: see ArgReduce.sizes)
+            width = e.dim(out.shape[-1])
             first = e.let(e.add(pos[-1], self.k))  # row + k: the last (tril) / first (triu) column kept
             with e.loop(width, 0, "j") as j:
                 at = e.let(e.add(e.mul(r, width), j))
@@ -140,9 +141,10 @@ class Eye(PortableStage, kir.KernelStage):
 
     def emit(self, e) -> None:
         out, dt = self.out, self.out.dtype
-        width, one, zero = e.dim(out.shape[-1]), e.const(1, dt), e.const(0, dt)
+        one, zero = e.const(1, dt), e.const(0, dt)
 
         def row(e, r, pos):
+            width = e.dim(out.shape[-1])
             diagonal = e.let(e.add(pos[-1], self.k))
             with e.loop(width, 0, "j") as j:
                 e.store(out, e.add(e.mul(r, width), j), e.select(e.eq(j, diagonal), one, zero))

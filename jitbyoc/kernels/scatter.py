@@ -60,9 +60,12 @@ class ScatterElements(PortableStage, kir.KernelStage):
                 e.copy(out, p, data, p)
 
         e.parallel(e.product(out.shape), copy, threaded(out.shape, "copy"))
-        n_out, n_ind, after = e.dim(out.shape[a]), e.dim(ind.shape[a]), e.product(ind.shape[a + 1:])
+
+        def sizes(e):  # in the threaded body's own function too (see ArgReduce.sizes)
+            return e.dim(out.shape[a]), e.dim(ind.shape[a]), e.product(ind.shape[a + 1:])
 
         def scatter(e, lo, hi):
+            n_out, n_ind, after = sizes(e)
             with e.loop(hi, lo, "t") as t:
                 i, j = e.let(e.div(t, after)), e.let(e.rem(t, after))
                 first_in = e.let(e.add(e.mul(i, e.mul(n_ind, after)), j))
@@ -72,7 +75,7 @@ class ScatterElements(PortableStage, kir.KernelStage):
                     at = _wrapped(e, e.index(e.load(ind, src), ind.dtype), n_out)
                     _fold(self, e, e.let(e.add(first_out, e.mul(at, after))), src)
 
-        e.parallel(e.mul(e.product(ind.shape[:a]), after), scatter, threaded(ind.shape, "copy"))
+        e.parallel(e.mul(e.product(ind.shape[:a]), sizes(e)[2]), scatter, threaded(ind.shape, "copy"))
         if self.epilogue is not None:
             with e.loop(e.product(out.shape), 0, "q") as q:
                 e.epilogue(self, unravel(e, q, [e.dim(d) for d in out.shape]), [1] * out.ndim)

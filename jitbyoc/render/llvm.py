@@ -203,6 +203,7 @@ class Ctx:
         child.team = Team(t, num)
         body(child, lo, hi, more)
         cb.ret(I32(0))
+        _check_own_values(fn)
 
     # ---- fused epilogues -------------------------------------------------------------------
     def epilogue(self, stage: kir.KernelStage, origin, extent) -> None:
@@ -277,6 +278,20 @@ class Ctx:
         for d, p in zip(shape, pos):
             off = self.b.add(self.b.mul(off, self.dim(d)), ir.Constant(I64, 0) if broadcast and d == 1 else p)
         return off
+
+
+def _check_own_values(fn: ir.Function) -> None:
+    """A threaded body must compute what it uses (sizes included) in its own function: a
+    value of the launching function is undefined there, which LLVM rejects at parse time
+    with no word of the kernel (symbolic sizes; static ones are constants)."""
+    for block in fn.blocks:
+        for inst in block.instructions:
+            for v in getattr(inst, "operands", ()):
+                owner = v.parent.parent if isinstance(v, ir.Instruction) else \
+                    v.parent if isinstance(v, ir.Argument) else fn
+                if owner is not fn:
+                    raise RenderError(f"{fn.name}: a threaded body uses {v.get_reference()} of "
+                                      f"{owner.name}, which is undefined in it")
 
 
 def vector_lanes(out: kir.Buffer, bufs, inner, exprs=()) -> int | None:
