@@ -405,3 +405,25 @@ def test_released_modules_are_freed_without_a_cyclic_collection():
     finally:
         if was:
             gc.enable()
+
+
+@pytest.mark.parametrize("middle", ["sort", "zeros_like", "cumprod"])
+def test_a_composite_whose_other_operand_depends_on_its_anchor_still_offloads(middle):
+    """softmax(matmul(x, w) + f(matmul(x, w))) with f left to TVM (sort) or not: the
+    matmul + add composite would wrap around f, a cycle TVM's FuseOpsByPattern refuses,
+    and the whole model went to TVM. Single ops are partitioned instead."""
+    ops = {"sort": lambda a: relax.op.sort(a, axis=-1), "zeros_like": relax.op.zeros_like,
+           "cumprod": lambda a: relax.op.cumprod(a, axis=1)}
+    bb = relax.BlockBuilder()
+    x, w = relax.Var("x", relax.TensorType((4, 8), "float32")), relax.Var("w", relax.TensorType((8, 8), "float32"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            a = bb.emit(relax.op.matmul(x, w))
+            b = bb.emit(ops[middle](a))
+            out = bb.emit_output(relax.op.nn.softmax(relax.op.add(a, b)))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    rep = jitbyoc.report(mod)
+    assert rep.offloaded_ops >= 3, str(rep)
+    args = rand(4, 8), rand(8, 8, seed=1)
+    np.testing.assert_allclose(run(build(mod, True), *args), run(build(mod, False), *args), rtol=1e-5, atol=1e-6)

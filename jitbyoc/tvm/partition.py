@@ -111,14 +111,22 @@ def _partition_prepared(mod: tvm.IRModule) -> tuple[tvm.IRModule, dict]:
     prepared = prepare(mod, ops)
     if prepared is not mod:  # folding may have removed ops (shape_of, pad)
         mod, ops = prepared, _ops_in(prepared)
+    composites = True
     for _ in range(MAX_REJECTIONS):  # a rejection changes no op: ``ops`` stays right
         try:
-            return _partition_once(mod, ops)
+            return _partition_once(mod, ops, composites)
         except LoweringError as err:
             log.warning("%s; that op stays with TVM", err)
         except tvm.error.InternalError as err:  # TVM's own passes on what the patterns matched
-            log.warning("jitbyoc: partitioning failed in TVM (%s); all of it stays with TVM",
-                        str(err).strip().splitlines()[-1])
+            why = str(err).strip().splitlines()[-1]
+            if composites:
+                # a composite (matmul + add) whose other operand depends on its anchor
+                # through an op left to TVM (add(a, sort(a))) makes a cycle FuseOpsByPattern
+                # refuses; single ops, merged by jitbyoc's own region merging, do not
+                log.info("jitbyoc: partitioning failed in TVM (%s); again with single ops", why)
+                composites = False
+                continue
+            log.warning("jitbyoc: partitioning failed in TVM (%s); all of it stays with TVM", why)
             return mod, {}
     log.warning("jitbyoc: %d lowering failures in one module; all of it stays with TVM", MAX_REJECTIONS)
     return mod, {}
@@ -141,10 +149,12 @@ def _lower(gv: tvm.ir.GlobalVar, func: relax.Function) -> lower.Lowered:
         raise
 
 
-def _partition_once(mod: tvm.IRModule, ops: set[str]) -> tuple[tvm.IRModule, dict]:
+def _partition_once(mod: tvm.IRModule, ops: set[str], composites: bool = True) -> tuple[tvm.IRModule, dict]:
     # only patterns whose ops all occur (``ops``; matching costs per pattern and node:
-    # ResNet-18's and the encoder's partitioning took 22 ms with all 92)
-    found = [p for p in get_patterns_with_prefix(PREFIX) if OPS_USED.get(p.name, frozenset()) <= ops]
+    # ResNet-18's and the encoder's partitioning took 22 ms with all 92); without
+    # ``composites``, single ops only (merge_regions still gathers them into regions)
+    found = [p for p in get_patterns_with_prefix(PREFIX) if OPS_USED.get(p.name, frozenset()) <= ops
+             and (composites or len(OPS_USED.get(p.name, ())) == 1)]
     fuse = FuseOpsByPattern(patterns.one_pass(found), bind_constants=False, annotate_codegen=False)
     mod = fuse(mod)
     retyped = retype_composites(mod)
