@@ -41,9 +41,12 @@ class Work:
     inputs: int
     sizes: dict = field(default_factory=dict)  # derived sizes (jitbyoc.ir.sizes)
 
-    def signature(self) -> str:
-        """The argument shapes, as ``1x64x56x56, 64x64x1x1 -> 1x64x56x56``."""
-        shown = ["x".join(map(str, p)) or "scalar" for p in self.params]
+    def signature(self, shapes=None) -> str:
+        """The argument shapes, as ``1x64x56x56, 64x64x1x1 -> 1x64x56x56``: those of a
+        call (``shapes``) when given, not the declared ones, whose symbolic dims carry
+        jitbyoc's own size names (``sym0``)."""
+        params = shapes if shapes is not None and len(shapes) == len(self.params) else self.params
+        shown = ["x".join(map(str, p)) or "scalar" for p in params]
         return ", ".join(shown[:self.inputs]) + " -> " + ", ".join(shown[self.inputs:])
 
     def flops(self, shapes: list[tuple[int, ...]]) -> float | None:
@@ -132,6 +135,7 @@ class _Recorder:
     def __init__(self):
         self.runs: list[dict[str, list[float]]] = []
         self.flops: dict[str, float | None] = {}
+        self.shapes: dict[str, list[tuple]] = {}  # of each callee's first call's arguments
         self._open: list[tuple[str, float]] = []
 
     def __call__(self, func, symbol, before_run, ret, *args):
@@ -143,7 +147,7 @@ class _Recorder:
         self.runs[-1].setdefault(name, []).append(now - start)
         if name not in self.flops:
             work = _WORK.get(name)
-            shapes = [tuple(a.shape) for a in args if hasattr(a, "shape")]
+            shapes = self.shapes[name] = [tuple(int(d) for d in a.shape) for a in args if hasattr(a, "shape")]
             self.flops[name] = work.flops(shapes) if work is not None else None
         return 0
 
@@ -161,7 +165,7 @@ def _rows(rec: _Recorder, peak: float) -> list[Row]:
         per_run = [sum(run.get(name, [])) for run in rec.runs]
         work = _WORK.get(name)
         rows.append(Row(name, _owner(name, work), ", ".join(work.ops) if work else name,
-                        work.signature() if work else "", len(rec.runs[-1].get(name, [])),
+                        work.signature(rec.shapes.get(name)) if work else "", len(rec.runs[-1].get(name, [])),
                         statistics.median(per_run)))
     total = sum(r.seconds for r in rows) or 1.0
     for r in rows:

@@ -63,6 +63,8 @@ def test_profile_binds_symbolic_sizes_from_the_arguments():
     for n in (1, 3):
         prof = jitbyoc.profile(vm, *_args(n), repeat=2, warmup=1, peak_gflops=100.0)
         assert abs(prof.gflop - _expected_gflop(n)) < 1e-12
+        conv = next(r for r in prof.rows if "conv2d" in r.ops)  # the call's shapes, not sym0
+        assert conv.shapes.startswith(f"{n}x3x6x6, ") and "sym" not in str(prof), conv.shapes
 
 
 def test_profile_of_tvm_alone_has_no_jitbyoc_rows():
