@@ -260,6 +260,23 @@ def test_special_values(kernels, name, dt):
 
 
 @pytest.mark.parametrize("dt", ["float32", "float64"])
+def test_power_special_values_follow_c(kernels, dt):
+    """C's pow (numpy's) on signed zeros, infinities, NaN and the unit bases: -0.0 and -inf
+    to a non-integer power are not NaN, pow(1, y) and pow(-1, +-inf) are 1."""
+    z, i = 0.0, INF
+    pairs = [(-z, 0.5), (-z, 2.5), (-z, -0.5), (-z, 3.0), (-z, -3.0), (-z, 2.0), (z, -1.5),
+             (-i, 0.5), (-i, -0.5), (-i, 3.0), (-i, -3.0), (-i, 2.0), (i, -2.5),
+             (1.0, NAN), (1.0, i), (1.0, -i), (-1.0, i), (-1.0, -i), (NAN, 0.0),
+             (-2.0, 0.5), (-2.0, -1.0), (-2.0, i), (-0.5, i), (0.5, -i), (2.0, NAN), (NAN, 2.0)]
+    x, y = (np.array(v, dt) for v in zip(*pairs))
+    with np.errstate(all="ignore"):
+        want = np.power(x, y)
+    got = kernels("power", dt)(x, y)[0]
+    np.testing.assert_array_equal(np.signbit(got[want == 0]), np.signbit(want[want == 0]))
+    np.testing.assert_array_equal(got, want, err_msg=f"power {dt} at {pairs}")
+
+
+@pytest.mark.parametrize("dt", ["float32", "float64"])
 def test_exp_overflow_edges(kernels, dt):
     """Around the largest finite result and the smallest normal one: exact overflow to
     inf, no premature overflow, and subnormal results within the flush allowance."""

@@ -282,9 +282,19 @@ def power(e, dt, x, y):
     y_int = e.op("equal", dt, e.op("floor", dt, y), y)
     half = e.op("multiply", dt, y, e.const(0.5, dt))
     y_odd = e.op("logical_and", "bool", y_int, e.op("not_equal", dt, e.op("floor", dt, half), half))
-    neg = _signbit(e, dt, x)
-    signed = e.op("select", dt, y_odd, e.op("negative", dt, mag), mag)
-    r = e.op("select", dt, neg, e.op("select", dt, y_int, signed, e.const(math.nan, dt)), mag)
+    # an odd integer power keeps the sign (-0.0 and -inf included); a finite negative base
+    # to a non-integer power is NaN, but -0.0 and -inf are not negative numbers there:
+    # pow(-0, 0.5) = 0, pow(-inf, 0.5) = inf
+    r = e.op("select", dt, e.op("logical_and", "bool", _signbit(e, dt, x), y_odd), e.op("negative", dt, mag), mag)
+    finite_neg = e.op("logical_and", "bool", e.op("less", dt, x, e.const(0, dt)),
+                      e.op("greater", dt, x, e.const(-math.inf, dt)))
+    r = e.op("select", dt, e.op("logical_and", "bool", finite_neg, e.op("logical_not", "bool", y_int)),
+             e.const(math.nan, dt), r)
+    # pow(1, y) = 1 for every y, NaN included, and pow(-1, +-inf) = 1 (exp(y*0) is NaN there)
+    one = e.const(1, dt)
+    unit = e.op("logical_or", "bool", e.op("equal", dt, x, one), e.op("logical_and", "bool", e.op(
+        "equal", dt, x, e.const(-1, dt)), e.op("equal", dt, e.op("abs", dt, y), e.const(math.inf, dt))))
+    r = e.op("select", dt, unit, one, r)
     # exponents models use most, where C's pow is exact and exp(y*log|x|) is not
     for k, exact in ((2, e.op("multiply", dt, x, x)), (1, x), (-1, e.op("divide", dt, e.const(1, dt), x))):
         r = e.op("select", dt, e.op("equal", dt, y, e.const(k, dt)), exact, r)
