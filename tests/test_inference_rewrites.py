@@ -224,6 +224,24 @@ def test_a_conv_bias_between_conv_and_batch_norm_folds_too():
     _assert_close(got, want)
 
 
+@pytest.mark.parametrize("bias_shape,x_shape", [((4,), (1, 3, 5, 4)), ((4, 1), (1, 3, 4, 5))])
+def test_a_bias_that_broadcasts_along_w_or_h_is_not_folded_as_per_channel(bias_shape, x_shape):
+    """``batch_norm(conv(x) + b)`` with ``b`` of shape (K,) or (K, 1): it broadcasts along
+    the width or the height, not the channels, though its size is K; folded as one value
+    per channel it gave wrong values where the output width (height) is K. Found by a
+    review helper; ONNX: Conv, Add of a [K] constant, BatchNormalization."""
+    def body(bb, x):
+        conv = bb.emit(relax.op.nn.conv2d(x, _const((4, 3, 3, 3)), padding=1))
+        y = bb.emit(relax.op.add(conv, _const(bias_shape)))
+        bn = bb.emit(relax.op.nn.batch_norm(y, _const((4,), 0.5), _const((4,)), _const((4,)),
+                                            _const((4,), 0.5), axis=1, training=False))
+        return bb.emit(relax.TupleGetItem(bn, 0))
+
+    mod = build_model({"x": (x_shape, "float32")}, body)
+    want, got = build_both(mod).run(RNG.standard_normal(x_shape).astype("float32"))
+    _assert_close(got, want)
+
+
 def test_a_batch_norm_before_an_activation_becomes_a_multiply_and_an_add():
     """DenseNet's pre-activation norm (on a concat, not after a conv): x * s + t."""
     def body(bb, a, b):

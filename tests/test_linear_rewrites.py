@@ -198,6 +198,24 @@ def test_a_slice_of_a_product_used_elsewhere_too_is_left_to_the_slice():
     np.testing.assert_allclose(got[1], np.maximum(halves, 0), rtol=1e-5, atol=1e-5)
 
 
+def test_a_slice_of_a_product_plus_a_computed_tensor_keeps_the_sum():
+    """``(x @ W + y)[1:2]`` with ``y`` an input: the slice of the product alone dropped
+    ``+ y`` (only a constant bias is sliced along with the weights). Found by a review
+    helper; ONNX: MatMul by a 3-D constant, Add of a graph input, Slice."""
+    w = RNG.standard_normal((3, 8, 4)).astype("float32")
+
+    def body(bb, x, y):
+        q = bb.emit(relax.op.add(bb.emit(relax.op.matmul(x, relax.const(w))), y))
+        return bb.emit(relax.op.strided_slice(q, axes=[0], begin=[1], end=[2]))
+
+    mod = build_model({"x": ((1, 5, 8), "float32"), "y": ((3, 5, 4), "float32")}, body)
+    x, y = RNG.standard_normal((1, 5, 8)).astype("float32"), RNG.standard_normal((3, 5, 4)).astype("float32")
+    with jitbyoc.enabled():
+        got = run(relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu()), x, y)
+    np.testing.assert_allclose(got, (x @ w + y)[1:2], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got, run(build_tvm(mod), x, y), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("after", ["squeeze", "reshape"])
 def test_a_product_with_a_fused_bias_writes_a_reshaped_output_directly(after):
     """A bias add fused into the product, then a squeeze or reshape as the region's

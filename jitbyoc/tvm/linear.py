@@ -217,6 +217,8 @@ def sliced_product(call: relax.Call, lookup, sliced: set[str], emit):
     bias = None
     if isinstance(whole, relax.Call) and whole.op.same_as(ADD):
         whole, bias = lookup(whole.args[0]) if isinstance(whole.args[0], relax.Var) else None, _constant(whole.args[1])
+        if bias is None:  # the add's other operand is computed: slicing the product alone drops it
+            return None
     if found is None or not (isinstance(whole, relax.Call) and whole.op.same_as(MATMUL)):
         return None
     axis, lo, hi = found
