@@ -55,8 +55,32 @@ def _check(ctx) -> bool:
 
 
 def _check_all(ctx) -> bool:
-    """A composite is taken when every call in it is."""
-    return all(reason(e) is None for e in ctx.annotated_expr.values() if isinstance(e, relax.Call))
+    """A composite is taken when every call in it is, and its bias does not depend on its
+    anchor."""
+    return all(reason(e) is None for e in ctx.annotated_expr.values() if isinstance(e, relax.Call)) \
+        and not _bias_depends_on_anchor(ctx)
+
+
+def _bias_depends_on_anchor(ctx) -> bool:
+    """Whether the bias add's other operand is computed from the anchor's result
+    (``y = conv(x); y + (y * 2 + 1)``): the composite would then need its own output as
+    an input, and the VM's code generator fails on the undefined variable
+    (``FuseOpsByPattern`` catches only the shortest such cycles)."""
+    add, anchor = ctx.annotated_expr.get("bias"), ctx.annotated_expr.get("anchor")
+    start = ctx.value_to_bound_var.get(anchor) if add is not None else None
+    if start is None:
+        return False
+    others = [a for a in add.args if isinstance(a, relax.Var) and not a.same_as(start)]
+    add_var = ctx.value_to_bound_var.get(add)
+    seen, todo = set(), [start]
+    while todo and others:
+        for user in ctx.var_usages.get(todo.pop(), []):
+            if any(user.same_as(o) for o in others):
+                return True
+            if user not in seen and not (add_var is not None and user.same_as(add_var)):
+                seen.add(user)
+                todo.append(user)
+    return False
 
 
 def _op(name: str, *args):
