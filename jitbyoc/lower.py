@@ -207,7 +207,7 @@ class RegionLowering:
 
     def _derived_sizes(self) -> None:
         """Record the derived sizes; each must be computable from sizes the arguments show."""
-        self.kernel.sizes = dict(self.sizes.derived)
+        self.kernel.sizes = read_scaled_sizes(self.kernel, dict(self.sizes.derived))
         hidden = set().union(*map(size_exprs.names_in, self.kernel.sizes.values())) - set(self.kernel.plain_sizes)
         if hidden:
             shown = sorted(self.sizes.display.get(h, h) for h in hidden)
@@ -222,6 +222,31 @@ class RegionLowering:
                                 f"region, so they cannot be read at run time")
             err.subject = self.made_by.get(min(unread))
             raise err
+
+
+def read_scaled_sizes(kernel: kir.Kernel, derived: dict) -> dict:
+    """``derived`` where a size ``n`` the arguments show only as ``c * n`` (a constant
+    ``c``: Llama's rows ``(2 * s, 64)`` at batch 2 through ``torch.export``) is read from
+    the argument as ``c * n`` and ``n`` derived from it as ``(c * n) // c``, exact since
+    the VM allocates every argument by its type."""
+    shown = {d for b in kernel.params for d in b.shape if isinstance(d, str)}
+    out = dict(derived)
+    for name, tree in derived.items():
+        if name not in shown or not (isinstance(tree, tuple) and tree[0] == "mul"):
+            continue
+        size, scale = (tree[1], tree[2]) if isinstance(tree[2], int) else (tree[2], tree[1])
+        if isinstance(size, str) and isinstance(scale, int) and scale > 0 and size not in shown \
+                and size not in out:
+            read = ("floordiv", name, scale)
+            out = {k: _replace_leaf(t, size, read) for k, t in out.items() if k != name}
+            out[size] = read
+    return out
+
+
+def _replace_leaf(tree, leaf: str, by):
+    if isinstance(tree, tuple):
+        return (tree[0], _replace_leaf(tree[1], leaf, by), _replace_leaf(tree[2], leaf, by))
+    return by if tree == leaf else tree
 
 
 def fuse_epilogues(kernel: kir.Kernel) -> None:

@@ -139,13 +139,38 @@ def test_a_wrong_derived_size_is_an_error_naming_its_formula(tmp_path):
 
 
 def test_a_size_seen_only_inside_compound_dims_stays_with_tvm():
-    """``(2 * n, 3)``: ``n`` itself is no argument's dim, so it cannot be read at run time
-    to check ``2 * n``; the region is rejected at partition time, with the reason in the
+    """``(n + 1, 3)``: ``n`` itself is no argument's dim, so it cannot be read at run time
+    to check ``n + 1``; the region is rejected at partition time, with the reason in the
     report (TVM cannot build this function either: it cannot compute ``n`` from it)."""
-    x = relax.Var("x", relax.TensorType((N * 2, 3), "float32"))
+    x = relax.Var("x", relax.TensorType((N + 1, 3), "float32"))
     mod = function([x], lambda bb, x: bb.emit(relax.op.negative(x)))
     rep = jitbyoc.report(mod)
     assert rep.fallbacks and all("occur only inside compound dims" in f.reason for f in rep.fallbacks), str(rep)
+
+
+def test_a_size_seen_only_scaled_is_read_through_the_scaled_dim():
+    """Llama through ``torch.export`` at batch 2 with a dynamic length: each projection
+    reads ``(2 * n, 64)`` rows and its result is reshaped to ``(2, n, 128)``. The middle
+    region saw ``n`` only as ``2 * n``: it was rejected, and with the reshape in it TVM's
+    ``RunCodegen`` failed the build ("The type is not populated"). Now ``2 * n`` is read
+    from the argument and ``n`` is ``(2 * n) // 2``; the reshape, whose result a region
+    could not declare, stays with TVM. Found by a review helper."""
+    def body(bb, x, w0, w1, w2):
+        a = bb.emit(relax.op.reshape(bb.emit(relax.op.matmul(x, w0)), relax.ShapeExpr([2 * N, 64])))
+        c = bb.emit(relax.op.reshape(bb.emit(relax.op.matmul(a, w1)), relax.ShapeExpr([2, N, 128])))
+        return bb.emit(relax.op.matmul(c, w2))
+
+    shapes = [(2, N, 64), (64, 64), (64, 128), (128, 128)]
+    mod = function([relax.Var(f"p{k}", relax.TensorType(s, "float32")) for k, s in enumerate(shapes)], body)
+    ex = build(mod, True)
+    rep = jitbyoc.last_report()
+    assert sum(op == "relax.matmul" for r in rep.regions for op in r.ops) == 3, str(rep)
+    rng = np.random.default_rng(0)
+    for n in (1, 3, 8):
+        x, w0, w1, w2 = (rng.standard_normal([n if d is N else d for d in s]).astype("float32") for s in shapes)
+        (got,) = run(ex, [x, w0, w1, w2])
+        want = ((x @ w0).reshape(2 * n, 64) @ w1).reshape(2, n, 128) @ w2
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
 def test_a_dim_divided_by_a_size_stays_with_tvm():

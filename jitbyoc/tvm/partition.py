@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 
 import tvm
-from tvm import relax
+from tvm import relax, tirx
 from tvm.relax.backend.pattern_registry import get_patterns_with_prefix
 from tvm.relax.transform import FuseOpsByPattern
 
@@ -139,8 +139,32 @@ def _calls(func: relax.Function) -> list:
     return found
 
 
+def _sizes_its_inputs_define(func: relax.Function, name: str) -> None:
+    """Raise a :class:`LoweringError` naming the call that makes a size the region's
+    arguments do not define: a region whose input is ``(2 * n, 64)`` and whose reshape
+    outputs ``(2, n, 128)`` (Llama through ``torch.export`` at batch 2 with a dynamic
+    length) cannot be declared, and TVM's ``RunCodegen`` fails on it. That call then
+    stays with TVM, which knows ``n`` where it calls the region."""
+    free = relax.analysis.free_symbolic_vars(func)
+    # by name: the calls' types may hold other objects of them. Only sizes inside its
+    # arguments' compound dims: a reshape to sizes the caller made (match_cast) is fine
+    in_args = {str(v) for p in func.params for d in getattr(getattr(p.ty, "shape", None), "values", None) or []
+               for v in tirx.analysis.undefined_vars(d)}
+    names = {str(f) for f in free} & in_args
+    if not names:
+        return
+    for call in _calls(func):  # the first whose result has such a size as a dim of its own
+        dims = getattr(getattr(call.ty, "shape", None), "values", None) or []
+        if any(isinstance(d, tirx.Var) and str(d) in names for d in dims):
+            err = LoweringError(f"region {name}: {call.op.name} makes size(s) "
+                                f"{', '.join(sorted(names))} its inputs show only inside compound dims")
+            err.subject = call
+            raise err
+
+
 def _lower(gv: tvm.ir.GlobalVar, func: relax.Function) -> lower.Lowered:
     try:
+        _sizes_its_inputs_define(func, gv.name_hint)
         return lower.lower_region(func, gv.name_hint)
     except LoweringError as err:
         subject = err.subject
