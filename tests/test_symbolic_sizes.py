@@ -238,3 +238,21 @@ def test_threaded_kernels_size_symbolic_dims_in_their_own_function(case):
         dims = [n if not isinstance(d, int) else d for d in shape]
         x = rng.integers(0, 5, dims) if dt == "int64" else rng.standard_normal(dims).astype(dt)
         np.testing.assert_array_equal(run(ours, [x])[0], run(tvms, [x])[0])
+
+
+def test_a_region_between_regions_showing_a_size_only_scaled_builds():
+    """``(4 * n, 48) -> (4 * n, 48)`` between two regions: its signature never defines
+    ``n`` and TVM's ``RunCodegen`` failed the build where TVM's passes (MobileViT with a
+    dynamic batch). That region now stays with TVM. Found by a review helper."""
+    def body(bb, x, w0, w1, w2):
+        a = bb.emit(relax.op.reshape(bb.emit(relax.op.matmul(x, w0)), relax.ShapeExpr([4 * N, 48])))
+        return bb.emit(relax.op.matmul(bb.emit(relax.op.matmul(a, w1)), w2))
+
+    shapes = [(N, 4, 48), (48, 48), (48, 48), (48, 48)]
+    mod = function([relax.Var(f"p{k}", relax.TensorType(s, "float32")) for k, s in enumerate(shapes)], body)
+    ex = build(mod, True)
+    rng = np.random.default_rng(1)
+    for n in (1, 3):
+        x, w0, w1, w2 = (rng.standard_normal([n if d is N else d for d in s]).astype("float32") for s in shapes)
+        (got,) = run(ex, [x, w0, w1, w2])
+        np.testing.assert_allclose(got, (x @ w0).reshape(4 * n, 48) @ w1 @ w2, rtol=1e-4, atol=1e-4)

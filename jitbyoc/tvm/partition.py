@@ -139,7 +139,7 @@ def _calls(func: relax.Function) -> list:
     return found
 
 
-def _sizes_its_inputs_define(func: relax.Function, name: str) -> None:
+def _sizes_its_inputs_define(func: relax.Function, name: str, feeds_region: bool) -> None:
     """Raise a :class:`LoweringError` naming the call that makes a size the region's
     arguments do not define: a region whose input is ``(2 * n, 64)`` and whose reshape
     outputs ``(2, n, 128)`` (Llama through ``torch.export`` at batch 2 with a dynamic
@@ -160,11 +160,35 @@ def _sizes_its_inputs_define(func: relax.Function, name: str) -> None:
                                 f"{', '.join(sorted(names))} its inputs show only inside compound dims")
             err.subject = call
             raise err
+    # no call makes it: the region shows it only inside compound dims, inputs and outputs
+    # alike ((4 * n, 48) -> (4 * n, 48)); RunCodegen fails when another region reads that
+    if feeds_region:
+        raise LoweringError(f"region {name}: size(s) {', '.join(sorted(names))} appear only inside "
+                        "compound dims of its arguments and results")
 
 
-def _lower(gv: tvm.ir.GlobalVar, func: relax.Function) -> lower.Lowered:
+def _feeding_regions(mod: tvm.IRModule) -> set:
+    """The regions whose results another region's call reads (by global name)."""
+    found: set = set()
+    for func in mod.functions.values():
+        if not isinstance(func, relax.Function) or func.attrs and "Codegen" in func.attrs:
+            continue
+        made_by: dict = {}
+        for block in getattr(func.body, "blocks", []):
+            for b in block.bindings:
+                call = b.value
+                if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.GlobalVar)):
+                    continue
+                for a in call.args:
+                    if isinstance(a, relax.Var) and a in made_by:
+                        found.add(made_by[a])
+                made_by[b.var] = call.op.name_hint
+    return found
+
+
+def _lower(gv: tvm.ir.GlobalVar, func: relax.Function, feeds_region: bool = True) -> lower.Lowered:
     try:
-        _sizes_its_inputs_define(func, gv.name_hint)
+        _sizes_its_inputs_define(func, gv.name_hint, feeds_region)
         return lower.lower_region(func, gv.name_hint)
     except LoweringError as err:
         subject = err.subject
@@ -188,8 +212,9 @@ def _partition_once(mod: tvm.IRModule, ops: set[str], composites: bool = True) -
     mod = merge_regions(mod)
     codes: dict[str, str] = {}  # code symbol -> its key: distinct code never shares a name
     low_by_handle: dict[int, tuple] = {}  # region function handle -> (function, Lowered)
+    feeding = _feeding_regions(mod)
     for gv, func in regions(mod).items():
-        low = _lower(gv, func)
+        low = _lower(gv, func, gv.name_hint in feeding)
         if codes.setdefault(low.kernel.name, low.key) != low.key:
             raise RuntimeError(f"jitbyoc: two different regions share the code symbol "
                                f"'{low.kernel.name}' (a 64-bit digest prefix collision)")
