@@ -256,3 +256,13 @@ def test_a_region_between_regions_showing_a_size_only_scaled_builds():
         x, w0, w1, w2 = (rng.standard_normal([n if d is N else d for d in s]).astype("float32") for s in shapes)
         (got,) = run(ex, [x, w0, w1, w2])
         np.testing.assert_allclose(got, (x @ w0).reshape(4 * n, 48) @ w1 @ w2, rtol=1e-4, atol=1e-4)
+
+
+def test_a_declined_broadcast_names_the_users_sizes():
+    """The report named a size by an internal handle ('sym@94785195396640') when a
+    broadcast_to to a size its input lacks stayed with TVM (ViT's class token with a
+    dynamic batch). Found by a review helper."""
+    x = relax.Var("x", relax.TensorType((1, 1, 64), "float32"))
+    mod = function([x], lambda bb, x: bb.emit(relax.op.broadcast_to(x, relax.ShapeExpr([N, 1, 64]))))
+    (fallback,) = jitbyoc.report(mod).fallbacks
+    assert "sym@" not in fallback.reason and "(n, 1, 64)" in fallback.reason, fallback.reason

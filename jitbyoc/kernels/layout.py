@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from tvm.ir.expr import Var as SizeVar
+from tvm.ir.prim import IntImm
 
 from ..ir import kir
 from ..ir.dtypes import ALL
@@ -90,8 +91,9 @@ def _check_broadcast(call) -> str | None:
     if name == "relax.broadcast_to":
         problem = broadcast_problem(dims(x.ty), dims(call.ty))
         unknown = {d for d in dims(call.ty) if isinstance(d, str)} - set(dims(x.ty))
-        if problem or unknown:
-            return f"{name}: {problem or f'target dims {sorted(unknown)} are not in the input shape'}"
+        if problem or unknown:  # the user's sizes (n, 16 * n), not jitbyoc's names for them
+            shown = ", ".join(str(v.value) if isinstance(v, IntImm) else str(v) for v in call.ty.shape.values)
+            return f"{name}: {problem or f'target shape ({shown}) has symbolic sizes the input shape lacks'}"
     return None
 
 
