@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import math
 import os
 import statistics
 import tempfile
@@ -66,17 +67,10 @@ def ort_layer(event: dict):
         name = f"{op} {'x'.join(map(str, x))} @ {'x'.join(map(str, w))}"
         return (out, x[-1], 1), name, "product"
     group = x[1] // w[1] if w[1] else 1
-    kind = "grouped conv" if group > 1 else "1x1 conv" if _prod(w[2:]) == 1 else "k x k conv"
+    kind = "grouped conv" if group > 1 else "1x1 conv" if math.prod(w[2:]) == 1 else "k x k conv"
     name = (f"{'x'.join(map(str, w[2:]))} {x[1]}->{w[0]} @{'x'.join(map(str, out[2:]))}"
             + (f" g{group}" if group > 1 else "") + (" +sum" if len(shapes) > 3 else ""))
-    return (out, w[1], _prod(w[2:])), name, kind
-
-
-def _prod(dims) -> int:
-    n = 1
-    for d in dims:
-        n *= int(d)
-    return n
+    return (out, w[1], math.prod(w[2:])), name, kind
 
 
 def compatible(ort_key, jit_key) -> bool:
@@ -85,7 +79,7 @@ def compatible(ort_key, jit_key) -> bool:
     (out, cin, taps), (jout, macs) = ort_key, jit_key
     if len(out) != len(jout) or out[0] != jout[0] or out[2:] != jout[2:] or not 0 <= out[1] - jout[1] < 16:
         return False
-    per_output, rest = divmod(macs, _prod(jout) * taps)
+    per_output, rest = divmod(macs, math.prod(jout) * taps)
     return rest == 0 and 0 <= cin - per_output < 16
 
 
@@ -102,10 +96,9 @@ def ort_profile(path: str, threads: int, feed_arrays, runs: int, prefix: str) ->
     their events are dropped by the medians of :func:`match` only as outliers)."""
     import onnxruntime as ort
 
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.log_severity_level = 3
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")  # as bench.peers
+    from .peers import session_options
+
+    opts = session_options(threads)
     opts.enable_profiling = True
     opts.profile_file_prefix = prefix
     sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
@@ -149,7 +142,7 @@ def match(layers: dict, jit_rows: list, ort_events: list[dict]) -> None:
         layer = layers.setdefault(key, Layer(calls=nodes))
         layer.name, layer.kind = " / ".join(sorted(names)), kind
         if key == okey:  # jitbyoc has no such layer: FLOPs of onnxruntime's (padded) shapes
-            layer.flops = 2.0 * _prod(okey[0]) * okey[1] * okey[2]
+            layer.flops = 2.0 * math.prod(okey[0]) * okey[1] * okey[2]
         layer.ort.append(seconds)
 
 

@@ -92,6 +92,19 @@ def onnx_file(case, path: str) -> str | None:
     return None
 
 
+def session_options(threads: int | None):
+    """onnxruntime's options for a timed session: ``threads`` intra-op threads (0: its
+    default), quiet, and idle workers that sleep, not spin: spinning steals a core from
+    the candidate timed next."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads or 0
+    opts.log_severity_level = 3
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return opts
+
+
 def onnxruntime_peer(case, workdir: str, name: str, threads: int | None) -> Peer | str:
     """Run the model's ONNX file (see :func:`onnx_file`) with onnxruntime's CPU provider."""
     if version("onnxruntime") is None:
@@ -106,12 +119,7 @@ def onnxruntime_peer(case, workdir: str, name: str, threads: int | None) -> Peer
         return f"ONNX export failed: {type(err).__name__}: {str(err)[:120]}"
     if why:
         return why
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads or 0
-    opts.log_severity_level = 3
-    # idle workers must sleep, not spin: spinning steals a core from the candidate timed next
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(path, session_options(threads), providers=["CPUExecutionProvider"])
     names = [i.name for i in sess.get_inputs()]
     if len(names) != len(case.inputs):
         return f"ONNX file has {len(names)} inputs, the model {len(case.inputs)}"

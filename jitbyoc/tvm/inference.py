@@ -111,9 +111,8 @@ def folded_batch_norm(bn: relax.Call, lookup, uses: dict):
     weight, *stats = (_constant(e) for e in (conv.args[1], *bn.args[1:]))
     if weight is None or any(s is None for s in stats) or weight.dtype.kind != "f":
         return None
-    # one value per output channel: a (K,) or (K, 1) bias broadcasts along W or H
-    per_channel = bias is None or bias.size == 1 or bias.ndim >= 3 and bias.shape[-3] == bias.size == k
-    if not per_channel or bias is not None and bias.ndim > 4:
+    # one value per output channel (a (K,) or (K, 1) bias broadcasts along W or H)
+    if bias is not None and (bias.ndim > 4 or not (bias.size == 1 or bias.ndim >= 3 and bias.shape[-3] == bias.size == k)):
         return None
     if bias is not None:  # (conv + b - mean): the bias moves the mean
         stats[2] = stats[2].astype(np.float64) - np.broadcast_to(bias.astype(np.float64).reshape(-1), (k,))

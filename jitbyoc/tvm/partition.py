@@ -144,18 +144,17 @@ def _sizes_its_inputs_define(func: relax.Function, name: str, feeds_region: bool
     arguments do not define: a region whose input is ``(2 * n, 64)`` and whose reshape
     outputs ``(2, n, 128)`` (Llama through ``torch.export`` at batch 2 with a dynamic
     length) cannot be declared, and TVM's ``RunCodegen`` fails on it. That call then
-    stays with TVM, which knows ``n`` where it calls the region."""
+    stays with TVM, which knows ``n`` where it calls the region. With no such call, a
+    region that ``feeds_region`` another is refused whole (RunCodegen fails on it too)."""
     free = relax.analysis.free_symbolic_vars(func)
     # by name: the calls' types may hold other objects of them. Only sizes inside its
     # arguments' compound dims: a reshape to sizes the caller made (match_cast) is fine
-    in_args = {str(v) for p in func.params for d in getattr(getattr(p.ty, "shape", None), "values", None) or []
-               for v in tirx.analysis.undefined_vars(d)}
+    in_args = {str(v) for p in func.params for d in _shape_values(p.ty) for v in tirx.analysis.undefined_vars(d)}
     names = {str(f) for f in free} & in_args
     if not names:
         return
     for call in _calls(func):  # the first whose result has such a size as a dim of its own
-        dims = getattr(getattr(call.ty, "shape", None), "values", None) or []
-        if any(isinstance(d, tirx.Var) and str(d) in names for d in dims):
+        if any(isinstance(d, tirx.Var) and str(d) in names for d in _shape_values(call.ty)):
             err = LoweringError(f"region {name}: {call.op.name} makes size(s) "
                                 f"{', '.join(sorted(names))} its inputs show only inside compound dims")
             err.subject = call
@@ -164,7 +163,12 @@ def _sizes_its_inputs_define(func: relax.Function, name: str, feeds_region: bool
     # alike ((4 * n, 48) -> (4 * n, 48)); RunCodegen fails when another region reads that
     if feeds_region:
         raise LoweringError(f"region {name}: size(s) {', '.join(sorted(names))} appear only inside "
-                        "compound dims of its arguments and results")
+                            "compound dims of its arguments and results")
+
+
+def _shape_values(ty) -> list:
+    """The dims of a tensor type's shape, [] when it has none to read."""
+    return list(getattr(getattr(ty, "shape", None), "values", None) or [])
 
 
 def _feeding_regions(mod: tvm.IRModule) -> set:
@@ -186,7 +190,7 @@ def _feeding_regions(mod: tvm.IRModule) -> set:
     return found
 
 
-def _lower(gv: tvm.ir.GlobalVar, func: relax.Function, feeds_region: bool = True) -> lower.Lowered:
+def _lower(gv: tvm.ir.GlobalVar, func: relax.Function, feeds_region: bool) -> lower.Lowered:
     try:
         _sizes_its_inputs_define(func, gv.name_hint, feeds_region)
         return lower.lower_region(func, gv.name_hint)
