@@ -25,6 +25,12 @@ CONFIGS = {
     # RMS norm, SiLU-gated MLP
     "llama": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(num_key_value_heads=2, **SMALL)),
     "qwen2": lambda: transformers.Qwen2ForCausalLM(transformers.Qwen2Config(num_key_value_heads=2, **SMALL)),
+    # multi-query attention: one key/value head, taken from the fused projection by
+    # x[..., [-2], :] and x[..., [-1], :] ("fast" takes of indices -2 and -1: logits 0.38 off
+    # torch's when they were clamped to 0)
+    "falcon": lambda: transformers.FalconForCausalLM(transformers.FalconConfig(
+        num_hidden_layers=2, num_attention_heads=4, hidden_size=64, vocab_size=128, multi_query=True,
+        new_decoder_architecture=False, parallel_attn=True, bias=False, alibi=False)),
 }
 
 

@@ -244,14 +244,16 @@ def test_take_modes_index_dtypes_and_axes(mode):
         exact([g], [Take.reference(x, i, 0 if axis is None else axis % x.ndim, mode)])
 
 
-def test_take_fast_mode_clamps_out_of_range_indices():
-    """TVM's "fast" mode reads outside the tensor; jitbyoc clamps (documented)."""
-    cases = [([((5, 3), "float32"), ((6,), "int64")], 0)]
+def test_take_fast_mode_counts_negative_indices_from_the_end_and_clamps_the_rest():
+    """TVM's "fast" mode reads outside the tensor; jitbyoc takes -n .. -1 from the end, as
+    PyTorch does (TVM's torch frontend passes ``x[:, idx]``'s raw indices to a "fast"
+    take), and clamps the rest (documented)."""
+    cases = [([((5, 3), "float32"), ((7,), "int64")], 0)]
     mod = model(cases, lambda bb, vs, a: bb.emit(R.take(vs[0], vs[1], axis=a)))
     x = np.arange(15, dtype="float32").reshape(5, 3)
-    idx = np.array([0, 4, -1, -7, 5, 99], "int64")
+    idx = np.array([0, 4, -1, -5, -7, 5, 99], "int64")
     (got,) = run(build(mod, True), [x, idx])
-    exact([got], [x[np.clip(idx, 0, 4)]])
+    exact([got], [x[[0, 4, 4, 0, 0, 4, 4]]])
 
 
 def test_embedding_with_symbolic_sequence_and_epilogue():

@@ -159,7 +159,11 @@ def _build_split(fe, call, out):
 @dataclass(eq=False)
 class Take(PortableStage, kir.KernelStage):
     """``out = take(inputs[0], inputs[1], axis, mode)``: for every outer index and every
-    index ``i`` in ``inputs[1]``, the block ``x[outer, i, ...]``."""
+    index ``i`` in ``inputs[1]``, the block ``x[outer, i, ...]``. Out-of-range indices are
+    clamped (never read out of bounds), and in mode "fast" an index from -n to -1 counts
+    from the end, as in PyTorch: TVM's torch frontend turns ``x[:, idx]`` into a "fast"
+    take of the raw indices (Falcon's multi-query attention takes index -1), where TVM's
+    own build reads out of bounds."""
     axis: int = 0
     mode: str = "fast"
 
@@ -176,6 +180,8 @@ class Take(PortableStage, kir.KernelStage):
                 i = raw
                 if self.mode == "wrap":
                     i = e.let(e.rem(e.add(e.rem(i, n), n), n))
+                elif self.mode == "fast":  # an index from -n counts from the end (see class doc)
+                    i = e.let(e.select(e.lt(i, 0), e.add(i, n), i))
                 i = e.let(e.max(e.min(i, e.sub(n, 1)), 0))
                 src, dst = e.let(e.mul(e.add(e.mul(o, n), i), width)), e.let(e.mul(r, width))
                 with e.loop(width, 0, "j") as j:
@@ -198,6 +204,8 @@ class Take(PortableStage, kir.KernelStage):
     @staticmethod
     def reference(x: np.ndarray, indices: np.ndarray, axis: int = 0, mode: str = "fast"):
         n = x.shape[axis]
+        if mode == "fast":
+            indices = np.where(indices < 0, indices + n, indices)
         i = np.mod(indices, n) if mode == "wrap" else np.clip(indices, 0, n - 1)
         out = np.take(x, i, axis=axis)
         if mode == "nan":
