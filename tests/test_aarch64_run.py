@@ -72,7 +72,8 @@ def _run_under_qemu(obj, symbol: str, inputs, out_shapes, workdir):
         np.ascontiguousarray(a, "float32").tofile(workdir / f"arg{i}.bin")
     subprocess.run([CC, "-O1", "-static", "-o", "harness", "harness.c", str(obj), "-lm"], cwd=workdir,
                    check=True, capture_output=True)
-    done = subprocess.run([QEMU, "./harness"], cwd=workdir, capture_output=True, text=True, timeout=300)
+    done = subprocess.run([QEMU, "./harness"], check=False, cwd=workdir, capture_output=True, text=True,
+                          timeout=300)
     assert done.returncode == 0, done.stderr
     return [np.fromfile(workdir / f"arg{len(inputs) + k}.bin", "float32").reshape(s)
             for k, s in enumerate(out_shapes)]
@@ -85,6 +86,24 @@ MODELS = {
                   lambda bb, x, w: bb.emit(relax.op.nn.relu(relax.op.nn.conv2d(x, w, padding=1)))),
     "tanh_add": ({"x": ((3, 101), "float32"), "y": ((101,), "float32")},
                  lambda bb, x, y: bb.emit(relax.op.tanh(relax.op.add(x, y)))),
+    # the GEMM engine's pointwise path with a bias epilogue; a strided conv on the pixel
+    # engine; the depthwise kernel and a pooling row; norms, softmax and batched products;
+    # a reduction over a middle axis
+    "pointwise_bias": ({"x": ((1, 48, 15, 15), "float32"), "w": ((96, 48, 1, 1), "float32"),
+                        "b": ((1, 96, 1, 1), "float32")},
+                       lambda bb, x, w, b: bb.emit(relax.op.nn.relu(relax.op.add(relax.op.nn.conv2d(x, w), b)))),
+    "conv_stride2": ({"x": ((1, 16, 31, 30), "float32"), "w": ((40, 16, 3, 3), "float32")},
+                     lambda bb, x, w: bb.emit(relax.op.nn.conv2d(x, w, strides=2, padding=1))),
+    "depthwise_maxpool": ({"x": ((1, 48, 29, 29), "float32"), "w": ((48, 1, 3, 3), "float32")},
+                          lambda bb, x, w: bb.emit(relax.op.nn.max_pool2d(
+                              relax.op.nn.conv2d(x, w, strides=2, padding=1, groups=48),
+                              pool_size=3, strides=2, padding=1))),
+    "layer_norm_attention": ({"x": ((2, 37, 64), "float32"), "g": ((64,), "float32"), "b": ((64,), "float32")},
+                             lambda bb, x, g, b: bb.emit(relax.op.matmul(relax.op.nn.softmax(relax.op.matmul(
+                                 relax.op.nn.layer_norm(x, g, b, axes=[-1]), relax.op.permute_dims(x, [0, 2, 1]))),
+                                 x))),
+    "mean_of_exp": ({"x": ((3, 67, 19), "float32")},
+                    lambda bb, x: bb.emit(relax.op.mean(relax.op.exp(relax.op.multiply(x, x)), axis=[1]))),
 }
 
 
@@ -98,10 +117,14 @@ def test_aarch64_code_runs_right_under_qemu(name, tmp_path):
     ex.export_library(str(tmp_path / "model.tar"))
     with tarfile.open(tmp_path / "model.tar") as tf:
         tf.extractall(tmp_path, filter="data")
-    (obj,) = [p for p in tmp_path.glob("*.o") if b"jitbyoc_lib_" in p.read_bytes()]
+    # jitbyoc's object: the one naming jitbyoc most (TVM's host module names the region
+    # too; regions without a library engine have no jitbyoc_lib_ symbol)
+    obj = max((p for p in tmp_path.glob("*.o") if p.name != "devc.o"), key=lambda p: p.read_bytes().count(b"jitbyoc"))
     rng = np.random.default_rng(0)
     arrays = {k: rng.standard_normal(s).astype("float32") for k, (s, _) in params.items()}
     order = [text.split(":")[0] for text in region.inputs]  # the region's own argument order
     want = run(build_tvm(mod), *arrays.values())
     got = _run_under_qemu(obj, region.symbol, [arrays[k] for k in order], [want.shape], tmp_path)
-    np.testing.assert_allclose(got[0], want, rtol=2e-5, atol=1e-6)
+    # float32 sums of up to 144 products (the conv), in another order and with other
+    # roundings (NEON's FMAs) than TVM's build here: absolute error to the output's scale
+    np.testing.assert_allclose(got[0], want, rtol=2e-5, atol=4e-6 * max(1.0, float(np.abs(want).max())))
