@@ -1,7 +1,9 @@
 """AArch64 code executed (issue 15): jitbyoc's object from an AArch64 export, linked with a
 small C harness that stands in for TVM's runtime (serial parallel-launch, malloc'd
 workspaces, errors printed), run under ``qemu-aarch64``, and checked against TVM's build
-here. Needs Debian's ``gcc-aarch64-linux-gnu`` and ``qemu-user-static``; skipped otherwise.
+here. A region's constants (weights packed at build time for NEON) are taken from the
+partitioned module. Needs Debian's ``gcc-aarch64-linux-gnu`` and ``qemu-user-static``;
+skipped otherwise.
 """
 
 from __future__ import annotations
@@ -14,8 +16,12 @@ import numpy as np
 import pytest
 import tvm
 from tvm import relax
+from tvm.ir.expr import Constant
 
 import jitbyoc
+from jitbyoc.render import isa
+from jitbyoc.tvm.partition import partition_for_jitbyoc
+from jitbyoc.tvm.target import machine_for
 from tests.conftest import build_model, build_tvm, run
 
 CC, QEMU = shutil.which("aarch64-linux-gnu-gcc"), shutil.which("qemu-aarch64-static") or shutil.which("qemu-aarch64")
@@ -39,7 +45,7 @@ void* TVMBackendAllocWorkspace(int t, int d, uint64_t nbytes, int code, int bits
 int TVMBackendFreeWorkspace(int t, int d, void* p) { (void)t; (void)d; free(p); return 0; }
 int32_t __tvm_ffi_SYMBOL(void*, const TVMFFIAny*, int32_t, TVMFFIAny*);
 int main(void) {
-  static int64_t shapes[NARGS][4] = {SHAPES};
+  static int64_t shapes[NARGS][6] = {SHAPES};
   static const int ndims[NARGS] = {NDIMS};
   DLTensor t[NARGS]; TVMFFIAny a[NARGS];
   for (int i = 0; i < NARGS; i++) {
@@ -63,7 +69,7 @@ int main(void) {
 
 def _run_under_qemu(obj, symbol: str, inputs, out_shapes, workdir):
     shapes = [a.shape for a in inputs] + list(out_shapes)
-    rows = ", ".join("{" + ", ".join(str(d) for d in (list(s) + [1] * 4)[:4]) + "}" for s in shapes)
+    rows = ", ".join("{" + ", ".join(str(d) for d in (list(s) + [1] * 6)[:6]) + "}" for s in shapes)
     source = (HARNESS.replace("SYMBOL", symbol).replace("NARGS", str(len(shapes)))
               .replace("NINPUTS", str(len(inputs))).replace("SHAPES", rows)
               .replace("NDIMS", ", ".join(str(len(s)) for s in shapes)))
@@ -77,6 +83,24 @@ def _run_under_qemu(obj, symbol: str, inputs, out_shapes, workdir):
     assert done.returncode == 0, done.stderr
     return [np.fromfile(workdir / f"arg{len(inputs) + k}.bin", "float32").reshape(s)
             for k, s in enumerate(out_shapes)]
+
+
+def _const(*shape):
+    """A constant weight, deterministic per shape."""
+    rng = np.random.default_rng(sum(shape))
+    return relax.const((rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype("float32"))
+
+
+def _region_constants(mod, target) -> dict:
+    """The constants jitbyoc passes its (single) region, as the region names its inputs
+    (``const<k>``: the call's k-th argument): partitioned again for ``target``'s machine,
+    which packs weights for its vectors."""
+    with isa.compiling_for(machine_for(target)):
+        part = partition_for_jitbyoc(mod)
+    calls = [b.value for block in part["main"].body.blocks for b in block.bindings
+             if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.GlobalVar)]
+    return {f"const{k}": a.value.numpy() for call in calls for k, a in enumerate(call.args)
+            if isinstance(a, Constant)}
 
 
 MODELS = {
@@ -104,6 +128,16 @@ MODELS = {
                                  x))),
     "mean_of_exp": ({"x": ((3, 67, 19), "float32")},
                     lambda bb, x: bb.emit(relax.op.mean(relax.op.exp(relax.op.multiply(x, x)), axis=[1]))),
+    # constant weights, as frontends pass them: packed at build time for NEON's 4 lanes
+    # (the pixel engine's blocks of 6 channels, the channel engine's vectors of 4)
+    "const_conv_bias": ({"x": ((1, 16, 30, 30), "float32")},
+                        lambda bb, x: bb.emit(relax.op.nn.relu(relax.op.add(
+                            relax.op.nn.conv2d(x, _const(48, 16, 3, 3), padding=1), _const(1, 48, 1, 1))))),
+    "const_conv_small_map": ({"x": ((1, 256, 7, 7), "float32")},
+                             lambda bb, x: bb.emit(relax.op.nn.conv2d(x, _const(128, 256, 3, 3), padding=1))),
+    "const_linear_gelu": ({"x": ((37, 64), "float32")},
+                          lambda bb, x: bb.emit(relax.op.nn.gelu(relax.op.add(
+                              relax.op.matmul(x, _const(64, 150)), _const(150))))),
 }
 
 
@@ -111,8 +145,9 @@ MODELS = {
 def test_aarch64_code_runs_right_under_qemu(name, tmp_path):
     params, body = MODELS[name]
     mod = build_model(params, body)
+    target = tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu"})
     with jitbyoc.enabled():
-        ex = tvm.compile(mod, target=tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu"}))
+        ex = tvm.compile(mod, target=target)
         (region,) = jitbyoc.last_report().regions
     ex.export_library(str(tmp_path / "model.tar"))
     with tarfile.open(tmp_path / "model.tar") as tf:
@@ -122,8 +157,9 @@ def test_aarch64_code_runs_right_under_qemu(name, tmp_path):
     obj = max((p for p in tmp_path.glob("*.o") if p.name != "devc.o"), key=lambda p: p.read_bytes().count(b"jitbyoc"))
     rng = np.random.default_rng(0)
     arrays = {k: rng.standard_normal(s).astype("float32") for k, (s, _) in params.items()}
-    order = [text.split(":")[0] for text in region.inputs]  # the region's own argument order
     want = run(build_tvm(mod), *arrays.values())
+    arrays.update(_region_constants(mod, target))
+    order = [text.split(":")[0] for text in region.inputs]  # the region's own argument order
     got = _run_under_qemu(obj, region.symbol, [arrays[k] for k in order], [want.shape], tmp_path)
     # float32 sums of up to 144 products (the conv), in another order and with other
     # roundings (NEON's FMAs) than TVM's build here: absolute error to the output's scale
