@@ -258,11 +258,82 @@ def test_a_region_between_regions_showing_a_size_only_scaled_builds():
         np.testing.assert_allclose(got, (x @ w0).reshape(4 * n, 48) @ w1 @ w2, rtol=1e-4, atol=1e-4)
 
 
-def test_a_declined_broadcast_names_the_users_sizes():
-    """The report named a size by an internal handle ('sym@94785195396640') when a
-    broadcast_to to a size its input lacks stayed with TVM (ViT's class token with a
-    dynamic batch). Found by a review helper."""
-    x = relax.Var("x", relax.TensorType((1, 1, 64), "float32"))
-    mod = function([x], lambda bb, x: bb.emit(relax.op.broadcast_to(x, relax.ShapeExpr([N, 1, 64]))))
+def test_a_broadcast_to_a_size_another_argument_shows_is_offloaded():
+    """ViT's class token with a dynamic batch: ``broadcast_to((1, 1, 4) -> (n, 1, 4))``
+    then a concat with the patches ``(n, 3, 4)``, whose shape gives the region ``n``. It
+    stayed with TVM ('target shape has symbolic sizes the input shape lacks')."""
+    def body(bb, cls, x):
+        b = bb.emit(relax.op.broadcast_to(cls, relax.ShapeExpr([N, 1, 4])))
+        return bb.emit(relax.op.multiply(relax.op.concat([b, x], axis=1), relax.const(2.0, "float32")))
+
+    cls, x = relax.Var("cls", relax.TensorType((1, 1, 4), "float32")), relax.Var("x", relax.TensorType((N, 3, 4), "float32"))
+    mod = function([cls, x], body)
+    report = jitbyoc.report(mod)
+    assert report.fallbacks == [] and report.offloaded_ops == 3, str(report)
+    ex, rng = build(mod, True), np.random.default_rng(1)
+    for n in (1, 5):
+        c, xs = rng.standard_normal((1, 1, 4)).astype("float32"), rng.standard_normal((n, 3, 4)).astype("float32")
+        (got,) = run(ex, [c, xs])
+        np.testing.assert_array_equal(got, 2 * np.concatenate([np.broadcast_to(c, (n, 1, 4)), xs], axis=1))
+
+
+def test_a_broadcast_to_a_size_no_argument_shows_stays_with_tvm_named_as_the_user_wrote_it():
+    """``broadcast_to((1, 1, 4) -> (n, 1, 4))`` whose region shows ``n`` nowhere (it sums
+    over it): that call stays with TVM, the rest is offloaded, and the report names the
+    size ``n``, not an internal handle ('sym@94785195396640'; found by a review helper)."""
+    def body(bb, cls, x):
+        b = bb.emit(relax.op.broadcast_to(cls, relax.ShapeExpr([x.ty.shape[0], 1, 4])))
+        return bb.emit(relax.op.sum(relax.op.exp(b), axis=[0]))
+
+    cls, x = relax.Var("cls", relax.TensorType((1, 1, 4), "float32")), relax.Var("x", relax.TensorType((N, 3, 4), "float32"))
+    mod = function([cls, x], body)
     (fallback,) = jitbyoc.report(mod).fallbacks
-    assert "sym@" not in fallback.reason and "(n, 1, 64)" in fallback.reason, fallback.reason
+    assert fallback.op == "relax.broadcast_to" and "sym@" not in fallback.reason and "'n'" in fallback.reason, \
+        fallback.reason
+    ex, rng = build(mod, True), np.random.default_rng(1)
+    for n in (1, 5):
+        c, xs = rng.standard_normal((1, 1, 4)).astype("float32"), rng.standard_normal((n, 3, 4)).astype("float32")
+        (got,) = run(ex, [c, xs])
+        np.testing.assert_allclose(got, n * np.exp(c[0]), rtol=1e-6)
+
+
+def test_vit_with_a_dynamic_batch_builds_and_matches_torch():
+    """A ViT through ``torch.export`` with a dynamic batch. Its class token and weight
+    broadcasts to ``(batch, ...)`` are offloaded; its attention mask, broadcast from two
+    scalars to ``(batch, 1, 17, 17)``, is made in a region whose arguments show the batch
+    only as ``batch * 17`` and whose mask another region reads: TVM's ``RunCodegen`` failed
+    the build on such a region, so that broadcast stays with TVM."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from tvm.relax.frontend.torch import from_exported_program
+
+    torch.manual_seed(0)
+    config = transformers.ViTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                    intermediate_size=128, image_size=32, patch_size=8)
+    vit = transformers.ViTModel(config, add_pooling_layer=False).eval()
+
+    class Hidden(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.vit = vit
+
+        def forward(self, x):
+            return self.vit(pixel_values=x).last_hidden_state
+
+    model = Hidden().eval()
+    with torch.no_grad():
+        program = torch.export.export(model, (torch.randn(2, 3, 32, 32),),
+                                      dynamic_shapes={"x": {0: torch.export.Dim("batch", min=1, max=64)}})
+    mod = from_exported_program(program, keep_params_as_input=False)
+    with jitbyoc.enabled():
+        ex = tvm.compile(mod, target="llvm")
+        report = jitbyoc.last_report()
+    declined = [f for f in report.fallbacks if f.op == "relax.broadcast_to"]
+    assert len(declined) == 1 and declined[0].types.startswith("bool[1x1x17x1]"), str(report)
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    for n in (1, 3):
+        x = torch.randn(n, 3, 32, 32)
+        with torch.no_grad():
+            want = model(x).numpy()
+        got = vm["main"](tvm.runtime.tensor(x.numpy()))
+        np.testing.assert_allclose((got[0] if not hasattr(got, "numpy") else got).numpy(), want, rtol=1e-4, atol=1e-5)
