@@ -111,8 +111,8 @@ class Profile:
 
     def __str__(self) -> str:
         owners = ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in self.by_owner().items())
-        lines = [f"jitbyoc profile: run {self.run_seconds * 1e3:.3f} ms (instrumented; {owners}); "
-                 f"{self.gflop:.2f} GFLOP; peak {self.peak_gflops:.0f} GFLOP/s on {self.threads} threads",
+        lines = [(f"jitbyoc profile: run {self.run_seconds * 1e3:.3f} ms (instrumented; {owners}); "
+                  f"{self.gflop:.2f} GFLOP; peak {self.peak_gflops:.0f} GFLOP/s on {self.threads} threads"),
                  f"{'ms/run':>9} {'share':>6} {'calls':>5} {'GFLOP/s':>8} {'%peak':>6}  owner    callee: ops"]
         for r in self.rows:
             rate = f"{r.gflops:8.1f}" if r.gflops is not None else f"{'':8}"
@@ -203,6 +203,9 @@ def profile(runnable, *args, func: str = "main", repeat: int = 10, warmup: int =
     Profile
         ``print()`` it for a table; ``rows`` hold the figures.
     """
+    if repeat < 1 or warmup < 0:
+        raise ValueError(f"jitbyoc.profile: repeat must be at least 1 and warmup at least 0 "
+                         f"(got repeat={repeat}, warmup={warmup})")
     device = device or tvm.cpu(0)
     vm = _vm(runnable, device)
     inputs = [a if isinstance(a, tvm.runtime.Tensor) else tvm.runtime.tensor(np.asarray(a), device)

@@ -4,6 +4,7 @@ counted from the kernel IR (checked against counts made by hand here)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import tvm
 from tvm import relax
 
@@ -73,6 +74,14 @@ def test_profile_of_tvm_alone_has_no_jitbyoc_rows():
     prof = jitbyoc.profile(ex, *_args(1), repeat=2, warmup=0, peak_gflops=100.0)
     assert prof.rows and all(r.owner != "jitbyoc" for r in prof.rows)
     assert prof.gflop == 0.0
+
+
+def test_profile_refuses_no_runs_by_name():
+    """``repeat=0`` raised statistics' "no median for empty data". Found by a review helper."""
+    ex = _build(_model(1))
+    for bad in ({"repeat": 0}, {"warmup": -1}):
+        with pytest.raises(ValueError, match="repeat must be at least 1 and warmup at least 0"):
+            jitbyoc.profile(ex, *_args(1), peak_gflops=100.0, **bad)
 
 
 def test_peak_is_one_thread_times_threads_when_threads_together_run_on_one_core(monkeypatch):
