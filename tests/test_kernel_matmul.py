@@ -217,6 +217,17 @@ def test_linear_bias_activation_fused():
     assert all(s.epilogue is not None for s in stages(mod))
 
 
+def test_a_batched_product_with_a_1d_right_operand_applies_its_epilogue_everywhere():
+    """``(*batch, M, K) @ (K,)`` then an activation or a bias add: the tall product for a B
+    shared by the batch gave its row epilogue ``(*batch, N)`` rows, dropping M, so relu
+    reached one column only and a bias was read at the wrong places. Found by a review
+    helper's fuzzer."""
+    cases = [case((2, 4, 8), (8,), act="relu"), case((1, 17, 3), (3,), bias=(17,)),
+             case((3, 2, 5, 70), (70,), bias=(5,), act="gelu")]
+    mod = differential(cases)
+    assert all(s.epilogue is not None for s in stages(mod))
+
+
 def test_symbolic_rows_and_batch_read_at_run_time():
     cases = [case(("n", 33), (33, 40), bias=(40,), act="relu"),
              case(("n", 5, 33), (33, 17)),

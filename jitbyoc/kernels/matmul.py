@@ -76,10 +76,11 @@ class MatMul(kir.KernelStage):
             b = Panels(self.inputs[1], bbatch, k, self.panels)
         else:
             b = Strided(self.inputs[1], bbatch, bstr[-1] if has_n else 0, bstr[-2] if has_n else bstr[-1])
-        if batch and has_m and self.perms[0] is None and all(s == 0 for s in bbatch) \
+        if batch and has_m and has_n and self.perms[0] is None and all(s == 0 for s in bbatch) \
                 and tuple(ashape[:-2]) == tuple(batch):
             # B is shared by every batch item and A's rows are contiguous across items:
-            # one tall product (linear on (batch, seq, hidden)) packs B once, not per item
+            # one tall product (linear on (batch, seq, hidden)) packs B once, not per item.
+            # Not for a 1-D B: its output (*batch, M) has no N for rows_epilogue's rows
             a = Strided(self.inputs[0], (), astr[-2], astr[-1])
             c = Output(self.out, (), out[-1:] if has_n else 1)
             return Gemm(tuple(batch) + (m,), n, k, a, b, c, self.out.dtype, (),
