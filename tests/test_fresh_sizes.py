@@ -67,6 +67,19 @@ def test_sizes_no_region_argument_shows_stay_with_tvm():
     np.testing.assert_allclose(got, want, rtol=1e-5)
 
 
+def test_a_region_whose_result_alone_shows_the_sizes_and_feeds_another_region_builds():
+    """The reshape's region outputs ``y + 1`` (its shape shows the sizes), which a sort
+    TVM keeps and then another region read: TVM's RunCodegen failed the build on such a
+    region ("The type is not populated"). The reshape now stays with TVM."""
+    def after(bb, y, x):
+        y1 = bb.emit(R.add(y, relax.const(1.0, "float32")))
+        return bb.emit(R.multiply(y1, bb.emit(R.sort(y1, axis=0))))
+
+    report, got, want = run_both(fresh_reshape_model(2, after), (12, 5))
+    assert "relax.reshape" in [f.op for f in report.fallbacks] and report.offloaded_ops == 2, str(report)
+    np.testing.assert_array_equal(got, want)
+
+
 def test_two_regions_with_one_code_get_their_own_result_types():
     """Two reshapes of one code (same input type) to different run-time sizes: each
     region call gets back its own result type."""
