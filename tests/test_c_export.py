@@ -140,3 +140,41 @@ def test_a_conv_weight_packed_in_channel_blocks_exports_right(k, tmp_path):
     assert report.regions and not report.fallbacks, str(report)
     want = Conv2d.reference(x.astype(np.float64), w.astype(np.float64), strides=(1, 2), padding=(1, 1, 1, 1))
     np.testing.assert_allclose(run(vm, x), want, rtol=1e-5, atol=1e-5)
+
+
+def _wrapping_model():
+    """Integer arithmetic at the edges of its type, compared after it, and half-precision
+    libm calls (found by a review helper's fuzzer of the C rendering)."""
+    def body(bb, i32, i16, u16, h):
+        r = relax.op
+        one = relax.const(1, "int32")
+        return [bb.emit(r.greater(r.add(i32, one), i32)),                      # INT_MAX + 1 wraps
+                bb.emit(r.less(r.subtract(i32, one), i32)),                     # INT_MIN - 1 wraps
+                bb.emit(r.greater(r.multiply(i32, relax.const(2, "int32")), i32)),
+                bb.emit(r.floor_mod(i16, relax.const(3, "int16"))),             # not through float16
+                bb.emit(r.floor_mod(u16, relax.const(7, "uint16"))),
+                bb.emit(r.multiply(u16, u16)),                                   # 65535 * 65535 in int
+                bb.emit(r.negative(i32)),
+                bb.emit(r.mod(h, relax.const(0.75, "float16"))),                 # fmod(_Float16): C++
+                bb.emit(r.abs(h))]
+    return build_model({"i32": ((6,), "int32"), "i16": ((6,), "int16"), "u16": ((6,), "uint16"),
+                        "h": ((6,), "float16")}, body)
+
+
+@pytest.mark.parametrize("compiler", ["g++", "gcc"])
+def test_integers_wrap_and_half_libm_calls_compile_in_the_c_rendering(compiler, tmp_path):
+    """The C rendering wrapped nothing: ``x + 1 > x`` at INT_MAX was true (signed overflow
+    is undefined in C, and gcc -O2 folds the compare), and 65535 * 65535 as uint16 overflowed
+    int; int16 floor_mod went through float16 (-10657 mod 3 gave -1); float16 mod and abs
+    called fmod/fabs on _Float16, ambiguous overloads for g++, TVM's default compiler."""
+    mod = _wrapping_model()
+    args = [np.array([2**31 - 1, -2**31, -5, 7, 2**30, 0], "int32"),
+            np.array([-10657, -13685, -5483, -9, 100, 7], "int16"),
+            np.array([65535, 40000, 3, 0, 255, 7], "uint16"),
+            np.array([-2.5, -0.75, 1.5, 3.25, -0.0, 7.0], "float16")]
+    vm, report = _exported(mod, tmp_path / "ints.so", compiler)
+    assert not report.fallbacks, str(report)
+    want = run(build_tvm(mod), *args)
+    for got, ref in zip(run(vm, *args), want):
+        np.testing.assert_array_equal(got, ref)
+    assert want[0].tolist() == [False] + [True] * 5 and want[3][0] == 2  # the edges the test is about

@@ -139,7 +139,31 @@ def _libm_call(name: str):
 
 
 def _libm(name: str):
-    return lambda dt, *xs: f"{name}{dt.c_suffix}({', '.join(xs)})"
+    """libm's ``name`` in C (``namef`` for float32); float16 through float32 and back: a
+    ``_Float16`` argument makes ``fmod``/``fabs`` ambiguous overloads in C++ (TVM's export
+    compiles with g++), and float holds every half exactly."""
+    def rule(dt, *xs):
+        if dt.is_float and dt.bits == 16:
+            return f"(({dt.c}){name}f({', '.join(f'(float){x}' for x in xs)}))"
+        return f"{name}{dt.c_suffix}({', '.join(xs)})"
+    return rule
+
+
+def _wrapping_c(op: str):
+    """C's ``x op y`` for integers wrapping as LLVM's ``add``/``sub``/``mul`` do: in an
+    unsigned type of at least 32 bits, then converted back. Signed overflow is undefined in
+    C (gcc folds ``x + 1 > x`` to true), and int8/int16/uint16 operands promote to int,
+    where ``65535 * 65535`` overflows."""
+    def rule(dt, *xs):
+        if dt.is_float:
+            return f"({f' {op} '.join(xs)})"
+        wide = f"uint{max(32, dt.bits)}_t"
+        return f"(({dt.c})({f' {op} '.join(f'({wide}){x}' for x in xs)}))"
+    return rule
+
+
+def _negate_c(dt, x):
+    return f"(-{x})" if dt.is_float else _wrapping_c("-")(dt, "0", x)
 
 
 def _select_rule(pred: str):
@@ -232,7 +256,7 @@ def _floor_div_c(dt, x, y):
 
 
 def _floor_mod_c(dt, x, y):
-    if dt.bits == 16:  # each operation in float, rounded to half, as LLVM legalizes half
+    if dt.is_float and dt.bits == 16:  # each operation in float, rounded to half, as LLVM legalizes half
         quotient = f"(float)(_Float16)((float){x} / (float){y})"
         product = f"(float)(_Float16)(floorf({quotient}) * (float){y})"
         return f"(_Float16)((float){x} - {product})"
@@ -295,9 +319,9 @@ NB = NUMERIC | B
 
 OPS: dict[str, OpDef] = {
     # arithmetic: bit-identical between renderers
-    "add":      OpDef(2, np.add, N, _arith("fadd", "add"), "({0} + {1})", relax="relax.add"),
-    "subtract": OpDef(2, np.subtract, N, _arith("fsub", "sub"), "({0} - {1})", relax="relax.subtract"),
-    "multiply": OpDef(2, np.multiply, N, _arith("fmul", "mul"), "({0} * {1})", relax="relax.multiply"),
+    "add":      OpDef(2, np.add, N, _arith("fadd", "add"), _wrapping_c("+"), relax="relax.add"),
+    "subtract": OpDef(2, np.subtract, N, _arith("fsub", "sub"), _wrapping_c("-"), relax="relax.subtract"),
+    "multiply": OpDef(2, np.multiply, N, _arith("fmul", "mul"), _wrapping_c("*"), relax="relax.multiply"),
     # integers: C's (and TVM's) truncating division
     "divide":   OpDef(2, _np_divide, N, lambda b, dt, x, y: b.fdiv(x, y) if dt.is_float
                       else (b.sdiv if dt.signed else b.udiv)(x, y), "({0} / {1})", relax="relax.divide",
@@ -306,14 +330,14 @@ OPS: dict[str, OpDef] = {
     "maximum":  OpDef(2, np.maximum, N | H, _select_rule(">"), "({0} > {1} ? {0} : {1})", relax="relax.maximum"),
     "minimum":  OpDef(2, np.minimum, N | H, _select_rule("<"), "({0} < {1} ? {0} : {1})", relax="relax.minimum"),
     "negative": OpDef(1, np.negative, N | H, lambda b, dt, x: b.fneg(x) if dt.is_float else b.neg(x),
-                      "(-{0})", relax="relax.negative"),
+                      _negate_c, relax="relax.negative"),
     "abs":      OpDef(1, np.abs, N | H, lambda b, dt, x: _intrinsic("fabs")(b, dt, x) if dt.is_float
                       else _abs_int(b, dt, x), lambda dt, x: _libm("fabs")(dt, x) if dt.is_float
-                      else f"({x} < 0 ? -{x} : {x})", relax="relax.abs"),
+                      else f"({x} < 0 ? {_negate_c(dt, x)} : {x})", relax="relax.abs"),
     "relu":     OpDef(1, lambda x: np.maximum(x, 0).astype(x.dtype), N, _relu_llvm,
                       "({0} > 0 ? {0} : 0)", relax="relax.nn.relu"),
     "square":   OpDef(1, np.square, N, lambda b, dt, x: _arith("fmul", "mul")(b, dt, x, x),
-                      "({0} * {0})", relax="relax.square"),
+                      lambda dt, x: _wrapping_c("*")(dt, x, x), relax="relax.square"),
     "sqrt":     OpDef(1, np.sqrt, F, _intrinsic("sqrt"), _libm("sqrt"), relax="relax.sqrt"),
     "floor":    OpDef(1, np.floor, F, _intrinsic("floor"), _libm("floor"), relax="relax.floor"),
     "ceil":     OpDef(1, np.ceil, F, _intrinsic("ceil"), _libm("ceil"), relax="relax.ceil"),
@@ -357,7 +381,7 @@ OPS: dict[str, OpDef] = {
     "select":   OpDef(3, np.where, NB, lambda b, dt, c, x, y: b.select(c, x, y), "({0} ? {1} : {2})"),
     "bitcast":  OpDef(1, None, F | I, _bitcast_llvm, _bitcast_c, out=_BITCAST.__getitem__),
     # integer bit ops (shifts by the width or more: undefined, as in C and TVM's LLVM build)
-    "shl":      OpDef(2, np.left_shift, I, lambda b, dt, x, y: b.shl(x, y), "({0} << {1})",
+    "shl":      OpDef(2, np.left_shift, I, lambda b, dt, x, y: b.shl(x, y), _wrapping_c("<<"),
                       relax="relax.left_shift"),
     "shr":      OpDef(2, np.right_shift, I, lambda b, dt, x, y: b.ashr(x, y) if dt.signed else b.lshr(x, y),
                       "({0} >> {1})", relax="relax.right_shift"),
