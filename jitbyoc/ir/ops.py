@@ -149,7 +149,7 @@ def _libm(name: str):
     return rule
 
 
-def _wrapping_c(op: str):
+def wrapping_c(op: str):
     """C's ``x op y`` for integers wrapping as LLVM's ``add``/``sub``/``mul`` do: in an
     unsigned type of at least 32 bits, then converted back. Signed overflow is undefined in
     C (gcc folds ``x + 1 > x`` to true), and int8/int16/uint16 operands promote to int,
@@ -163,7 +163,7 @@ def _wrapping_c(op: str):
 
 
 def _negate_c(dt, x):
-    return f"(-{x})" if dt.is_float else _wrapping_c("-")(dt, "0", x)
+    return f"(-{x})" if dt.is_float else wrapping_c("-")(dt, "0", x)
 
 
 def _select_rule(pred: str):
@@ -319,9 +319,9 @@ NB = NUMERIC | B
 
 OPS: dict[str, OpDef] = {
     # arithmetic: bit-identical between renderers
-    "add":      OpDef(2, np.add, N, _arith("fadd", "add"), _wrapping_c("+"), relax="relax.add"),
-    "subtract": OpDef(2, np.subtract, N, _arith("fsub", "sub"), _wrapping_c("-"), relax="relax.subtract"),
-    "multiply": OpDef(2, np.multiply, N, _arith("fmul", "mul"), _wrapping_c("*"), relax="relax.multiply"),
+    "add":      OpDef(2, np.add, N, _arith("fadd", "add"), wrapping_c("+"), relax="relax.add"),
+    "subtract": OpDef(2, np.subtract, N, _arith("fsub", "sub"), wrapping_c("-"), relax="relax.subtract"),
+    "multiply": OpDef(2, np.multiply, N, _arith("fmul", "mul"), wrapping_c("*"), relax="relax.multiply"),
     # integers: C's (and TVM's) truncating division
     "divide":   OpDef(2, _np_divide, N, lambda b, dt, x, y: b.fdiv(x, y) if dt.is_float
                       else (b.sdiv if dt.signed else b.udiv)(x, y), "({0} / {1})", relax="relax.divide",
@@ -337,7 +337,7 @@ OPS: dict[str, OpDef] = {
     "relu":     OpDef(1, lambda x: np.maximum(x, 0).astype(x.dtype), N, _relu_llvm,
                       "({0} > 0 ? {0} : 0)", relax="relax.nn.relu"),
     "square":   OpDef(1, np.square, N, lambda b, dt, x: _arith("fmul", "mul")(b, dt, x, x),
-                      lambda dt, x: _wrapping_c("*")(dt, x, x), relax="relax.square"),
+                      lambda dt, x: wrapping_c("*")(dt, x, x), relax="relax.square"),
     "sqrt":     OpDef(1, np.sqrt, F, _intrinsic("sqrt"), _libm("sqrt"), relax="relax.sqrt"),
     "floor":    OpDef(1, np.floor, F, _intrinsic("floor"), _libm("floor"), relax="relax.floor"),
     "ceil":     OpDef(1, np.ceil, F, _intrinsic("ceil"), _libm("ceil"), relax="relax.ceil"),
@@ -381,7 +381,7 @@ OPS: dict[str, OpDef] = {
     "select":   OpDef(3, np.where, NB, lambda b, dt, c, x, y: b.select(c, x, y), "({0} ? {1} : {2})"),
     "bitcast":  OpDef(1, None, F | I, _bitcast_llvm, _bitcast_c, out=_BITCAST.__getitem__),
     # integer bit ops (shifts by the width or more: undefined, as in C and TVM's LLVM build)
-    "shl":      OpDef(2, np.left_shift, I, lambda b, dt, x, y: b.shl(x, y), _wrapping_c("<<"),
+    "shl":      OpDef(2, np.left_shift, I, lambda b, dt, x, y: b.shl(x, y), wrapping_c("<<"),
                       relax="relax.left_shift"),
     "shr":      OpDef(2, np.right_shift, I, lambda b, dt, x, y: b.ashr(x, y) if dt.signed else b.lshr(x, y),
                       "({0} >> {1})", relax="relax.right_shift"),

@@ -16,6 +16,7 @@ from llvmlite import ir
 
 from ..ir.dtypes import dtype as lookup_dtype
 from ..ir.llvmtypes import I32, I64, declare
+from ..ir.ops import wrapping_c
 from .indexing import Ints
 from .loops import for_range
 
@@ -278,8 +279,8 @@ class C(Ints):
 
     def reduce(self, kind: str, dt: str, acc, x):
         """Mirror of :meth:`LLVM.reduce`; max/min keep a NaN, as llvm.maximum does."""
-        if kind in ("sum", "prod"):
-            return f"({acc} {'+' if kind == 'sum' else '*'} {x})"
+        if kind in ("sum", "prod"):  # integers wrap, as LLVM's add and mul do
+            return wrapping_c("+" if kind == "sum" else "*")(lookup_dtype(dt), acc, x)
         cmp = ">" if kind == "max" else "<"
         if lookup_dtype(dt).is_float:
             return f"(({acc} != {acc} || {acc} {cmp} {x}) ? {acc} : {x})"
