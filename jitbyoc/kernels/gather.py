@@ -22,7 +22,7 @@ from ..ir import kir
 from ..ir.dtypes import ALL, DTYPES, INTS
 from ..ir.relax_types import broadcast_problem, dims, tensor_problem
 from ..ir.rules import register
-from ..render.indexing import dot, each_row, unravel
+from ..render.indexing import dot, each_row, unravel, where_nonempty, wrapped
 from ..render.loops import threaded
 from ..render.portable import PortableStage
 
@@ -81,11 +81,6 @@ def _build(fe, call, out):
     return IndexTensor((fe.buffer(call.args[0]), *[fe.buffer(i) for i in call.args[1].fields]), out)
 
 
-def _wrapped(e, raw, n):
-    """An index in ``[0, n)``: negative ones from the end, others wrapped."""
-    return e.let(e.rem(e.add(e.rem(raw, n), n), n))
-
-
 @dataclass(eq=False)
 class GatherElements(PortableStage, kir.KernelStage):
     """``inputs``: ``x``, then the index tensor (of the result's shape)."""
@@ -100,9 +95,10 @@ class GatherElements(PortableStage, kir.KernelStage):
             n, width = e.dim(x.shape[axis]), e.dim(out.shape[-1])
             with e.loop(width, 0, "k") as k:
                 at = e.let(e.add(e.mul(r, width), k))
-                coords = pos + [k]
-                coords[axis] = _wrapped(e, e.index(e.load(ind, at), ind.dtype), n)
-                e.copy(out, at, x, dot(e, coords, strides))
+                with where_nonempty(e, n, out, at):
+                    coords = pos + [k]
+                    coords[axis] = wrapped(e, e.index(e.load(ind, at), ind.dtype), n)
+                    e.copy(out, at, x, dot(e, coords, strides))
             if self.epilogue is not None:
                 e.epilogue(self, pos + [0], [1] * len(pos) + [width])
 
@@ -208,11 +204,13 @@ class GatherND(PortableStage, kir.KernelStage):
             width = e.product(x.shape[b + m:])
             with e.loop(hi, lo, "p") as p:
                 batch = unravel(e, p, [e.dim(d) for d in lead])[:b]
-                coords = [_wrapped(e, e.index(e.load(ind, e.add(e.mul(p, m), k)), ind.dtype), e.dim(x.shape[b + k]))
-                          for k in range(m)]
-                src, dst = e.let(dot(e, batch + coords, strides)), e.let(e.mul(p, width))
-                with e.loop(width, 0, "j") as j:
-                    e.copy(out, e.add(dst, j), x, e.add(src, j))
+                dst = e.let(e.mul(p, width))
+                with where_nonempty(e, e.product(x.shape[b:b + m]), out, dst, width):
+                    coords = [wrapped(e, e.index(e.load(ind, e.add(e.mul(p, m), k)), ind.dtype),
+                                      e.dim(x.shape[b + k])) for k in range(m)]
+                    src = e.let(dot(e, batch + coords, strides))
+                    with e.loop(width, 0, "j") as j:
+                        e.copy(out, e.add(dst, j), x, e.add(src, j))
                 if self.epilogue is not None:
                     pos = unravel(e, p, [e.dim(d) for d in lead])
                     e.epilogue(self, pos + [0] * (out.ndim - len(lead)),

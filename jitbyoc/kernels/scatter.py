@@ -21,10 +21,9 @@ from ..ir import kir
 from ..ir.dtypes import ALL, FLOATS, INTS, NUMERIC
 from ..ir.relax_types import dims, tensor_problem
 from ..ir.rules import register
-from ..render.indexing import dot, unravel
+from ..render.indexing import dot, unravel, where_nonempty, wrapped
 from ..render.loops import threaded
 from ..render.portable import PortableStage
-from .gather import _wrapped
 
 # reduction -> (the row that folds an update into the element, the dtypes it takes)
 REDUCTIONS = {"update": (None, ALL), "add": ("add", NUMERIC), "mul": ("multiply", NUMERIC),
@@ -70,9 +69,9 @@ class ScatterElements(PortableStage, kir.KernelStage):
                 i, j = e.let(e.div(t, after)), e.let(e.rem(t, after))
                 first_in = e.let(e.add(e.mul(i, e.mul(n_ind, after)), j))
                 first_out = e.let(e.add(e.mul(i, e.mul(n_out, after)), j))
-                with e.loop(n_ind, 0, "k") as k:
+                with where_nonempty(e, n_out), e.loop(n_ind, 0, "k") as k:
                     src = e.let(e.add(first_in, e.mul(k, after)))
-                    at = _wrapped(e, e.index(e.load(ind, src), ind.dtype), n_out)
+                    at = wrapped(e, e.index(e.load(ind, src), ind.dtype), n_out)
                     _fold(self, e, e.let(e.add(first_out, e.mul(at, after))), src)
 
         e.parallel(e.mul(e.product(ind.shape[:a]), sizes(e)[2]), scatter, threaded(ind.shape, "copy"))
@@ -140,9 +139,10 @@ class ScatterND(PortableStage, kir.KernelStage):
                 e.copy(out, p, data, p)
 
         e.parallel(e.product(out.shape), copy, threaded(out.shape, "copy"))
-        with e.loop(e.product(ind.shape[:-1]), 0, "u") as u:
-            coords = [_wrapped(e, e.index(e.load(ind, e.add(e.mul(u, m), k)), ind.dtype), e.dim(out.shape[k]))
-                      for k in range(m)]
+        with where_nonempty(e, e.product(out.shape[:m])), \
+                e.loop(e.product(ind.shape[:-1]), 0, "u") as u:
+            coords = [wrapped(e, e.index(e.load(ind, e.add(e.mul(u, m), k)), ind.dtype),
+                              e.dim(out.shape[k])) for k in range(m)]
             dst, src = e.let(dot(e, coords, strides)), e.let(e.mul(u, width))
             with e.loop(width, 0, "j") as j:
                 _fold(self, e, e.add(dst, j), e.add(src, j))

@@ -27,7 +27,7 @@ from ..ir import kir
 from ..ir.dtypes import ALL, FLOATS, HALF, INTS
 from ..ir.relax_types import dims, tensor_problem
 from ..ir.rules import register
-from ..render.indexing import dot, unravel
+from ..render.indexing import dot, unravel, where_nonempty, wrapped
 from ..render.loops import threaded
 from ..render.portable import PortableStage
 
@@ -176,21 +176,10 @@ class Take(PortableStage, kir.KernelStage):
             width, count = e.product(x.shape[self.axis + 1:]), e.product(ind.shape)
             with e.loop(hi, lo, "row") as r:
                 o, k = e.let(e.div(r, count)), e.let(e.rem(r, count))
-                raw = e.let(e.index(e.load(ind, k), ind.dtype))
-                i = raw
-                if self.mode == "wrap":
-                    i = e.let(e.rem(e.add(e.rem(i, n), n), n))
-                elif self.mode == "fast":  # an index from -n counts from the end (see class doc)
-                    i = e.let(e.select(e.lt(i, 0), e.add(i, n), i))
-                i = e.let(e.max(e.min(i, e.sub(n, 1)), 0))
-                src, dst = e.let(e.mul(e.add(e.mul(o, n), i), width)), e.let(e.mul(r, width))
-                with e.loop(width, 0, "j") as j:
-                    if self.mode == "nan":
-                        v = e.select(e.eq(i, raw), e.load(x, e.add(src, j)),
-                                     e.const(float("nan"), x.dtype))
-                        e.store(out, e.add(dst, j), v)
-                    else:
-                        e.copy(out, e.add(dst, j), x, e.add(src, j))
+                dst = e.let(e.mul(r, width))
+                fill = float("nan") if self.mode == "nan" else 0
+                with where_nonempty(e, n, out, dst, width, fill):
+                    self._copy_block(e, e.let(e.index(e.load(ind, k), ind.dtype)), o, n, width, dst)
                 if self.epilogue is not None:
                     pos = unravel(e, o, [e.dim(d) for d in outer]) + \
                         unravel(e, k, [e.dim(d) for d in ind.shape])
@@ -200,6 +189,23 @@ class Take(PortableStage, kir.KernelStage):
 
         e.parallel(e.mul(e.product(outer), e.product(ind.shape)), body,
                    threaded(out.shape, "copy"))
+
+    def _copy_block(self, e, raw, o, n, width, dst) -> None:
+        """``out[dst:dst + width]`` from block ``raw`` (of ``n``) of outer index ``o``."""
+        x, i = self.inputs[0], raw
+        if self.mode == "wrap":
+            i = wrapped(e, i, n)
+        elif self.mode == "fast":  # an index from -n counts from the end (see class doc)
+            i = e.let(e.select(e.lt(i, 0), e.add(i, n), i))
+        i = e.let(e.max(e.min(i, e.sub(n, 1)), 0))
+        src = e.let(e.mul(e.add(e.mul(o, n), i), width))
+        with e.loop(width, 0, "j") as j:
+            if self.mode == "nan":
+                v = e.select(e.eq(i, raw), e.load(x, e.add(src, j)),
+                             e.const(float("nan"), x.dtype))
+                e.store(self.out, e.add(dst, j), v)
+            else:
+                e.copy(self.out, e.add(dst, j), x, e.add(src, j))
 
     @staticmethod
     def reference(x: np.ndarray, indices: np.ndarray, axis: int = 0, mode: str = "fast"):

@@ -8,6 +8,8 @@ both facades share.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 from ..ir.dtypes import dtype as lookup_dtype
 
 IDENTITY = {"sum": 0, "prod": 1, "max": float("-inf"), "min": float("inf")}
@@ -119,3 +121,25 @@ def each_row(e, shape, body, threads: bool) -> None:
         with e.loop(hi, lo, "row") as r:
             body(e, r, unravel(e, r, [e.dim(d) for d in shape[:-1]]))
     e.parallel(e.product(shape[:-1]), run, threads)
+
+
+def wrapped(e, raw, n):
+    """An index in ``[0, n)``: negative ones count from the end, others wrap around. With
+    ``n`` 0 (a symbolic axis empty at run time) it is 0 and must not be read: see
+    ``where_nonempty``."""
+    n = e.let(e.max(n, 1))
+    return e.let(e.rem(e.add(e.rem(raw, n), n), n))
+
+
+@contextmanager
+def where_nonempty(e, n, out=None, dst=0, width=1, fill=0):
+    """Runs its body where the indexed axis's size ``n`` is positive. At ``n`` 0 every index
+    is out of range and nothing may be read or written; a gather then fills its ``width``
+    results at ``out[dst:]`` with ``fill`` (TVM's own build reads out of bounds)."""
+    with e.if_else(e.lt(0, n)) as (then, otherwise):
+        with then:
+            yield
+        with otherwise:
+            if out is not None:
+                with e.loop(width, 0, "z") as z:
+                    e.store(out, e.add(dst, z), e.const(fill, out.dtype))
