@@ -23,6 +23,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from .context import env_number
 from .ir import kir, sizes
 from .memo import LRU
 from .peak import measured_peak
@@ -212,7 +213,7 @@ def profile(runnable, *args, func: str = "main", repeat: int = 10, warmup: int =
               for a in args]
     for _ in range(warmup):
         vm[func](*inputs)
-    threads = int(os.environ.get("TVM_NUM_THREADS") or os.cpu_count() or 1)
+    threads = env_number("TVM_NUM_THREADS", os.cpu_count() or 1)
     peak = peak_gflops or measured_peak(threads)
     rec, walls = _Recorder(), []
     vm.set_instrument(rec)

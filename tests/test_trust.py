@@ -25,7 +25,7 @@ from tvm import relax
 from tvm.relax.pipeline import PIPELINE_MAP
 
 import jitbyoc
-from jitbyoc.build import cache
+from jitbyoc.build import cache, compile_pool
 from jitbyoc.tvm import partition
 from tests.conftest import build_model, run
 
@@ -401,3 +401,19 @@ def test_one_regions_code_called_from_two_functions_reports_each_callers_names(t
     with jitbyoc.enabled():
         tvm.compile(_same_region_in_two_functions(("", "")), target=target)
     assert len(jitbyoc.last_report().regions) == 1
+
+
+@pytest.mark.parametrize("name,read", [
+    ("JITBYOC_CACHE_MAX_BYTES", lambda: cache._Settings().max_bytes),
+    ("JITBYOC_COMPILE_WORKERS", compile_pool.pool),
+    ("JITBYOC_COMPILE_TIMEOUT", lambda: compile_pool.deadline("")),
+])
+def test_a_setting_that_is_not_a_number_warns_and_takes_the_default(name, read, monkeypatch, caplog):
+    """``JITBYOC_CACHE_MAX_BYTES=1GB`` made ``import jitbyoc`` fail with int()'s ValueError
+    (and a bad worker count or timeout failed the build in progress)."""
+    monkeypatch.delenv(name, raising=False)
+    default = read()
+    monkeypatch.setenv(name, "1GB")
+    with caplog.at_level("WARNING", logger="jitbyoc"):
+        assert read() == default
+    assert name in caplog.text and "'1GB'" in caplog.text

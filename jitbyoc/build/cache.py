@@ -46,6 +46,7 @@ from pathlib import Path
 
 import tvm
 
+from ..context import env_number
 from ..memo import LRU
 from ..version import __version__
 from . import jit
@@ -72,7 +73,7 @@ class _Settings:
     def __init__(self):
         self.path: Path | None = None
         self.enabled: bool | None = None
-        self.max_bytes = int(os.environ.get("JITBYOC_CACHE_MAX_BYTES", 256 << 20))
+        self.max_bytes = env_number("JITBYOC_CACHE_MAX_BYTES", 256 << 20)
 
     def directory(self) -> Path | None:
         enabled = self.enabled if self.enabled is not None else \

@@ -35,6 +35,7 @@ import threading
 import time
 from concurrent.futures import Future
 
+from ..context import env_number
 from ..render import isa
 from ..render.isa import Machine
 from ..render.optimization import GLUE, Pipeline
@@ -56,7 +57,7 @@ RECYCLE_JOBS = 2000  # ~3 MB of llvmlite's leak per worker, then a fresh one
 
 def deadline(ir_text: str) -> float:
     """Seconds a worker may take to answer a job of this size."""
-    floor = float(os.environ.get("JITBYOC_COMPILE_TIMEOUT", TIMEOUT_FLOOR_S))
+    floor = env_number("JITBYOC_COMPILE_TIMEOUT", TIMEOUT_FLOOR_S, float)
     return floor + TIMEOUT_PER_MB_S * len(ir_text) / 2**20
 
 
@@ -196,7 +197,7 @@ _POOL_LOCK = threading.Lock()
 def pool() -> Pool | None:
     """The shared pool, or None when it is turned off (``JITBYOC_COMPILE_WORKERS=0``)."""
     global _POOL
-    size = int(os.environ.get("JITBYOC_COMPILE_WORKERS", physical_cores()))
+    size = env_number("JITBYOC_COMPILE_WORKERS", physical_cores())
     if size < 1:
         return None
     with _POOL_LOCK:
