@@ -310,7 +310,8 @@ def _np_sigmoid(x):
 
 
 def _np_clip(x, lo, hi):
-    return np.minimum(np.maximum(x, x.dtype.type(lo)), x.dtype.type(hi)).astype(x.dtype)
+    """TVM's clip: ``max(min(x, hi), lo)`` with its NaN-ignoring min and max (NaN -> hi)."""
+    return np.fmax(np.fmin(x, x.dtype.type(hi)), x.dtype.type(lo)).astype(x.dtype)
 
 
 _BITCAST = {"float32": "int32", "int32": "float32", "float64": "int64", "int64": "float64"}
@@ -360,8 +361,8 @@ OPS: dict[str, OpDef] = {
     "astype":   OpDef(1, lambda x, to: x.astype(to), NB, _cast_llvm, _cast_c, relax="relax.astype",
                       relax_attrs_from=(("to", "dtype"),)),
     "clip":     OpDef(1, _np_clip, N,
-                      expand=lambda e, dt, x, lo, hi: e.op("minimum", dt, e.op("maximum", dt, x,
-                                                           e.const(lo, dt)), e.const(hi, dt)),
+                      expand=lambda e, dt, x, lo, hi: e.op("maximum", dt, e.op("minimum", dt, x,
+                                                           e.const(hi, dt)), e.const(lo, dt)),
                       relax="relax.clip", scalars=("lo", "hi")),
     # transcendental: one expansion, rendered identically by both renderers
     "exp":      OpDef(1, np.exp, F, expand=vecmath.exp, relax="relax.exp", ulp=2),
