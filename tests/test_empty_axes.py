@@ -1,8 +1,9 @@
-"""Index ops along a symbolic axis that is empty at run time (0 rows): every index is then
+"""Ops along a symbolic axis that is empty at run time. Index ops: every index is then
 out of range. TVM's own build reads out of bounds; jitbyoc divided by the axis size to
 wrap the index (SIGFPE, the process killed) or read element 0 of an empty tensor. Now a
 gather fills its result with 0 (NaN for ``take`` in mode "nan") and a scatter writes
-nothing, in the LLVM and the C renderings alike."""
+nothing, in the LLVM and the C renderings alike. Products with no columns (N = 0): the
+GEMM engine divided by its count of column blocks, 0 (SIGFPE); now they are empty."""
 
 from __future__ import annotations
 
@@ -72,3 +73,34 @@ def test_an_index_op_on_an_axis_empty_at_run_time_neither_traps_nor_reads(case, 
     assert got.shape == want_shape
     if fill is not None:
         np.testing.assert_array_equal(got, np.full(want_shape, fill, "float32"))
+
+
+N = tvm.tirx.Var("n", "int64")
+# name: (A's shape, B's shape, op, A and B at run time); n is 0 at run time
+PRODUCTS = {
+    "matmul (4, 8) @ (8, n)": ((4, 8), (8, N), R.matmul, (4, 0)),
+    "linear (3, 8) x (n, 8)^T + sum": ((3, 8), (N, 8), lambda a, b: R.sum(R.matmul(a, R.permute_dims(b)), axis=[1]),
+                                       (3,)),
+    "batched (2, 3, 4) @ (2, 4, n)": ((2, 3, 4), (2, 4, N), R.matmul, (2, 3, 0)),
+    "(300, 8) @ (8, n) + relu": ((300, 8), (8, N), lambda a, b: R.nn.relu(R.matmul(a, b)), (300, 0)),
+}
+
+
+@pytest.mark.parametrize("rendering", ["llvm", pytest.param("c", marks=pytest.mark.skipif(
+    shutil.which("g++") is None, reason="C export needs g++"))])
+@pytest.mark.parametrize("case", list(PRODUCTS))
+def test_a_product_with_no_columns_at_run_time_is_empty(case, rendering, tmp_path):
+    """The GEMM engine split N columns into ceil(N / NC) blocks and divided by that count:
+    at N = 0, SIGFPE (the LLVM rendering; TVM's build gives the empty result)."""
+    a_shape, b_shape, op, want_shape = PRODUCTS[case]
+    a = relax.Var("a", relax.TensorType(a_shape, "float32"))
+    b = relax.Var("b", relax.TensorType(b_shape, "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [a, b]):
+        with bb.dataflow():
+            out = bb.emit_output(op(a, b))
+        bb.emit_func_output(out)
+    vm = _built(bb.get(), rendering, tmp_path)
+    arrays = [np.ones([0 if d is N else d for d in s], "float32") for s in (a_shape, b_shape)]
+    got = vm["main"](*[tvm.runtime.tensor(x) for x in arrays]).numpy()
+    np.testing.assert_array_equal(got, np.zeros(want_shape, "float32"))

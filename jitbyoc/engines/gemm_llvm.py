@@ -135,7 +135,8 @@ def _blocks(g, c, bidx, mrange, nrange, kplan, ap, bp) -> None:
     rows = b.sub(mrange[1], mrange[0])
     # A read in place needs no M blocking: B is then packed once per (KC, NC) block
     mb = I64(1) if ap is None else ceil_div(b, rows, I64(blk.mc))
-    mcb = b.mul(ceil_div(b, ceil_div(b, rows, mb), I64(blk.mr)), I64(blk.mr))
+    # blocks of at least one row: no M (or N) is a division by zero (an empty block loop)
+    mcb = b.mul(ceil_div(b, ceil_div(b, rows, smax(b, mb, I64(1))), I64(blk.mr)), I64(blk.mr))
     with for_range(b, mb, "gi") as ib:
         ic = b.add(mrange[0], b.mul(ib, mcb))
         mc = smin(b, mcb, b.sub(mrange[1], ic))
@@ -153,7 +154,7 @@ def _columns(g, c, bidx, mblock, kblock, nrange, ap, bp) -> None:
     (ic, mc), (pc, kc, last) = mblock, kblock
     cols = b.sub(nrange[1], nrange[0])
     nb = ceil_div(b, cols, I64(blk.nc))
-    ncb = b.mul(ceil_div(b, ceil_div(b, cols, nb), I64(g.nr)), I64(g.nr))
+    ncb = b.mul(ceil_div(b, ceil_div(b, cols, smax(b, nb, I64(1))), I64(g.nr)), I64(g.nr))
     ldc = c.product(g.c.row if isinstance(g.c.row, tuple) else (g.c.row,))
     accumulate = b.icmp_signed(">", pc, I64(0))
     if ap is None:
