@@ -182,7 +182,8 @@ def _shape_values(ty) -> list:
 
 
 def _feeding_regions(mod: tvm.IRModule) -> set:
-    """The regions whose results another region's call reads (by global name)."""
+    """The regions whose results another region's call reads (by global name), directly
+    or through an element of a region's tuple result (MobileViT with a dynamic batch)."""
     found: set = set()
     for func in mod.functions.values():
         if not isinstance(func, relax.Function) or func.attrs and "Codegen" in func.attrs:
@@ -190,13 +191,14 @@ def _feeding_regions(mod: tvm.IRModule) -> set:
         made_by: dict = {}
         for block in getattr(func.body, "blocks", []):
             for b in block.bindings:
-                call = b.value
-                if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.GlobalVar)):
-                    continue
-                for a in call.args:
-                    if isinstance(a, relax.Var) and a in made_by:
-                        found.add(made_by[a])
-                made_by[b.var] = call.op.name_hint
+                value = b.value
+                if isinstance(value, relax.TupleGetItem) and value.tuple_value in made_by:
+                    made_by[b.var] = made_by[value.tuple_value]
+                elif isinstance(value, relax.Var) and value in made_by:
+                    made_by[b.var] = made_by[value]
+                elif isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.GlobalVar):
+                    found.update(made_by[a] for a in value.args if isinstance(a, relax.Var) and a in made_by)
+                    made_by[b.var] = value.op.name_hint
     return found
 
 
