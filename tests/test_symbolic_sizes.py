@@ -388,3 +388,20 @@ def test_mobilevit_with_a_dynamic_batch_builds_and_matches_torch(monkeypatch):
         got = vm["main"](tvm.runtime.tensor(x.numpy()))
         got = got[0] if not hasattr(got, "numpy") else got
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_product_of_sizes_is_one_size_in_either_order():
+    """``4 * n`` and ``n * 4`` (Swin with a dynamic batch has both) were two derived
+    sizes, so their broadcast could not be proven and the add stayed with TVM."""
+    n = tirx.Var("n", "int64")
+    args = [relax.Var(name, relax.TensorType(shape, "float32"))
+            for name, shape in (("x", (4 * n, 8)), ("y", (n * 4, 8)), ("z", (n, 8)))]
+    mod = function(args, lambda bb, x, y, z: [bb.emit(relax.op.exp(relax.op.add(x, y))),
+                                              bb.emit(relax.op.tanh(z))])
+    with jitbyoc.enabled():
+        ex = tvm.compile(mod, target="llvm")
+    assert not jitbyoc.last_report().fallbacks, str(jitbyoc.last_report())
+    rng = np.random.default_rng(0)
+    x, y, z = (rng.standard_normal(s).astype("float32") for s in ((12, 8), (12, 8), (3, 8)))
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in (x, y, z)])
+    np.testing.assert_allclose(got[0].numpy(), np.exp(x + y), rtol=1e-6)

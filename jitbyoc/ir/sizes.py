@@ -44,6 +44,14 @@ _PRIM_OPS = {prim.Add: "add", prim.Sub: "sub", prim.Mul: "mul", prim.Min: "min",
              prim.FloorDiv: "floordiv", prim.FloorMod: "floormod"}
 
 
+_COMMUTATIVE = frozenset({"add", "mul", "min", "max"})
+
+
+def _order(tree) -> tuple:
+    """Operands of a commutative op in one order: sizes, then trees, then constants."""
+    return (0 if isinstance(tree, str) else 2 if isinstance(tree, int) else 1, repr(tree))
+
+
 def from_prim(expr, leaf):
     """``expr`` (a TVM PrimExpr) as a tree, its variables mapped by ``leaf`` (to an int,
     a name or a tree); None if it holds anything else. Constant parts are folded."""
@@ -57,6 +65,8 @@ def from_prim(expr, leaf):
         return None
     if op in ("floordiv", "floormod") and not (isinstance(b, int) and b > 0):
         return None  # a divisor that could be 0 at run time
+    if op in _COMMUTATIVE and _order(b) < _order(a):  # 4 * n and n * 4: one size (Swin's dims)
+        a, b = b, a
     return SIZE_OPS[op].python(a, b) if isinstance(a, int) and isinstance(b, int) else (op, a, b)
 
 
