@@ -39,13 +39,14 @@ CASES = {
 }
 
 
-def _model(data_shape, index_shape, op) -> tvm.IRModule:
-    d = relax.Var("d", relax.TensorType(data_shape, "float32"))
-    i = relax.Var("i", relax.TensorType(index_shape, "int64"))
+def _model(first_shape, second_shape, op, second_dtype="int64") -> tvm.IRModule:
+    """``main(a, b) = op(a, b)``: ``a`` float32, ``b`` of ``second_dtype``."""
+    a = relax.Var("a", relax.TensorType(first_shape, "float32"))
+    b = relax.Var("b", relax.TensorType(second_shape, second_dtype))
     bb = relax.BlockBuilder()
-    with bb.function("main", [d, i]):
+    with bb.function("main", [a, b]):
         with bb.dataflow():
-            out = bb.emit_output(op(d, i))
+            out = bb.emit_output(op(a, b))
         bb.emit_func_output(out)
     return bb.get()
 
@@ -79,8 +80,8 @@ N = tvm.tirx.Var("n", "int64")
 # name: (A's shape, B's shape, op, A and B at run time); n is 0 at run time
 PRODUCTS = {
     "matmul (4, 8) @ (8, n)": ((4, 8), (8, N), R.matmul, (4, 0)),
-    "linear (3, 8) x (n, 8)^T + sum": ((3, 8), (N, 8), lambda a, b: R.sum(R.matmul(a, R.permute_dims(b)), axis=[1]),
-                                       (3,)),
+    "linear (3, 8) x (n, 8)^T + sum": ((3, 8), (N, 8),
+                                       lambda a, b: R.sum(R.matmul(a, R.permute_dims(b)), axis=[1]), (3,)),
     "batched (2, 3, 4) @ (2, 4, n)": ((2, 3, 4), (2, 4, N), R.matmul, (2, 3, 0)),
     "(300, 8) @ (8, n) + relu": ((300, 8), (8, N), lambda a, b: R.nn.relu(R.matmul(a, b)), (300, 0)),
 }
@@ -93,14 +94,7 @@ def test_a_product_with_no_columns_at_run_time_is_empty(case, rendering, tmp_pat
     """The GEMM engine split N columns into ceil(N / NC) blocks and divided by that count:
     at N = 0, SIGFPE (the LLVM rendering; TVM's build gives the empty result)."""
     a_shape, b_shape, op, want_shape = PRODUCTS[case]
-    a = relax.Var("a", relax.TensorType(a_shape, "float32"))
-    b = relax.Var("b", relax.TensorType(b_shape, "float32"))
-    bb = relax.BlockBuilder()
-    with bb.function("main", [a, b]):
-        with bb.dataflow():
-            out = bb.emit_output(op(a, b))
-        bb.emit_func_output(out)
-    vm = _built(bb.get(), rendering, tmp_path)
+    vm = _built(_model(a_shape, b_shape, op, "float32"), rendering, tmp_path)
     arrays = [np.ones([0 if d is N else d for d in s], "float32") for s in (a_shape, b_shape)]
     got = vm["main"](*[tvm.runtime.tensor(x) for x in arrays]).numpy()
     np.testing.assert_array_equal(got, np.zeros(want_shape, "float32"))

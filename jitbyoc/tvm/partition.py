@@ -149,7 +149,8 @@ def _sizes_its_inputs_define(func: relax.Function, name: str, feeds_region: bool
     free = {str(f) for f in relax.analysis.free_symbolic_vars(func)}
     # by name: the calls' types may hold other objects of them. Only sizes inside its
     # arguments' compound dims: a reshape to sizes the caller made (match_cast) is fine
-    in_args = {str(v) for p in func.params for d in _shape_values(p.ty) for v in tirx.analysis.undefined_vars(d)}
+    in_args = {str(v) for p in func.params for d in _shape_values(p.ty)
+               for v in tirx.analysis.undefined_vars(d)}
     names = free & in_args
     # sizes no argument shows (a broadcast_to (1, 64) -> (n, 1, 64) alone): the region's
     # own result shows them, which RunCodegen fails on when another region reads it
@@ -159,8 +160,10 @@ def _sizes_its_inputs_define(func: relax.Function, name: str, feeds_region: bool
     for call in _calls(func):  # the first whose result has such a size as a dim of its own
         made = {str(d) for d in _result_dims(call) if isinstance(d, tirx.Var)} & (names | unseen)
         if made:
-            how = "no argument of the region shows" if made & unseen else "its inputs show only inside compound dims"
-            err = LoweringError(f"region {name}: {call.op.name} makes size(s) {', '.join(sorted(made))} {how}")
+            how = "no argument of the region shows" if made & unseen else \
+                "its inputs show only inside compound dims"
+            err = LoweringError(f"region {name}: {call.op.name} makes size(s) "
+                                f"{', '.join(sorted(made))} {how}")
             err.subject = call
             raise err
     # no call makes it: the region shows it only inside compound dims, inputs and outputs
@@ -173,7 +176,8 @@ def _sizes_its_inputs_define(func: relax.Function, name: str, feeds_region: bool
 def _result_dims(call: relax.Call) -> list:
     """The dims of ``call``'s result: its type's, or where that names a shape parameter
     instead (a broadcast_to in a region's composite function), that shape's."""
-    return _shape_values(call.ty) or [d for a in call.args for d in getattr(getattr(a, "ty", None), "values", None) or []]
+    return _shape_values(call.ty) or [d for a in call.args
+                                      for d in getattr(getattr(a, "ty", None), "values", None) or []]
 
 
 def _shape_values(ty) -> list:
