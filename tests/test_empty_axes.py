@@ -1,4 +1,4 @@
-"""Ops along a symbolic axis that is empty at run time. Index ops: every index is then
+"""Ops along a symbolic axis that is empty at run time. Index ops (index_tensor too): every index is then
 out of range. TVM's own build reads out of bounds; jitbyoc divided by the axis size to
 wrap the index (SIGFPE, the process killed) or read element 0 of an empty tensor. Now a
 gather fills its result with 0 (NaN for ``take`` in mode "nan") and a scatter writes
@@ -28,6 +28,7 @@ def _take(mode):
 CASES = {
     "gather_nd, batch_dims 1": ((3, K, 2), (3, 2, 1), lambda d, i: R.gather_nd(d, i, 1), (3, 2, 2), 0.0),
     "gather_nd": ((K, 4), (5, 1), lambda d, i: R.gather_nd(d, i), (5, 4), 0.0),
+    "index_tensor": ((K, 4), (3,), lambda d, i: R.index_tensor(d, relax.Tuple([i])), (3, 4), 0.0),
     "gather_elements": ((2, K), (2, 3), lambda d, i: R.gather_elements(d, i, axis=1), (2, 3), 0.0),
     "take wrap": ((K, 4), (3,), _take("wrap"), (3, 4), 0.0),
     "take fast": ((K, 4), (3,), _take("fast"), (3, 4), 0.0),

@@ -40,15 +40,18 @@ class IndexTensor(PortableStage, kir.KernelStage):
             width = e.product(x.shape[m:])
             with e.loop(hi, lo, "p") as p:
                 pos = unravel(e, p, [e.dim(d) for d in lead])
-                src = 0
-                for j, ind in enumerate(indices):
-                    strides = [0 if d == 1 else e.product(ind.shape[k + 1:]) for k, d in enumerate(ind.shape)]
-                    raw = e.let(e.index(e.load(ind, dot(e, pos[len(lead) - ind.ndim:], strides)), ind.dtype))
-                    n = e.dim(x.shape[j])
-                    src = e.add(e.mul(src, n), e.let(e.rem(e.add(e.rem(raw, n), n), n)))
-                src, dst = e.let(e.mul(src, width)), e.let(e.mul(p, width))
-                with e.loop(width, 0, "j") as j:
-                    e.copy(out, e.add(dst, j), x, e.add(src, j))
+                dst = e.let(e.mul(p, width))
+                with where_nonempty(e, e.product(x.shape[:m]), out, dst, width):
+                    src = 0
+                    for j, ind in enumerate(indices):
+                        strides = [0 if d == 1 else e.product(ind.shape[k + 1:])
+                                   for k, d in enumerate(ind.shape)]
+                        at = dot(e, pos[len(lead) - ind.ndim:], strides)
+                        n = e.dim(x.shape[j])
+                        src = e.add(e.mul(src, n), wrapped(e, e.let(e.index(e.load(ind, at), ind.dtype)), n))
+                    src = e.let(e.mul(src, width))
+                    with e.loop(width, 0, "j") as j:
+                        e.copy(out, e.add(dst, j), x, e.add(src, j))
                 if self.epilogue is not None:
                     rest = x.shape[m:]
                     e.epilogue(self, pos + [0] * len(rest), [1] * len(pos) + [e.dim(d) for d in rest])
