@@ -307,60 +307,24 @@ def test_vit_with_a_dynamic_batch_builds_and_matches_torch():
     the build on such a region, so that broadcast stays with TVM."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from tvm.relax.frontend.torch import from_exported_program
 
     torch.manual_seed(0)
     config = transformers.ViTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                                     intermediate_size=128, image_size=32, patch_size=8)
-    vit = transformers.ViTModel(config, add_pooling_layer=False).eval()
-
-    class Hidden(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.vit = vit
-
-        def forward(self, x):
-            return self.vit(pixel_values=x).last_hidden_state
-
-    model = Hidden().eval()
-    with torch.no_grad():
-        program = torch.export.export(model, (torch.randn(2, 3, 32, 32),),
-                                      dynamic_shapes={"x": {0: torch.export.Dim("batch", min=1, max=64)}})
-    mod = from_exported_program(program, keep_params_as_input=False)
+    model, mod = _hidden_state_with_a_dynamic_batch(
+        torch, transformers.ViTModel(config, add_pooling_layer=False).eval(), 32)
     with jitbyoc.enabled():
         ex = tvm.compile(mod, target="llvm")
         report = jitbyoc.last_report()
     declined = [f for f in report.fallbacks if f.op == "relax.broadcast_to"]
     assert len(declined) == 1 and declined[0].types.startswith("bool[1x1x17x1]"), str(report)
-    vm = relax.VirtualMachine(ex, tvm.cpu())
-    for n in (1, 3):
-        x = torch.randn(n, 3, 32, 32)
-        with torch.no_grad():
-            want = model(x).numpy()
-        got = vm["main"](tvm.runtime.tensor(x.numpy()))
-        np.testing.assert_allclose((got[0] if not hasattr(got, "numpy") else got).numpy(), want, rtol=1e-4, atol=1e-5)
+    _assert_matches_torch_at_batches(torch, ex, model, 32, atol=1e-5)
 
 
-def test_mobilevit_with_a_dynamic_batch_builds_and_matches_torch(monkeypatch):
-    """MobileViT's unfolded patches are ``(4 * batch, ...)``: its regions show the batch only
-    inside compound dims, and some return tuples whose elements other regions read. Those
-    regions counted as feeding none (the read goes through a tuple element), were kept,
-    and TVM's ``RunCodegen`` failed the build ("The type is not populated"). They stay with
-    TVM now, as a region read directly does."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+def _hidden_state_with_a_dynamic_batch(torch, net, size: int):
+    """``net``'s last hidden state of ``pixel_values`` (``(batch, 3, size, size)``) as a torch
+    module, and its Relax module through ``torch.export`` with a dynamic batch."""
     from tvm.relax.frontend.torch import from_exported_program
-
-    # its refusals are remembered by call signature, process-wide: a later test's weight
-    # permute_dims (GPT-2's) would stay with TVM too (see the closing note of this change)
-    monkeypatch.setattr(patterns, "REJECTED", LRU(1024))
-    torch.manual_seed(0)
-    config = transformers.MobileViTConfig(image_size=64, hidden_sizes=[32, 48, 64],
-                                          neck_hidden_sizes=[8, 8, 16, 16, 24, 32, 64])
-    net = transformers.MobileViTModel(config).eval()
-    with torch.no_grad():  # transformers' init zeroes the output (norm scales): random instead
-        for p in net.parameters():
-            p.normal_(0.0, 0.2)
 
     class Hidden(torch.nn.Module):
         def __init__(self):
@@ -372,22 +336,50 @@ def test_mobilevit_with_a_dynamic_batch_builds_and_matches_torch(monkeypatch):
 
     model = Hidden().eval()
     with torch.no_grad():
-        program = torch.export.export(model, (torch.randn(2, 3, 64, 64),),
+        program = torch.export.export(model, (torch.randn(2, 3, size, size),),
                                       dynamic_shapes={"x": {0: torch.export.Dim("batch", min=1, max=64)}})
-    mod = from_exported_program(program, keep_params_as_input=False)
+    return model, from_exported_program(program, keep_params_as_input=False)
+
+
+def _assert_matches_torch_at_batches(torch, ex, model, size: int, atol: float, least: float = 0.0):
+    """``ex`` gives ``model``'s result at batches 1 and 3 (whose largest magnitude is above
+    ``least``)."""
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    for n in (1, 3):
+        x = torch.randn(n, 3, size, size)
+        with torch.no_grad():
+            want = model(x).numpy()
+        assert np.abs(want).max() > least
+        got = vm["main"](tvm.runtime.tensor(x.numpy()))
+        got = got[0] if not hasattr(got, "numpy") else got
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=atol)
+
+
+def test_mobilevit_with_a_dynamic_batch_builds_and_matches_torch(monkeypatch):
+    """MobileViT's unfolded patches are ``(4 * batch, ...)``: its regions show the batch only
+    inside compound dims, and some return tuples whose elements other regions read. Those
+    regions counted as feeding none (the read goes through a tuple element), were kept,
+    and TVM's ``RunCodegen`` failed the build ("The type is not populated"). They stay with
+    TVM now, as a region read directly does."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+
+    # its refusals are remembered by call signature, process-wide: a later test's weight
+    # permute_dims (GPT-2's) would stay with TVM too (see the closing note of this change)
+    monkeypatch.setattr(patterns, "REJECTED", LRU(1024))
+    torch.manual_seed(0)
+    config = transformers.MobileViTConfig(image_size=64, hidden_sizes=[32, 48, 64],
+                                          neck_hidden_sizes=[8, 8, 16, 16, 24, 32, 64])
+    net = transformers.MobileViTModel(config).eval()
+    with torch.no_grad():  # transformers' init zeroes the output (norm scales): random instead
+        for p in net.parameters():
+            p.normal_(0.0, 0.2)
+    model, mod = _hidden_state_with_a_dynamic_batch(torch, net, 64)
     with jitbyoc.enabled():
         ex = tvm.compile(mod, target="llvm")
     report = jitbyoc.last_report()
     assert report.regions and any("compound dims" in f.reason for f in report.fallbacks), str(report)
-    vm = relax.VirtualMachine(ex, tvm.cpu())
-    for n in (1, 3):
-        x = torch.randn(n, 3, 64, 64)
-        with torch.no_grad():
-            want = model(x).numpy()
-        assert np.abs(want).max() > 0.1
-        got = vm["main"](tvm.runtime.tensor(x.numpy()))
-        got = got[0] if not hasattr(got, "numpy") else got
-        np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-4)
+    _assert_matches_torch_at_batches(torch, ex, model, 64, atol=1e-4, least=0.1)
 
 
 def test_a_product_of_sizes_is_one_size_in_either_order():

@@ -96,12 +96,11 @@ class GatherElements(PortableStage, kir.KernelStage):
         def row(e, r, pos):  # sized in its own function (a threaded body's: see ArgReduce.sizes)
             strides = [e.product(x.shape[k + 1:]) for k in range(x.ndim)]
             n, width = e.dim(x.shape[axis]), e.dim(out.shape[-1])
-            with e.loop(width, 0, "k") as k:
+            with where_nonempty(e, n, out, e.let(e.mul(r, width)), width), e.loop(width, 0, "k") as k:
                 at = e.let(e.add(e.mul(r, width), k))
-                with where_nonempty(e, n, out, at):
-                    coords = pos + [k]
-                    coords[axis] = wrapped(e, e.index(e.load(ind, at), ind.dtype), n)
-                    e.copy(out, at, x, dot(e, coords, strides))
+                coords = pos + [k]
+                coords[axis] = wrapped(e, e.index(e.load(ind, at), ind.dtype), n)
+                e.copy(out, at, x, dot(e, coords, strides))
             if self.epilogue is not None:
                 e.epilogue(self, pos + [0], [1] * len(pos) + [width])
 

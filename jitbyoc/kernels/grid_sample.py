@@ -24,7 +24,7 @@ from ..ir import kir
 from ..ir.dtypes import FLOATS
 from ..ir.relax_types import dims, tensor_problem
 from ..ir.rules import register
-from ..render.indexing import dot, unravel
+from ..render.indexing import clamped, dot, unravel
 from ..render.loops import threaded
 from ..render.portable import PortableStage
 
@@ -111,7 +111,7 @@ class GridSample(PortableStage, kir.KernelStage):
         for i, n in zip(idx, sizes):
             inb = e.op("logical_and", "bool", e.lt(-1, i), e.lt(i, n))
             ok = inb if ok is None else e.op("logical_and", "bool", ok, inb)
-            safe.append(e.let(e.max(e.min(i, e.sub(n, 1)), 0)))
+            safe.append(clamped(e, i, n))
         strides = [e.product(x.shape[3 + a:]) for a in range(len(sizes))]
         value = e.load(x, e.add(plane, dot(e, safe, strides)))
         return e.select(ok, value, e.const(0, x.dtype))
@@ -160,7 +160,7 @@ class GridSample(PortableStage, kir.KernelStage):
         """A bicubic tap's pixel index after the padding mode (TVM: int clamp for border;
         reflection of the index as a float, clamp, truncation)."""
         if self.padding == "border":
-            return e.let(e.max(e.min(i, e.sub(size, 1)), 0))
+            return clamped(e, i, size)
         if self.padding == "reflection":
             dt = self.out.dtype
             return e.let(e.op("astype", dt, self._placed(e, e.as_float(i, dt), size), to="int64"))

@@ -19,7 +19,7 @@ from ..ir import kir
 from ..ir.dtypes import ALL
 from ..ir.relax_types import dims, tensor_problem
 from ..ir.rules import register
-from ..render.indexing import dot, each_row
+from ..render.indexing import clamped, dot, each_row, wrapped
 from ..render.loops import threaded
 from ..render.portable import PortableStage
 
@@ -80,9 +80,9 @@ class Pad(PortableStage, kir.KernelStage):
         n = e.dim(self.inputs[0].shape[k])
         c = e.let(e.sub(o, self.before[k]))
         if self.mode == "replicate":
-            return e.let(e.max(e.min(c, e.sub(n, 1)), 0))
+            return clamped(e, c, n)
         if self.mode == "circular":
-            return e.let(e.rem(e.add(e.rem(c, n), n), n))
+            return wrapped(e, c, n)
         c = e.let(e.select(e.lt(c, 0), e.sub(0, c), c))  # reflect: mirror without the edge
         return e.let(e.select(e.lt(c, n), c, e.sub(e.mul(2, e.sub(n, 1)), c)))
 

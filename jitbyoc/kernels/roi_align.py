@@ -23,7 +23,7 @@ from ..ir import kir
 from ..ir.dtypes import FLOATS
 from ..ir.relax_types import dims, operands_problem
 from ..ir.rules import register
-from ..render.indexing import unravel
+from ..render.indexing import clamped, unravel
 from ..render.loops import threaded
 from ..render.portable import PortableStage
 from .pool_llvm import lowest
@@ -47,7 +47,7 @@ class RoiAlign(PortableStage, kir.KernelStage):
             with e.loop(hi, lo, "bin") as p:
                 r, c, ph, pw = unravel(e, p, [e.dim(d) for d in out.shape])
                 roi = [e.load(rois, e.add(e.mul(r, 5), k)) for k in range(5)]
-                n = e.let(e.max(e.min(e.op("astype", dt, roi[0], to="int64"), e.sub(e.dim(x.shape[0]), 1)), 0))
+                n = clamped(e, e.op("astype", dt, roi[0], to="int64"), e.dim(x.shape[0]))
                 plane = e.let(e.mul(e.add(e.mul(n, e.dim(x.shape[1])), c), e.product(x.shape[2:])))
                 axes = [self._axis(e, roi, 2, ph, ph_n), self._axis(e, roi, 1, pw, pw_n)]
                 e.store(out, p, self._pool(e, plane, axes))

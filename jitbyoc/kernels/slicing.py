@@ -27,7 +27,7 @@ from ..ir import kir
 from ..ir.dtypes import ALL, FLOATS, HALF, INTS
 from ..ir.relax_types import dims, tensor_problem
 from ..ir.rules import register
-from ..render.indexing import dot, unravel, where_nonempty, wrapped
+from ..render.indexing import clamped, dot, unravel, where_nonempty, wrapped
 from ..render.loops import threaded
 from ..render.portable import PortableStage
 
@@ -197,7 +197,7 @@ class Take(PortableStage, kir.KernelStage):
             i = wrapped(e, i, n)
         elif self.mode == "fast":  # an index from -n counts from the end (see class doc)
             i = e.let(e.select(e.lt(i, 0), e.add(i, n), i))
-        i = e.let(e.max(e.min(i, e.sub(n, 1)), 0))
+        i = clamped(e, i, n)
         src = e.let(e.mul(e.add(e.mul(o, n), i), width))
         with e.loop(width, 0, "j") as j:
             if self.mode == "nan":

@@ -123,11 +123,17 @@ def each_row(e, shape, body, threads: bool) -> None:
     e.parallel(e.product(shape[:-1]), run, threads)
 
 
+def clamped(e, i, n):
+    """``i`` clamped into ``[0, n)``, the nearest edge for one outside it."""
+    return e.let(e.max(e.min(i, e.sub(n, 1)), 0))
+
+
 def wrapped(e, raw, n):
     """An index in ``[0, n)``: negative ones count from the end, others wrap around. With
     ``n`` 0 (a symbolic axis empty at run time) it is 0 and must not be read: see
     ``where_nonempty``."""
-    n = e.let(e.max(n, 1))
+    if not (isinstance(n, int) and n > 0):
+        n = e.let(e.max(n, 1))
     return e.let(e.rem(e.add(e.rem(raw, n), n), n))
 
 
