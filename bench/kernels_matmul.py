@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import platform
 import statistics
 import sys
 
@@ -171,9 +172,42 @@ def openblas_unheld() -> dict:
     return {k: os.environ.pop(k) for k in OPENBLAS_HOLDS if k in os.environ}
 
 
+AVX2_KERNEL = "Haswell"  # OpenBLAS's AVX2 + FMA kernel
+
+
+def openblas_for(target: str | None) -> dict:
+    """Choose, in this process only and before numpy loads OpenBLAS, the kernel numpy runs:
+    the machine's own (:func:`openblas_unheld`), or for an x86 target without AVX-512 on
+    an AVX-512 machine OpenBLAS's AVX2 kernel, so "vs numpy" compares code of the same
+    vector ISA (OpenBLAS's AVX-512 kernel would set a bar the target cannot use). Returns
+    what was unset."""
+    held = openblas_unheld()
+    if target and platform.machine() == "x86_64" and _x86_without_avx512(target):
+        os.environ["OPENBLAS_CORETYPE"] = AVX2_KERNEL
+    return held
+
+
+def _x86_without_avx512(target: str) -> bool:
+    """Whether ``target`` names an x86 machine without AVX-512, asked of
+    :func:`bench.target.machine` in a child process (TVM imports numpy, which must not
+    load here yet)."""
+    import subprocess
+
+    code = ("import sys; from bench import target as t; t.set_target(sys.argv[1]); m = t.machine(); "
+            "print(int(m.arch == 'x86_64' and not m.has('avx512f')))")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", code, target], cwd=root, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"--target {target}: {out.stderr.strip().splitlines()[-1] if out.stderr else 'failed'}")
+    return out.stdout.strip().endswith("1")
+
+
 def openblas_kernel(held: dict) -> str:
-    """Which kernel numpy's OpenBLAS runs (threadpoolctl), and what was unset for it."""
-    note = f" (unset here: {', '.join(f'{k}={v}' for k, v in held.items())})" if held else ""
+    """Which kernel numpy's OpenBLAS runs (threadpoolctl), and what was unset or set for it."""
+    notes = [f"unset here: {', '.join(f'{k}={v}' for k, v in held.items())}"] if held else []
+    if os.environ.get("OPENBLAS_CORETYPE") == AVX2_KERNEL:
+        notes.append(f"set here: OPENBLAS_CORETYPE={AVX2_KERNEL}, the target's ISA")
+    note = f" ({'; '.join(notes)})" if notes else ""
     try:
         from threadpoolctl import threadpool_info
     except ImportError:
@@ -195,7 +229,7 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     os.environ["TVM_NUM_THREADS"] = str(args.threads)
     os.environ["OPENBLAS_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"] = str(args.threads)
-    held = openblas_unheld()
+    held = openblas_for(args.target)
     if "numpy" in sys.modules:
         print("note: numpy was imported before --threads applied; OpenBLAS keeps its default pool")
     import numpy as np

@@ -215,3 +215,21 @@ def test_busy_cpu_refuses_a_cpu_the_process_may_not_use():
 
     with pytest.raises(SystemExit, match="--busy-cpu 4096: this process may run on CPUs"), busy_cpu(4096):
         pass
+
+
+@pytest.mark.parametrize("target, avx2_kernel", [("haswell", True), ("skylake-avx512", False), (None, False)])
+def test_numpy_runs_openblas_kernel_of_the_targets_isa(monkeypatch, target, avx2_kernel):
+    """An AVX2 target's sgemm is compared with OpenBLAS's AVX2 kernel, not its AVX-512 one
+    (which the target cannot use); the holds this machine may set are lifted otherwise."""
+    import platform
+
+    from bench import kernels_matmul
+
+    if avx2_kernel and platform.machine() != "x86_64":
+        pytest.skip("OpenBLAS's x86 kernels exist on x86-64 only")
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Sandybridge")
+    monkeypatch.setenv("OPENBLAS_L2_SIZE", "262144")
+    held = kernels_matmul.openblas_for(target)
+    assert held == {"OPENBLAS_CORETYPE": "Sandybridge", "OPENBLAS_L2_SIZE": "262144"}
+    assert "OPENBLAS_L2_SIZE" not in os.environ
+    assert os.environ.get("OPENBLAS_CORETYPE") == ("Haswell" if avx2_kernel else None)
