@@ -11,8 +11,6 @@ import tvm
 from tvm import relax
 
 import jitbyoc
-from jitbyoc.memo import LRU
-from jitbyoc.tvm import patterns
 from jitbyoc.tvm.composite_types import restore_call_types
 from tests.conftest import build_both
 
@@ -69,13 +67,10 @@ def test_sizes_no_region_argument_shows_stay_with_tvm():
     np.testing.assert_allclose(got, want, rtol=1e-5)
 
 
-def test_a_region_whose_result_alone_shows_the_sizes_and_feeds_another_region_builds(monkeypatch):
+def test_a_region_whose_result_alone_shows_the_sizes_and_feeds_another_region_builds():
     """The reshape's region outputs ``y + 1`` (its shape shows the sizes), which a sort
     TVM keeps and then another region read: TVM's RunCodegen failed the build on such a
-    region ("The type is not populated"). The reshape now stays with TVM. (No lowering
-    failure remembered from another test may decide it: they are kept by signature.)"""
-    monkeypatch.setattr(patterns, "REJECTED", LRU(1024))
-
+    region ("The type is not populated"). The reshape now stays with TVM."""
     def after(bb, y, x):
         y1 = bb.emit(R.add(y, relax.const(1.0, "float32")))
         return bb.emit(R.multiply(y1, bb.emit(R.sort(y1, axis=0))))
@@ -119,3 +114,26 @@ def test_manual_partition_and_codegen_with_restored_types():
     x = np.arange(60, dtype="float32").reshape(3, 4, 5)
     got = vm["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(np.array([4, 5, 3], "int64"))).numpy()
     np.testing.assert_array_equal(got, x.reshape(4, 5, 3))
+
+
+def test_a_refusal_for_one_models_context_does_not_follow_the_op_to_another_model():
+    """A region refused for where it sits (its result alone shows the sizes and feeds
+    another region) says nothing about the same reshape elsewhere: it was remembered by
+    call signature process-wide, so a later model whose reshape region is fine left the
+    reshape with TVM too. A rebuild of the first model still gives the reason."""
+    def feeds_another_region(bb, y, x):
+        y1 = bb.emit(R.add(y, relax.const(1.0, "float32")))
+        return bb.emit(R.multiply(y1, bb.emit(R.sort(y1, axis=0))))
+
+    first = fresh_reshape_model(2, feeds_another_region)
+    report, got, want = run_both(first, (12, 5))
+    assert "relax.reshape" in [f.op for f in report.fallbacks], str(report)
+    np.testing.assert_array_equal(got, want)
+
+    report, got, want = run_both(fresh_reshape_model(2, lambda bb, y, x: bb.emit(R.add(y, relax.const(1.0, "float32")))),
+                                 (12, 5))
+    assert [f.op for f in report.fallbacks] == ["relax.tensor_to_shape"], str(report)
+    np.testing.assert_array_equal(got, want)
+
+    reasons = {f.op: f.reason for f in jitbyoc.report(first).fallbacks}
+    assert "no argument of the region shows" in reasons["relax.reshape"], reasons

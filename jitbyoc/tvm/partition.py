@@ -40,7 +40,7 @@ def regions(mod: tvm.IRModule) -> dict[tvm.ir.GlobalVar, relax.Function]:
 # the same module object (functions are immutable; editing a module replaces them) skips
 # partitioning. Never by a hash: TVM's 64-bit structural hash collides on ordinary shapes.
 MEMO_ENTRIES = 4  # a module can hold its weights as constants: keep few
-_MEMO = LRU(MEMO_ENTRIES)  # identity -> (module, partitioned module, lowered regions)
+_MEMO = LRU(MEMO_ENTRIES)  # identity -> (module, partitioned module, lowered regions, rejections)
 
 
 def _identity(mod: tvm.IRModule) -> tuple:
@@ -67,8 +67,11 @@ def partition_for_jitbyoc(mod: tvm.IRModule) -> tvm.IRModule:
     key = _identity(mod)
     hit = _MEMO.get(key)  # a rebuild of an unchanged model: partitioning is pure
     if hit is None:
-        hit = (mod, *_partition(mod))  # the module is kept: its functions' handles stay theirs
+        rejected: dict = {}  # this module's own: a refusal may depend on where a call sits
+        patterns.use_rejections(rejected)
+        hit = (mod, *_partition(mod), rejected)  # the module is kept: its functions' handles stay theirs
         _MEMO.put(key, hit)
+    patterns.use_rejections(hit[3])  # the report gives their reasons
     out = hit[1]
     # a fresh module each time: a caller that edits it in place must not edit the memo
     return tvm.IRModule(dict(out.functions), attrs=out.attrs)
@@ -87,7 +90,7 @@ def _ops_in(mod: tvm.IRModule) -> set[str]:
 def lowered(func: relax.Function) -> lower.Lowered:
     """The lowering of a partitioned region: the one partitioning made (while its module
     is memoized), or made now."""
-    for _, _, low in _MEMO.values():
+    for _, _, low, _ in _MEMO.values():
         hit = low.get(func.__chandle__())
         if hit is not None and hit[0].same_as(func):
             return hit[1]

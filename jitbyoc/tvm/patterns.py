@@ -9,11 +9,15 @@ whether jitbyoc can take the matched call; what it refuses stays with TVM, and
 A call whose rule accepted it but whose lowering then failed is *rejected*: its
 signature (op, operand and result types, attributes) is remembered with the error, and
 partitioning runs again without it (:func:`jitbyoc.tvm.partition.partition_for_jitbyoc`),
-so a lowering error never fails a build; the call stays with TVM.
+so a lowering error never fails a build; the call stays with TVM. Rejections belong to
+the module being partitioned (:func:`use_rejections`): many depend on where the call sits
+(a region whose result alone shows a size it makes, and feeds another region), so a
+refusal in one model must not follow the same op into another.
 """
 
 from __future__ import annotations
 
+import threading
 from functools import reduce
 
 from tvm import relax
@@ -23,10 +27,9 @@ from tvm.relax.transform import FusionPattern
 
 from .. import kernels  # noqa: F401 - registers every kernel's rule
 from ..ir.rules import RULES, why_not
-from ..memo import LRU
 
 PREFIX = "jitbyoc"
-REJECTED = LRU(1024)  # call signature -> why its lowering failed (lowering is deterministic)
+_SCOPE = threading.local()  # .rejected: call signature -> why, for this thread's module
 
 
 def signature(call) -> str:
@@ -37,15 +40,29 @@ def signature(call) -> str:
     return f"{getattr(call.op, 'name', call.op)}({args}) {call.attrs}"
 
 
+def use_rejections(rejected: dict) -> None:
+    """Make ``rejected`` (call signature -> why) the rejections of the module this thread
+    partitions now, and reports on until it partitions another."""
+    _SCOPE.rejected = rejected
+
+
+def rejections() -> dict:
+    found = getattr(_SCOPE, "rejected", None)
+    if found is None:
+        found = _SCOPE.rejected = {}
+    return found
+
+
 def reject(call, why: str) -> None:
-    REJECTED.put(signature(call), why)
+    rejections()[signature(call)] = why
 
 
 def reason(call) -> str | None:
     """Why jitbyoc leaves ``call`` to TVM (its rule's reason, or a failed lowering), or None."""
     found = why_not(call)
-    if found is None and len(REJECTED):
-        failed = REJECTED.get(signature(call))
+    rejected = rejections()
+    if found is None and rejected:
+        failed = rejected.get(signature(call))
         return None if failed is None else f"lowering failed, left to TVM: {failed}"
     return found
 
