@@ -1,6 +1,7 @@
 """The compile cache (memory and disk), build lifetime and thread safety."""
 
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -36,12 +37,13 @@ def build_status(mod):
     return ex, [r.cache for r in jitbyoc.last_report().regions]
 
 
-def entries(root, engines: bool = False):
-    """Disk entries of regions (with ``engines``: of library engines instead), told apart
-    by the key each entry stores (magic, checksum, key length, key text, payload)."""
+def entries(root, engines: bool = False, kind: str = ENGINE_PREFIX):
+    """Disk entries of regions (with ``engines``: of library engines, those whose symbol
+    starts with ``kind``), told apart by the key each entry stores (magic, checksum, key
+    length, key text, payload)."""
     def is_engine(p):
         _, _, size, rest = p.read_bytes().split(b"\n", 3)
-        return rest[:int(size)].startswith(ENGINE_PREFIX.encode())
+        return rest[:int(size)].startswith(kind.encode())
     return sorted(p for p in root.glob("*/*.s") if is_engine(p) == engines)
 
 
@@ -91,6 +93,55 @@ def test_one_gemm_engine_serves_plain_and_batched_products(fresh_cache):
     y, z = relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(v) for v in args.values()])
     np.testing.assert_allclose(y.numpy(), np.maximum(args["x"] @ args["w"], 0), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(z.numpy(), np.maximum(args["a"] @ args["b"], 0), rtol=1e-4, atol=1e-4)
+
+
+MICRO = ENGINE_PREFIX + "micro_"
+
+
+def test_two_gemm_engines_share_their_microkernels(fresh_cache):
+    """A product with an input weight and a linear layer with a constant one (packed at
+    build time) run on two GEMM engines; their microkernels are engines of their own,
+    compiled once for both (each GEMM engine carried its own copies)."""
+    rng = np.random.default_rng(2)
+    w2 = rng.standard_normal((256, 128), "float32")
+
+    def body(bb, x, w):
+        y = bb.emit(relax.op.nn.relu(relax.op.matmul(x, w)))
+        return bb.emit(relax.op.linear(y, relax.const(w2)))
+
+    with jitbyoc.enabled():
+        ex = tvm.compile(build_model({"x": ((64, 128), "float32"), "w": ((128, 128), "float32")}, body),
+                         target="llvm")
+    status = engine_status()
+    gemm = [s for s in status if "_gemm_" in s]
+    micro = {s for s in status if s.startswith(MICRO)}
+    assert len(gemm) == 2 and micro, status
+    for g in gemm:
+        asm = cache.get(cache.key(g))[0]
+        assert not re.search(r"_gemm_float32_\d+x\d+_u\d+\w*:", asm), g  # no microkernel of its own
+        assert {s for s in micro if s in asm}, g  # each calls shared microkernels
+    x, w = rng.standard_normal((64, 128), "float32"), rng.standard_normal((128, 128), "float32")
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(w))
+    np.testing.assert_allclose(out.numpy(), np.maximum(x @ w, 0) @ w2.T, rtol=1e-4, atol=1e-3)
+
+
+def test_a_cached_engine_whose_microkernels_are_gone_gets_them_compiled(fresh_cache):
+    """The GEMM engine comes from disk, its microkernels' entries do not (evicted): the
+    build follows the engine's own calls and compiles them, rather than loading a module
+    whose calls go nowhere."""
+    build_status(matmul_relu(16, 24, 16))
+    gone = entries(fresh_cache, engines=True, kind=MICRO)
+    for p in gone:
+        p.unlink()
+    assert gone
+    cache.clear_memory()
+    ex, status = build_status(matmul_relu(16, 24, 16))
+    engines = engine_status()
+    assert status == ["cache hit (disk)"], status
+    assert {v for s, v in engines.items() if s.startswith(MICRO)} == {"compiled"}, engines
+    x, w = np.ones((16, 24), "float32"), np.ones((24, 16), "float32")
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(w))
+    np.testing.assert_array_equal(out.numpy(), 24)
 
 
 def test_corrupt_engine_entry_is_rewritten(fresh_cache):

@@ -17,9 +17,10 @@ import time
 import tvm
 
 from ..context import scoped
+from ..engines import called_by as engines_called
+from ..engines import closure as engine_closure
 from ..engines import ir_text as engine_ir_text
 from ..engines import parse as parse_engine
-from ..engines import references as engines_called
 from ..ir.errors import CompileError, error_context
 from ..memo import LRU
 from ..render import isa, optimization
@@ -94,8 +95,7 @@ def compile_regions(regions: list[Region]) -> tvm.runtime.Module | None:
         if asm[code] is None:
             misses[code] = region
     engines: dict[str, str] = {}
-    for symbol in sorted(set().union(*(engines_called(a) for a in asm.values() if a))):
-        engines[symbol], status[symbol] = cache.get(cache.key(symbol))
+    _look_up(set().union(*(engines_called(a) for a in asm.values() if a)), engines, status)
     _compile_misses(misses, keys, asm, engines, status)
     buildlog.current().status.update({**{s: status[code] for s, (code, _) in uses.items()},
                                       **{e: status[e] for e in engines}})
@@ -112,17 +112,33 @@ def compile_regions(regions: list[Region]) -> tvm.runtime.Module | None:
 
 
 def engine_asm(symbols) -> dict[str, str]:
-    """Assembly of the library engines ``symbols`` (from the cache, or compiled now in
-    process): what a region's assembly needs next to it in a runtime module."""
-    out = {}
-    for e in sorted(symbols):
+    """Assembly of the library engines ``symbols`` and of those they call (from the cache,
+    or compiled now in process): what a region's assembly needs next to it in a runtime
+    module."""
+    def text_of(e: str) -> str:
         k = cache.key(e)
-        out[e] = cache.get(k)[0]
-        if out[e] is None:
+        text = cache.get(k)[0]
+        if text is None:
             with error_context(CompileError, e):
-                out[e] = jit.compile_to_assembly(*_engine_job(e))
-            cache.put(k, out[e])
-    return out
+                text = jit.compile_to_assembly(*_engine_job(e))
+            cache.put(k, text)
+        return text
+    return engine_closure(symbols, text_of)
+
+
+def _look_up(symbols, engines: dict, status: dict) -> list[str]:
+    """Add ``symbols`` and the engines their cached assembly calls to ``engines`` from the
+    cache (None where it has none); returns those it has none of, in order."""
+    missing: list[str] = []
+
+    def text_of(e: str) -> str | None:
+        if e not in engines:
+            engines[e], status[e] = cache.get(cache.key(e))
+            if engines[e] is None:
+                missing.append(e)
+        return engines[e]
+    engine_closure(symbols, text_of)
+    return missing
 
 
 def _engine_job(symbol: str) -> tuple[str, optimization.Pipeline]:
@@ -148,7 +164,14 @@ def _compile_misses(misses: dict, keys: dict, asm: dict, engines: dict, status: 
                             else jit.compile_to_assembly(text, pipeline))
 
     def submit_engine(e: str) -> None:
-        submit(e, cache.key(e), *_engine_job(e))
+        nonlocal workers
+        text, pipeline = _engine_job(e)
+        callees = _look_up(engines_called(text) - {e}, engines, status)  # a GEMM engine's microkernels
+        if callees and workers is None:
+            workers = compile_pool.pool()
+        submit(e, cache.key(e), text, pipeline)
+        for callee in callees:
+            submit_engine(callee)
 
     missing = [e for e, text in engines.items() if text is None]  # called by cached regions
     if len(misses) + len(missing) > 1:
@@ -156,11 +179,7 @@ def _compile_misses(misses: dict, keys: dict, asm: dict, engines: dict, status: 
     for e in missing:
         submit_engine(e)
     for code, region in misses.items():
-        new = []
-        for e in sorted(region.engines - engines.keys()):
-            engines[e], status[e] = cache.get(cache.key(e))
-            if engines[e] is None:
-                new.append(e)
+        new = _look_up(region.engines - engines.keys(), engines, status)
         if new and workers is None:
             workers = compile_pool.pool()
         submit(code, keys[code], region.llvm_ir, region.pipeline)  # a worker's work while engines render

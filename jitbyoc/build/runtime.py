@@ -22,9 +22,9 @@ import tempfile
 import tvm
 import tvm_ffi
 
-from ..engines import references
-from ..render.abi import ir_bytes, names_table
+from ..engines import called_by
 from ..render import isa
+from ..render.abi import ir_bytes, names_table
 from . import cpu_check, jit
 from .c_entry import emit_c_unit
 from .llvm_entry import entry_symbol
@@ -90,10 +90,10 @@ def module_text(codes: dict[str, str], engines: dict[str, str], uses: dict[str, 
     """The module TVM loads: the assembly of each region's code (by code symbol) and of
     each library engine, and a trampoline per use (symbol -> (code symbol, names table))."""
     _check_labels({**codes, **engines})
-    for symbol, asm in codes.items():
-        missing = references(asm) - engines.keys()
+    for symbol, asm in {**codes, **engines}.items():
+        missing = called_by(asm) - engines.keys()
         if missing:  # TVM's JIT would resolve the call to address 0
-            raise RuntimeError(f"jitbyoc: region '{symbol}' calls library engines {sorted(missing)} "
+            raise RuntimeError(f"jitbyoc: '{symbol}' calls library engines {sorted(missing)} "
                                f"that are not in the module")
     parts = [f'target triple = "{isa.current().triple}"', f'target datalayout = "{jit.data_layout()}"']
     for symbol, asm in {**engines, **codes}.items():

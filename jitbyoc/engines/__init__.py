@@ -25,4 +25,32 @@ def parse(symbol: str) -> Engine:
     return cls(*[int(v) if f.type in ("int", int) else v for f, v in zip(fields(cls), values)])
 
 
-__all__ = ["KINDS", "PREFIX", "Engine", "ir_text", "parse", "references", "use", "used_by"]
+def called_by(text: str) -> set[str]:
+    """The engines that assembly or IR ``text`` names: a region's, or an engine's, which
+    may call others (a GEMM engine its microkernels) and names its own helpers after
+    itself (``<symbol>_par0``: not engines)."""
+    return {s for s in references(text) if _names_an_engine(s)}
+
+
+def _names_an_engine(symbol: str) -> bool:
+    try:
+        return parse(symbol).symbol == symbol
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
+def closure(symbols, text_of) -> dict[str, str | None]:
+    """``symbols`` and every engine they call, directly or not: symbol -> ``text_of(symbol)``
+    (its assembly or IR, or None when unknown yet, whose callees are then not followed)."""
+    found: dict[str, str | None] = {}
+    todo = sorted(symbols)
+    while todo:
+        symbol = todo.pop()
+        if symbol not in found:
+            found[symbol] = text_of(symbol)
+            todo += sorted(called_by(found[symbol] or "") - found.keys())
+    return found
+
+
+__all__ = ["KINDS", "PREFIX", "Engine", "called_by", "closure", "ir_text", "parse", "references", "use",
+           "used_by"]

@@ -8,6 +8,8 @@ AVX-512 register) so the code does not depend on the loop vectorizer.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from llvmlite import ir
 
 from ..ir.dtypes import dtype as lookup_dtype
@@ -24,6 +26,7 @@ from ..render.vectors import (
     vstore,
     vtype,
 )
+from . import registry
 
 
 def gep(b, ptr, offset, dt):
@@ -51,10 +54,37 @@ def transpose(b: ir.IRBuilder, rows: list) -> list:
     return rows
 
 
+MICRO_TYPE = ir.FunctionType(ir.VoidType(), [PTR, I64, I64, PTR, I64, I64, PTR, I64, I64, I64, I1])
+
+
+@registry.kind
+@dataclass(frozen=True)
+class Micro(registry.Engine):
+    """One microkernel (:func:`microkernel`) as a library engine: compiled once per machine
+    and shared by every product that calls it, the GEMM engines, inline products and
+    fused attention alike (ViT's two GEMM engines and its attention region each carried
+    their own copies: 170 of a GEMM engine's 255 KB of IR)."""
+    kind = "micro"
+    pipeline = registry.Pipeline(speed_level=0, vectorize=False, lsr=True)  # the GEMM engine's
+    dtype: str
+    mr: int
+    nv: int
+    unroll: int
+    masked: int
+    full: int
+
+    def signature(self) -> ir.FunctionType:
+        return MICRO_TYPE
+
+    def emit(self, module: ir.Module, fn: ir.Function) -> None:
+        _micro_body(fn, self.dtype, self.mr, self.nv, self.unroll, bool(self.masked), bool(self.full))
+
+
 def microkernel(module: ir.Module, dt: str, mr: int, nv: int, unroll: int, masked: bool,
                 full: bool = False) -> ir.Function:
     """``micro(a, axs, aks, b, bks, kc, c, ldc, mv, nvalid, accumulate)``: the ``mr x nv*VL``
-    tile ``C (+)= A B`` over ``kc`` steps. ``A[i, k]`` is read at ``a + i*axs + k*aks`` (a
+    tile ``C (+)= A B`` over ``kc`` steps, declared in ``module`` (a :class:`Micro` engine).
+    ``A[i, k]`` is read at ``a + i*axs + k*aks`` (a
     packed panel is ``axs=1, aks=MR``); rows past ``mv`` re-read row ``mv-1``, so an edge
     tile never reads outside A. ``B[k, j]`` is read as vectors at ``b + k*bks + j`` (a
     packed panel, or B itself when its rows are contiguous); with ``masked`` the lanes past
@@ -62,15 +92,11 @@ def microkernel(module: ir.Module, dt: str, mr: int, nv: int, unroll: int, maske
     is stored. Accumulators live in registers as loop-carried values; k is unrolled. With
     ``full`` the kernel is only called for whole tiles (``mv = mr``, ``nvalid = nv*VL``):
     no clamped rows, no edge stores."""
+    return registry.use(module, Micro(dt, mr, nv, unroll, int(masked), int(full)))
+
+
+def _micro_body(fn: ir.Function, dt: str, mr: int, nv: int, unroll: int, masked: bool, full: bool) -> None:
     vl = lanes(dt)
-    # named after the region: regions are assembled together, so local symbols must differ
-    name = f"{module.name}_gemm_{dt}_{mr}x{nv}_u{unroll}{'_masked' if masked else ''}{'_full' if full else ''}"
-    if name in module.globals:
-        return module.globals[name]
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64, PTR, I64, I64, PTR, I64, I64, I64, I1]),
-                     name)
-    fn.linkage = "internal"
-    fn.attributes.add("noinline")  # optimized once, not again at every call site: builds ~20% faster
     ap, axs, aks, bp, bks, kc, c, ldc, mvalid, nvalid, accumulate = fn.args
     for p in (ap, bp, c):
         p.add_attribute("noalias")
@@ -96,7 +122,6 @@ def microkernel(module: ir.Module, dt: str, mr: int, nv: int, unroll: int, maske
     else:
         _store_tile(b, dt, accs, c, ldc, mvalid, nvalid, accumulate, mr, nv)
     b.ret_void()
-    return fn
 
 
 def _fma_step(b, dt, rows, aks, bp, bks, masks):

@@ -6,7 +6,7 @@ strides and tables at run time, so one compiled engine serves every layer with t
 *template* (dtype, register blocking): ResNet-18 needs two conv engines and one GEMM.
 A region's own code is then glue: argument checks, fused epilogues (called back by the
 engine through a function pointer, see :meth:`jitbyoc.render.llvm.Ctx.outline`), and
-the call.
+the call. Engines may call engines (a GEMM engine its microkernels, :class:`.gemm_micro.Micro`).
 
 An engine is a frozen dataclass registered with :func:`kind`; its fields are its
 template, and its symbol ``jitbyoc_lib_<kind>_<field values>`` names it completely, so
