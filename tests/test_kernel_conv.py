@@ -147,6 +147,52 @@ def test_symbolic_batch_two_values():
         assert np.all(np.abs(got - ref) <= error_bound(args[0], args[1], dict(padding=(1, 1, 1, 1))) + 1e-6)
 
 
+# stride = kernel, no padding: one product on the windows gathered as columns
+PATCHES = [
+    ((1, 3, 32, 32), (16, 3, 16, 16), dict(strides=(16, 16))),  # ViT's embedding, smaller
+    ((2, 5, 17, 23), (7, 5, 2, 3), dict(strides=(2, 3))),  # rows and columns left over
+    ((1, 16, 8, 8), (24, 16, 4, 4), dict(strides=(4, 4))),  # ConvNeXt's stem
+    ((3, 2, 9, 9), (4, 2, 3, 3), dict(strides=(3, 3))),
+    ((2, 4, 31), (6, 4, 5), dict(strides=5)),  # conv1d
+]
+
+
+def test_patch_convs_run_on_the_gemm_engine():
+    """ViT-B/16's 16x16/16 embedding compiled a direct-conv engine for its one layer (the
+    largest job of its build); windows that do not overlap are a matrix product."""
+    cs = cases(PATCHES)
+    mod = grid_model(cs, conv)
+    args = random_inputs(cs)
+    ex = build(mod, True)
+    engines = driver.last_cache_status()
+    assert not [e for e in engines if e.startswith("jitbyoc_lib_conv")] and \
+        [e for e in engines if e.startswith("jitbyoc_lib_gemm")], engines
+    got, ref = run(ex, args), run(build(mod, False), args)
+    for k, (_, attrs) in enumerate(cs):
+        check(got[k], args[2 * k], args[2 * k + 1], attrs, [ref[k]])
+
+
+def test_patch_conv_with_a_constant_weight_bias_and_a_symbolic_batch():
+    rng = np.random.default_rng(5)
+    weight, bias = rng.standard_normal((12, 3, 4, 4)).astype(F32), rng.standard_normal((1, 12, 1, 1)).astype(F32)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((tvm.ir.expr.Var("n", "int64"), 3, 18, 17), F32))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, relax.const(weight), strides=(4, 4)))
+            out = bb.emit_output(bb.emit(relax.op.nn.relu(relax.op.add(y, relax.const(bias)))))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    assert jitbyoc.report(mod).fallbacks == []
+    ex, ex_ref = build(mod, True), build(mod, False)
+    for n in (1, 3):
+        xs = rng.standard_normal((n, 3, 18, 17)).astype(F32)
+        got, ref = run(ex, [xs])[0], run(ex_ref, [xs])[0]
+        want = np.maximum(Conv2d.reference(xs, weight, (4, 4)) + bias, 0)
+        bound = error_bound(xs, weight, dict(strides=(4, 4))) + 1e-6 * np.abs(want)
+        assert got.shape == (n, 12, 4, 4) and np.all(np.abs(got - want) <= bound) and np.all(np.abs(got - ref) <= bound)
+
+
 @pytest.mark.skipif(CC is None, reason="no C compiler (cc) to build the C rendering")
 @pytest.mark.parametrize("index", [2, 6, 9, 13, len(CONV2D)])
 def test_c_rendering_agrees_with_llvm(index, tmp_path):

@@ -11,6 +11,9 @@ LLVM rendering, by geometry:
 * *pointwise* (1x1, no padding, at least 8 input channels per group): a matrix product
   per group on the GEMM engine, on views of the operands (a strided one first gathers
   the pixels it reads into a workspace);
+* *patches* (non-overlapping windows: stride = kernel, no padding or dilation, one group;
+  ViT's 16x16/16 patch embedding, ConvNeXt's and Swin's 4x4/4 and 2x2/2): each window
+  gathered once as a column of a workspace, then one matrix product on the GEMM engine;
 * *depthwise* (one filter per channel, column stride up to 4): straight from the input,
   vectors of output columns, one masked load per tap (:mod:`.depthwise_llvm`);
 * otherwise a call of the direct-convolution library engine (:mod:`jitbyoc.engines.conv_engine`,
@@ -93,6 +96,19 @@ class ConvGeometry:
         depthwise-like groups, whose products are too thin to pay for the engine)."""
         return self.taps == 1 and not any(self.pad) and self.cg >= MIN_POINTWISE_CG
 
+    @property
+    def patches(self) -> bool:
+        """Non-overlapping windows, a matrix product on the windows gathered as columns:
+        ``out[n] = W (K x C*KH*KW) @ work[n] (C*KH*KW x OH*OW)``, each input pixel copied
+        once. ViT-B/16's 16x16/16 embedding compiled a direct-conv engine of its own
+        (210 ms of LLVM, its largest job) for one layer; ViT's products share one."""
+        return (self.taps > 1 and self.stride == (self.kh, self.kw) and self.dilation == (1, 1)
+                and not any(self.pad) and self.groups == 1)
+
+    @property
+    def as_matmul(self) -> bool:
+        return self.pointwise or self.patches
+
 
 def conv_geometry(call) -> ConvGeometry:
     x, w, out = (dims(a.ty) for a in (call.args[0], call.args[1], call))
@@ -123,7 +139,7 @@ class Conv2d(kir.KernelStage):
         channels = isinstance(self.plan, ChannelPlan)
         if channels and self.packed:
             conv_channels.call(self, ctx)
-        elif self.geo.pointwise:  # the GEMM engine, also for a weight that is an input
+        elif self.geo.as_matmul:  # the GEMM engine, also for a weight that is an input
             self._emit_as_matmul(ctx)
         elif depthwise_llvm.fits(self.geo, self.out.dtype):
             depthwise_llvm.emit(self, ctx)
@@ -136,14 +152,14 @@ class Conv2d(kir.KernelStage):
         views of the operands: no copy unless strided. The epilogue runs in the engine's blocks when every
         buffer it reads has a view shaped like the product's output, else once after it."""
         g, (x, w) = self.geo, self.inputs
-        if self.work is not None:  # strided: the pixels the product reads, gathered densely
-            _subsample(self, ctx)
+        if self.work is not None:  # strided or patches: the pixels the product reads, as columns
+            _gather_columns(self, ctx)
             x = self.work
         lead = () if g.n == 1 else (g.n,)
         chans = (g.groups,) if g.groups > 1 else ()
-        pixels = g.oh * g.ow
+        pixels, rows = g.oh * g.ow, g.cg * g.taps
         flat = _flat_epilogue(self.epilogue, self.out, lead, g.groups)
-        product = MatMul((kir.view(w, chans + (g.kg, g.cg)), kir.view(x, lead + chans + (g.cg, pixels))),
+        product = MatMul((kir.view(w, chans + (g.kg, rows)), kir.view(x, lead + chans + (rows, pixels))),
                          kir.view(self.out, lead + chans + (g.kg, pixels)), epilogue=flat)
         product.emit_llvm(ctx)
         if self.epilogue is not None and flat is None:
@@ -219,16 +235,19 @@ class Conv2d(kir.KernelStage):
         return out.reshape(n, k, oh, ow).astype(x.dtype)
 
 
-def _subsample(stage, ctx) -> None:
-    """``work[n, c] = x[n, c, ::sh, ::sw]`` (ResNet's strided 1x1 shortcuts): a quarter of
-    the input, copied once so the product reads a dense matrix."""
+def _gather_columns(stage, ctx) -> None:
+    """``work[n, (c, ky, kx), (oy, ox)] = x[n, c, oy*sh + ky, ox*sw + kx]``, the pixels the
+    product reads as a dense matrix: a strided 1x1 conv's (ResNet's shortcuts: a quarter
+    of the input), or a patch conv's windows (each input pixel once)."""
     g, x = stage.geo, stage.inputs[0]
-    (sh, sw) = g.stride
+    (sh, sw), pixels = g.stride, g.oh * g.ow
 
     def planes(c, lo, hi, _extra=()):
         cb = c.b
-        with for_range(cb, hi, "pl", start=lo) as pl:
-            src, dst = cb.mul(pl, I64(g.h * g.w)), cb.mul(pl, I64(g.oh * g.ow))
+        with for_range(cb, hi, "pl", start=lo) as pl, for_range(cb, I64(g.taps), "tap") as t:
+            ky, kx = cb.sdiv(t, I64(g.kw)), cb.srem(t, I64(g.kw))
+            src = cb.add(cb.mul(pl, I64(g.h * g.w)), cb.add(cb.mul(ky, I64(g.w)), kx))
+            dst = cb.mul(cb.add(cb.mul(pl, I64(g.taps)), t), I64(pixels))
             with for_range(cb, I64(g.oh), "oh") as oh:
                 row_in = cb.add(src, cb.mul(oh, I64(sh * g.w)))
                 row_out = cb.add(dst, cb.mul(oh, I64(g.ow)))
@@ -310,21 +329,21 @@ def engine_plan(geo: ConvGeometry, dt: str) -> Plan | ChannelPlan | None:
     another path runs it: the depthwise kernel, or for a pointwise one, the GEMM engine.
     Small maps with long reductions vectorize over output channels
     (:mod:`jitbyoc.engines.conv_channels`) when that costs less."""
-    if depthwise_llvm.fits(geo, dt):
+    if depthwise_llvm.fits(geo, dt) or geo.patches:
         return None
     channels = conv_channels.choose(geo, dt)
     if channels is not None:
         return channels
-    return None if geo.pointwise else choose_plan(geo, dt)
+    return None if geo.as_matmul else choose_plan(geo, dt)
 
 
 def _build(fe, call, out):
     x, w = fe.buffer(call.args[0]), fe.buffer(call.args[1])
     geo = conv_geometry(call)
     plan = engine_plan(geo, x.dtype)
-    if geo.pointwise:  # a matrix product or channel vectors: a workspace only to subsample
-        strided = geo.stride != (1, 1)
-        work = fe.temp((geo.n, geo.c, geo.oh, geo.ow), x.dtype) if strided else None
+    if geo.as_matmul:  # a matrix product or channel vectors: a workspace to gather columns
+        gather = geo.stride != (1, 1)
+        work = fe.temp((geo.n, geo.c * geo.taps, geo.oh, geo.ow), x.dtype) if gather else None
         return Conv2d((x, w), out, geo=geo, plan=plan, work=work)
     # the depthwise kernel has no plan; the engines pack into workspaces of each thread's own
     return Conv2d((x, w), out, geo=geo, plan=plan)
