@@ -23,6 +23,7 @@ from ..ir.llvmtypes import I32, I64
 from . import registry
 from .gemm import Gemm, Output, Panels, Strided, _dims, _is_one, panel_width, static_size
 from .gemm_llvm import emit
+from .gemm_micro import GEMM_PIPELINE
 from .gemv import emit_gemv, emit_gemv_columns
 
 BATCH_RANK = 4  # the smallest engine batch rank (see call)
@@ -49,10 +50,7 @@ def _strides(operand: Strided | Panels) -> tuple:
 @dataclass(frozen=True)
 class GemmEngine(registry.Engine):
     kind = "gemm"
-    # the driver's packed-panel addressing needs strength reduction (2x slower without);
-    # lean passes vs O1: MLP +0.7 %, its torch.export form -2 %, encoder -0.3 %, sgemm
-    # 1000^3 equal (alternating A/B), compile 117 -> 80 ms
-    pipeline = registry.Pipeline(speed_level=0, vectorize=False, lsr=True)
+    pipeline = GEMM_PIPELINE
     dtype: str
     batch: int
     a: str  # _unit of A
