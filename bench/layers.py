@@ -14,8 +14,10 @@ Layers are matched by output shape and multiply-adds (a jitbyoc region's product
 onnxruntime's Conv/Gemm/MatMul nodes), and named from onnxruntime's weight shape:
 ``1x1 64->256 @56x56 +sum`` is a 1x1 convolution whose node also adds a residual. The
 summary gives, per kind (1x1 conv, k x k conv, grouped conv, product), the FLOPs over
-the time of all such layers as % of the FMA peak measured here, for both runtimes: the
-goal of issue 13 for ResNet-50's 1x1 layers is 70 %.
+the time of all such layers as % of the FMA peak, for both runtimes: the goal of issue 13
+for ResNet-50's 1x1 layers is 70 %. The peak is measured before every round, and each
+round's layers are also given as % of their own round's peak: on a VM whose speed moves
+in phases, a peak measured once, minutes before, makes a slow phase look like slow code.
 """
 
 from __future__ import annotations
@@ -37,8 +39,8 @@ class Layer:
     kind: str = "other"
     flops: float = 0.0  # per call
     calls: int = 0  # per run
-    jit: list = field(default_factory=list)  # seconds per run, one per round
-    ort: list = field(default_factory=list)
+    jit: dict = field(default_factory=dict)  # round -> seconds per run
+    ort: dict = field(default_factory=dict)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -110,9 +112,9 @@ def ort_profile(path: str, threads: int, feed_arrays, runs: int, prefix: str) ->
     return [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
 
 
-def match(layers: dict, jit_rows: list, ort_events: list[dict]) -> None:
-    """Add one round's figures to ``layers`` (key -> :class:`Layer`): onnxruntime's median
-    time per node, summed over the nodes of a layer; jitbyoc's time per run."""
+def match(layers: dict, jit_rows: list, ort_events: list[dict], round_: int = 0) -> None:
+    """Add round ``round_``'s figures to ``layers`` (key -> :class:`Layer`): onnxruntime's
+    median time per node, summed over the nodes of a layer; jitbyoc's time per run."""
     durations, info = collections.defaultdict(list), {}
     for e in ort_events:
         got = ort_layer(e)
@@ -136,14 +138,14 @@ def match(layers: dict, jit_rows: list, ort_events: list[dict]) -> None:
             jit[key][2] = row.shapes
     for key, (seconds, calls, shapes) in jit.items():
         layer = layers.setdefault(key, Layer(name=f"jitbyoc [{shapes}]", flops=2.0 * key[1], calls=calls))
-        layer.jit.append(seconds)
+        layer.jit[round_] = seconds
     for okey, (seconds, nodes, names, kind) in ort.items():
         key = next((k for k in jit if compatible(okey, k)), okey)
         layer = layers.setdefault(key, Layer(calls=nodes))
         layer.name, layer.kind = " / ".join(sorted(names)), kind
         if key == okey:  # jitbyoc has no such layer: FLOPs of onnxruntime's (padded) shapes
             layer.flops = 2.0 * math.prod(okey[0]) * okey[1] * okey[2]
-        layer.ort.append(seconds)
+        layer.ort[round_] = seconds
 
 
 def _pct(flops: float, seconds: float | None, peak: float) -> str:
@@ -152,8 +154,8 @@ def _pct(flops: float, seconds: float | None, peak: float) -> str:
 
 def table(layers: dict, peak: float, top: int) -> str:
     """Per layer (slowest in jitbyoc first) and per kind of layer."""
-    med = {k: (statistics.median(v.jit) if v.jit else None, statistics.median(v.ort) if v.ort else None)
-           for k, v in layers.items()}
+    med = {k: (statistics.median(v.jit.values()) if v.jit else None,
+               statistics.median(v.ort.values()) if v.ort else None) for k, v in layers.items()}
     order = sorted(layers, key=lambda k: -(med[k][0] or med[k][1] or 0))
     lines = [f"{'layer':44} {'calls':>5} {'jit ms':>8} {'%peak':>6} {'ort ms':>8} {'%peak':>6} {'jit/ort':>7}"]
     for k in order[:top or None]:
@@ -173,6 +175,29 @@ def table(layers: dict, peak: float, top: int) -> str:
     for kind, (fl, j, o) in sorted(kinds.items()):
         lines.append(f"  {kind:14} {fl / 1e9:7.2f} GFLOP  jitbyoc {j * 1e3:8.3f} ms {_pct(fl, j, peak)}   "
                      f"onnxruntime {o * 1e3:8.3f} ms {_pct(fl, o, peak)}   {j / o:5.2f}")
+    return "\n".join(lines)
+
+
+def round_shares(layers: dict, peaks: list[float]) -> str:
+    """Per kind, each round's FLOPs over time as % of the FMA peak measured in that round
+    (a VM's slow phases move the peak with the layers; a peak from another moment does
+    not), for both runtimes, and the median over rounds."""
+    kinds = collections.defaultdict(lambda: ([], []))
+    for r, peak in enumerate(peaks):
+        sums = collections.defaultdict(lambda: [0.0, 0.0, 0.0])
+        for layer in layers.values():
+            if r in layer.jit and r in layer.ort:
+                acc = sums[layer.kind]
+                acc[0] += layer.flops * max(layer.calls, 1)
+                acc[1] += layer.jit[r]
+                acc[2] += layer.ort[r]
+        for kind, (fl, j, o) in sums.items():
+            kinds[kind][0].append(100 * fl / j / 1e9 / peak)
+            kinds[kind][1].append(100 * fl / o / 1e9 / peak)
+    lines = [f"per kind and round, % of that round's peak ({', '.join(f'{p:.1f}' for p in peaks)} GFLOP/s):"]
+    for kind, (jit, ort) in sorted(kinds.items()):
+        lines.append(f"  {kind:14} jitbyoc {' '.join(f'{v:5.1f}' for v in jit)}  median {statistics.median(jit):5.1f}"
+                     f"   onnxruntime {' '.join(f'{v:5.1f}' for v in ort)}  median {statistics.median(ort):5.1f}")
     return "\n".join(lines)
 
 
@@ -198,20 +223,27 @@ def main(argv=None) -> dict:
         ex = tvm.compile(case.mod, target="llvm")
     vm = tvm.relax.VirtualMachine(ex, tvm.cpu())
     layers: dict = {}
-    peak = machine_peak(args.threads)
+    peaks = [machine_peak(args.threads)]
     print(format_machine(machine_info(args.threads)), flush=True)
-    print(f"{args.model}: {args.rounds} rounds of {args.runs} profiled runs per runtime, in turns; "
-          f"measured FMA peak {peak:.1f} GFLOP/s on {args.threads} thread(s)", flush=True)
+    print(f"{args.model}: {args.rounds} rounds of {args.runs} profiled runs per runtime, in turns, "
+          f"each after measuring the FMA peak; {peaks[0]:.1f} GFLOP/s on {args.threads} thread(s) first",
+          flush=True)
     with tempfile.TemporaryDirectory() as work:
         path = os.path.join(work, "model.onnx")
         why = onnx_file(case, path)
         if why:
             raise SystemExit(f"{args.model}: {why}")
         for r in range(args.rounds):
-            prof = jitbyoc.profile(vm, *case.inputs, repeat=args.runs, peak_gflops=peak)
+            if r:
+                peaks.append(machine_peak(args.threads))
+            prof = jitbyoc.profile(vm, *case.inputs, repeat=args.runs, peak_gflops=peaks[r])
             events = ort_profile(path, args.threads, case.inputs, args.runs, os.path.join(work, f"ort{r}"))
-            match(layers, prof.rows, events)
+            match(layers, prof.rows, events, r)
+    peak = statistics.median(peaks)
+    print(f"% of peak below: of the median round's peak, {peak:.1f} GFLOP/s (rounds: "
+          f"{min(peaks):.1f}-{max(peaks):.1f})")
     print(table(layers, peak, args.top))
+    print(round_shares(layers, peaks))
     return layers
 
 

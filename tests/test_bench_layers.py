@@ -2,7 +2,7 @@
 
 import pytest
 
-from bench.layers import compatible, match, ort_layer, table
+from bench.layers import compatible, match, ort_layer, round_shares, table
 from jitbyoc.profile import Row
 
 
@@ -47,10 +47,10 @@ def test_a_round_sums_nodes_and_regions_of_one_layer_and_keeps_the_unmatched():
             region("1x2x3 -> 1x2x3", 1, 1e-6, 0)]  # no products: not a layer
     match(layers, rows, events)
     one = layers[((1, 256, 56, 56), macs)]
-    assert one.jit == [pytest.approx(1.0e-3)] and one.ort == [pytest.approx(0.5e-3 + 0.8e-3)]
+    assert one.jit == {0: pytest.approx(1.0e-3)} and one.ort == {0: pytest.approx(0.5e-3 + 0.8e-3)}
     assert one.calls == 2 and one.kind == "1x1 conv" and one.flops == 2 * macs
     stem = layers[((1, 64, 112, 112), 3, 49)]
-    assert stem.jit == [] and stem.ort == [pytest.approx(1e-3)]
+    assert stem.jit == {} and stem.ort == {0: pytest.approx(1e-3)}
     assert stem.flops == 2 * 64 * 112 * 112 * 3 * 49
     text = table(layers, peak=100.0, top=0)
     assert "1x1 64->256 @56x56" in text and "7x7 3->64 @112x112" in text
@@ -58,3 +58,17 @@ def test_a_round_sums_nodes_and_regions_of_one_layer_and_keeps_the_unmatched():
     kind_line = next(line for line in text.splitlines() if line.strip().startswith("1x1 conv"))
     assert kind_line.rstrip().endswith(f"{1.0 / 1.3:5.2f}")
 
+
+
+def test_each_round_is_a_share_of_the_peak_measured_in_that_round():
+    layers: dict = {}
+    macs = 256 * 56 * 56 * 64  # 102.76 MFLOP per call
+    for r, (jit_s, ort_s) in enumerate([(1.0e-3, 1.3e-3), (2.0e-3, 2.6e-3)]):  # round 1: all at half speed
+        match(layers, [region("1x64x56x56, 256x64x1x1 -> 1x256x56x56", 1, jit_s, macs)],
+              [node("a", (1, 64, 56, 56), (256, 64, 1, 1), (1, 256, 56, 56), dur=ort_s * 1e6)], r)
+    # round 1's peak was half round 0's too: both rounds are the same share of their own
+    line = next(row for row in round_shares(layers, [200.0, 100.0]).splitlines() if "1x1 conv" in row)
+    jit = 100 * 2 * macs / 1e-3 / 1e9 / 200.0
+    ort = 100 * 2 * macs / 1.3e-3 / 1e9 / 200.0
+    assert line.split() == ["1x1", "conv", "jitbyoc", f"{jit:.1f}", f"{jit:.1f}", "median", f"{jit:.1f}",
+                            "onnxruntime", f"{ort:.1f}", f"{ort:.1f}", "median", f"{ort:.1f}"]
