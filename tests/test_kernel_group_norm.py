@@ -1,5 +1,6 @@
-"""group_norm against TVM's default build and float64 numpy; the C rendering against the
-LLVM one; a fused epilogue; the variants left to TVM.
+"""group_norm and instance_norm (a group_norm of one channel per group) against TVM's
+default build and float64 numpy; the C rendering against the LLVM one; a fused epilogue;
+the variants left to TVM.
 
 Tolerance: jitbyoc computes TVM's one-pass statistics (``sum(x * x) / L - mean^2``) in
 the data's dtype, its sums reassociated for vector lanes, so it differs from TVM's
@@ -32,8 +33,19 @@ def make(bb, vs, attrs):
                                    axes=list(range(axis + 1, nd)), epsilon=1e-5))
 
 
-def check(cases, seed=0, tol=1e-4):
-    mod = model(cases, make)
+def make_instance(bb, vs, attrs):
+    _, axis = attrs
+    return bb.emit(R.nn.instance_norm(vs[0], vs[1], vs[2], channel_axis=axis,
+                                      axes=list(range(axis + 1, vs[0].ty.ndim)), epsilon=1e-5))
+
+
+def instance(x_shape, axis=1):
+    """An instance_norm case: its groups for the reference are its channels."""
+    return case(x_shape, x_shape[axis], axis)
+
+
+def check(cases, seed=0, tol=1e-4, maker=make):
+    mod = model(cases, maker)
     rep = jitbyoc.report(mod)
     assert rep.offloaded_ops == len(cases) and not rep.fallbacks, str(rep)
     arrays = inputs(cases, seed=seed)
@@ -86,3 +98,23 @@ def test_variants_left_to_tvm(attrs, dtype, why):
     mod = model([case((1, 4, 3, 5), 2, dtype=dtype)], make_variant)
     (fallback,) = jitbyoc.report(mod).fallbacks
     assert why in fallback.reason
+
+
+def test_instance_norm_runs_as_one_group_per_channel():
+    """InstanceNormalization of ONNX models (style transfer, GANs) comes as instance_norm."""
+    check([instance((2, 6, 7, 3)), instance((1, 17, 3)), instance((2, 3, 2, 3, 5)), instance((3, 4, 1, 1)),
+           instance((2, 3, 4, 6), axis=2), instance((1, 5, 17, 9))], seed=3, maker=make_instance)
+
+
+@pytest.mark.parametrize("axis, axes, dtype, why", [(3, [1, 2], "float32", "not every dim after"),
+                                                    (1, [2, 3], "float16", "float16 not supported")])
+def test_instance_norm_variants_left_to_tvm(axis, axes, dtype, why):
+    """Channels last (each channel's values strided) and float16 (which TVM's own
+    instance_norm takes) stay with TVM, with the reason."""
+    def make_variant(bb, vs, _):
+        return bb.emit(R.nn.instance_norm(vs[0], vs[1], vs[2], channel_axis=axis, axes=axes))
+    mod = model([case((1, 3, 5, 4), 4 if axis == 3 else 5, axis=axis, dtype=dtype)], make_variant)
+    (fallback,) = jitbyoc.report(mod).fallbacks
+    assert why in fallback.reason and "instance_norm" in fallback.reason
+    got, want = both(mod, inputs([case((1, 3, 5, 4), 1, axis=axis, dtype=dtype)], seed=2))
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-3, atol=1e-3)  # TVM runs it either way

@@ -1,4 +1,5 @@
-"""Normalizations: layer_norm, rms_norm, group_norm (kernels) and inference batch_norm (elementwise).
+"""Normalizations: layer_norm, rms_norm, group_norm and instance_norm (kernels) and inference
+batch_norm (elementwise).
 
 layer_norm and rms_norm normalize over a contiguous block of axes: the tensor is viewed
 as (outer, L, inner) and each of the outer*inner rows is done on its own, split across
@@ -214,31 +215,41 @@ register("relax.nn.layer_norm", 3, _check_rows)(_build_rows)
 register("relax.nn.rms_norm", 2, _check_rows)(_build_rows)
 
 
+def _groups(call) -> int:
+    """group_norm's ``num_groups``; instance_norm's: one group per channel."""
+    if call.op.name == "relax.nn.instance_norm":
+        channels = dims(call.args[0].ty)[int(call.attrs.channel_axis) % max(len(dims(call.args[0].ty)), 1)]
+        return channels if isinstance(channels, int) else 0
+    return int(call.attrs.num_groups)
+
+
 def _check_group_norm(call) -> str | None:
-    x = call.args[0]
+    """group_norm, and instance_norm as a group_norm of one channel per group."""
+    x, name = call.args[0], call.op.name
     problem = _operands_problem(call)
     if problem:
         return problem
     if str(x.ty.dtype) != "float32":  # TVM's topi group_norm takes float32 only: no reference
-        return f"relax.nn.group_norm: dtype {x.ty.dtype} (TVM's own group_norm takes float32 only)"
+        return f"{name}: dtype {x.ty.dtype} (float32 only, as TVM's own group_norm)"
     shape = dims(x.ty)
     axis = int(call.attrs.channel_axis) % max(len(shape), 1)
     axes = sorted(int(a) % len(shape) for a in call.attrs.axes)
     if axes != list(range(axis + 1, len(shape))):
-        return f"relax.nn.group_norm: axes {axes} are not every dim after the channel axis {axis}"
-    channels, groups = shape[axis], int(call.attrs.num_groups)
+        return f"{name}: axes {axes} are not every dim after the channel axis {axis}"
+    channels, groups = shape[axis], _groups(call)
     if not isinstance(channels, int) or groups <= 0 or channels % groups or 0 in shape:
-        return f"relax.nn.group_norm: {channels} channels do not split into {groups} groups, or empty"
+        return f"{name}: {channels} channels do not split into {groups} groups, or empty"
     if any(dims(p.ty) != [channels] for p in call.args[1:]):
-        return "relax.nn.group_norm: gamma/beta are not one value per channel"
+        return f"{name}: gamma/beta are not one value per channel"
     return None  # center/scale=False: gamma and beta still apply, as in TVM's lowering (which
     # ignores the flags; TVM's ONNX frontend passes ones and zeros with them, then scales)
 
 
 @register("relax.nn.group_norm", 3, _check_group_norm)
+@register("relax.nn.instance_norm", 3, _check_group_norm)
 def _build_group_norm(fe, call, out):
     x = fe.buffer(call.args[0])
-    return GroupNorm((x, fe.buffer(call.args[1]), fe.buffer(call.args[2])), out, groups=int(call.attrs.num_groups),
+    return GroupNorm((x, fe.buffer(call.args[1]), fe.buffer(call.args[2])), out, groups=_groups(call),
                      axis=int(call.attrs.channel_axis) % x.ndim, epsilon=float(call.attrs.epsilon))
 
 
