@@ -5,6 +5,7 @@ correctness of the packed weights is in tests/test_linear_rewrites.py."""
 
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -138,3 +139,53 @@ def test_constants_are_written_before_a_partitioned_module_is_returned(monkeypat
         relax.analysis.post_order_visit(func, lambda e: held.append(constants.constant(e)))
     held = [h for h in held if h is not None and h.size == w.size]
     assert held and all(np.array_equal(np.sort(h.ravel()), np.sort(w.ravel())) for h in held)
+
+
+def test_a_build_compiles_its_regions_while_the_weights_are_written(monkeypatch):
+    """In ``tvm.compile``, the copies go on while the regions compile (they read weights
+    only through ``constant``); the build waits for them before TVM's own passes.
+    Each copy here waits until compiling has begun: a build that waited for the copies
+    first would only start compiling after the copy gave up."""
+    from jitbyoc.build import driver
+
+    compiling, order = threading.Event(), []
+
+    class WaitsForCompiling(ThreadPoolExecutor):
+        def submit(self, fn, dst, src):
+            def copy():
+                order.append(("copy", compiling.wait(timeout=5)))
+                fn(dst, src)
+            return super().submit(copy)
+
+    monkeypatch.setattr(constants, "_pool", lambda: WaitsForCompiling(1))
+    build_regions = driver.build_regions
+
+    def noting(regions):
+        compiling.set()
+        return build_regions(regions)
+    monkeypatch.setattr(driver, "build_regions", noting)
+    w = RNG.standard_normal((256, 96)).astype("float32")
+    mod = build_model({"x": ((4, 96), "float32")},
+                      lambda bb, x: bb.emit(relax.op.linear(x, relax.const(w))))
+    with jitbyoc.enabled():
+        ex = tvm.compile(mod, target="llvm")
+    assert order and all(started for _, started in order), order  # every copy ran once compiling began
+    assert not constants._WRITING
+    x = RNG.standard_normal((4, 96)).astype("float32")
+    np.testing.assert_allclose(run(relax.VirtualMachine(ex, tvm.cpu()), x), run(build_tvm(mod), x),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_a_failed_copy_is_raised_at_the_end_of_the_overlap(monkeypatch):
+    class Failing(ThreadPoolExecutor):
+        def submit(self, fn, dst, src):
+            return super().submit(lambda: (_ for _ in ()).throw(MemoryError("no memory for the copy")))
+
+    monkeypatch.setattr(constants, "_pool", lambda: Failing(1))
+    with pytest.raises(MemoryError, match="no memory"):
+        with constants.writes_overlap():
+            with constants.deferred() as pending:
+                made = constants.tensor_constant(_big())
+                constants.write_deferred(pending, _uses([made]))
+            constants.finish_writes()  # inside: the end of the overlap waits instead
+    constants.finish_writes()  # nothing left in flight

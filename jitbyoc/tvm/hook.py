@@ -28,9 +28,10 @@ import tvm
 from tvm import relax, tirx
 from tvm.relax.pipeline import PIPELINE_MAP
 
+from ..build import buildlog, driver
 from ..render import isa
 from ..render.isa import Machine
-from ..build import buildlog, driver
+from . import constants
 from . import report as offload_report
 from .composite_types import restore_call_types
 from .partition import partition_for_jitbyoc, regions
@@ -109,9 +110,10 @@ def offload(mod: tvm.IRModule) -> tvm.IRModule:
     """Partition ``mod`` and compile its regions; the rest is left for TVM."""
     t0 = time.perf_counter()
     with _gc_paused(), buildlog.open_log() as log:
-        part = partition_for_jitbyoc(mod)
-        t1 = time.perf_counter()
-        out = restore_call_types(part, relax.transform.RunCodegen()(part))
+        with constants.writes_overlap():  # packed weights are written while regions compile
+            part = partition_for_jitbyoc(mod)
+            t1 = time.perf_counter()
+            out = restore_call_types(part, relax.transform.RunCodegen()(part))
     log.timings.update(partition_s=t1 - t0, codegen_s=time.perf_counter() - t1)
     offload_report.record(part, log)
     return _with_anchor(out) if regions(part) else out
