@@ -152,6 +152,19 @@ def _pct(flops: float, seconds: float | None, peak: float) -> str:
     return f"{100 * flops / seconds / 1e9 / peak:5.1f}%" if seconds else f"{'-':>6}"
 
 
+def _by_kind(timed) -> dict:
+    """Per kind: [FLOPs, jitbyoc seconds, onnxruntime seconds] summed over the layers of
+    ``timed`` (``(layer, jitbyoc seconds, onnxruntime seconds)``) that both runtimes ran."""
+    kinds = collections.defaultdict(lambda: [0.0, 0.0, 0.0])
+    for layer, j, o in timed:
+        if j and o:
+            acc = kinds[layer.kind]
+            acc[0] += layer.flops * max(layer.calls, 1)
+            acc[1] += j
+            acc[2] += o
+    return kinds
+
+
 def table(layers: dict, peak: float, top: int) -> str:
     """Per layer (slowest in jitbyoc first) and per kind of layer."""
     med = {k: (statistics.median(v.jit.values()) if v.jit else None,
@@ -165,13 +178,7 @@ def table(layers: dict, peak: float, top: int) -> str:
         lines.append(f"{layer.name[:44]:44} {layer.calls:5d} {_ms(j)} {_pct(fl, j, peak)} {_ms(o)} "
                      f"{_pct(fl, o, peak)} {ratio}")
     lines.append("per kind (layers both runtimes ran): FLOPs / time, as % of peak; jitbyoc / onnxruntime time")
-    kinds = collections.defaultdict(lambda: [0.0, 0.0, 0.0])
-    for k, layer in layers.items():
-        if all(med[k]):
-            acc = kinds[layer.kind]
-            acc[0] += layer.flops * max(layer.calls, 1)
-            acc[1] += med[k][0]
-            acc[2] += med[k][1]
+    kinds = _by_kind((layer, *med[k]) for k, layer in layers.items())
     for kind, (fl, j, o) in sorted(kinds.items()):
         lines.append(f"  {kind:14} {fl / 1e9:7.2f} GFLOP  jitbyoc {j * 1e3:8.3f} ms {_pct(fl, j, peak)}   "
                      f"onnxruntime {o * 1e3:8.3f} ms {_pct(fl, o, peak)}   {j / o:5.2f}")
@@ -184,13 +191,7 @@ def round_shares(layers: dict, peaks: list[float]) -> str:
     not), for both runtimes, and the median over rounds."""
     kinds = collections.defaultdict(lambda: ([], []))
     for r, peak in enumerate(peaks):
-        sums = collections.defaultdict(lambda: [0.0, 0.0, 0.0])
-        for layer in layers.values():
-            if r in layer.jit and r in layer.ort:
-                acc = sums[layer.kind]
-                acc[0] += layer.flops * max(layer.calls, 1)
-                acc[1] += layer.jit[r]
-                acc[2] += layer.ort[r]
+        sums = _by_kind((layer, layer.jit.get(r), layer.ort.get(r)) for layer in layers.values())
         for kind, (fl, j, o) in sums.items():
             kinds[kind][0].append(100 * fl / j / 1e9 / peak)
             kinds[kind][1].append(100 * fl / o / 1e9 / peak)

@@ -218,7 +218,8 @@ register("relax.nn.rms_norm", 2, _check_rows)(_build_rows)
 def _groups(call) -> int:
     """group_norm's ``num_groups``; instance_norm's: one group per channel."""
     if call.op.name == "relax.nn.instance_norm":
-        channels = dims(call.args[0].ty)[int(call.attrs.channel_axis) % max(len(dims(call.args[0].ty)), 1)]
+        shape = dims(call.args[0].ty)
+        channels = shape[int(call.attrs.channel_axis) % max(len(shape), 1)]
         return channels if isinstance(channels, int) else 0
     return int(call.attrs.num_groups)
 
