@@ -26,6 +26,7 @@ import os
 import statistics
 
 from .kernel_common import module, vm_function
+from .kernels_matmul import in_turns
 from .timing import time_blocks
 
 # (name, x shape, w shape, stride, pad): ResNet-18's distinct convolutions
@@ -103,7 +104,10 @@ def resnet_case():
                 if case.torch_module is not None else None, repeat=5)
 
 
-def run_case(case, repeat: int) -> dict:
+def run_case(case, repeat: int, yardsticks: dict | None = None) -> dict:
+    """jitbyoc's median and its ratios to TVM default and torch; ``yardsticks``:
+    :func:`bench.kernels_matmul.yardstick_candidates`, timed in the same blocks for a
+    case with FLOPs (``row[name + "_gflops"]``, their median rates)."""
     import numpy as np
 
     jit, tvm_default = (vm_function(case["mod"], off, case["args"]) for off in (True, False))
@@ -117,6 +121,9 @@ def run_case(case, repeat: int) -> dict:
             fns["torch"] = torch.inference_mode()(torch_fn)
     except ImportError:
         pass
+    sticks = yardsticks if case["flops"] else {}
+    for name, (run, _) in (sticks or {}).items():
+        fns[name] = run
     # each in blocks of warm calls of its own, in turns: a TVM-default call (tens of ms,
     # every core) between two of jitbyoc's would flush the layer out of cache
     t = time_blocks(fns, repeat, budget=0.05)
@@ -125,6 +132,8 @@ def run_case(case, repeat: int) -> dict:
                vs_tvm=med["tvm"] / med["jitbyoc"], err=err)
     if case["flops"]:
         row["gflops"] = case["flops"] / med["jitbyoc"] / 1e9
+    for name, (_, flops) in (sticks or {}).items():
+        row[f"{name}_gflops"] = flops / med[name] / 1e9
     if "torch" in med:
         row["vs_torch"] = med["torch"] / med["jitbyoc"]
         row["torch_ms"] = med["torch"] * 1e3
@@ -133,6 +142,8 @@ def run_case(case, repeat: int) -> dict:
 
 def _print(row: dict, peak: float) -> None:
     gf = f"{row['gflops']:7.1f} GF/s {100 * row['gflops'] / peak:3.0f}%" if "gflops" in row else " " * 17
+    if "gflops" in row:
+        gf += in_turns(row, row["gflops"])
     torch = f"  x{row['vs_torch']:5.2f} vs torch ({row['torch_ms']:.2f} ms)" if "vs_torch" in row else "  torch n/a"
     print(f"{row['name']:52s} {row['ms']:9.3f} ms (min {row['min_ms']:.3f}) {gf}  "
           f"x{row['vs_tvm']:7.1f} vs TVM{torch}  max|err| {row['err']:.1e}", flush=True)
@@ -160,15 +171,16 @@ def main(argv=None) -> list[dict]:
         cases += [conv_case(*spec, rng) for spec in RESNET_CONVS]
     cases += [pool_case("max", (1, 64, 112, 112), rng), pool_case("avg", (1, 256, 28, 28), rng),
               pool_case("global", (1, 512, 7, 7), rng), resnet_case()]
-    from .kernels_matmul import machine_peak
+    from .kernels_matmul import machine_peak, yardstick_candidates
 
-    peak = machine_peak(args.threads)
+    peak, sticks = machine_peak(args.threads), yardstick_candidates(args.threads)
     print(f"threads={args.threads} repeat={args.repeat} load={os.getloadavg()[0]:.1f}; "
-          f"% = of the target ISA's FMA peak measured here, {peak:.1f} GFLOP/s "
+          f"% = of the target ISA's FMA peak measured here, {peak:.1f} GFLOP/s; in turns: of the FMA "
+          "loop's and the mix loop's (bench.contention) medians timed in the case's own blocks "
           "(ratios: median of the other / median of jitbyoc; >1 means jitbyoc is faster)")
     rows = []
     for case in cases:
-        rows.append(run_case(case, args.repeat))
+        rows.append(run_case(case, args.repeat, sticks))
         rows[-1]["peak_pct"] = 100 * rows[-1]["gflops"] / peak if "gflops" in rows[-1] else None
         _print(rows[-1], peak)
     return rows

@@ -54,6 +54,33 @@ def machine_peak(threads: int) -> float:
         return peak(threads)
 
 
+def yardstick_candidates(threads: int) -> dict:
+    """The loops "% in turns" divides by, as candidates of the timed blocks (``(run,
+    flops)`` each) for the benchmark's target: ``peak``, the FMA loop
+    (:func:`jitbyoc.peak.fma_runner`), and ``mix``, a kernel's inner-loop mix of loads,
+    broadcasts and FMAs on L1-resident data (:func:`bench.contention.mix_candidate`).
+    Timed in the same rounds as the kernels, their medians come from the same phases of
+    a VM whose speed moves; "% of peak" divides by the best of a few FMA-loop runs at
+    start and end instead. A mix loop below the FMA loop means the cores' issue slots are
+    being shared at the time (:mod:`bench.contention`)."""
+    from jitbyoc.peak import fma_runner
+    from jitbyoc.render import isa
+
+    from . import target as build_target
+    from .contention import mix_candidate
+
+    with isa.compiling_for(build_target.machine()):
+        return {"peak": fma_runner(threads), "mix": mix_candidate(threads)}
+
+
+def in_turns(row: dict, gflops: float) -> str:
+    """``(x% of the FMA loop, y% of the mix loop in turns)`` for a row that timed them."""
+    if "peak_gflops" not in row:
+        return ""
+    return (f" ({100 * gflops / row['peak_gflops']:.1f}% of the FMA loop, "
+            f"{100 * gflops / row['mix_gflops']:.1f}% of the mix loop in turns)")
+
+
 # ---- models -------------------------------------------------------------------------------------
 
 def sgemm_case(n: int, rng):
@@ -144,8 +171,10 @@ def _torch_run(case):
     return case["torch"](torch.from_numpy)
 
 
-def bench_case(case, rounds: int, with_tvm: bool) -> dict:
-    """Median seconds per call per candidate; jitbyoc is checked against numpy first."""
+def bench_case(case, rounds: int, with_tvm: bool, yardsticks: dict | None = None) -> dict:
+    """Median seconds per call per candidate; jitbyoc is checked against numpy first.
+    ``yardsticks``: name -> ``(run, flops)`` (:func:`yardstick_candidates`), timed in the
+    same blocks; the median rate of each is ``out[name + "_gflops"]``."""
     import numpy as np
 
     jit = vm_function(case["mod"], True, case["args"])
@@ -157,7 +186,11 @@ def bench_case(case, rounds: int, with_tvm: bool) -> dict:
         fns["torch"] = torch_run
     if with_tvm:
         fns["tvm"] = vm_function(case["mod"], False, case["args"])
+    for name, (run, _) in (yardsticks or {}).items():
+        fns[name] = run
     out = {name: statistics.median(t) for name, t in time_blocks(fns, rounds).items()}
+    for name, (_, flops) in (yardsticks or {}).items():
+        out[f"{name}_gflops"] = flops / out.pop(name) / 1e9
     out["relerr"] = err
     return out
 
@@ -221,7 +254,7 @@ def report(case, t: dict, peak: float) -> str:
     gf = case["flops"] / t["jitbyoc"] / 1e9
     ratios = "  ".join(f"vs {k} {t[k] / t['jitbyoc']:.2f}x" for k in ("numpy", "torch", "tvm") if k in t)
     return (f"{case['name']:<34} {t['jitbyoc'] * 1e3:9.3f} ms {gf:7.1f} GFLOP/s {100 * gf / peak:5.1f}% "
-            f"of peak | {ratios} | numpy {case['flops'] / t['numpy'] / 1e9:.1f} GFLOP/s | "
+            f"of peak{in_turns(t, gf)} | {ratios} | numpy {case['flops'] / t['numpy'] / 1e9:.1f} GFLOP/s | "
             f"rel err {t['relerr']:.1e}")
 
 
@@ -251,10 +284,13 @@ def main(argv=None) -> None:
           f"per-call medians over {rounds} rounds of timed blocks", flush=True)
     cases = [sgemm_case(n, rng), linear_case(64, 784, 1024, rng), mlp_case(64, rng),
              mlp_case(64, rng, linear=True), gemv_case(4096, 4096, rng), linear_case(1, 4096, 4096, rng)]
-    results = [bench_case(c, rounds, args.tvm or not c["name"].startswith("sgemm")) for c in cases]
+    sticks = yardstick_candidates(args.threads)
+    results = [bench_case(c, rounds, args.tvm or not c["name"].startswith("sgemm"), sticks) for c in cases]
     peak = max(early, machine_peak(args.threads))
+    turns = ", ".join(f"{t['peak_gflops']:.0f} / {t['mix_gflops']:.0f}" for t in results)
     print(f"measured FMA peak {peak:.1f} GFLOP/s, {peak / args.threads:.1f} per core "
-          f"(best of {args.threads} threads and {args.threads} x 1 thread, at start and end)")
+          f"(best of {args.threads} threads and {args.threads} x 1 thread, at start and end); in turns "
+          f"with the cases, median FMA loop / mix loop per case: {turns}")
     for case, t in zip(cases, results):
         print(report(case, t, peak))
     print(f"load average at end {os.getloadavg()[0]:.2f}: other processes on the machine make every "

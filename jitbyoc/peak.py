@@ -15,6 +15,8 @@ from __future__ import annotations
 import ctypes
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 
 import llvmlite.binding as llvm
@@ -67,15 +69,22 @@ def _peak_ir(width: int) -> str:
     return str(module)
 
 
-def peak_loop():
-    """The compiled loop as ``(callable(n) -> float, engine)``; keep the engine alive."""
+def jit_loop(ir_text: str, name: str, argtypes: tuple = (ctypes.c_int64,)):
+    """Function ``name`` of the LLVM IR ``ir_text``, compiled by MCJIT for the build's
+    machine (:func:`isa.current`), as ``(ctypes callable returning float, engine)``; keep
+    the engine alive while the callable is used."""
     jit.target_machine()  # initializes LLVM's native target
     # MCJIT takes ownership of its target machine: give it its own, never jitbyoc's cached one
     m = isa.current()
     tm = llvm.Target.from_triple(m.triple).create_target_machine(cpu=m.cpu, features=m.features, opt=3)
-    engine = llvm.create_mcjit_compiler(llvm.parse_assembly(_peak_ir(lanes())), tm)
+    engine = llvm.create_mcjit_compiler(llvm.parse_assembly(ir_text), tm)
     engine.finalize_object()
-    return ctypes.CFUNCTYPE(ctypes.c_float, ctypes.c_int64)(engine.get_function_address("peak")), engine
+    return ctypes.CFUNCTYPE(ctypes.c_float, *argtypes)(engine.get_function_address(name)), engine
+
+
+def peak_loop():
+    """The compiled loop as ``(callable(n) -> float, engine)``; keep the engine alive."""
+    return jit_loop(_peak_ir(lanes()), "peak")
 
 
 def fma_peak(threads: int, iters: int = 20_000_000) -> float:
@@ -89,8 +98,40 @@ def fma_peak(threads: int, iters: int = 20_000_000) -> float:
             w.start()
         for w in workers:
             w.join()
-        rates.append(threads * iters * CHAINS * UNROLL * 2 * lanes() / (time.perf_counter() - start) / 1e9)
+        rates.append(threads * iters * flops_per_iteration() / (time.perf_counter() - start) / 1e9)
     return max(rates)
+
+
+def flops_per_iteration() -> int:
+    """FLOPs of one iteration of :func:`peak_loop` on one thread."""
+    return CHAINS * UNROLL * 2 * lanes()
+
+
+def fma_runner(threads: int, seconds: float = 0.02) -> tuple[Callable[[], None], float]:
+    """``(run, flops)``: ``run()`` keeps ``threads`` threads on :func:`peak_loop` for about
+    ``seconds``, ``flops`` what one call computes (:func:`loop_runner`). The peak as a
+    candidate of a benchmark's timed blocks, taking turns with the kernels it is the
+    yardstick for: on a VM whose speed moves in phases, a peak measured once
+    (:func:`machine_peak`, the best of several) and a kernel's median over minutes come
+    from different phases."""
+    loop, engine = peak_loop()
+    return loop_runner(loop, engine, flops_per_iteration(), threads, seconds)
+
+
+def loop_runner(loop, keep, flops_per_iter: int, threads: int, seconds: float) -> tuple[Callable[[], None], float]:
+    """``(run, flops)``: ``run()`` calls ``loop(iters)`` on ``threads`` threads at once, ``iters``
+    calibrated here (one thread) to take about ``seconds``; ``flops`` is what one call
+    computes. ``keep`` (the compiled code's engine) lives as long as ``run``."""
+    start = time.perf_counter()
+    loop(1_000_000)
+    iters = max(1, int(seconds / (time.perf_counter() - start) * 1_000_000))
+    pool = ThreadPoolExecutor(threads, thread_name_prefix="jitbyoc-loop")
+
+    def run() -> None:
+        run.keep = keep
+        list(pool.map(loop, [iters] * threads))
+
+    return run, float(threads * iters * flops_per_iter)
 
 
 def machine_peak(threads: int, iters: int = 20_000_000) -> float:

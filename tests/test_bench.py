@@ -233,3 +233,60 @@ def test_numpy_runs_openblas_kernel_of_the_targets_isa(monkeypatch, target, avx2
     assert held == {"OPENBLAS_CORETYPE": "Sandybridge", "OPENBLAS_L2_SIZE": "262144"}
     assert "OPENBLAS_L2_SIZE" not in os.environ
     assert os.environ.get("OPENBLAS_CORETYPE") == ("Haswell" if avx2_kernel else None)
+
+
+def test_the_peak_takes_turns_with_the_kernels_and_reports_its_own_rate():
+    """``bench_case`` times the FMA loop in the case's own blocks; its rate is the loop's
+    FLOPs over the loop's median, kept apart from the candidates' times."""
+    from bench import kernels_matmul
+
+    case = kernels_matmul.sgemm_case(32, np.random.default_rng(0))
+    ran = []
+
+    def fake_peak():
+        ran.append(1)
+        time.sleep(0.002)
+
+    sticks = {"peak": (fake_peak, 2e6), "mix": (fake_peak, 1e6)}
+    out = kernels_matmul.bench_case(case, rounds=2, with_tvm=False, yardsticks=sticks)
+    assert ran and "peak" not in out and "mix" not in out and out["jitbyoc"] > 0
+    assert 0.2 < out["peak_gflops"] <= 1.0 and 0.1 < out["mix_gflops"] <= 0.5  # FLOPs in at least 2 ms
+    assert "of the FMA loop" in kernels_matmul.report(case, out, peak=100.0)
+
+
+@pytest.mark.parametrize("cpu", ["haswell", None])
+def test_the_mix_loop_runs_a_kernels_step_on_l1_data(cpu):
+    """bench.contention's mix loop: per step V vector loads, J broadcasts and J x V FMAs
+    (the conv engine's register block for the ISA), n steps per call; its sum shows every
+    FMA ran."""
+    import ctypes
+
+    import llvmlite.binding as llvm
+
+    from bench import contention, target
+    from jitbyoc.peak import jit_loop, lanes
+    from jitbyoc.render import isa
+
+    target.set_target(cpu)
+    try:
+        with isa.compiling_for(target.machine()):
+            j, v = contention.BLOCKS[32 if isa.vector_registers() >= 32 else 16]
+            text = contention.mix_ir(lanes(), j, v)
+            loop, engine = jit_loop(text, "mix", (ctypes.c_int64, ctypes.c_void_p))
+            m = isa.current()
+            tm = llvm.Target.from_triple(m.triple).create_target_machine(cpu=m.cpu, features=m.features, opt=3)
+            asm = tm.emit_assembly(llvm.parse_assembly(text))
+    finally:
+        target.set_target(None)
+    buf = np.full(contention.BUFFER_FLOATS, 1e-3, np.float32)
+    assert loop(1000, buf.ctypes.data) == pytest.approx(j * v * 1000 * 1e-6, rel=1e-3)
+    assert asm.count("vfmadd") == j * v and (cpu != "haswell" or asm.count("vbroadcastss") == j)
+    assert (j, v) == ((4, 3) if cpu == "haswell" else contention.BLOCKS[32 if "zmm" in asm else 16])
+
+
+def test_contention_prints_both_loops_in_turns(capsys):
+    from bench import contention
+
+    ratios = contention.main(["--seconds", "0.3", "--threads", "1"])
+    out = capsys.readouterr().out
+    assert ratios and all(r > 0 for r in ratios) and "mix/fma over" in out

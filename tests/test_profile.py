@@ -99,3 +99,31 @@ def test_peak_is_one_thread_times_threads_when_threads_together_run_on_one_core(
         assert peak.measured_peak(2) == 230.0
     finally:
         peak._measured.cache_clear()
+
+
+def test_fma_runner_keeps_every_thread_on_the_loop_and_counts_its_flops(monkeypatch):
+    """The peak as a benchmark candidate: one call runs the loop once per thread, at once,
+    for the calibrated count, and its FLOPs are what those runs compute."""
+    import threading
+    import time as _time
+
+    from jitbyoc import peak
+
+    calls, barrier = [], threading.Barrier(2, timeout=5)
+
+    def fake_loop(n):
+        if n != 1_000_000:  # the calibration run is alone; a call's runs must overlap
+            barrier.wait()
+        calls.append((threading.get_ident(), n))
+        _time.sleep(0.002)
+        return 0.0
+
+    monkeypatch.setattr(peak, "peak_loop", lambda: (fake_loop, object()))
+    run, flops = peak.fma_runner(2, seconds=0.02)
+    assert calls[0][1] == 1_000_000
+    iters = round(0.02 / 0.002 * 1_000_000)
+    calls.clear()
+    run()
+    assert [n for _, n in calls] == [calls[0][1]] * 2 and len({t for t, _ in calls}) == 2
+    assert abs(calls[0][1] - iters) / iters < 0.5  # calibrated from the 2 ms fake run
+    assert flops == 2 * calls[0][1] * peak.flops_per_iteration()

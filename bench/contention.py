@@ -1,0 +1,130 @@
+"""How much of the FMA peak a kernel's instruction mix can reach right now:
+``python -m bench.contention [--seconds S] [--threads N] [--target T]``.
+
+The FMA peak (:mod:`jitbyoc.peak`) is a loop of FMAs on registers, one instruction per
+FMA. A convolution's or GEMM's inner loop also loads: per register block of ``J x V``
+accumulators, ``V`` vector loads and ``J`` broadcast weights per step (:data:`BLOCKS`,
+the blocks the conv engine picks: 16 x 1 with 32 registers, where AVX-512 folds each
+broadcast into its FMA; 4 x 3 with 16, where AVX2 issues a separate broadcast and a
+step is 19 instructions for 12 FMAs). This *mix loop* runs that step on an L1-resident
+buffer, so it never waits on memory: on a machine of its own it runs at the FMA
+peak. When it runs slower than the FMA loop timed next to it, the core's issue slots or
+load ports are being shared, as with another hardware thread (another guest's vCPU on
+the same core of a VM host), and every kernel with that mix is slowed alike; the
+FMA-only loop hardly notices. The ratio tells "the machine is contended now" from "the
+kernel is slow".
+
+Both loops take turns in blocks (``--seconds`` in all); the table gives each block's
+GFLOP/s and the ratio, then the median, min and max ratio. :func:`mix_candidate` is the
+mix loop as a candidate of the kernel benchmarks' timed blocks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import statistics
+import time
+
+BUFFER_FLOATS = 2048  # 8 KB: L1-resident
+BLOCKS = {32: (16, 1), 16: (4, 3)}  # vector registers -> (J, V), as conv_engine's plans
+
+
+def mix_ir(lanes: int, j: int, v: int) -> str:
+    """``float mix(int64 n, ptr buf)``: n steps of ``v`` unaligned vector loads and ``j``
+    broadcast scalars from ``buf`` (offsets cycling over 8 shifts of a 64-float row, as a
+    convolution's taps do), ``j * v`` FMAs into register accumulators."""
+    from llvmlite import ir
+
+    f32, i64 = ir.FloatType(), ir.IntType(64)
+    vec = ir.VectorType(f32, lanes)
+    module = ir.Module(name="mix")
+    fma = ir.Function(module, ir.FunctionType(vec, [vec, vec, vec]), f"llvm.fmuladd.v{lanes}f32")
+    fn = ir.Function(module, ir.FunctionType(f32, [i64, ir.PointerType()]), "mix")
+    n, buf = fn.args
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    entry, loop, done = b.block, fn.append_basic_block("loop"), fn.append_basic_block("done")
+    b.branch(loop)
+    b.position_at_end(loop)
+    i = b.phi(i64)
+    accs = [b.phi(vec) for _ in range(j * v)]
+    off = b.add(b.and_(i, i64(7)), b.shl(b.and_(b.lshr(i, i64(3)), i64(3)), i64(6)))
+    xs = [b.load(b.gep(buf, [b.add(off, i64(k * lanes))], source_etype=f32), typ=vec, align=4) for k in range(v)]
+    wbase = b.add(i64(BUFFER_FLOATS // 2), b.mul(b.and_(i, i64(15)), i64(j)))
+    out = list(accs)
+    for r in range(j):
+        w = b.load(b.gep(buf, [b.add(wbase, i64(r))], source_etype=f32), typ=f32)
+        wv = b.shuffle_vector(b.insert_element(ir.Constant(vec, None), w, i64(0)), ir.Constant(vec, None),
+                              ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes))
+        for k in range(v):
+            out[r * v + k] = b.call(fma, [xs[k], wv, accs[r * v + k]])
+    i.add_incoming(i64(0), entry)
+    i.add_incoming(b.add(i, i64(1)), loop)
+    for acc, o in zip(accs, out):
+        acc.add_incoming(ir.Constant(vec, None), entry)
+        acc.add_incoming(o, loop)
+    b.cbranch(b.icmp_signed("<", b.add(i, i64(1)), n), loop, done)
+    b.position_at_end(done)
+    total = out[0]
+    for o in out[1:]:  # every accumulator must be live, or LLVM deletes it
+        total = b.fadd(total, o)
+    b.ret(b.extract_element(total, ir.IntType(32)(0)))
+    return str(module)
+
+
+def mix_runner(threads: int, seconds: float = 0.02):
+    """``(run, flops)`` of the mix loop for the build's machine (:func:`jitbyoc.render.isa.current`),
+    as :func:`jitbyoc.peak.loop_runner` gives them."""
+    import numpy as np
+
+    from jitbyoc.peak import jit_loop, lanes, loop_runner
+    from jitbyoc.render.isa import vector_registers
+
+    j, v = BLOCKS[32 if vector_registers() >= 32 else 16]
+    loop, engine = jit_loop(mix_ir(lanes(), j, v), "mix", (ctypes.c_int64, ctypes.c_void_p))
+    buf = np.full(BUFFER_FLOATS, 1e-3, np.float32)
+    return loop_runner(lambda n: loop(n, buf.ctypes.data), (engine, buf), 2 * j * v * lanes(), threads, seconds)
+
+
+def mix_candidate(threads: int):
+    """:func:`mix_runner` for the benchmark's target (:mod:`bench.target`)."""
+    from jitbyoc.render import isa
+
+    from . import target as build_target
+
+    with isa.compiling_for(build_target.machine()):
+        return mix_runner(threads)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.contention", description=__doc__.splitlines()[0])
+    p.add_argument("--seconds", type=float, default=20.0, help="total time of the turns")
+    p.add_argument("--threads", type=int, default=os.cpu_count(), help="threads for both loops")
+    p.add_argument("--target", metavar="TARGET", help="the vector ISA's target (bench/target.py), e.g. haswell")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> list[float]:
+    from .kernels_matmul import yardstick_candidates
+    from .target import describe, set_target
+    from .timing import time_blocks
+
+    args = parse_args(argv)
+    set_target(args.target)
+    print(describe(), flush=True)
+    fns = yardstick_candidates(args.threads)
+    ratios, end = [], time.perf_counter() + args.seconds
+    print(f"threads {args.threads}; GFLOP/s per block (median call), in turns\n   fma    mix  mix/fma")
+    while time.perf_counter() < end:
+        t = time_blocks({k: f[0] for k, f in fns.items()}, rounds=1, budget=0.1, settle=0.0)
+        rate = {k: fns[k][1] / statistics.median(t[k]) / 1e9 for k in fns}
+        ratios.append(rate["mix"] / rate["peak"])
+        print(f"{rate['peak']:6.1f} {rate['mix']:6.1f}  {ratios[-1]:6.2f}", flush=True)
+    print(f"mix/fma over {len(ratios)} turns: median {statistics.median(ratios):.2f}, "
+          f"min {min(ratios):.2f}, max {max(ratios):.2f} (1.0: no contention; load {os.getloadavg()[0]:.2f})")
+    return ratios
+
+
+if __name__ == "__main__":
+    main()
