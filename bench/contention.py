@@ -37,39 +37,30 @@ def mix_ir(lanes: int, j: int, v: int) -> str:
     convolution's taps do), ``j * v`` FMAs into register accumulators."""
     from llvmlite import ir
 
+    from jitbyoc.peak import fmuladd, summed_loop
+
     f32, i64 = ir.FloatType(), ir.IntType(64)
     vec = ir.VectorType(f32, lanes)
     module = ir.Module(name="mix")
-    fma = ir.Function(module, ir.FunctionType(vec, [vec, vec, vec]), f"llvm.fmuladd.v{lanes}f32")
+    fma = fmuladd(module, vec)
     fn = ir.Function(module, ir.FunctionType(f32, [i64, ir.PointerType()]), "mix")
-    n, buf = fn.args
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
-    entry, loop, done = b.block, fn.append_basic_block("loop"), fn.append_basic_block("done")
-    b.branch(loop)
-    b.position_at_end(loop)
-    i = b.phi(i64)
-    accs = [b.phi(vec) for _ in range(j * v)]
-    off = b.add(b.and_(i, i64(7)), b.shl(b.and_(b.lshr(i, i64(3)), i64(3)), i64(6)))
-    xs = [b.load(b.gep(buf, [b.add(off, i64(k * lanes))], source_etype=f32), typ=vec, align=4) for k in range(v)]
-    wbase = b.add(i64(BUFFER_FLOATS // 2), b.mul(b.and_(i, i64(15)), i64(j)))
-    out = list(accs)
-    for r in range(j):
-        w = b.load(b.gep(buf, [b.add(wbase, i64(r))], source_etype=f32), typ=f32)
-        wv = b.shuffle_vector(b.insert_element(ir.Constant(vec, None), w, i64(0)), ir.Constant(vec, None),
-                              ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes))
-        for k in range(v):
-            out[r * v + k] = b.call(fma, [xs[k], wv, accs[r * v + k]])
-    i.add_incoming(i64(0), entry)
-    i.add_incoming(b.add(i, i64(1)), loop)
-    for acc, o in zip(accs, out):
-        acc.add_incoming(ir.Constant(vec, None), entry)
-        acc.add_incoming(o, loop)
-    b.cbranch(b.icmp_signed("<", b.add(i, i64(1)), n), loop, done)
-    b.position_at_end(done)
-    total = out[0]
-    for o in out[1:]:  # every accumulator must be live, or LLVM deletes it
-        total = b.fadd(total, o)
-    b.ret(b.extract_element(total, ir.IntType(32)(0)))
+    buf = fn.args[1]
+
+    def step(b, i, accs):
+        off = b.add(b.and_(i, i64(7)), b.shl(b.and_(b.lshr(i, i64(3)), i64(3)), i64(6)))
+        xs = [b.load(b.gep(buf, [b.add(off, i64(k * lanes))], source_etype=f32), typ=vec, align=4)
+              for k in range(v)]
+        wbase = b.add(i64(BUFFER_FLOATS // 2), b.mul(b.and_(i, i64(15)), i64(j)))
+        out = list(accs)
+        for r in range(j):
+            w = b.load(b.gep(buf, [b.add(wbase, i64(r))], source_etype=f32), typ=f32)
+            wv = b.shuffle_vector(b.insert_element(ir.Constant(vec, None), w, i64(0)), ir.Constant(vec, None),
+                                  ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes))
+            for k in range(v):
+                out[r * v + k] = b.call(fma, [xs[k], wv, accs[r * v + k]])
+        return out
+
+    summed_loop(fn, fn.args[0], [ir.Constant(vec, None)] * (j * v), step)
     return str(module)
 
 

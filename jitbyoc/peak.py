@@ -41,32 +41,48 @@ def _peak_ir(width: int) -> str:
     vec = ir.VectorType(f32, width)
     module = ir.Module(name="peak")
     module.triple = isa.current().triple
-    # fmuladd: one FMA where the machine has them, a multiply and an add where not (llvm.fma
-    # is a libm call per lane there: SSE-only x86-64 measured 1.6 GFLOP/s)
-    fma = ir.Function(module, ir.FunctionType(vec, [vec, vec, vec]), f"llvm.fmuladd.v{width}f32")
+    fma = fmuladd(module, vec)
     fn = ir.Function(module, ir.FunctionType(f32, [i64]), "peak")
+
+    def step(b, _i, cur):
+        for _ in range(UNROLL):
+            cur = [b.call(fma, [c, ir.Constant(vec, [1.0000001] * width), ir.Constant(vec, [0.999999] * width)])
+                   for c in cur]
+        return cur
+
+    summed_loop(fn, fn.args[0], [ir.Constant(vec, [float(k)] * width) for k in range(CHAINS)], step)
+    return str(module)
+
+
+def fmuladd(module: ir.Module, vec: ir.VectorType) -> ir.Function:
+    """``llvm.fmuladd`` on ``vec``: one FMA where the machine has them, a multiply and an add
+    where not (llvm.fma is a libm call per lane there: SSE-only x86-64 measured 1.6 GFLOP/s)."""
+    return ir.Function(module, ir.FunctionType(vec, [vec, vec, vec]), f"llvm.fmuladd.v{vec.count}f32")
+
+
+def summed_loop(fn: ir.Function, count, inits: list, step) -> None:
+    """``fn``'s body: ``accs = step(builder, i, accs)`` for ``i`` in ``[0, count)`` (at least
+    once), ``accs`` starting at ``inits``, then return lane 0 of their sum: every value
+    stays live, or LLVM deletes the work."""
+    i64 = ir.IntType(64)
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     entry, loop, done = b.block, fn.append_basic_block("loop"), fn.append_basic_block("done")
     b.branch(loop)
     b.position_at_end(loop)
     i = b.phi(i64)
+    accs = [b.phi(init.type) for init in inits]
+    out = step(b, i, list(accs))
     i.add_incoming(i64(0), entry)
-    accs = [b.phi(vec) for _ in range(CHAINS)]
-    cur = list(accs)
-    for _ in range(UNROLL):
-        cur = [b.call(fma, [c, ir.Constant(vec, [1.0000001] * width), ir.Constant(vec, [0.999999] * width)])
-               for c in cur]
-    i.add_incoming(b.add(i, i64(1)), loop)
-    for k, (acc, c) in enumerate(zip(accs, cur)):
-        acc.add_incoming(ir.Constant(vec, [float(k)] * width), entry)
-        acc.add_incoming(c, loop)
-    b.cbranch(b.icmp_signed("<", b.add(i, i64(1)), fn.args[0]), loop, done)
+    i.add_incoming(b.add(i, i64(1)), b.block)
+    for acc, init, o in zip(accs, inits, out):
+        acc.add_incoming(init, entry)
+        acc.add_incoming(o, b.block)
+    b.cbranch(b.icmp_signed("<", b.add(i, i64(1)), count), loop, done)
     b.position_at_end(done)
-    total = cur[0]
-    for c in cur[1:]:  # every chain must be live, or LLVM deletes it
-        total = b.fadd(total, c)
+    total = out[0]
+    for o in out[1:]:
+        total = b.fadd(total, o)
     b.ret(b.extract_element(total, ir.IntType(32)(0)))
-    return str(module)
 
 
 def jit_loop(ir_text: str, name: str, argtypes: tuple = (ctypes.c_int64,)):
