@@ -121,8 +121,8 @@ def run_case(case, repeat: int, yardsticks: dict | None = None) -> dict:
             fns["torch"] = torch.inference_mode()(torch_fn)
     except ImportError:
         pass
-    sticks = yardsticks if case["flops"] else {}
-    for name, (run, _) in (sticks or {}).items():
+    sticks = (yardsticks or {}) if case["flops"] else {}
+    for name, (run, _) in sticks.items():
         fns[name] = run
     # each in blocks of warm calls of its own, in turns: a TVM-default call (tens of ms,
     # every core) between two of jitbyoc's would flush the layer out of cache
@@ -132,7 +132,7 @@ def run_case(case, repeat: int, yardsticks: dict | None = None) -> dict:
                vs_tvm=med["tvm"] / med["jitbyoc"], err=err)
     if case["flops"]:
         row["gflops"] = case["flops"] / med["jitbyoc"] / 1e9
-    for name, (_, flops) in (sticks or {}).items():
+    for name, (_, flops) in sticks.items():
         row[f"{name}_gflops"] = flops / med[name] / 1e9
     if "torch" in med:
         row["vs_torch"] = med["torch"] / med["jitbyoc"]
