@@ -1,4 +1,4 @@
-"""Attention, layout, reduction and normalization kernels: ``python -m bench.kernels_misc [--threads N] [--repeat N]``.
+"""Attention, layout, reduction, norm and resize kernels: ``python -m bench.kernels_misc [--threads N] [--repeat N]``.
 
 Prints, per case, jitbyoc's median time and effective bandwidth (bytes read + written
 once, per second) with same-process median-of-repeats ratios against TVM's default build,
@@ -77,6 +77,13 @@ def cases(rng):
         s = lambda a: a.reshape(1, -1, 1, 1)  # noqa: E731
         return np.maximum((x - s(m)) / np.sqrt(s(v) + 1e-5) * s(g) + s(b), 0)
 
+    up = f32(1, 64, 56, 56)
+
+    def resize_body(method, mode, rounding):  # a U-Net's or an FPN's 2x upsampling
+        return lambda bb, x: bb.emit(relax.op.image.resize2d(x, (112, 112), method=method,
+                                                             coordinate_transformation_mode=mode,
+                                                             rounding_method=rounding))
+
     q, k, v = (f32(1, 8, 256, 64) for _ in range(3))
     causal = np.triu(np.full((256, 256), -np.inf, "float32"), 1)[None, None]
 
@@ -112,6 +119,10 @@ def cases(rng):
          lambda x: x.max(-1), torch_of(lambda x: x.amax(-1))),
         ("batch_norm+relu 1x64x56x56", bn, bn_body, np_bn,
          torch_of(lambda x, g, b, m, v: F().relu(F().batch_norm(x, m, v, g, b, False, 0.1, 1e-5)))),
+        ("resize2d 1x64x56x56 -> 112x112, linear", [up], resize_body("linear", "half_pixel", ""), None,
+         torch_of(lambda x: F().interpolate(x, scale_factor=2, mode="bilinear", align_corners=False))),
+        ("resize2d 1x64x56x56 -> 112x112, nearest", [up], resize_body("nearest_neighbor", "asymmetric", "floor"),
+         None, torch_of(lambda x: F().interpolate(x, scale_factor=2, mode="nearest"))),
         ("take 128 rows of 30522x768", [table, ids],
          lambda bb, t, i: bb.emit(relax.op.take(t, i, axis=0)), lambda t, i: np.take(t, i, axis=0),
          torch_of(lambda t, i: F().embedding(i, t))),

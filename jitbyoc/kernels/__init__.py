@@ -20,7 +20,7 @@ import sys
 
 KERNEL_MODULES = ("matmul", "conv2d", "pool2d", "softmax", "norm", "reduce", "layout", "slicing",
                   "fold_permutes", "generate", "scan", "gather", "inference", "argreduce", "scatter", "pad",
-                  "conv_transpose", "pool3d", "grid_sample", "roi_align", "attention")
+                  "conv_transpose", "pool3d", "grid_sample", "roi_align", "attention", "resize")
 FAILED: dict[str, str] = {}  # kernel module -> why it could not be imported
 
 
