@@ -17,13 +17,14 @@ from hypothesis import strategies as st
 from tvm import relax
 
 import jitbyoc
-from jitbyoc.kernels.resize import MODES, ROUNDINGS, Resize2d
+from jitbyoc.kernels.resize import MODES, ROUNDINGS, Resize2d, _phases
 from tests.diff_util import both, build, check_c_matches_llvm, model, run
 
 R = relax.op
 NEAREST = [("nearest_neighbor", mode, r) for mode, r in itertools.product(MODES, ROUNDINGS)]
 LINEAR = [("linear", mode, "") for mode in MODES]
-SIZES = [(5, 7, 10, 14), (8, 8, 4, 4), (6, 9, 13, 5), (3, 4, 9, 12), (7, 5, 7, 5), (1, 3, 2, 6), (4, 4, 12, 8)]
+SIZES = [(5, 7, 10, 14), (8, 8, 4, 4), (6, 9, 13, 5), (3, 4, 9, 12), (7, 5, 7, 5), (1, 3, 2, 6), (4, 4, 12, 8),
+         (3, 3, 6, 12)]
 
 
 def case(layout, hw, out_hw, attrs, dtype="float32", batch=2, channels=3):
@@ -71,6 +72,18 @@ def test_integer_upscale_takes_tvms_integer_path():
           + [case("NHWC", (3, 7), (9, 7), ("nearest_neighbor", "asymmetric", ""))])
 
 
+def test_a_linear_power_of_two_upscale_runs_in_phases():
+    """Output column i * k + j blends input columns i + d_j and i + d_j + 1 at t_j: the
+    table of TVM's own float32 coordinates, taken by the NCHW rows (SIZES has k = 2 and 4)."""
+    assert _phases("linear", "half_pixel", 3, 6) == [(-1, 0.75), (0, 0.25)]
+    assert _phases("linear", "asymmetric", 5, 20) == [(0, 0.0), (0, 0.25), (0, 0.5), (0, 0.75)]
+    assert _phases("linear", "pytorch_half_pixel", 7, 28) == [(-1, 0.625), (-1, 0.875), (0, 0.125), (0, 0.375)]
+    for no in [("linear", "half_pixel", 4, 12), ("linear", "align_corners", 4, 8),
+               ("nearest_neighbor", "half_pixel", 4, 8), ("linear", "half_pixel", 2, 4),
+               ("linear", "half_pixel", 4, 4)]:
+        assert _phases(*no) is None, no
+
+
 @settings(max_examples=12, deadline=None)
 @given(h=st.integers(1, 17), w=st.integers(1, 17), oh=st.integers(2, 40), ow=st.integers(2, 40),
        layout=st.sampled_from(["NCHW", "NHWC"]), variant=st.sampled_from(NEAREST + LINEAR),
@@ -102,6 +115,7 @@ def test_symbolic_spatial_sizes_are_left_to_tvm():
     ("NCHW", ("linear", "half_pixel", ""), (9, 7)),
     ("NHWC", ("nearest_neighbor", "asymmetric", "round_prefer_ceil"), (9, 7)),
     ("NCHW", ("nearest_neighbor", "asymmetric", "floor"), (10, 9)),  # rows of repeated pixels
+    ("NCHW", ("linear", "half_pixel", ""), (10, 12)),  # a linear upscale by 4 in phases
 ])
 def test_c_rendering_and_epilogue(layout, attrs, out_hw, tmp_path):
     """One region (resize2d with a fused relu): the C rendering matches the JIT bit for

@@ -48,8 +48,10 @@ class Resize2d(PortableStage, kir.KernelStage):
         x, (_, in_w, _, out_w) = self.inputs[0], self.sizes
         if self.layout == "NHWC":
             body = self._nhwc_pixel
-        else:  # an integer upscale of nearest's integer path repeats pixels along a row
-            body = self._nchw_repeats if self._repeats(in_w, out_w) else self._nchw_row
+        elif self._repeats(in_w, out_w):  # nearest's integer path: rows of repeated pixels
+            body = self._nchw_repeats
+        else:
+            body = self._nchw_phases if _phases(self.method, self.mode, in_w, out_w) else self._nchw_row
         channels = e.dim(x.shape[1] if self.layout == "NCHW" else x.shape[3])
 
         def row(e, r, pos):
@@ -70,6 +72,31 @@ class Resize2d(PortableStage, kir.KernelStage):
             xs = self._axis(e, ox, in_w, out_w)
             e.store(out, e.add(e.mul(r, out_w), ox), self._value(e, ys, xs, lambda yy, xx: e.load(
                 x, e.add(plane, e.add(e.mul(yy, in_w), xx)))))
+
+    def _nchw_phases(self, e, r, pos, channels):
+        """Output row ``r`` of one (n, c) plane of a linear upscale by a power of two: output
+        column ``i * k + j`` reads columns ``i + d_j`` and ``i + d_j + 1`` at fraction ``t_j``
+        (:func:`_phases`, exact in float32 as TVM computes them), so past the edge columns
+        the row is ``k`` interleaved vector blends of shifted input rows."""
+        (x,), out = self.inputs, self.out
+        in_h, in_w, out_h, out_w = self.sizes
+        dt, phases = self.out.dtype, _phases(self.method, self.mode, in_w, out_w)
+        plane = e.let(e.mul(e.add(e.mul(pos[0], channels), pos[1]), in_h * in_w))
+        y0, y1, ty = self._axis(e, pos[2], in_h, out_h)
+        rows = [e.let(e.add(plane, e.mul(yy, in_w))) for yy in (y0, y1)]
+
+        def column(i, clamp: bool):
+            for j, (d, t) in enumerate(phases):
+                x0, x1 = ((min(max(i + d + a, 0), in_w - 1) for a in (0, 1)) if clamp else
+                          (e.add(i, d), e.add(i, d + 1)))
+                tj = e.const(t, dt)
+                top, bottom = (_lerp(e, dt, e.load(x, e.add(row, x0)), e.load(x, e.add(row, x1)), tj) for row in rows)
+                e.store(out, e.add(e.mul(r, out_w), e.add(e.mul(i, len(phases)), j)), _lerp(e, dt, top, bottom, ty))
+
+        column(0, True)
+        with e.loop(in_w - 1, 1, "ix") as ix:
+            column(ix, False)
+        column(in_w - 1, True)
 
     def _nchw_repeats(self, e, r, pos, channels):
         """Output row ``r`` of one (n, c) plane where each input pixel fills ``k`` columns."""
@@ -203,6 +230,23 @@ def _np_rounded(v, rule: str):
     return {"round": lambda: np.rint(v), "round_prefer_floor": lambda: np.ceil(v - f(0.5)),
             "round_prefer_ceil": lambda: np.floor(v + f(0.5)), "floor": lambda: np.floor(v + f(EPSILON)),
             "ceil": lambda: np.ceil(v - f(EPSILON))}[rule]()
+
+
+def _phases(method: str, mode: str, size: int, target: int) -> list | None:
+    """For a linear upscale by a power of two ``k`` (half_pixel, pytorch_half_pixel or
+    asymmetric, at least 3 input columns): per phase ``j`` of ``k`` the offset ``d_j`` of
+    the left neighbour and the fraction ``t_j``, where output ``i * k + j`` reads ``i +
+    d_j`` and ``i + d_j + 1``. TVM's float32 coordinate ``(o + 0.5) / k - 0.5`` (or
+    ``o / k``) is exact for such ``k``, so ``floor`` and the fraction are the same for every
+    ``i``. None otherwise."""
+    k = target // size
+    if method != "linear" or mode not in ("half_pixel", "pytorch_half_pixel", "asymmetric") or size < 3 \
+            or target != k * size or k < 2 or k & (k - 1) or target >= 1 << 22:
+        return None
+    f, o = np.float32, np.arange(k, dtype=np.float32)
+    v = o * (f(1) / f(k)) if mode == "asymmetric" else (o + f(0.5)) * (f(size) / f(target)) - f(0.5)
+    low = np.floor(v)
+    return [(int(d), float(t)) for d, t in zip(low, (v - low).astype(f))]
 
 
 def _int_div(mode: str, rounding: str, size: int, target: int) -> bool:
