@@ -15,8 +15,8 @@ FMA-only loop hardly notices. The ratio tells "the machine is contended now" fro
 kernel is slow".
 
 Both loops take turns in blocks (``--seconds`` in all); the table gives each block's
-GFLOP/s and the ratio, then the median, min and max ratio. :func:`mix_candidate` is the
-mix loop as a candidate of the kernel benchmarks' timed blocks.
+GFLOP/s and the ratio, then the median, min and max ratio. The kernel benchmarks time
+the mix loop as a candidate of their blocks (:func:`bench.kernels_matmul.yardstick_candidates`).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ def mix_ir(lanes: int, j: int, v: int) -> str:
     from llvmlite import ir
 
     from jitbyoc.peak import fmuladd, summed_loop
+    from jitbyoc.render.vectors import splat
 
     f32, i64 = ir.FloatType(), ir.IntType(64)
     vec = ir.VectorType(f32, lanes)
@@ -53,9 +54,7 @@ def mix_ir(lanes: int, j: int, v: int) -> str:
         wbase = b.add(i64(BUFFER_FLOATS // 2), b.mul(b.and_(i, i64(15)), i64(j)))
         out = list(accs)
         for r in range(j):
-            w = b.load(b.gep(buf, [b.add(wbase, i64(r))], source_etype=f32), typ=f32)
-            wv = b.shuffle_vector(b.insert_element(ir.Constant(vec, None), w, i64(0)), ir.Constant(vec, None),
-                                  ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes))
+            wv = splat(b, b.load(b.gep(buf, [b.add(wbase, i64(r))], source_etype=f32), typ=f32), lanes)
             for k in range(v):
                 out[r * v + k] = b.call(fma, [xs[k], wv, accs[r * v + k]])
         return out
@@ -76,16 +75,6 @@ def mix_runner(threads: int, seconds: float = 0.02):
     loop, engine = jit_loop(mix_ir(lanes(), j, v), "mix", (ctypes.c_int64, ctypes.c_void_p))
     buf = np.full(BUFFER_FLOATS, 1e-3, np.float32)
     return loop_runner(lambda n: loop(n, buf.ctypes.data), (engine, buf), 2 * j * v * lanes(), threads, seconds)
-
-
-def mix_candidate(threads: int):
-    """:func:`mix_runner` for the benchmark's target (:mod:`bench.target`)."""
-    from jitbyoc.render import isa
-
-    from . import target as build_target
-
-    with isa.compiling_for(build_target.machine()):
-        return mix_runner(threads)
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -58,7 +58,7 @@ def yardstick_candidates(threads: int) -> dict:
     """The loops "% in turns" divides by, as candidates of the timed blocks (``(run,
     flops)`` each) for the benchmark's target: ``peak``, the FMA loop
     (:func:`jitbyoc.peak.fma_runner`), and ``mix``, a kernel's inner-loop mix of loads,
-    broadcasts and FMAs on L1-resident data (:func:`bench.contention.mix_candidate`).
+    broadcasts and FMAs on L1-resident data (:func:`bench.contention.mix_runner`).
     Timed in the same rounds as the kernels, their medians come from the same phases of
     a VM whose speed moves; "% of peak" divides by the best of a few FMA-loop runs at
     start and end instead. A mix loop below the FMA loop means the cores' issue slots are
@@ -67,10 +67,10 @@ def yardstick_candidates(threads: int) -> dict:
     from jitbyoc.render import isa
 
     from . import target as build_target
-    from .contention import mix_candidate
+    from .contention import mix_runner
 
     with isa.compiling_for(build_target.machine()):
-        return {"peak": fma_runner(threads), "mix": mix_candidate(threads)}
+        return {"peak": fma_runner(threads), "mix": mix_runner(threads)}
 
 
 def in_turns(row: dict, gflops: float) -> str:
