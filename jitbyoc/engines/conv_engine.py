@@ -29,7 +29,7 @@ from ..ir.llvmtypes import I32, I64, PTR
 from ..render.loops import ceil_div, claim_home_first, for_range, home_counters, smax, smin, zero_bytes
 from ..render.vectors import lane_mask, lanes, multiply_add, prefetch, splat, strips, vload, vstore, vtype
 from . import registry
-from .conv_plan import plane_table, tap_table, workspace_size
+from .conv_plan import plane_table, tap_table, unrolled_window, workspace_size
 from .gemm_llvm import free_workspace, workspace
 
 NAMES = ("x", "w", "work", "out", "n", "c", "h", "wd", "k", "oh", "ow", "groups", "cg", "kg", "taps",
@@ -62,6 +62,9 @@ class ConvEngine(ConvKind):
     j: int
     v: int
     packed: int = 0  # weights in blocks of J channels (Conv2d.packed), not OIHW
+    # > 0: the window is unrolled, kh rows of kw taps at consecutive elements (conv_plan.unrolled_window)
+    kh: int = 0
+    kw: int = 0
 
     def body(self, bufs: dict):
         return Emit(self, bufs)
@@ -260,32 +263,68 @@ class Emit:
         return [b.mul(b.add(oc0, smin(b, I64(j), b.sub(jn, I64(1)))), ktaps) for j in range(e.j)]
 
     def accumulate(self, c, xoff, wrows, accs) -> None:
-        """``accs[j*V + v] = sum over channels and taps`` for the chunk at ``xoff``."""
+        """``accs[j*V + v] = sum over channels and taps`` for the chunk at ``xoff``: per
+        channel a loop over the tap table, or the window unrolled (:attr:`ConvEngine.kh`)."""
         b, s, e, vt, elem = c.b, c.syms, self.e, self.vt, self.elem
         taps = b.inttoptr(s["taptab"], PTR)
+        tap_at = lambda t: b.load(b.gep(taps, [t], source_etype=I64), typ=I64)  # noqa: E731
+        rows = [tap_at(I64(i * e.kw)) for i in range(e.kh)]  # loop-invariant: hoisted
         for a in accs:
             b.store(ir.Constant(vt, None), a)
-        step = I64(e.j if e.packed else 1)  # between a channel's weights of two taps
         with for_range(b, s["cg"], "ic") as ic:
             xp = c.element(self.bufs["work"], b.add(xoff, b.mul(ic, s["chan"])))
-            wps = [c.element(self.bufs["w"], b.add(w, b.mul(b.mul(ic, s["taps"]), step))) for w in wrows]
+            wps = [c.element(self.bufs["w"], b.add(w, b.mul(b.mul(ic, s["taps"]), self.tap_step)))
+                   for w in wrows]
             # not inbounds: the last channels' windows ahead lie past the workspace (never read)
             ahead = b.gep(c.ptrs[self.bufs["work"].storage],
                           [b.add(xoff, b.mul(b.add(ic, I64(PREFETCH_CHANNELS)), s["chan"]))], source_etype=elem.ir)
-            with for_range(b, s["taps"], "tap") as t:
-                off = b.load(b.gep(taps, [t], source_etype=I64), typ=I64)
-                for v in sorted({0, e.v - 1}):  # a later channel's window, while this one computes
-                    at = b.gep(ahead, [b.add(off, I64(v * e.lanes))], source_etype=elem.ir)
-                    prefetch(b, at)
-                vals = [b.load(a, typ=vt) for a in accs]
-                xs = [b.load(b.gep(xp, [b.add(off, I64(v * e.lanes))], source_etype=elem.ir),
-                             typ=vt, align=elem.nbytes) for v in range(e.v)]
-                for j in range(e.j):
-                    wv = splat(b, b.load(b.gep(wps[j], [b.mul(t, step)], source_etype=elem.ir), typ=elem.ir), e.lanes)
-                    for v in range(e.v):
-                        vals[j * e.v + v] = multiply_add(b, xs[v], wv, vals[j * e.v + v])
-                for a, val in zip(accs, vals):
-                    b.store(val, a)
+            if e.kh:
+                self.window(c, xp, ahead, rows, wps, accs)
+            else:
+                with for_range(b, s["taps"], "tap") as t:
+                    self.tap(c, xp, ahead, tap_at(t), wps, t, accs, [v * e.lanes for v in sorted({0, e.v - 1})])
+
+    def window(self, c, xp, ahead, rows, wps, accs) -> None:
+        """Every tap of the window, unrolled: row ``i``'s taps at ``rows[i] + 0 .. kw - 1``."""
+        b, e, elem = c.b, self.e, self.elem
+        vals = [b.load(a, typ=self.vt) for a in accs]
+        # a window row reads V vectors and kw - 1 elements, from any alignment: a line
+        # every 64 bytes of them, and one more
+        row_lines = range(0, (e.v * e.lanes + e.kw - 1) * elem.nbytes + 63, 64)
+        for i, row in enumerate(rows):
+            for col in range(e.kw):
+                vals = self.tap(c, xp, ahead, b.add(row, I64(col)), wps, I64(i * e.kw + col), vals,
+                                [] if col else [line // elem.nbytes for line in row_lines])
+        for a, val in zip(accs, vals):
+            b.store(val, a)
+
+    @property
+    def tap_step(self):
+        """Elements between a channel's weights of two taps."""
+        return I64(self.e.j if self.e.packed else 1)
+
+    def tap(self, c, xp, ahead, off, wps, t, accs, prefetches: list[int]):
+        """One tap ``t`` at offset ``off`` of the channel at ``xp``: ``V`` vector loads, ``J``
+        broadcast weights, ``J * V`` FMAs into ``accs`` (allocas, loaded and stored, or
+        values, returned updated); first prefetches of a later channel's window at
+        ``ahead + off`` plus each of ``prefetches`` elements, while this one computes."""
+        b, e, vt, elem = c.b, self.e, self.vt, self.elem
+        at = b.gep(ahead, [off], source_etype=elem.ir)
+        for ahead_by in prefetches:
+            prefetch(b, b.gep(at, [I64(ahead_by)], source_etype=elem.ir))
+        slots = isinstance(accs[0].type, ir.PointerType)
+        vals = [b.load(a, typ=vt) for a in accs] if slots else list(accs)
+        xs = [b.load(b.gep(xp, [b.add(off, I64(v * e.lanes))], source_etype=elem.ir), typ=vt, align=elem.nbytes)
+              for v in range(e.v)]
+        for j in range(e.j):
+            at = b.gep(wps[j], [b.mul(t, self.tap_step)], source_etype=elem.ir)
+            wv = splat(b, b.load(at, typ=elem.ir), e.lanes)
+            for v in range(e.v):
+                vals[j * e.v + v] = multiply_add(b, xs[v], wv, vals[j * e.v + v])
+        if slots:
+            for a, val in zip(accs, vals):
+                b.store(val, a)
+        return vals
 
     def store_chunk(self, c, n, oc0, jn, p0, pend, accs) -> None:
         """Store the chunk at grid pixel ``p0`` (the band's grid pixels end at ``pend``),
@@ -361,7 +400,7 @@ def call(stage, ctx, plan=None, engine=None, img: int | None = None) -> None:
     workspace (:mod:`.conv_channels`: no slack)."""
     g, out = stage.geo, stage.out
     plan = plan or stage.plan
-    engine = engine or ConvEngine(out.dtype, plan.lanes, plan.j, plan.v, int(stage.packed))
+    engine = engine or ConvEngine(out.dtype, plan.lanes, plan.j, plan.v, int(stage.packed), *unrolled_window(plan))
 
     def epilogue(c, args):
         n, oc0, jn, r0, rows = args

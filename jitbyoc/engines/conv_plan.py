@@ -129,6 +129,25 @@ def tap_table(plan: Plan) -> list[int]:
     return [plan.layout.tap(i, j) for i in range(g.kh) for j in range(g.kw)]
 
 
+# Taps of a window the engine unrolls (a 5x5 at most), where the loop over the tap table
+# cost as many instructions as its FMAs: AVX2's 4x3 register block (12 FMAs, 4
+# broadcasts, 3 loads a tap) issued 27 instructions a tap, 19 unrolled. Issue slots bind
+# when another thread shares the core (this VM's co-tenants): 3x3 64->64 on 56x56, AVX2,
+# exported builds alternating, Zen 4, 2 threads: 58 -> 71, 69 -> 77, 43 -> 70 % of the
+# FMA loop timed in turns (three runs); AVX-512 (16x1 block) 90 -> 91 %.
+MAX_UNROLLED_TAPS = 25
+
+
+def unrolled_window(plan: Plan) -> tuple[int, int]:
+    """``(kh, kw)`` when the engine can unroll the window, ``(0, 0)`` otherwise: each
+    window row's taps must read consecutive elements (tap (i, j) = tap (i, 0) + j: the
+    grid layout with unit column stride and dilation), so that their loads differ by
+    constant offsets."""
+    g, taps = plan.layout.geo, tap_table(plan)
+    consecutive = all(taps[i * g.kw + j] == taps[i * g.kw] + j for i in range(g.kh) for j in range(g.kw))
+    return (g.kh, g.kw) if consecutive and g.taps <= MAX_UNROLLED_TAPS else (0, 0)
+
+
 def plane_table(plan: Plan) -> list[int]:
     """Per plane: input row and column of plane element (0, 0) (plane row r then reads
     input row ``stride*r + shift``), and the valid plane rows and columns [lo, hi)."""
