@@ -3,15 +3,16 @@
 
 The FMA peak (:mod:`jitbyoc.peak`) is a loop of FMAs on registers, one instruction per
 FMA. A convolution's or GEMM's inner loop also loads: per register block of ``J x V``
-accumulators, ``V`` vector loads and ``J`` broadcast weights per step (:data:`BLOCKS`,
+accumulators, ``V`` vector loads and ``J`` broadcast weights per tap (:data:`BLOCKS`,
 the blocks the conv engine picks: 16 x 1 with 32 registers, where AVX-512 folds each
-broadcast into its FMA; 4 x 3 with 16, where AVX2 issues a separate broadcast and a
-step is 19 instructions for 12 FMAs). This *mix loop* runs that step on an L1-resident
-buffer, so it never waits on memory: on a machine of its own it runs at the FMA
-peak. When it runs slower than the FMA loop timed next to it, the core's issue slots or
-load ports are being shared, as with another hardware thread (another guest's vCPU on
-the same core of a VM host), and every kernel with that mix is slowed alike; the
-FMA-only loop hardly notices. The ratio tells "the machine is contended now" from "the
+broadcast into its FMA; 4 x 3 with 16, where AVX2 issues a separate broadcast and a tap
+is 19 instructions for 12 FMAs). This *mix loop* runs a 3x3 window of such taps per
+step, unrolled as the conv engine runs it, on an L1-resident buffer, so it never waits
+on memory: on a machine of its own it runs at the FMA peak. When it runs slower than the
+FMA loop timed next to it, the core's issue slots or load ports are being shared, as
+with another hardware thread (another guest's vCPU on the same core of a VM host), and
+every kernel with that mix is slowed alike; the FMA-only loop hardly notices. The ratio
+tells "the machine is contended now" from "the
 kernel is slow".
 
 Both loops take turns in blocks (``--seconds`` in all); the table gives each block's
@@ -31,10 +32,16 @@ BUFFER_FLOATS = 2048  # 8 KB: L1-resident
 BLOCKS = {32: (16, 1), 16: (4, 3)}  # vector registers -> (J, V), as conv_engine's plans
 
 
+WINDOW = (3, 3)  # a step is one input channel's 3x3 window, unrolled as the conv engine runs it
+ROW = 64  # floats between two rows of the window in the buffer
+
+
 def mix_ir(lanes: int, j: int, v: int) -> str:
-    """``float mix(int64 n, ptr buf)``: n steps of ``v`` unaligned vector loads and ``j``
-    broadcast scalars from ``buf`` (offsets cycling over 8 shifts of a 64-float row, as a
-    convolution's taps do), ``j * v`` FMAs into register accumulators."""
+    """``float mix(int64 n, ptr buf)``: n steps, each a 3x3 window (:data:`WINDOW`) of
+    taps as the conv engine unrolls it (:func:`jitbyoc.engines.conv_plan.unrolled_window`):
+    per tap ``v`` unaligned vector loads at the tap's constant offset and ``j`` broadcast
+    scalars from ``buf``, ``j * v`` FMAs into register accumulators; the window's corner
+    moves over 4 places from step to step, as a convolution's chunks do."""
     from llvmlite import ir
 
     from jitbyoc.peak import fmuladd, summed_loop
@@ -46,17 +53,20 @@ def mix_ir(lanes: int, j: int, v: int) -> str:
     fma = fmuladd(module, vec)
     fn = ir.Function(module, ir.FunctionType(f32, [i64, ir.PointerType()]), "mix")
     buf = fn.args[1]
+    taps = [r * ROW + c for r in range(WINDOW[0]) for c in range(WINDOW[1])]
 
     def step(b, i, accs):
-        off = b.add(b.and_(i, i64(7)), b.shl(b.and_(b.lshr(i, i64(3)), i64(3)), i64(6)))
-        xs = [b.load(b.gep(buf, [b.add(off, i64(k * lanes))], source_etype=f32), typ=vec, align=4)
-              for k in range(v)]
-        wbase = b.add(i64(BUFFER_FLOATS // 2), b.mul(b.and_(i, i64(15)), i64(j)))
+        corner = b.mul(b.and_(i, i64(3)), i64(lanes))
+        wbase = b.add(i64(BUFFER_FLOATS // 2), b.mul(b.and_(i, i64(3)), i64(j * len(taps))))
         out = list(accs)
-        for r in range(j):
-            wv = splat(b, b.load(b.gep(buf, [b.add(wbase, i64(r))], source_etype=f32), typ=f32), lanes)
-            for k in range(v):
-                out[r * v + k] = b.call(fma, [xs[k], wv, accs[r * v + k]])
+        for t, tap in enumerate(taps):
+            xs = [b.load(b.gep(buf, [b.add(corner, i64(tap + k * lanes))], source_etype=f32), typ=vec, align=4)
+                  for k in range(v)]
+            for r in range(j):
+                at = b.gep(buf, [b.add(wbase, i64(t * j + r))], source_etype=f32)
+                wv = splat(b, b.load(at, typ=f32), lanes)
+                for k in range(v):
+                    out[r * v + k] = b.call(fma, [xs[k], wv, out[r * v + k]])
         return out
 
     summed_loop(fn, fn.args[0], [ir.Constant(vec, None)] * (j * v), step)
@@ -74,7 +84,8 @@ def mix_runner(threads: int, seconds: float = 0.02):
     j, v = BLOCKS[32 if vector_registers() >= 32 else 16]
     loop, engine = jit_loop(mix_ir(lanes(), j, v), "mix", (ctypes.c_int64, ctypes.c_void_p))
     buf = np.full(BUFFER_FLOATS, 1e-3, np.float32)
-    return loop_runner(lambda n: loop(n, buf.ctypes.data), (engine, buf), 2 * j * v * lanes(), threads, seconds)
+    flops = 2 * WINDOW[0] * WINDOW[1] * j * v * lanes()
+    return loop_runner(lambda n: loop(n, buf.ctypes.data), (engine, buf), flops, threads, seconds)
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -256,9 +256,9 @@ def test_the_peak_takes_turns_with_the_kernels_and_reports_its_own_rate():
 
 @pytest.mark.parametrize("cpu", ["haswell", None])
 def test_the_mix_loop_runs_a_kernels_step_on_l1_data(cpu):
-    """bench.contention's mix loop: per step V vector loads, J broadcasts and J x V FMAs
-    (the conv engine's register block for the ISA), n steps per call; its sum shows every
-    FMA ran."""
+    """bench.contention's mix loop: per tap V vector loads, J broadcasts and J x V FMAs
+    (the conv engine's register block for the ISA), a 3x3 window of taps unrolled per
+    step, n steps per call; its sum shows every FMA ran."""
     import ctypes
 
     import llvmlite.binding as llvm
@@ -279,8 +279,8 @@ def test_the_mix_loop_runs_a_kernels_step_on_l1_data(cpu):
     finally:
         target.set_target(None)
     buf = np.full(contention.BUFFER_FLOATS, 1e-3, np.float32)
-    assert loop(1000, buf.ctypes.data) == pytest.approx(j * v * 1000 * 1e-6, rel=1e-3)
-    assert asm.count("vfmadd") == j * v and (cpu != "haswell" or asm.count("vbroadcastss") == j)
+    assert loop(1000, buf.ctypes.data) == pytest.approx(9 * j * v * 1000 * 1e-6, rel=1e-3)
+    assert asm.count("vfmadd") == 9 * j * v and (cpu != "haswell" or asm.count("vbroadcastss") == 9 * j)
     assert (j, v) == ((4, 3) if cpu == "haswell" else contention.BLOCKS[32 if "zmm" in asm else 16])
 
 
