@@ -12,8 +12,7 @@ on memory: on a machine of its own it runs at the FMA peak. When it runs slower 
 FMA loop timed next to it, the core's issue slots or load ports are being shared, as
 with another hardware thread (another guest's vCPU on the same core of a VM host), and
 every kernel with that mix is slowed alike; the FMA-only loop hardly notices. The ratio
-tells "the machine is contended now" from "the
-kernel is slow".
+tells "the machine is contended now" from "the kernel is slow".
 
 Both loops take turns in blocks (``--seconds`` in all); the table gives each block's
 GFLOP/s and the ratio, then the median, min and max ratio. The kernel benchmarks time
