@@ -8,7 +8,9 @@ block; sizes, strides and the layout come as run-time values and two tables.
    run of the workspace (the *tap table*: per tap, its offset from the output pixel).
 2. *Compute*: a chunk of ``V * lanes`` consecutive grid pixels times ``J`` output
    channels lives in ``J * V`` vector accumulators; per input channel and tap it costs
-   ``V`` vector loads, ``J`` broadcast weights and ``J * V`` FMAs. A finished chunk is
+   ``V`` vector loads, ``J`` broadcast weights and ``J * V`` FMAs. The taps come from
+   the tap table in a loop, or, where each window row's taps read consecutive elements,
+   unrolled at constant offsets (engines with ``kh``, ``kw``). A finished chunk is
    stored with masked vector stores (one per output row it touches; channels past the
    last of a remainder block are masked off: they re-read the last channel's weights),
    and a finished band of rows is handed to the region's epilogue callback
