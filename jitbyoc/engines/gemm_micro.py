@@ -245,29 +245,50 @@ def pack_transposed(b, dt, dst, src, xstride, nx, kc, width: int) -> None:
 
 def _transposed_rows(b, dt, dst, src, xstride, nx, kc, width: int, g) -> None:
     """Rows ``g .. g + VL`` of :func:`pack_transposed`'s panel (``g`` an int, or an i64
-    when every group is whole)."""
+    when every group is whole). A whole VL x VL block (VL more k steps, VL rows below
+    ``nx``) is loaded and stored plainly; only edge blocks take masks. AVX2's masked
+    loads and stores (``vmaskmovps``) cost Zen 4 several plain ones: with every block
+    masked, packing a 1024 x 784 weight took a third of a 64-row AVX2 linear layer's
+    time (``perf``: 0.24 ms; AVX-512's masked pack 0.09 ms). Exported builds alternating,
+    Zen 4, 2 threads, AVX2: that layer 0.918 -> 0.673 ms, the MLP 784-1024-1024-10 in
+    torch's linear form 2.023 -> 1.543 ms; AVX-512 0.598 -> 0.582 and 1.445 -> 1.423."""
     vl = lanes(dt)
     static = isinstance(g, int)
-    zero = ir.Constant(vtype(dt), None)
     first = I64(g) if static else g
+    whole = min(vl, width - g) if static else vl
     with for_range(b, _ceil(b, kc, vl), "pt") as t:
         kk = b.mul(t, I64(vl))
         krem = b.sub(kc, kk)
-        base = gep(b, src, kk, dt)
-        rows = []
-        for i in range(vl):
-            if static and g + i >= width:
-                rows.append(zero)
-                continue
-            r = b.add(first, I64(i))
-            limit = b.select(b.icmp_signed("<", r, nx), krem, I64(0))
-            ptr = b.gep(base, [b.mul(r, xstride)], source_etype=lookup_dtype(dt).ir)
-            rows.append(vload(b, ptr, dt, lane_mask(b, limit, vl)))
-        whole = min(vl, width - g) if static else vl
-        for l, v in enumerate(transpose(b, rows)):
-            at = gep(b, dst, b.add(b.mul(b.add(kk, I64(l)), I64(width)), first), dt)
-            lanes_ = b.select(b.icmp_signed("<", I64(l), krem), I64(whole), I64(0))
-            vstore(b, v, at, dt, lane_mask(b, lanes_, vl))
+        if whole < vl:
+            _transposed_block(b, dt, dst, src, xstride, nx, width, first, kk, krem, whole, masked=True)
+        else:
+            inside = b.and_(b.icmp_signed(">=", krem, I64(vl)), b.icmp_signed("<=", b.add(first, I64(vl)), nx))
+            with b.if_else(inside, likely=True) as (plain, edge):
+                with plain:
+                    _transposed_block(b, dt, dst, src, xstride, nx, width, first, kk, krem, whole, masked=False)
+                with edge:
+                    _transposed_block(b, dt, dst, src, xstride, nx, width, first, kk, krem, whole, masked=True)
+
+
+def _transposed_block(b, dt, dst, src, xstride, nx, width: int, first, kk, krem, whole: int, masked: bool) -> None:
+    """The VL x VL block at k step ``kk`` of the rows from ``first``: ``whole`` rows of the
+    panel (zeros past it); with ``masked``, rows past ``nx`` read nothing and k steps
+    past ``krem`` are neither read nor stored."""
+    vl = lanes(dt)
+    base = gep(b, src, kk, dt)
+    rows = []
+    for i in range(vl):
+        if i >= whole:
+            rows.append(ir.Constant(vtype(dt), None))
+            continue
+        r = b.add(first, I64(i))
+        ptr = b.gep(base, [b.mul(r, xstride)], source_etype=lookup_dtype(dt).ir)
+        limit = b.select(b.icmp_signed("<", r, nx), krem, I64(0))
+        rows.append(vload(b, ptr, dt, lane_mask(b, limit, vl) if masked else None))
+    for l, v in enumerate(transpose(b, rows)):
+        at = gep(b, dst, b.add(b.mul(b.add(kk, I64(l)), I64(width)), first), dt)
+        lanes_ = b.select(b.icmp_signed("<", I64(l), krem), I64(whole), I64(0))
+        vstore(b, v, at, dt, lane_mask(b, lanes_, vl) if masked else None)
 
 
 def _ceil(b, x, y: int):
