@@ -225,11 +225,20 @@ class Strided(_InBuffer):
         return (ctx.element(self.buf, self.offset_llvm(ctx, b, I64(0), I64(0))),
                 ctx.product(_dims(self.x)), ctx.product(_dims(self.k)))
 
-    def pack_llvm(self, ctx, dst, b, x0, nx, k0, kc, width: int) -> None:
+    def pack_all_llvm(self, ctx, dst, b, x0, nx, k0, kc, width: int) -> bool:
+        """Every panel of ``nx`` columns in one pass along k (:func:`.gemm_micro.pack_rows`)
+        when rows are contiguous along ``x``; False (nothing emitted) otherwise."""
+        if not _is_one(self.x):
+            return False
         src = ctx.element(self.buf, self.offset_llvm(ctx, b, x0, k0))
-        if _is_one(self.x):
-            mk.call_packer(ctx.b, "rows", self.dtype, dst, src, ctx.product(_dims(self.k)), nx, kc, width)
-        elif _is_one(self.k):
+        mk.call_packer(ctx.b, "rows", self.dtype, dst, src, ctx.product(_dims(self.k)), nx, kc, width)
+        return True
+
+    def pack_llvm(self, ctx, dst, b, x0, nx, k0, kc, width: int) -> None:
+        if self.pack_all_llvm(ctx, dst, b, x0, nx, k0, kc, width):
+            return
+        src = ctx.element(self.buf, self.offset_llvm(ctx, b, x0, k0))
+        if _is_one(self.k):
             mk.call_packer(ctx.b, "transposed", self.dtype, dst, src, ctx.product(_dims(self.x)), nx, kc, width)
         else:
             super().pack_llvm(ctx, dst, b, x0, nx, k0, kc, width)

@@ -281,8 +281,12 @@ def micro_tile(g, c, args, in_place: bool, short: bool = False) -> None:
 
 
 def pack_panels(g, c, operand, dst, bidx, x0, nx, k0, kc, width) -> None:
-    """Pack ``nx`` rows (A) or columns (B) from ``x0`` into ``width``-wide panels."""
+    """Pack ``nx`` rows (A) or columns (B) from ``x0`` into ``width``-wide panels: all at
+    once where the operand packs them so (:meth:`.gemm.Strided.pack_all_llvm`), else
+    one panel at a time."""
     b = c.b
+    if getattr(operand, "pack_all_llvm", None) and operand.pack_all_llvm(c, dst, bidx, x0, nx, k0, kc, width):
+        return
     with for_range(b, ceil_div(b, nx, I64(width)), "gq") as q:
         r0 = b.mul(q, I64(width))
         operand.pack_llvm(c, mk.gep(b, dst, b.mul(r0, kc), g.dtype), bidx, b.add(x0, r0),

@@ -212,18 +212,31 @@ def _rows(b, dt, accs, c, ldc, accumulate, mr, nv, masks, mvalid):
 
 
 def pack_rows(b, dt, dst, src, kstride, nx, kc, width: int) -> None:
-    """Panel from rows that are contiguous along ``x``: ``dst[kk*width + r] =
-    src[kk*kstride + r]`` for ``r < nx``, 0 up to ``width``; one masked vector copy per
-    VL columns per k step."""
+    """Panels from rows that are contiguous along ``x``, all ``ceil(nx / width)`` of them
+    in one pass along k: ``dst[(q*kc + kk)*width + r] = src[kk*kstride + q*width + r]``
+    for ``q*width + r < nx``, 0 up to the last panel's ``width``; per k step one vector
+    copy per VL columns, masked only in a last panel that reaches past ``nx``. One pass
+    reads each k row's ``nx`` elements as one stream; a panel at a time read one line
+    every ``kstride`` elements, a page apart for a 1024-wide B, which the prefetchers do
+    not follow (AVX2, whose 16-wide panels are packed)."""
     vl = lanes(dt)
     groups = range(0, width, vl)
-    loads = [lane_mask(b, b.sub(nx, I64(g)), vl) for g in groups]
-    stores = [None if width - g >= vl else lane_mask(b, width - g, vl) for g in groups]
+    whole = b.sdiv(nx, I64(width))
+    span = b.mul(kc, I64(width))  # elements of one panel
+
+    def copy(row, at, limit=None):  # one panel's width at k row ``row`` to ``at``
+        for g in groups:
+            mask = None if limit is None else lane_mask(b, b.sub(limit, I64(g)), vl)
+            v = vload(b, gep(b, row, g, dt), dt, mask)
+            vstore(b, v, gep(b, at, g, dt), dt, None if width - g >= vl else lane_mask(b, width - g, vl))
+
     with for_range(b, kc, "pk") as kk:
-        row = gep(b, src, b.mul(kk, kstride), dt)
-        for g, lm, sm in zip(groups, loads, stores):
-            v = vload(b, gep(b, row, g, dt), dt, lm)
-            vstore(b, v, gep(b, dst, b.add(b.mul(kk, I64(width)), I64(g)), dt), dt, sm)
+        row, out = gep(b, src, b.mul(kk, kstride), dt), gep(b, dst, b.mul(kk, I64(width)), dt)
+        with for_range(b, whole, "pq") as q:
+            copy(gep(b, row, b.mul(q, I64(width)), dt), gep(b, out, b.mul(q, span), dt))
+        first = b.mul(whole, I64(width))
+        with b.if_then(b.icmp_signed("<", first, nx)):
+            copy(gep(b, row, first, dt), gep(b, out, b.mul(whole, span), dt), b.sub(nx, first))
 
 
 def pack_transposed(b, dt, dst, src, xstride, nx, kc, width: int) -> None:
