@@ -218,7 +218,7 @@ def pack_rows(b, dt, dst, src, kstride, nx, kc, width: int) -> None:
     copy per VL columns, masked only in a last panel that reaches past ``nx``. One pass
     reads each k row's ``nx`` elements as one stream; a panel at a time read one line
     every ``kstride`` elements, a page apart for a 1024-wide B, which the prefetchers do
-    not follow (AVX2, whose 16-wide panels are packed)."""
+    not follow (AVX2's 16-wide panels are always packed: :func:`.gemm_llvm.b_in_place`)."""
     vl = lanes(dt)
     groups = range(0, width, vl)
     whole = b.sdiv(nx, I64(width))
