@@ -281,15 +281,20 @@ class Emit:
             ahead = b.gep(c.ptrs[self.bufs["work"].storage],
                           [b.add(xoff, b.mul(b.add(ic, I64(PREFETCH_CHANNELS)), s["chan"]))], source_etype=elem.ir)
             if e.kh:
-                self.window(c, xp, ahead, rows, wps, accs)
+                self.update(b, accs, lambda vals: self.window(c, xp, ahead, rows, wps, vals))
             else:
                 with for_range(b, s["taps"], "tap") as t:
-                    self.tap(c, xp, ahead, tap_at(t), wps, t, accs, [v * e.lanes for v in sorted({0, e.v - 1})])
+                    ahead_by = [v * e.lanes for v in sorted({0, e.v - 1})]
+                    self.update(b, accs, lambda vals: self.tap(c, xp, ahead, tap_at(t), wps, t, vals, ahead_by))
 
-    def window(self, c, xp, ahead, rows, wps, accs) -> None:
+    def update(self, b, accs, compute) -> None:
+        """``accs`` (allocas) = ``compute(their values)``."""
+        for a, val in zip(accs, compute([b.load(a, typ=self.vt) for a in accs])):
+            b.store(val, a)
+
+    def window(self, c, xp, ahead, rows, wps, vals) -> list:
         """Every tap of the window, unrolled: row ``i``'s taps at ``rows[i] + 0 .. kw - 1``."""
         b, e, elem = c.b, self.e, self.elem
-        vals = [b.load(a, typ=self.vt) for a in accs]
         # a window row reads V vectors and kw - 1 elements, from any alignment: a line
         # every 64 bytes of them, and one more
         row_lines = range(0, (e.v * e.lanes + e.kw - 1) * elem.nbytes + 63, 64)
@@ -297,25 +302,23 @@ class Emit:
             for col in range(e.kw):
                 vals = self.tap(c, xp, ahead, b.add(row, I64(col)), wps, I64(i * e.kw + col), vals,
                                 [] if col else [line // elem.nbytes for line in row_lines])
-        for a, val in zip(accs, vals):
-            b.store(val, a)
+        return vals
 
     @property
     def tap_step(self):
         """Elements between a channel's weights of two taps."""
         return I64(self.e.j if self.e.packed else 1)
 
-    def tap(self, c, xp, ahead, off, wps, t, accs, prefetches: list[int]):
+    def tap(self, c, xp, ahead, off, wps, t, vals, prefetches: list[int]) -> list:
         """One tap ``t`` at offset ``off`` of the channel at ``xp``: ``V`` vector loads, ``J``
-        broadcast weights, ``J * V`` FMAs into ``accs`` (allocas, loaded and stored, or
-        values, returned updated); first prefetches of a later channel's window at
-        ``ahead + off`` plus each of ``prefetches`` elements, while this one computes."""
+        broadcast weights, ``J * V`` FMAs into the accumulator values ``vals`` (returned
+        updated); first prefetches of a later channel's window at ``ahead + off`` plus each
+        of ``prefetches`` elements, while this one computes."""
         b, e, vt, elem = c.b, self.e, self.vt, self.elem
         at = b.gep(ahead, [off], source_etype=elem.ir)
         for ahead_by in prefetches:
             prefetch(b, b.gep(at, [I64(ahead_by)], source_etype=elem.ir))
-        slots = isinstance(accs[0].type, ir.PointerType)
-        vals = [b.load(a, typ=vt) for a in accs] if slots else list(accs)
+        vals = list(vals)
         xs = [b.load(b.gep(xp, [b.add(off, I64(v * e.lanes))], source_etype=elem.ir), typ=vt, align=elem.nbytes)
               for v in range(e.v)]
         for j in range(e.j):
@@ -323,9 +326,6 @@ class Emit:
             wv = splat(b, b.load(at, typ=elem.ir), e.lanes)
             for v in range(e.v):
                 vals[j * e.v + v] = multiply_add(b, xs[v], wv, vals[j * e.v + v])
-        if slots:
-            for a, val in zip(accs, vals):
-                b.store(val, a)
         return vals
 
     def store_chunk(self, c, n, oc0, jn, p0, pend, accs) -> None:
