@@ -173,6 +173,12 @@ class Operand:
     def element_c(self, ctx, b, x, k) -> str:
         raise NotImplementedError(f"{type(self).__name__} must define element_c")
 
+    def pack_all_llvm(self, ctx, dst, b, x0, nx, k0, kc, width: int) -> bool:
+        """Pack all ``ceil(nx / width)`` panels at once (panel ``q`` at ``dst + q*kc*width``)
+        where the operand has a faster way than :meth:`pack_llvm` per panel; False when
+        it has none (nothing emitted)."""
+        return False
+
     def pack_llvm(self, ctx, dst, b, x0, nx, k0, kc, width: int) -> None:
         """``dst[kk*width + r] = X(b, x0 + r, k0 + kk)``, zero for ``nx <= r < width``."""
         bld, zero = ctx.b, ir.Constant(lookup_dtype(self.dtype).ir, 0)

@@ -285,7 +285,7 @@ def pack_panels(g, c, operand, dst, bidx, x0, nx, k0, kc, width) -> None:
     once where the operand packs them so (:meth:`.gemm.Strided.pack_all_llvm`), else
     one panel at a time."""
     b = c.b
-    if getattr(operand, "pack_all_llvm", None) and operand.pack_all_llvm(c, dst, bidx, x0, nx, k0, kc, width):
+    if operand.pack_all_llvm(c, dst, bidx, x0, nx, k0, kc, width):
         return
     with for_range(b, ceil_div(b, nx, I64(width)), "gq") as q:
         r0 = b.mul(q, I64(width))
