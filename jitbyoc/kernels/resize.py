@@ -19,6 +19,7 @@ other dtypes and layouts, symbolic spatial sizes stay with TVM, with the reason.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -50,8 +51,10 @@ class Resize2d(PortableStage, kir.KernelStage):
             body = self._nhwc_pixel
         elif self._repeats(in_w, out_w):  # nearest's integer path: rows of repeated pixels
             body = self._nchw_repeats
+        elif phases := _phases(self.method, self.mode, in_w, out_w):
+            body = partial(self._nchw_phases, phases=phases)
         else:
-            body = self._nchw_phases if _phases(self.method, self.mode, in_w, out_w) else self._nchw_row
+            body = self._nchw_row
         channels = e.dim(x.shape[1] if self.layout == "NCHW" else x.shape[3])
 
         def row(e, r, pos):
@@ -66,22 +69,27 @@ class Resize2d(PortableStage, kir.KernelStage):
         (channels innermost, each column's taps once per image row, measured no faster)."""
         (x,), out = self.inputs, self.out
         in_h, in_w, out_h, out_w = self.sizes
-        plane = e.let(e.mul(e.add(e.mul(pos[0], channels), pos[1]), in_h * in_w))
+        plane = self._plane(e, pos, channels)
         ys = self._axis(e, pos[2], in_h, out_h)
         with e.loop(out_w, 0, "ox") as ox:
             xs = self._axis(e, ox, in_w, out_w)
             e.store(out, e.add(e.mul(r, out_w), ox), self._value(e, ys, xs, lambda yy, xx: e.load(
                 x, e.add(plane, e.add(e.mul(yy, in_w), xx)))))
 
-    def _nchw_phases(self, e, r, pos, channels):
+    def _plane(self, e, pos, channels):
+        """The input offset of the (n, c) plane of an NCHW output row at ``pos`` (n, c, oy)."""
+        in_h, in_w = self.sizes[:2]
+        return e.let(e.mul(e.add(e.mul(pos[0], channels), pos[1]), in_h * in_w))
+
+    def _nchw_phases(self, e, r, pos, channels, phases):
         """Output row ``r`` of one (n, c) plane of a linear upscale by a power of two: output
         column ``i * k + j`` reads columns ``i + d_j`` and ``i + d_j + 1`` at fraction ``t_j``
-        (:func:`_phases`, exact in float32 as TVM computes them), so past the edge columns
-        the row is ``k`` interleaved vector blends of shifted input rows."""
+        (``phases``, from :func:`_phases`, exact in float32 as TVM computes them), so past
+        the edge columns the row is ``k`` interleaved vector blends of shifted input rows."""
         (x,), out = self.inputs, self.out
         in_h, in_w, out_h, out_w = self.sizes
-        dt, phases = self.out.dtype, _phases(self.method, self.mode, in_w, out_w)
-        plane = e.let(e.mul(e.add(e.mul(pos[0], channels), pos[1]), in_h * in_w))
+        dt = self.out.dtype
+        plane = self._plane(e, pos, channels)
         y0, y1, ty = self._axis(e, pos[2], in_h, out_h)
         rows = [e.let(e.add(plane, e.mul(yy, in_w))) for yy in (y0, y1)]
 
@@ -103,8 +111,7 @@ class Resize2d(PortableStage, kir.KernelStage):
         (x,), out = self.inputs, self.out
         in_h, in_w, out_h, out_w = self.sizes
         k = out_w // in_w  # one vector load, k interleaved stores: LLVM vectorizes it
-        src = e.let(e.add(e.mul(e.add(e.mul(pos[0], channels), pos[1]), in_h * in_w),
-                          e.mul(self._axis(e, pos[2], in_h, out_h)[0], in_w)))
+        src = e.let(e.add(self._plane(e, pos, channels), e.mul(self._axis(e, pos[2], in_h, out_h)[0], in_w)))
         with e.loop(in_w, 0, "ix") as ix:
             value = e.load(x, e.add(src, ix))
             for j in range(k):
