@@ -29,8 +29,6 @@ import time
 
 BUFFER_FLOATS = 2048  # 8 KB: L1-resident
 BLOCKS = {32: (16, 1), 16: (4, 3)}  # vector registers -> (J, V), as conv_engine's plans
-
-
 WINDOW = (3, 3)  # a step is one input channel's 3x3 window, unrolled as the conv engine runs it
 ROW = 64  # floats between two rows of the window in the buffer
 
@@ -55,8 +53,9 @@ def mix_ir(lanes: int, j: int, v: int) -> str:
     taps = [r * ROW + c for r in range(WINDOW[0]) for c in range(WINDOW[1])]
 
     def step(b, i, accs):
-        corner = b.mul(b.and_(i, i64(3)), i64(lanes))
-        wbase = b.add(i64(BUFFER_FLOATS // 2), b.mul(b.and_(i, i64(3)), i64(j * len(taps))))
+        place = b.and_(i, i64(3))
+        corner = b.mul(place, i64(lanes))
+        wbase = b.add(i64(BUFFER_FLOATS // 2), b.mul(place, i64(j * len(taps))))
         out = list(accs)
         for t, tap in enumerate(taps):
             xs = [b.load(b.gep(buf, [b.add(corner, i64(tap + k * lanes))], source_etype=f32), typ=vec, align=4)

@@ -26,7 +26,7 @@ import os
 import statistics
 
 from .kernel_common import module, vm_function
-from .kernels_matmul import in_turns
+from .kernels_matmul import in_turns, with_yardsticks, yardstick_rates
 from .timing import time_blocks
 
 # (name, x shape, w shape, stride, pad): ResNet-18's distinct convolutions
@@ -121,19 +121,16 @@ def run_case(case, repeat: int, yardsticks: dict | None = None) -> dict:
             fns["torch"] = torch.inference_mode()(torch_fn)
     except ImportError:
         pass
-    sticks = (yardsticks or {}) if case["flops"] else {}
-    for name, (run, _) in sticks.items():
-        fns[name] = run
+    sticks = yardsticks if case["flops"] else None
     # each in blocks of warm calls of its own, in turns: a TVM-default call (tens of ms,
     # every core) between two of jitbyoc's would flush the layer out of cache
-    t = time_blocks(fns, repeat, budget=0.05)
+    t = time_blocks(with_yardsticks(fns, sticks), repeat, budget=0.05)
     med = {k: statistics.median(v) for k, v in t.items()}
     row = dict(name=case["name"], ms=med["jitbyoc"] * 1e3, min_ms=min(t["jitbyoc"]) * 1e3,
                vs_tvm=med["tvm"] / med["jitbyoc"], err=err)
     if case["flops"]:
         row["gflops"] = case["flops"] / med["jitbyoc"] / 1e9
-    for name, (_, flops) in sticks.items():
-        row[f"{name}_gflops"] = flops / med[name] / 1e9
+    row.update(yardstick_rates(med, sticks))
     if "torch" in med:
         row["vs_torch"] = med["torch"] / med["jitbyoc"]
         row["torch_ms"] = med["torch"] * 1e3

@@ -73,6 +73,17 @@ def yardstick_candidates(threads: int) -> dict:
         return {"peak": fma_runner(threads), "mix": mix_runner(threads)}
 
 
+def with_yardsticks(fns: dict, yardsticks: dict | None) -> dict:
+    """``fns`` and the yardsticks' runs (:func:`yardstick_candidates`), as candidates of the
+    same timed blocks."""
+    return {**fns, **{name: run for name, (run, _) in (yardsticks or {}).items()}}
+
+
+def yardstick_rates(medians: dict, yardsticks: dict | None) -> dict:
+    """``name + "_gflops"``: each yardstick's median rate, its FLOPs over its median seconds."""
+    return {f"{name}_gflops": flops / medians[name] / 1e9 for name, (_, flops) in (yardsticks or {}).items()}
+
+
 def in_turns(row: dict, gflops: float) -> str:
     """``(x% of the FMA loop, y% of the mix loop in turns)`` for a row that timed them."""
     if "peak_gflops" not in row:
@@ -186,11 +197,10 @@ def bench_case(case, rounds: int, with_tvm: bool, yardsticks: dict | None = None
         fns["torch"] = torch_run
     if with_tvm:
         fns["tvm"] = vm_function(case["mod"], False, case["args"])
-    for name, (run, _) in (yardsticks or {}).items():
-        fns[name] = run
-    out = {name: statistics.median(t) for name, t in time_blocks(fns, rounds).items()}
-    for name, (_, flops) in (yardsticks or {}).items():
-        out[f"{name}_gflops"] = flops / out.pop(name) / 1e9
+    out = {name: statistics.median(t) for name, t in time_blocks(with_yardsticks(fns, yardsticks), rounds).items()}
+    out.update(yardstick_rates(out, yardsticks))
+    for name in yardsticks or {}:
+        del out[name]
     out["relerr"] = err
     return out
 
