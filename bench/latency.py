@@ -36,7 +36,7 @@ from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 import jitbyoc
-from jitbyoc.build import cache, driver
+from jitbyoc.toolchain import cache, driver
 from jitbyoc.engines import PREFIX as ENGINE_PREFIX
 from jitbyoc.tvm import partition
 

@@ -20,8 +20,8 @@ from .version import __version__
 default_threads()
 check_llvm_majors()
 
-from .build import cache  # noqa: E402  (jitbyoc.cache.configure)
-from .build.region import Region  # noqa: E402
+from .toolchain import cache  # noqa: E402  (jitbyoc.cache.configure)
+from .toolchain.region import Region  # noqa: E402
 from .profile import Profile, profile  # noqa: E402
 from .tvm import codegen, hook, patterns  # noqa: E402
 from .tvm.partition import partition_for_jitbyoc, regions  # noqa: E402

@@ -1,7 +1,7 @@
 """One bounded, thread-safe, least-recently-used map for every in-process memory.
 
-jitbyoc remembers compiled code (:mod:`jitbyoc.build.cache`), partitions (:mod:`jitbyoc.tvm.partition`)
-and loaded runtime modules (:mod:`jitbyoc.build.driver`); each is an :class:`LRU` bounded in
+jitbyoc remembers compiled code (:mod:`jitbyoc.toolchain.cache`), partitions (:mod:`jitbyoc.tvm.partition`)
+and loaded runtime modules (:mod:`jitbyoc.toolchain.driver`); each is an :class:`LRU` bounded in
 entries and, where its values vary in size, in their total size, so a process that builds
 many models does not grow with them.
 """

@@ -22,7 +22,7 @@ from functools import lru_cache
 import llvmlite.binding as llvm
 from llvmlite import ir
 
-from .build import jit
+from .toolchain import jit
 from .render import isa
 from .render.isa import vector_bits
 

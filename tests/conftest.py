@@ -12,8 +12,8 @@ import tvm
 from tvm import relax
 
 import jitbyoc
-from jitbyoc.build import driver
-from jitbyoc.build.region import Region
+from jitbyoc.toolchain import driver
+from jitbyoc.toolchain.region import Region
 from jitbyoc.ir import kir
 from jitbyoc.ir import sizes as size_exprs
 from jitbyoc.ir.ops import OPS

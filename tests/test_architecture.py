@@ -23,7 +23,7 @@ from tests.conftest import build_both, jit_function
 ROOT = pathlib.Path(jitbyoc.__file__).parent
 # Lower layers never import higher ones. Leaf modules (no jitbyoc imports) sit below all.
 LAYERS = ["memo", "context", "version", "compat", "threads", "ir", "render", "engines", "kernels", "lower",
-          "build", "peak", "profile", "tvm", "__init__"]
+          "toolchain", "peak", "profile", "tvm", "__init__"]
 OPTIONAL = {"torch", "onnx", "onnxruntime", "transformers"}
 
 

@@ -72,7 +72,7 @@ def test_the_exported_regions_check_their_arguments_naming_region_and_argument(t
 
 def test_the_c_source_is_one_unit_with_each_code_once():
     """Two identical layers share one compute function in the C unit (one code, two entries)."""
-    from jitbyoc.build.c_entry import emit_c_unit
+    from jitbyoc.toolchain.c_entry import emit_c_unit
     from jitbyoc.tvm import partition
     from jitbyoc.tvm.codegen import region_of
 

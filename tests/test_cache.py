@@ -14,7 +14,7 @@ import tvm
 from tvm import relax
 
 import jitbyoc
-from jitbyoc.build import cache, driver
+from jitbyoc.toolchain import cache, driver
 from jitbyoc.engines import PREFIX as ENGINE_PREFIX
 from tests import models
 from tests.conftest import build_model

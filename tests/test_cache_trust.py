@@ -23,7 +23,7 @@ import tvm
 from tvm import relax
 
 import jitbyoc
-from jitbyoc.build import cache
+from jitbyoc.toolchain import cache
 from tests.conftest import build_model
 from tests.test_cache import build_status, fresh_cache  # noqa: F401 (a fixture)
 

@@ -6,7 +6,7 @@ import tvm
 from tvm import relax
 
 import jitbyoc
-from jitbyoc.build import cache, compile_pool, driver, jit
+from jitbyoc.toolchain import cache, compile_pool, driver, jit
 from jitbyoc.render.optimization import GLUE
 from tests import models
 

@@ -146,7 +146,7 @@ def test_a_build_compiles_its_regions_while_the_weights_are_written(monkeypatch)
     only through ``constant``); the build waits for them before TVM's own passes.
     Each copy here waits until compiling has begun: a build that waited for the copies
     first would only start compiling after the copy gave up."""
-    from jitbyoc.build import driver
+    from jitbyoc.toolchain import driver
 
     compiling, order = threading.Event(), []
 

@@ -39,7 +39,7 @@ def test_unrolled_window_takes_rows_of_consecutive_taps(x_shape, w_shape, attrs,
 def test_unrolled_engine_has_no_tap_loop():
     """A 3x3 window on AVX2's 4x3 block compiles to 9 x 12 FMAs per channel, one basic
     block; the looped engine has 12 per trip of its tap loop."""
-    from jitbyoc.build import jit
+    from jitbyoc.toolchain import jit
     from jitbyoc.engines import ir_text
     from jitbyoc.render import isa
 

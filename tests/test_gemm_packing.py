@@ -19,7 +19,7 @@ def packer_ir(kind: str, width: int) -> str:
     """The optimized IR of a ``kind`` packer of ``width``-wide panels for AVX2."""
     from llvmlite import ir
 
-    from jitbyoc.build import jit
+    from jitbyoc.toolchain import jit
     from jitbyoc.engines.gemm_micro import call_packer
     from jitbyoc.ir.llvmtypes import I64, PTR
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from tvm import relax
 
 import jitbyoc
-from jitbyoc.build import driver
+from jitbyoc.toolchain import driver
 from jitbyoc.engines import conv_plan
 from jitbyoc.engines.conv_plan import Layout, Plan
 from jitbyoc.kernels.conv2d import Conv2d, ConvGeometry
@@ -314,7 +314,7 @@ def test_engine_stores_vectors_inside_a_row_plainly(lanes, j, v):
     """A vector of outputs inside one output row is stored with plain vector stores (only
     masked stores held a 3-channel stem conv to 35 % of peak: a masked store costs Zen 4
     several plain ones)."""
-    from jitbyoc.build import jit
+    from jitbyoc.toolchain import jit
     from jitbyoc.engines import ir_text
     from jitbyoc.engines.conv_engine import ConvEngine
     from jitbyoc.render import isa
@@ -329,7 +329,7 @@ def test_engine_packs_rows_without_libc_calls():
     """The pack copies a row and zeroes its halos with vector code: a libc call per row
     (memcpy of 224 bytes, memset of a pixel or two) cost a 56x56 3x3 conv with 64 input
     channels 32K calls per image, 4-8 % of the conv's time."""
-    from jitbyoc.build import jit
+    from jitbyoc.toolchain import jit
     from jitbyoc.engines import ir_text
     from jitbyoc.engines.conv_engine import ConvEngine
     from jitbyoc.render import isa

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from tvm import relax
 
 import jitbyoc
-from jitbyoc.build import cache
+from jitbyoc.toolchain import cache
 from jitbyoc.engines.gemm import Operand
 from jitbyoc.kernels.matmul import MatMul
 

@@ -2,9 +2,9 @@
 
 Compiling in process used to keep ~60 KB per region: llvmlite never frees a module pass
 manager (the whole O1 pipeline) and the global LLVM context keeps every module's constants
-(:func:`jitbyoc.build.compile_worker.optimized_module` frees both); what llvmlite still leaks
+(:func:`jitbyoc.toolchain.compile_worker.optimized_module` frees both); what llvmlite still leaks
 (~1.5 KB a pass builder: 0.5 MB over 300 models in process) is bounded in the worker
-processes, which are recycled (:mod:`jitbyoc.build.compile_pool`). The in-process memories (compiled code, partitions with
+processes, which are recycled (:mod:`jitbyoc.toolchain.compile_pool`). The in-process memories (compiled code, partitions with
 their lowered regions, runtime modules) are bounded. Before this, 300 distinct small
 models grew the process by 18 MB (in process) to 64 MB.
 """

@@ -312,7 +312,7 @@ def test_pool_workers_are_not_pinned_unless_asked(env, pinned):
 
 
 def test_clashing_labels_fail_in_python_not_in_the_assembler():
-    from jitbyoc.build import runtime
+    from jitbyoc.toolchain import runtime
     asm = "\t.text\nhelper:\n\tretq\n"
     with pytest.raises(RuntimeError, match="both define the assembly label 'helper'"):
         runtime.module_text({"jitbyoc_a_1": asm, "jitbyoc_b_2": asm}, {}, {})
@@ -332,7 +332,7 @@ def test_builds_pause_the_cyclic_gc_and_restore_it(monkeypatch, user_gc):
     the state the user left it."""
     import gc
 
-    from jitbyoc.build import driver
+    from jitbyoc.toolchain import driver
     seen = []
     compile_regions = driver.compile_regions
     monkeypatch.setattr(driver, "compile_regions", lambda fs: seen.append(gc.isenabled()) or compile_regions(fs))

@@ -126,7 +126,7 @@ def test_a_wrong_derived_size_is_an_error_naming_its_formula(tmp_path):
     mod = function([x], lambda bb, x: bb.emit(relax.op.concat([x, relax.op.strided_slice(x, [1], [0], [1], assume_inbound=True)], 1)))
     region = region_of(mod)
     assert region.kernel.sizes, "the output's dim is a derived size"
-    fn = jitbyoc.build.driver.load_region(region)[region.symbol]
+    fn = jitbyoc.toolchain.driver.load_region(region)[region.symbol]
     xs = tvm.runtime.tensor(np.ones((1, 5), "int64"))
     with pytest.raises(ValueError, match=r"shape\[1\] is 5 \(expected \(n \+ 1\) = 6\)"):
         fn(xs, tvm.runtime.empty((1, 5), "int64"))

@@ -23,7 +23,7 @@ import tvm
 from tvm import relax
 
 import jitbyoc
-from jitbyoc.build import cache, cpu_check
+from jitbyoc.toolchain import cache, cpu_check
 from jitbyoc.render import isa
 from jitbyoc.tvm.target import machine_for
 from tests.conftest import build_model, build_tvm, run
@@ -78,7 +78,7 @@ def test_the_peak_yardstick_of_a_target_without_fma_multiplies_and_adds():
     """jitbyoc.peak's loop on SSE-only x86-64: a multiply and an add per lane, not llvm.fma's
     libm call per lane (which measured 1.6 GFLOP/s, and % of peak read 30 times too high)."""
     from jitbyoc import peak
-    from jitbyoc.build import jit
+    from jitbyoc.toolchain import jit
 
     generic = machine_for(_target(mcpu="x86-64"))
     with isa.compiling_for(generic):

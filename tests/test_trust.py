@@ -25,7 +25,7 @@ from tvm import relax
 from tvm.relax.pipeline import PIPELINE_MAP
 
 import jitbyoc
-from jitbyoc.build import cache, compile_pool
+from jitbyoc.toolchain import cache, compile_pool
 from jitbyoc.tvm import partition
 from tests.conftest import build_model, run
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import tvm
 
-from jitbyoc.build.region import Region
+from jitbyoc.toolchain.region import Region
 from jitbyoc.ir import fitting, vecmath
 from jitbyoc.ir.ops import OPS
 from jitbyoc.lower import Names

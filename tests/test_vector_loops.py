@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from tvm import relax
 
 from jitbyoc import partition_for_jitbyoc
-from jitbyoc.build.region import Region
+from jitbyoc.toolchain.region import Region
 from jitbyoc.render.optimization import GLUE, GLUE_VECTORS
 from jitbyoc.tvm.codegen import region_of
 from tests.conftest import build_both, build_model

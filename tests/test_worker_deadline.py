@@ -13,7 +13,7 @@ import tvm
 from tvm import relax
 
 import jitbyoc
-from jitbyoc.build import cache, compile_pool
+from jitbyoc.toolchain import cache, compile_pool
 from tests.conftest import build_model, run
 
 
@@ -108,7 +108,7 @@ def test_a_recycled_worker_is_never_missing_from_the_pool(monkeypatch):
 def test_workers_are_replaced_after_their_job_budget(monkeypatch):
     """llvmlite leaks per compiled module, in workers too: each is replaced after
     RECYCLE_JOBS jobs, and the results stay those of the main process."""
-    from jitbyoc.build import jit
+    from jitbyoc.toolchain import jit
     monkeypatch.setattr(compile_pool, "RECYCLE_JOBS", 2)
     pool = compile_pool.Pool(1)
     (region,) = jitbyoc.inspect(_model(4))[:1]

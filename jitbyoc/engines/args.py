@@ -32,7 +32,7 @@ DATA       ``out[arg]`` = the DLTensor's data pointer plus its byte offset
 
 CONTIG computes the compact strides from the tensor's own shape: the DIM checks before
 it made that shape the buffer's, int or symbolic. A dim of 1 (a symbolic size that is 1
-at run time too) has no stride to check, as in :mod:`jitbyoc.build.c_entry`.
+at run time too) has no stride to check, as in :mod:`jitbyoc.toolchain.c_entry`.
 """
 
 from __future__ import annotations

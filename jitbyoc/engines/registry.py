@@ -12,7 +12,7 @@ An engine is a frozen dataclass registered with :func:`kind`; its fields are its
 template, and its symbol ``jitbyoc_lib_<kind>_<field values>`` names it completely, so
 a region's assembly (cached on disk) says which engines it needs (:func:`references`)
 and any process can rebuild them from the name (:func:`jitbyoc.engines.parse`). Engines are compiled
-and cached like regions (:mod:`jitbyoc.build.driver`) and go into each build's runtime
+and cached like regions (:mod:`jitbyoc.toolchain.driver`) and go into each build's runtime
 module once, next to the regions that call them.
 """
 

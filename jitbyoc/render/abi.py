@@ -8,7 +8,7 @@ with the region's inputs then its preallocated outputs. Each argument is a 16-by
 a TVM error naming the region, the argument and expected vs got, then returns -1.
 
 Each check renders itself, once per renderer: ``emit_c(entry)`` writes its C statements
-(:class:`jitbyoc.build.c_entry.Entry`), ``record(slot)`` encodes it as a record of the
+(:class:`jitbyoc.toolchain.c_entry.Entry`), ``record(slot)`` encodes it as a record of the
 table that the shared argument engine walks in LLVM (:mod:`jitbyoc.engines.args`, whose
 op codes are defined here). So the C and LLVM entries enforce the same contract with the
 same messages. The plan depends on the kernel alone; the user's names come in as data,

@@ -1,7 +1,7 @@
 """How a rendered module is optimized and compiled: a fact of the rendering, returned
 with it (a region's :attr:`~jitbyoc.render.llvm.Facts.needs_loop_vectorizer`, each engine
 kind's :attr:`~jitbyoc.engines.registry.Engine.pipeline`). The build step only carries it
-to LLVM (:mod:`jitbyoc.build.compile_worker` takes it as a plain tuple)."""
+to LLVM (:mod:`jitbyoc.toolchain.compile_worker` takes it as a plain tuple)."""
 
 from __future__ import annotations
 

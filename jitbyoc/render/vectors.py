@@ -1,7 +1,7 @@
 """Explicit vectors for llvmlite builders: splats, lane masks, masked loads and stores.
 
 Kernels and fused loops that write ``<n x T>`` vectors themselves do not depend on
-LLVM's loop vectorizer (and their modules skip it: see :data:`jitbyoc.build.jit.GLUE`).
+LLVM's loop vectorizer (and their modules skip it: see :data:`jitbyoc.toolchain.jit.GLUE`).
 VECTOR_BYTES is one AVX-512 register; on narrower hosts LLVM splits each vector.
 """
 

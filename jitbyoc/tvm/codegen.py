@@ -1,5 +1,5 @@
 """``relax.ext.jitbyoc``: the codegen TVM's ``RunCodegen`` calls with the partitioned
-regions. Each region function becomes a :class:`~jitbyoc.build.region.Region` (its
+regions. Each region function becomes a :class:`~jitbyoc.toolchain.region.Region` (its
 lowering comes from the partition, :func:`jitbyoc.tvm.partition.lowered`) and the build
 driver turns them into one runtime module."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import tvm
 
-from ..build import driver
-from ..build.region import Region
+from ..toolchain import driver
+from ..toolchain.region import Region
 from ..profile import remember
 from .partition import lowered
 

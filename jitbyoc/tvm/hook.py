@@ -28,7 +28,7 @@ import tvm
 from tvm import relax, tirx
 from tvm.relax.pipeline import PIPELINE_MAP
 
-from ..build import buildlog, driver
+from ..toolchain import buildlog, driver
 from ..render import isa
 from ..render.isa import Machine
 from . import constants

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import relax
 
-from ..build.buildlog import BuildLog
+from ..toolchain.buildlog import BuildLog
 from . import patterns
 from .partition import PREFIX, partition_for_jitbyoc, regions
 

@@ -4,7 +4,7 @@ table, run by the shared argument engine (:mod:`jitbyoc.engines.args`), then the
 ``i32 <name>_entry(ptr self, ptr args, i32 n, ptr ret, ptr names)`` is TVM's packed
 function ABI plus the names table of the use that calls it: each use of the code gets a
 one-call trampoline ``__tvm_ffi_<symbol>`` with its own table (see
-:mod:`jitbyoc.build.runtime`), so the compiled code holds no user text and is shared.
+:mod:`jitbyoc.toolchain.runtime`), so the compiled code holds no user text and is shared.
 """
 
 from __future__ import annotations

@@ -29,9 +29,9 @@ def emit_c(kernel: kir.Kernel, symbol: str, texts: list[str]) -> str:
 
 
 def emit_c_unit(regions) -> str:
-    """Regions (:class:`~jitbyoc.build.region.Region`) as one C translation unit: the
+    """Regions (:class:`~jitbyoc.toolchain.region.Region`) as one C translation unit: the
     prelude once, each distinct code once, an entry ``__tvm_ffi_<symbol>`` per region
-    (what a ``target="c"`` build exports, :func:`jitbyoc.build.runtime.c_source_module`)."""
+    (what a ``target="c"`` build exports, :func:`jitbyoc.toolchain.runtime.c_source_module`)."""
     parts, done = [PRELUDE], set()
     for r in regions:
         if r.kernel.name not in done:

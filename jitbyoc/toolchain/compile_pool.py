@@ -1,7 +1,7 @@
 """Compile regions in parallel, in worker processes.
 
 llvmlite serializes every LLVM call behind one process-wide lock, so threads cannot
-compile two regions at once; worker processes (:mod:`jitbyoc.build.compile_worker`, started on
+compile two regions at once; worker processes (:mod:`jitbyoc.toolchain.compile_worker`, started on
 the first build that has two or more regions to compile, and kept) can. The main process
 renders each region's IR and hands it over; a worker optimizes it and emits assembly with
 the same target machine the main process would use, so the result is the same text.
@@ -15,7 +15,7 @@ that stops answering (stopped, swapped out, wedged): each reply has a deadline,
 llvmlite never frees a pass builder's instrumentation callbacks (``LLVMPY_CreatePassBuilder``
 allocates them, nothing deletes them), about 1.5 KB per compile (the larger leaks, the
 pass pipeline and the global context's constants, are freed by
-:func:`jitbyoc.build.compile_worker.optimized_module`; ``tests/test_memory_growth.py``), so a
+:func:`jitbyoc.toolchain.compile_worker.optimized_module`; ``tests/test_memory_growth.py``), so a
 worker is replaced after :data:`RECYCLE_JOBS` jobs (its successor starts at once, while
 the pool waits for work).
 """

@@ -26,7 +26,7 @@ entries, takes ~50 ms).
 
 Location: ``$JITBYOC_CACHE_DIR``, else ``$XDG_CACHE_HOME/jitbyoc``, else
 ``~/.cache/jitbyoc``. ``JITBYOC_CACHE=0`` disables the disk cache; so does
-``jitbyoc.build.cache.configure(enabled=False)``, which can also move it.
+``jitbyoc.toolchain.cache.configure(enabled=False)``, which can also move it.
 """
 
 from __future__ import annotations

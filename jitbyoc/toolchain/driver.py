@@ -1,11 +1,11 @@
 """The build driver: regions in, one TVM ``llvm`` runtime module out.
 
-For each region (:class:`~jitbyoc.build.region.Region`) it looks the code up in the
-cache (:mod:`jitbyoc.build.cache`), renders and compiles what is missing (in the worker
-pool, :mod:`jitbyoc.build.compile_pool`, when there is more than one thing to compile),
+For each region (:class:`~jitbyoc.toolchain.region.Region`) it looks the code up in the
+cache (:mod:`jitbyoc.toolchain.cache`), renders and compiles what is missing (in the worker
+pool, :mod:`jitbyoc.toolchain.compile_pool`, when there is more than one thing to compile),
 adds the library engines the code calls, and loads everything as one runtime module
-(:mod:`jitbyoc.build.runtime`) that TVM loads in process. No C compiler is involved.
-Cache status goes to the build log (:mod:`jitbyoc.build.buildlog`).
+(:mod:`jitbyoc.toolchain.runtime`) that TVM loads in process. No C compiler is involved.
+Cache status goes to the build log (:mod:`jitbyoc.toolchain.buildlog`).
 """
 
 from __future__ import annotations

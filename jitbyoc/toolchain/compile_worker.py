@@ -3,13 +3,13 @@
 Run as a script (``python path/to/compile_worker.py``), never imported as part of the
 package: it needs only llvmlite, so it starts in a fraction of a second without TVM.
 llvmlite serializes every LLVM call behind one process-wide lock, so regions can only be
-compiled in parallel in separate processes; :mod:`jitbyoc.build.compile_pool` runs these.
+compiled in parallel in separate processes; :mod:`jitbyoc.toolchain.compile_pool` runs these.
 
 Protocol: each message is an 8-byte little-endian length and a pickle. Requests are
 ``(ir_text, pipeline, triple, cpu, features)`` (``pipeline`` a plain tuple of
 :class:`jitbyoc.render.optimization.Pipeline`);
 replies ``(True, asm)`` or ``(False, error)``. The compile steps are those of
-:func:`jitbyoc.build.jit.compile_to_assembly`.
+:func:`jitbyoc.toolchain.jit.compile_to_assembly`.
 """
 
 import pickle

@@ -1,7 +1,7 @@
 """A CPU check in front of every region: code built for features the running CPU lacks
 raises a clear error on its first call instead of dying with SIGILL.
 
-Each region's trampoline (:mod:`jitbyoc.build.runtime`) calls ``jitbyoc_cpu_check``
+Each region's trampoline (:mod:`jitbyoc.toolchain.runtime`) calls ``jitbyoc_cpu_check``
 until it has passed once. The check reads ``cpuid`` (and ``xgetbv``: the OS must save
 AVX / AVX-512 registers too) for the x86 features the build's machine was given
 (:class:`~jitbyoc.render.isa.Machine`) and, if any is missing, raises

@@ -7,7 +7,7 @@ bit-for-bit agreement with TVM and with the C rendering. So the module handed to
 carries our assembly as module-level ``asm`` plus, per *use* of a region's code, a
 one-call IR trampoline ``__tvm_ffi_<symbol>`` that TVM's JIT can find and that hands the
 code that use's names table (the user's names, as data: see
-:mod:`jitbyoc.build.llvm_entry`); TVM assembles it in process (no C compiler), scopes
+:mod:`jitbyoc.toolchain.llvm_entry`); TVM assembles it in process (no C compiler), scopes
 it to the build that imports it, and ``export_library`` writes it out as object code like
 any TVM LLVM module.
 """

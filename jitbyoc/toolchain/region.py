@@ -1,7 +1,7 @@
 """A region's build artifact: its kernel IR and every rendering of it, made on first
 access (LLVM IR before and after optimization, assembly, C source, the engines it calls,
 the pipeline it is compiled with). It knows nothing of caches, workers or TVM modules:
-that is :mod:`jitbyoc.build.driver`'s work."""
+that is :mod:`jitbyoc.toolchain.driver`'s work."""
 
 from __future__ import annotations
 
