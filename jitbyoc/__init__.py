@@ -22,6 +22,7 @@ check_llvm_majors()
 
 from .toolchain import cache  # noqa: E402  (jitbyoc.cache.configure)
 from .toolchain.region import Region  # noqa: E402
+from .toolchain.session import BuildSession  # noqa: E402
 from .profile import Profile, profile  # noqa: E402
 from .tvm import codegen, hook, patterns  # noqa: E402
 from .tvm.partition import partition_for_jitbyoc, regions  # noqa: E402
@@ -86,8 +87,9 @@ def inspect(mod) -> list[Region]:
     """Every region of ``mod`` with its kernel IR, LLVM IR (before and after optimization),
     assembly and C source (attributes ``kernel``, ``llvm_ir``, ``llvm_ir_optimized``,
     ``asm``, ``c_source``); nothing is handed to TVM."""
-    part = mod if regions(mod) else partition_for_jitbyoc(mod)
-    return [codegen.region_of(f) for f in regions(part).values()]
+    build = BuildSession()
+    part = mod if regions(mod) else partition_for_jitbyoc(mod, build)
+    return [codegen.region_of(f, build) for f in regions(part).values()]
 
 
 __all__ = ["enable", "disable", "enabled", "disabled", "is_enabled", "partition_for_jitbyoc", "report",

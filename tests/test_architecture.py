@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import re
 
 import numpy as np
 import pytest
@@ -180,3 +181,75 @@ def test_a_lowering_failure_leaves_the_op_to_tvm(monkeypatch):
     assert builds.report.offloaded_ops == 1  # the add
     tvm_out, jit_out = builds.run(x)
     np.testing.assert_array_equal(jit_out, tvm_out)
+
+
+# Module-level state that functions change, each with the reason it may exist. A build's
+# own state lives in its session (jitbyoc.toolchain.session); what is left is a registry
+# filled once at import, a bounded and locked cache, a process-wide switch or resource,
+# or a scope one thread sets around its own work.
+ALLOWED_STATE = {
+    ("jitbyoc.ir.rules", "RULES"): "registry, filled at import",
+    ("jitbyoc.ir.rules", "REWRITES"): "registry, filled at import",
+    ("jitbyoc.engines.registry", "KINDS"): "registry, filled at import",
+    ("jitbyoc.kernels", "FAILED"): "registry, filled at import",
+    ("jitbyoc.tvm.patterns", "OPS_USED"): "registry, filled at import",
+    ("jitbyoc.toolchain.cache", "_MEMORY"): "cache (memo.LRU: bounded, locked)",
+    ("jitbyoc.toolchain.driver", "_MODULES"): "cache (memo.LRU: bounded, locked)",
+    ("jitbyoc.tvm.partition", "_MEMO"): "cache (memo.LRU: bounded, locked)",
+    ("jitbyoc.profile", "_WORK"): "cache (memo.LRU: bounded, locked)",
+    ("jitbyoc.toolchain.cache", "_SIZES"): "cache: each cache root's size on disk, under its lock",
+    ("jitbyoc.toolchain.cache", "_WARNED"): "the warnings already given, under the cache's lock",
+    ("jitbyoc.toolchain.cache", "SETTINGS"): "the user's process-wide cache settings (jitbyoc.cache.configure)",
+    ("jitbyoc.toolchain.compile_worker", "_LSR"): "cache: whether this LLVM has the pass, found once",
+    ("jitbyoc.toolchain.compile_pool", "_POOL"): "the process's compile workers, made once under a lock",
+    ("jitbyoc.tvm.hook", "_STATE"): "the process-wide switch (enable/disable), under a lock, as TVM's pipelines are",
+    ("jitbyoc.tvm.constants", "_WRITING"): "the weight copies in flight, by address, under a lock",
+    ("jitbyoc.toolchain.session", "_SESSIONS"): "the builds under way, for RunCodegen's callback, under a lock",
+    ("jitbyoc.render.isa", "_CURRENT"): "scope: the machine one thread's session plans and renders for",
+    ("jitbyoc.ir.relax_types", "_SIZES"): "scope: the symbolic sizes of the region one thread lowers",
+    ("jitbyoc.tvm.constants", "_DEFERRED"): "scope: the constants one thread's prepare() defers",
+}
+_MUTATORS = {"append", "update", "setdefault", "pop", "clear", "put", "add", "extend", "insert", "remove",
+             "discard", "popitem", "set", "move_to_end"}
+
+
+def _root_name(node) -> str | None:
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _changed_state(path: pathlib.Path) -> set[str]:
+    """Module-level names of ``path`` that a function changes (stores into, calls a
+    mutating method of, rebinds with ``global``), or that are thread or context scopes."""
+    tree = ast.parse(path.read_text())
+    top: dict[str, ast.expr] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign):
+            top.update((t.id, node.value) for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and node.value is not None and isinstance(node.target, ast.Name):
+            top[node.target.id] = node.value
+    found = {n for n, v in top.items() if re.search(r"\b(ContextVar|local)\(", ast.unparse(v))}
+    for fn in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+        for n in ast.walk(fn):
+            if isinstance(n, ast.Global):
+                found.update(n.names)
+            elif isinstance(n, (ast.Subscript, ast.Attribute)) and isinstance(n.ctx, (ast.Store, ast.Del)):
+                found.add(_root_name(n.value))
+            elif isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _MUTATORS:
+                found.add(_root_name(n.func.value))
+    return {n for n in found if n in top}
+
+
+def test_no_module_level_mutable_state_outside_the_caches_and_the_session():
+    found = {(_module(p), name) for p in ROOT.rglob("*.py") for name in _changed_state(p)}
+    assert found - ALLOWED_STATE.keys() == set(), "a build's state belongs in its session"
+    assert ALLOWED_STATE.keys() - found == set(), "stale entries in ALLOWED_STATE"
+
+
+def test_patterns_name_no_op():
+    """Which ops make composites is the rules' business (Rule.composite), not the patterns'."""
+    tree = ast.parse((ROOT / "tvm" / "patterns.py").read_text())
+    named = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+             and re.match(r"relax\.\w", n.value)]
+    assert named == []

@@ -7,6 +7,7 @@ from tvm import relax
 
 import jitbyoc
 from jitbyoc.toolchain import cache, compile_pool, driver, jit
+from jitbyoc.render import isa
 from jitbyoc.render.optimization import GLUE
 from tests import models
 
@@ -33,7 +34,7 @@ def test_each_job_gets_its_pipeline_in_any_order(pool):
     makes with the same pipeline."""
     (region,) = jitbyoc.inspect(models.SeedExample)
     engines = ["jitbyoc_lib_gemm_float32_4_k_x", "jitbyoc_lib_conv_float32_16_16_1", "jitbyoc_lib_args"]
-    jobs = [(region.llvm_ir, GLUE)] + [driver._engine_job(e) for e in engines]
+    jobs = [(region.llvm_ir, GLUE)] + [driver._engine_job(e, isa.host()) for e in engines]
     assert len({p.lsr for _, p in jobs}) == 2 and len({p for _, p in jobs}) == 4
     assert {p.speed_level for _, p in jobs} == {0, 1}
     order = jobs + jobs[::-1] + jobs
@@ -90,7 +91,7 @@ def test_a_build_with_several_regions_compiles_them_through_the_pool(pool, monke
     driver._MODULES.clear()
     used = []
     submit = pool.submit
-    monkeypatch.setattr(pool, "submit", lambda text, pipeline: used.append(text) or submit(text, pipeline))
+    monkeypatch.setattr(pool, "submit", lambda text, pipeline, machine: used.append(text) or submit(text, pipeline, machine))
     with jitbyoc.enabled():
         ex = tvm.compile(models.Branchy, target="llvm")
     # the two regions, and the argument-check engine they call (compiled once per machine)

@@ -335,7 +335,7 @@ def test_builds_pause_the_cyclic_gc_and_restore_it(monkeypatch, user_gc):
     from jitbyoc.toolchain import driver
     seen = []
     compile_regions = driver.compile_regions
-    monkeypatch.setattr(driver, "compile_regions", lambda fs: seen.append(gc.isenabled()) or compile_regions(fs))
+    monkeypatch.setattr(driver, "compile_regions", lambda fs, build: seen.append(gc.isenabled()) or compile_regions(fs, build))
     (gc.enable if user_gc else gc.disable)()
     try:
         with jitbyoc.enabled():
@@ -353,16 +353,17 @@ def test_partitioning_tries_only_patterns_whose_ops_occur(name, monkeypatch):
     from tvm.relax.backend.pattern_registry import get_patterns_with_prefix
 
     from bench.models import ZOO
+    from jitbyoc.toolchain.session import BuildSession
     from jitbyoc.tvm import partition
 
     mod = ZOO[name].make().mod
     used = []
     real = partition.FuseOpsByPattern
     monkeypatch.setattr(partition, "FuseOpsByPattern", lambda ps, **kw: used.append(len(ps)) or real(ps, **kw))
-    filtered = partition._partition(mod)[0]
+    filtered = partition._partition(mod, BuildSession())
     monkeypatch.setattr(partition, "OPS_USED", {})  # every pattern's ops: the empty set
-    monkeypatch.setattr(partition.patterns, "one_pass", lambda found: found)  # one by one
-    unfiltered = partition._partition(mod)[0]
+    monkeypatch.setattr(partition.patterns, "one_pass", lambda found, rejected: found)  # one by one
+    unfiltered = partition._partition(mod, BuildSession())
     assert used == [used[0], len(get_patterns_with_prefix(partition.PREFIX))] and used[0] < used[1]
     assert _partition_summary(filtered) == _partition_summary(unfiltered)
     multi = [p for p in get_patterns_with_prefix(partition.PREFIX) if len(partition.patterns.OPS_USED[p.name]) > 1]

@@ -50,6 +50,7 @@ class OpDef:
     relax_attrs_from: tuple[tuple[str, str], ...] = ()  # (attribute, Relax attribute)
     condition: bool = False  # operand 0 is a bool condition; the dtype is the others'
     traps: bool = False  # on integers, the CPU traps on some operands (division by zero)
+    composite: str = ""  # its place in the anchor + bias + activation patterns: "bias", "activation"
 
     def relax_attrs(self, call) -> dict:
         """The attributes this row needs, taken from a Relax call of its op."""
@@ -320,7 +321,8 @@ NB = NUMERIC | B
 
 OPS: dict[str, OpDef] = {
     # arithmetic: bit-identical between renderers
-    "add":      OpDef(2, np.add, N, _arith("fadd", "add"), wrapping_c("+"), relax="relax.add"),
+    "add":      OpDef(2, np.add, N, _arith("fadd", "add"), wrapping_c("+"), relax="relax.add",
+                      composite="bias"),
     "subtract": OpDef(2, np.subtract, N, _arith("fsub", "sub"), wrapping_c("-"), relax="relax.subtract"),
     "multiply": OpDef(2, np.multiply, N, _arith("fmul", "mul"), wrapping_c("*"), relax="relax.multiply"),
     # integers: C's (and TVM's) truncating division
@@ -336,7 +338,7 @@ OPS: dict[str, OpDef] = {
                       else _abs_int(b, dt, x), lambda dt, x: _libm("fabs")(dt, x) if dt.is_float
                       else f"({x} < 0 ? {_negate_c(dt, x)} : {x})", relax="relax.abs"),
     "relu":     OpDef(1, lambda x: np.maximum(x, 0).astype(x.dtype), N, _relu_llvm,
-                      "({0} > 0 ? {0} : 0)", relax="relax.nn.relu"),
+                      "({0} > 0 ? {0} : 0)", relax="relax.nn.relu", composite="activation"),
     "square":   OpDef(1, np.square, N, lambda b, dt, x: _arith("fmul", "mul")(b, dt, x, x),
                       lambda dt, x: wrapping_c("*")(dt, x, x), relax="relax.square"),
     "sqrt":     OpDef(1, np.sqrt, F, _intrinsic("sqrt"), _libm("sqrt"), relax="relax.sqrt"),
@@ -368,14 +370,17 @@ OPS: dict[str, OpDef] = {
     "exp":      OpDef(1, np.exp, F, expand=vecmath.exp, relax="relax.exp", ulp=2),
     "expm1":    OpDef(1, np.expm1, F, expand=vecmath.expm1, ulp=3),
     "log":      OpDef(1, np.log, F, expand=vecmath.log, relax="relax.log", ulp=2),
-    "tanh":     OpDef(1, np.tanh, F, expand=vecmath.tanh, relax="relax.tanh", ulp=4),
-    "sigmoid":  OpDef(1, _np_sigmoid, F, expand=vecmath.sigmoid, relax="relax.sigmoid", ulp=4),
+    "tanh":     OpDef(1, np.tanh, F, expand=vecmath.tanh, relax="relax.tanh", ulp=4,
+                      composite="activation"),
+    "sigmoid":  OpDef(1, _np_sigmoid, F, expand=vecmath.sigmoid, relax="relax.sigmoid", ulp=4,
+                      composite="activation"),
     "erf":      OpDef(1, _np_erf, F, expand=vecmath.erf, relax="relax.erf", ulp=4),
-    "gelu":     OpDef(1, _np_gelu, F, expand=vecmath.gelu, relax="relax.nn.gelu", ulp=8),
+    "gelu":     OpDef(1, _np_gelu, F, expand=vecmath.gelu, relax="relax.nn.gelu", ulp=8,
+                      composite="activation"),
     "gelu_tanh": OpDef(1, _np_gelu_tanh, F, expand=vecmath.gelu_tanh, relax="relax.nn.gelu_tanh",
-                       ulp=8),  # for x >= -1.5; see vecmath
+                       ulp=8, composite="activation"),  # for x >= -1.5; see vecmath
     "silu":     OpDef(1, lambda x: (x * _np_sigmoid(x)).astype(x.dtype), F, expand=vecmath.silu,
-                      relax="relax.nn.silu", ulp=8),
+                      relax="relax.nn.silu", ulp=8, composite="activation"),
     "power":    OpDef(2, np.power, F, expand=vecmath.power, relax="relax.power",
                       ulp=64),  # for |y*ln|x|| <= 31; see vecmath
     # primitives for the expansions

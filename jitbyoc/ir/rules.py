@@ -34,6 +34,9 @@ class Rule:
     build: Callable
     anchor: bool = False  # a heavy kernel: a region holds at most one (jitbyoc.tvm.merge)
     elementwise: bool = False  # builds an expression, never a stage or a buffer
+    # its place in the composite patterns anchor (+ bias) (+ activation): "anchor", "bias",
+    # "activation" or "" (jitbyoc.tvm.patterns generates them from these)
+    composite: str = ""
 
 
 RULES: dict[str, Rule] = {}
@@ -48,10 +51,10 @@ def add(rule: Rule) -> Rule:
     return rule
 
 
-def register(relax: str, arity: int, check: Callable, anchor: bool = False):
+def register(relax: str, arity: int, check: Callable, anchor: bool = False, composite: str = ""):
     """Decorator for the builder of a kernel's rule for Relax op ``relax``."""
     def wrap(build):
-        add(Rule(relax, arity, check, build, anchor=anchor))
+        add(Rule(relax, arity, check, build, anchor=anchor, composite=composite))
         return build
     return wrap
 
@@ -64,6 +67,12 @@ def rewrite(fn: Callable) -> Callable:
 
 def anchor_ops() -> frozenset:
     return frozenset(name for name, rule in RULES.items() if rule.anchor)
+
+
+def composite_ops(place: str) -> list[str]:
+    """The Relax ops whose rules take ``place`` ("anchor", "bias", "activation") in the
+    composite patterns, in registration order."""
+    return [name for name, rule in RULES.items() if rule.composite == place]
 
 
 def why_not(call) -> str | None:
@@ -118,4 +127,4 @@ def _elementwise_build(name: str, row: OpDef) -> Callable:
 for _name, _row in OPS.items():
     if _row.relax:
         add(Rule(_row.relax, _row.arity + len(_row.scalars), _elementwise_check(_row),
-                 _elementwise_build(_name, _row), elementwise=True))
+                 _elementwise_build(_name, _row), elementwise=True, composite=_row.composite))

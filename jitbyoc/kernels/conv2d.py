@@ -349,5 +349,5 @@ def _build(fe, call, out):
     return Conv2d((x, w), out, geo=geo, plan=plan)
 
 
-register("relax.nn.conv2d", 2, _check, anchor=True)(_build)
+register("relax.nn.conv2d", 2, _check, anchor=True, composite="anchor")(_build)
 register("relax.nn.conv1d", 2, _check, anchor=True)(_build)

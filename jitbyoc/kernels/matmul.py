@@ -134,6 +134,6 @@ def _check(call) -> str | None:
     return None
 
 
-@register("relax.matmul", 2, _check, anchor=True)
+@register("relax.matmul", 2, _check, anchor=True, composite="anchor")
 def _build(fe, call, out):
     return MatMul((fe.buffer(call.args[0]), fe.buffer(call.args[1])), out)

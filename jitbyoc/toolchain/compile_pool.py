@@ -170,13 +170,13 @@ class Pool:
             with self.lock:
                 self.workers.remove(worker)
 
-    def submit(self, ir_text: str, pipeline: Pipeline = GLUE) -> Future:
-        """Compile ``ir_text`` for the build's machine (taken now: the serving threads
-        do not see the build's context)."""
+    def submit(self, ir_text: str, pipeline: Pipeline = GLUE, machine: Machine | None = None) -> Future:
+        """Compile ``ir_text`` for ``machine`` (default: the build's, taken now: the
+        serving threads do not see the build's context)."""
         future: Future = Future()
         with self.lock:
             self.count += 1
-            self.jobs.put((-len(ir_text), self.count, (ir_text, pipeline, isa.current(), future)))
+            self.jobs.put((-len(ir_text), self.count, (ir_text, pipeline, machine or isa.current(), future)))
             if len(self.threads) < self.size:
                 self.threads.append(threading.Thread(target=self._serve, daemon=True,
                                                      name=f"jitbyoc-compile-{len(self.threads)}"))

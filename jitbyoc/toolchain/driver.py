@@ -5,18 +5,16 @@ cache (:mod:`jitbyoc.toolchain.cache`), renders and compiles what is missing (in
 pool, :mod:`jitbyoc.toolchain.compile_pool`, when there is more than one thing to compile),
 adds the library engines the code calls, and loads everything as one runtime module
 (:mod:`jitbyoc.toolchain.runtime`) that TVM loads in process. No C compiler is involved.
-Cache status goes to the build log (:mod:`jitbyoc.toolchain.buildlog`).
+Cache status goes to the build's session (:mod:`jitbyoc.toolchain.session`).
 """
 
 from __future__ import annotations
 
-import contextvars
 import logging
 import time
 
 import tvm
 
-from ..context import scoped
 from ..engines import called_by as engines_called
 from ..engines import closure as engine_closure
 from ..engines import ir_text as engine_ir_text
@@ -24,8 +22,9 @@ from ..engines import parse as parse_engine
 from ..ir.errors import CompileError, error_context
 from ..memo import LRU
 from ..render import isa, optimization
-from . import buildlog, cache, compile_pool, jit, runtime
+from . import cache, compile_pool, jit, runtime, session
 from .region import Region
+from .session import BuildSession
 
 log = logging.getLogger("jitbyoc")
 
@@ -40,8 +39,8 @@ _MODULES = LRU(MODULE_ENTRIES)
 def last_cache_status() -> dict[str, str]:
     """symbol -> "memory", "disk" (cache hits) or "compiled", for this thread's last build:
     its regions, and the library engines (``jitbyoc_lib_*``) they call."""
-    log = buildlog.last()
-    return dict(log.status) if log is not None else {}
+    last = session.last()
+    return dict(last.status) if last is not None else {}
 
 
 def load_region(region: Region) -> tvm.runtime.Module:
@@ -50,30 +49,22 @@ def load_region(region: Region) -> tvm.runtime.Module:
                               {region.symbol: (region.kernel.name, region.texts)})
 
 
-_C_OUTPUT: contextvars.ContextVar[bool] = contextvars.ContextVar("jitbyoc_c_output", default=False)
+def build_regions(regions: list[Region], build: BuildSession) -> tvm.runtime.Module | None:
+    """The runtime module of a build's regions: C source for a ``target="c"`` build
+    (:func:`c_regions`), else compiled code (:func:`compile_regions`)."""
+    return c_regions(regions, build) if build.emit_c else compile_regions(regions, build)
 
 
-def emitting_c():
-    """Inside the ``with`` block builds hand TVM C source (:func:`c_regions`): a ``target="c"`` build."""
-    return scoped(_C_OUTPUT, True)
-
-
-def build_regions(regions: list[Region]) -> tvm.runtime.Module | None:
-    """The runtime module of a build's regions: C source in :func:`emitting_c`, else
-    compiled code (:func:`compile_regions`)."""
-    return c_regions(regions) if _C_OUTPUT.get() else compile_regions(regions)
-
-
-def c_regions(regions: list[Region]) -> tvm.runtime.Module | None:
+def c_regions(regions: list[Region], build: BuildSession) -> tvm.runtime.Module | None:
     """The regions as one C source module, for a ``target="c"`` build (nothing compiled
     here: ``export_library`` runs the C compiler)."""
     if not regions:
         return None
-    buildlog.current().status.update({r.symbol: "c source" for r in regions})
+    build.status.update({r.symbol: "c source" for r in regions})
     return runtime.c_source_module(regions)
 
 
-def compile_regions(regions: list[Region]) -> tvm.runtime.Module | None:
+def compile_regions(regions: list[Region], build: BuildSession) -> tvm.runtime.Module | None:
     """Assembly for every region's code and the engines it calls (from the cache, or
     lowered, optimized and compiled now), loaded as one runtime module with an entry per
     region."""
@@ -96,13 +87,13 @@ def compile_regions(regions: list[Region]) -> tvm.runtime.Module | None:
             misses[code] = region
     engines: dict[str, str] = {}
     _look_up(set().union(*(engines_called(a) for a in asm.values() if a)), engines, status)
-    _compile_misses(misses, keys, asm, engines, status)
-    buildlog.current().status.update({**{s: status[code] for s, (code, _) in uses.items()},
+    _compile_misses(misses, keys, asm, engines, status, build.machine)
+    build.status.update({**{s: status[code] for s, (code, _) in uses.items()},
                                       **{e: status[e] for e in engines}})
     if not asm:
         return None
     t1 = time.perf_counter()
-    module = _load(asm, engines, uses)
+    module = _load(asm, engines, uses, build.machine)
     compiled = sum(status[code] == "compiled" for code, _ in uses.values())
     log.info("jitbyoc: %d regions (%d compiled, %d from cache), %d library engines (%d compiled) "
              "in %.1f ms, %.1f ms of it loading into TVM", len(uses), compiled, len(uses) - compiled,
@@ -120,7 +111,7 @@ def engine_asm(symbols) -> dict[str, str]:
         text = cache.get(k)[0]
         if text is None:
             with error_context(CompileError, e):
-                text = jit.compile_to_assembly(*_engine_job(e))
+                text = jit.compile_to_assembly(*_engine_job(e, isa.current()))
             cache.put(k, text)
         return text
     return engine_closure(symbols, text_of)
@@ -141,13 +132,14 @@ def _look_up(symbols, engines: dict, status: dict) -> list[str]:
     return missing
 
 
-def _engine_job(symbol: str) -> tuple[str, optimization.Pipeline]:
-    """The IR of the engine ``symbol`` and the pipeline it is compiled with."""
+def _engine_job(symbol: str, machine: isa.Machine) -> tuple[str, optimization.Pipeline]:
+    """The IR of the engine ``symbol`` for ``machine`` and the pipeline it is compiled with."""
     engine = parse_engine(symbol)
-    return engine_ir_text(engine, isa.current().triple, jit.data_layout()), engine.pipeline
+    return engine_ir_text(engine, machine.triple, jit.data_layout(machine)), engine.pipeline
 
 
-def _compile_misses(misses: dict, keys: dict, asm: dict, engines: dict, status: dict) -> None:
+def _compile_misses(misses: dict, keys: dict, asm: dict, engines: dict, status: dict,
+                    machine: isa.Machine) -> None:
     """Compile what the cache did not have: the regions, rendered here one after another,
     and the engines they call, each submitted as soon as it is known (an engine right
     after the region that first needs it, which keeps a worker busy while the engine
@@ -160,12 +152,12 @@ def _compile_misses(misses: dict, keys: dict, asm: dict, engines: dict, status: 
     def submit(symbol: str, k: cache.Key, text: str, pipeline: optimization.Pipeline) -> None:
         status[symbol] = "compiled"
         with error_context(CompileError, symbol):
-            jobs[symbol] = (k, workers.submit(text, pipeline) if workers
-                            else jit.compile_to_assembly(text, pipeline))
+            jobs[symbol] = (k, workers.submit(text, pipeline, machine) if workers
+                            else jit.compile_to_assembly(text, pipeline, machine))
 
     def submit_engine(e: str) -> None:
         nonlocal workers
-        text, pipeline = _engine_job(e)
+        text, pipeline = _engine_job(e, machine)
         callees = _look_up(engines_called(text) - {e}, engines, status)  # a GEMM engine's microkernels
         if callees and workers is None:
             workers = compile_pool.pool()
@@ -193,10 +185,11 @@ def _compile_misses(misses: dict, keys: dict, asm: dict, engines: dict, status: 
         cache.put(k, text)
 
 
-def _load(asm: dict[str, str], engines: dict[str, str], uses: dict[str, tuple]) -> tvm.runtime.Module:
+def _load(asm: dict[str, str], engines: dict[str, str], uses: dict[str, tuple],
+          machine: isa.Machine) -> tvm.runtime.Module:
     # keyed by everything the module text is made of (the machine: its CPU check), compared in full
     key = (tuple(sorted(asm.items())), tuple(sorted(engines.items())),
-           tuple(sorted((s, c, tuple(t)) for s, (c, t) in uses.items())), isa.current())
+           tuple(sorted((s, c, tuple(t)) for s, (c, t) in uses.items())), machine)
     module = _MODULES.get(key)
     if module is None:
         module = runtime.tvm_module(asm, engines, uses)

@@ -44,8 +44,9 @@ def machine_info() -> dict:
             "llvm": ".".join(map(str, llvm.llvm_version_info)), "llvmlite": llvmlite.__version__}
 
 
-def data_layout() -> str:
-    return _data_layout(isa.current())
+def data_layout(machine: Machine | None = None) -> str:
+    """LLVM's data layout for ``machine`` (default: the build's)."""
+    return _data_layout(machine or isa.current())
 
 
 @lru_cache(maxsize=None)

@@ -40,7 +40,6 @@ MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux's value;
 _DEFERRED: ContextVar[dict | None] = ContextVar("jitbyoc_deferred_constants", default=None)
 _WRITING: dict = {}  # address -> future of its copy, until finish_writes
 _WRITING_LOCK = Lock()
-_OVERLAP: ContextVar[bool] = ContextVar("jitbyoc_writes_overlap", default=False)  # see writes_overlap
 
 
 def constant(expr) -> np.ndarray | None:
@@ -153,10 +152,7 @@ def write_deferred(pending: dict, func) -> None:
 
 def finish_writes() -> None:
     """Wait for the constants :func:`write_deferred` started (an error in a copy is raised
-    here: the build must not go on with a constant half written); inside
-    :func:`writes_overlap`, its end waits instead."""
-    if _OVERLAP.get():
-        return
+    here: the build must not go on with a constant half written)."""
     with _WRITING_LOCK:
         futures = list(_WRITING.values())
     try:
@@ -175,12 +171,12 @@ def writes_overlap():
     :func:`constant` (which waits for the one it reads), so the copies overlap the
     compiling too. On this VM, memory freed by an earlier build faults back in slowly:
     ViT's 340 MB of packed weights took 0.85-1.0 s to fault in after BERT's build, against
-    0.11-0.16 s in a fresh process, and partitioning (0.45 s) waited for the rest."""
-    token = _OVERLAP.set(True)
+    0.11-0.16 s in a fresh process, and partitioning (0.45 s) waited for the rest.
+    Partitioning leaves the writes running when its session says the build waits for
+    them (:attr:`~jitbyoc.toolchain.session.BuildSession.writes_overlap`)."""
     try:
         yield
     finally:
-        _OVERLAP.reset(token)
         finish_writes()
 
 

@@ -11,9 +11,16 @@ saved boolean: a *default* (``jitbyoc.enable()``/``disable()``) and the number o
 ``enabled()`` and ``disabled()`` blocks, in any thread. A build offloads when no
 ``disabled()`` block is open and the default is on or an ``enabled()`` block is open.
 Blocks nest and overlap across threads: thread A leaving its block never ends thread B's.
-The ``"jitbyoc"`` pipeline always offloads (an explicit opt-in). Builds through these
-pipelines are serialized by :data:`BUILD_LOCK`, which makes concurrent ``tvm.compile``
-calls safe while jitbyoc is enabled (TVM's own pipeline alone is not).
+The ``"jitbyoc"`` pipeline always offloads (an explicit opt-in).
+
+Each build that offloads has a :class:`~jitbyoc.toolchain.session.BuildSession`, made
+here and handed to partitioning, the codegen and the report. Builds in several threads
+share nothing mutable but the bounded, locked caches, so jitbyoc's own work (lowering,
+rendering, compiling) runs in parallel; TVM's passes do not: its Relax passes keep a
+class-level ``BlockBuilder`` stack and ``LegalizeOps`` enters a process-wide TE tag scope.
+Every build through these pipelines, offloading or not, takes :data:`TVM_TURN` for
+TVM's part of it, which makes concurrent ``tvm.compile`` calls safe while the pipelines
+are wrapped (TVM's own pipeline alone is not).
 """
 
 from __future__ import annotations
@@ -22,16 +29,17 @@ import gc
 import logging
 import threading
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 
 import tvm
 from tvm import relax, tirx
 from tvm.relax.pipeline import PIPELINE_MAP
 
-from ..toolchain import buildlog, driver
 from ..render import isa
 from ..render.isa import Machine
-from . import constants
+from ..toolchain import session
+from ..toolchain.session import BuildSession
+from . import codegen, constants
 from . import report as offload_report
 from .composite_types import restore_call_types
 from .partition import partition_for_jitbyoc, regions
@@ -41,9 +49,9 @@ log = logging.getLogger("jitbyoc")
 
 _LOCK = threading.Lock()
 # TVM's Relax passes are not thread-safe (BlockBuilder keeps a class-level stack;
-# LegalizeOps enters a process-global TE tag scope), so builds through our pipeline
-# take turns here; running the built VMs concurrently is unaffected.
-BUILD_LOCK = threading.RLock()
+# LegalizeOps enters a process-global TE tag scope), so TVM's part of every build through
+# our pipelines takes turns here; jitbyoc's compiling and running the built VMs do not.
+TVM_TURN = threading.RLock()
 HOOKED = ("default", "default_build")
 
 
@@ -106,35 +114,49 @@ def _gc_paused():
             gc.enable()
 
 
-def offload(mod: tvm.IRModule) -> tvm.IRModule:
-    """Partition ``mod`` and compile its regions; the rest is left for TVM."""
+def offload(mod: tvm.IRModule, build: BuildSession) -> tvm.IRModule:
+    """Partition ``mod`` and compile its regions for ``build``; the rest is left for TVM.
+    Partitioning runs TVM's passes, so it takes :data:`TVM_TURN`, as ``RunCodegen`` does;
+    the regions are compiled in between, outside it (the codegen then hands the module
+    over)."""
     t0 = time.perf_counter()
-    with _gc_paused(), buildlog.open_log() as log:
+    with _gc_paused(), session.opened(build):
         with constants.writes_overlap():  # packed weights are written while regions compile
-            part = partition_for_jitbyoc(mod)
+            with TVM_TURN:
+                part = partition_for_jitbyoc(mod, build)
             t1 = time.perf_counter()
-            out = restore_call_types(part, relax.transform.RunCodegen()(part))
-    log.timings.update(partition_s=t1 - t0, codegen_s=time.perf_counter() - t1)
-    offload_report.record(part, log)
+            codegen.build_module(regions(part).values(), build)
+            with TVM_TURN:
+                out = restore_call_types(part, codegen.run_codegen(part, build))
+    build.timings.update(partition_s=t1 - t0, codegen_s=time.perf_counter() - t1)
+    offload_report.record(part, build)
     return _with_anchor(out) if regions(part) else out
+
+
+def _in_turn(inner):
+    """``inner`` (TVM's pipeline) run in :data:`TVM_TURN`."""
+    @tvm.transform.module_pass(opt_level=0, name="jitbyoc.tvm_turn")
+    def _tvm_alone(mod, _ctx):
+        with TVM_TURN:
+            return inner(mod)
+    return _tvm_alone
 
 
 def _wrap(make_pipeline, always: bool = False):
     def make(**kwargs):
         inner = make_pipeline(**kwargs)
         if not (always or active()):
-            return inner  # TVM's pipeline, untouched
+            return _in_turn(inner)  # TVM's pipeline, untouched, in its turn
 
         @tvm.transform.module_pass(opt_level=0, name="jitbyoc.offload")
         def _offload_then_tvm(mod, _ctx):
-            with BUILD_LOCK:
-                target = tvm.target.Target.current(allow_none=True)
-                machine = _machine_here(mod, target)
-                if machine is None:
-                    return inner(mod)
+            target = tvm.target.Target.current(allow_none=True)
+            machine = _machine_here(mod, target)
+            if machine is not None:
                 as_c = target is not None and target.kind.name == "c"
-                with isa.compiling_for(machine), driver.emitting_c() if as_c else nullcontext():
-                    return inner(offload(mod))
+                mod = offload(mod, BuildSession(machine, emit_c=as_c, writes_overlap=True))
+            with TVM_TURN:
+                return inner(mod)
 
         return _offload_then_tvm
 

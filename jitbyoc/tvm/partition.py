@@ -22,6 +22,7 @@ from .. import lower
 from ..ir.errors import LoweringError
 from ..memo import LRU
 from ..render import isa
+from ..toolchain.session import BuildSession
 from . import constants, patterns
 from .composite_types import retype_composites
 from .merge import merge_regions
@@ -39,24 +40,28 @@ def regions(mod: tvm.IRModule) -> dict[tvm.ir.GlobalVar, relax.Function]:
 # Partitions of the last few modules, by the *identity* of their functions: a rebuild of
 # the same module object (functions are immutable; editing a module replaces them) skips
 # partitioning. Never by a hash: TVM's 64-bit structural hash collides on ordinary shapes.
+# A bounded, locked cache: what a build takes from it goes into its session.
 MEMO_ENTRIES = 4  # a module can hold its weights as constants: keep few
 _MEMO = LRU(MEMO_ENTRIES)  # identity -> (module, partitioned module, lowered regions, rejections)
 
 
-def _identity(mod: tvm.IRModule) -> tuple:
+def _identity(mod: tvm.IRModule, machine: isa.Machine) -> tuple:
     """The module's identity and the machine it is partitioned for (kernel plans follow
     the machine's registers: :mod:`jitbyoc.render.isa`)."""
     return tuple((gv.name_hint, f.__chandle__()) for gv, f in mod.functions.items()) + \
-        (mod.attrs.__chandle__() if mod.attrs is not None else 0, isa.current())
+        (mod.attrs.__chandle__() if mod.attrs is not None else 0, machine)
 
 
-def partition_for_jitbyoc(mod: tvm.IRModule) -> tvm.IRModule:
+def partition_for_jitbyoc(mod: tvm.IRModule, build: BuildSession | None = None) -> tvm.IRModule:
     """Partition ``mod`` into jitbyoc regions and what stays with TVM.
 
     Parameters
     ----------
     mod : tvm.IRModule
         A Relax module (high-level ops, before legalization).
+    build : BuildSession, optional
+        The build this partition is for: it receives each region's lowering and the
+        calls whose lowering failed (with the reason). A session of its own by default.
 
     Returns
     -------
@@ -64,14 +69,17 @@ def partition_for_jitbyoc(mod: tvm.IRModule) -> tvm.IRModule:
         The module with each region outlined into a function carrying
         ``Codegen="jitbyoc"``; ``relax.transform.RunCodegen()`` compiles them.
     """
-    key = _identity(mod)
+    build = build if build is not None else BuildSession()
+    key = _identity(mod, build.machine)
     hit = _MEMO.get(key)  # a rebuild of an unchanged model: partitioning is pure
     if hit is None:
-        rejected: dict = {}  # this module's own: a refusal may depend on where a call sits
-        patterns.use_rejections(rejected)
-        hit = (mod, *_partition(mod), rejected)  # the module is kept: its functions' handles stay theirs
+        fresh = BuildSession(build.machine, writes_overlap=build.writes_overlap)  # this module's own
+        with isa.compiling_for(build.machine):
+            part = _partition(mod, fresh)
+        hit = (mod, part, fresh.lowered, fresh.rejected)  # the module is kept: its functions' handles stay theirs
         _MEMO.put(key, hit)
-    patterns.use_rejections(hit[3])  # the report gives their reasons
+    build.lowered.update(hit[2])
+    build.rejected.update(hit[3])  # the report gives their reasons
     out = hit[1]
     # a fresh module each time: a caller that edits it in place must not edit the memo
     return tvm.IRModule(dict(out.functions), attrs=out.attrs)
@@ -87,29 +95,21 @@ def _ops_in(mod: tvm.IRModule) -> set[str]:
     return ops
 
 
-def lowered(func: relax.Function) -> lower.Lowered:
-    """The lowering of a partitioned region: the one partitioning made (while its module
-    is memoized), or made now."""
-    for _, _, low, _ in _MEMO.values():
-        hit = low.get(func.__chandle__())
-        if hit is not None and hit[0].same_as(func):
-            return hit[1]
-    return lower.lower_region(func)
-
-
 MAX_REJECTIONS = 32  # lowering failures one partitioning may reject before leaving all to TVM
 
 
-def _partition(mod: tvm.IRModule) -> tuple[tvm.IRModule, dict]:
-    """Partition and lower every region; a region whose lowering fails rejects the call
-    that failed (or all its calls) and the module is partitioned again without it."""
+def _partition(mod: tvm.IRModule, build: BuildSession) -> tvm.IRModule:
+    """Partition and lower every region into ``build``; a region whose lowering fails
+    rejects the call that failed (or all its calls) and the module is partitioned again
+    without it."""
     try:  # prepared weights are written in the background meanwhile (constants.py)
-        return _partition_prepared(mod)
+        return _partition_prepared(mod, build)
     finally:
-        constants.finish_writes()
+        if not build.writes_overlap:
+            constants.finish_writes()
 
 
-def _partition_prepared(mod: tvm.IRModule) -> tuple[tvm.IRModule, dict]:
+def _partition_prepared(mod: tvm.IRModule, build: BuildSession) -> tvm.IRModule:
     ops = _ops_in(mod)
     prepared = prepare(mod, ops)
     if prepared is not mod:  # folding may have removed ops (shape_of, pad)
@@ -117,7 +117,7 @@ def _partition_prepared(mod: tvm.IRModule) -> tuple[tvm.IRModule, dict]:
     composites = True
     for _ in range(MAX_REJECTIONS):  # a rejection changes no op: ``ops`` stays right
         try:
-            return _partition_once(mod, ops, composites)
+            return _partition_once(mod, ops, build, composites)
         except LoweringError as err:
             log.warning("%s; that op stays with TVM", err)
         except tvm.error.InternalError as err:  # TVM's own passes on what the patterns matched
@@ -130,9 +130,11 @@ def _partition_prepared(mod: tvm.IRModule) -> tuple[tvm.IRModule, dict]:
                 composites = False
                 continue
             log.warning("jitbyoc: partitioning failed in TVM (%s); all of it stays with TVM", why)
-            return mod, {}
-    log.warning("jitbyoc: %d lowering failures in one module; all of it stays with TVM", MAX_REJECTIONS)
-    return mod, {}
+            break
+    else:
+        log.warning("jitbyoc: %d lowering failures in one module; all of it stays with TVM", MAX_REJECTIONS)
+    build.lowered.clear()
+    return mod
 
 
 def _calls(func: relax.Function) -> list:
@@ -209,24 +211,24 @@ def _feeding_regions(mod: tvm.IRModule) -> set:
     return found
 
 
-def _lower(gv: tvm.ir.GlobalVar, func: relax.Function, feeds_region: bool) -> lower.Lowered:
+def _lower(gv: tvm.ir.GlobalVar, func: relax.Function, feeds_region: bool, rejected: dict) -> lower.Lowered:
     try:
         _sizes_its_inputs_define(func, gv.name_hint, feeds_region)
         return lower.lower_region(func, gv.name_hint)
     except LoweringError as err:
         subject = err.subject
         for call in [subject] if isinstance(subject, relax.Call) else _calls(func):
-            patterns.reject(call, str(err))
+            rejected[patterns.signature(call)] = str(err)
         raise
 
 
-def _partition_once(mod: tvm.IRModule, ops: set[str], composites: bool = True) -> tuple[tvm.IRModule, dict]:
+def _partition_once(mod: tvm.IRModule, ops: set[str], build: BuildSession, composites: bool = True) -> tvm.IRModule:
     # only patterns whose ops all occur (``ops``; matching costs per pattern and node:
     # ResNet-18's and the encoder's partitioning took 22 ms with all 92); without
     # ``composites``, single ops only (merge_regions still gathers them into regions)
     found = [p for p in get_patterns_with_prefix(PREFIX) if OPS_USED.get(p.name, frozenset()) <= ops
              and (composites or len(OPS_USED.get(p.name, ())) == 1)]
-    fuse = FuseOpsByPattern(patterns.one_pass(found), bind_constants=False, annotate_codegen=False)
+    fuse = FuseOpsByPattern(patterns.one_pass(found, build.rejected), bind_constants=False, annotate_codegen=False)
     mod = fuse(mod)
     retyped = retype_composites(mod)
     if retyped is not mod:  # ops after a re-declared composite see their operands' shapes now
@@ -234,14 +236,14 @@ def _partition_once(mod: tvm.IRModule, ops: set[str], composites: bool = True) -
     mod = patterns.name_single_ops(mod)
     mod = merge_regions(mod)
     codes: dict[str, str] = {}  # code symbol -> its key: distinct code never shares a name
-    low_by_handle: dict[int, tuple] = {}  # region function handle -> (function, Lowered)
+    build.lowered.clear()  # region function handle -> (function, Lowered)
     feeding = _feeding_regions(mod)
     for gv, func in regions(mod).items():
-        low = _lower(gv, func, gv.name_hint in feeding)
+        low = _lower(gv, func, gv.name_hint in feeding, build.rejected)
         if codes.setdefault(low.kernel.name, low.key) != low.key:
             raise RuntimeError(f"jitbyoc: two different regions share the code symbol "
                                f"'{low.kernel.name}' (a 64-bit digest prefix collision)")
         named = func.with_attr("global_symbol", lower.instance_symbol(low))
-        low_by_handle[named.__chandle__()] = (named, low)
+        build.lowered[named.__chandle__()] = (named, low)
         mod[gv] = named
-    return mod, low_by_handle
+    return mod

@@ -7,18 +7,19 @@ whether jitbyoc can take the matched call; what it refuses stays with TVM, and
 :func:`reason` gives the reason for the offload report.
 
 A call whose rule accepted it but whose lowering then failed is *rejected*: its
-signature (op, operand and result types, attributes) is remembered with the error, and
-partitioning runs again without it (:func:`jitbyoc.tvm.partition.partition_for_jitbyoc`),
-so a lowering error never fails a build; the call stays with TVM. Rejections belong to
-the module being partitioned (:func:`use_rejections`): many depend on where the call sits
-(a region whose result alone shows a size it makes, and feeds another region), so a
-refusal in one model must not follow the same op into another.
+signature (op, operand and result types, attributes) is remembered with the error in the
+build's session (:class:`~jitbyoc.toolchain.session.BuildSession`), and partitioning runs
+again without it (:func:`jitbyoc.tvm.partition.partition_for_jitbyoc`), so a lowering
+error never fails a build; the call stays with TVM. Rejections belong to the module being
+partitioned: many depend on where the call sits (a region whose result alone shows a size
+it makes, and feeds another region), so a refusal in one model must not follow the same
+op into another. The patterns registered with TVM check the rules alone; partitioning
+matches them with a check that also reads its session's rejections (:func:`one_pass`).
 """
 
 from __future__ import annotations
 
-import threading
-from functools import reduce
+from functools import partial, reduce
 
 from tvm import relax
 from tvm.relax.backend.pattern_registry import register_patterns
@@ -26,10 +27,9 @@ from tvm.relax.dpl import CallPattern, is_op, wildcard
 from tvm.relax.transform import FusionPattern
 
 from .. import kernels  # noqa: F401 - registers every kernel's rule
-from ..ir.rules import RULES, why_not
+from ..ir.rules import RULES, composite_ops, why_not
 
 PREFIX = "jitbyoc"
-_SCOPE = threading.local()  # .rejected: call signature -> why, for this thread's module
 
 
 def signature(call) -> str:
@@ -40,42 +40,24 @@ def signature(call) -> str:
     return f"{getattr(call.op, 'name', call.op)}({args}) {call.attrs}"
 
 
-def use_rejections(rejected: dict) -> None:
-    """Make ``rejected`` (call signature -> why) the rejections of the module this thread
-    partitions now, and reports on until it partitions another."""
-    _SCOPE.rejected = rejected
-
-
-def rejections() -> dict:
-    found = getattr(_SCOPE, "rejected", None)
-    if found is None:
-        found = _SCOPE.rejected = {}
-    return found
-
-
-def reject(call, why: str) -> None:
-    rejections()[signature(call)] = why
-
-
-def reason(call) -> str | None:
-    """Why jitbyoc leaves ``call`` to TVM (its rule's reason, or a failed lowering), or None."""
+def reason(call, rejected: dict | None = None) -> str | None:
+    """Why jitbyoc leaves ``call`` to TVM (its rule's reason, or a failed lowering among
+    ``rejected``: call signature -> why), or None."""
     found = why_not(call)
-    rejected = rejections()
     if found is None and rejected:
         failed = rejected.get(signature(call))
         return None if failed is None else f"lowering failed, left to TVM: {failed}"
     return found
 
 
-def _check(ctx) -> bool:
-    return reason(ctx.matched_expr) is None
+def _accepts(rejected: dict | None, ctx) -> bool:
+    """A match is taken when every call in it is (a single op: the matched call; a
+    composite: each annotated call) and a composite's bias does not depend on its anchor."""
+    calls = [ctx.matched_expr, *(e for e in ctx.annotated_expr.values() if isinstance(e, relax.Call))]
+    return all(reason(e, rejected) is None for e in calls) and not _bias_depends_on_anchor(ctx)
 
 
-def _check_all(ctx) -> bool:
-    """A composite is taken when every call in it is, and its bias does not depend on its
-    anchor."""
-    return all(reason(e) is None for e in ctx.annotated_expr.values() if isinstance(e, relax.Call)) \
-        and not _bias_depends_on_anchor(ctx)
+_check = partial(_accepts, None)  # the registered patterns' check: the rules alone
 
 
 def _bias_depends_on_anchor(ctx) -> bool:
@@ -104,35 +86,30 @@ def _op(name: str, *args):
     return is_op(name)(*args, *[wildcard() for _ in range(RULES[name].arity - len(args))])
 
 
-ACTIVATIONS = ("relax.nn.relu", "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.silu",
-               "relax.sigmoid", "relax.tanh")
-
-
 OPS_USED: dict[str, frozenset] = {}  # pattern name -> the Relax ops it matches (all needed)
 
 
 def composite_patterns() -> list[tuple]:
-    """anchor (+ bias add) (+ activation): the seeds' conv2d+bias+relu, and matmul/linear
-    with a bias and an activation. Registered after the single ops: later wins."""
+    """anchor (+ bias add) (+ activation): the seeds' conv2d+bias+relu, and matmul with a
+    bias and an activation, for the ops whose rules take those places
+    (:func:`jitbyoc.ir.rules.composite_ops`). Registered after the single ops: later wins."""
     out = []
-    for anchor in ("relax.nn.conv2d", "relax.matmul", "relax.linear"):
-        if anchor not in RULES:
-            continue
+    (bias,) = composite_ops("bias")
+    for anchor in composite_ops("anchor"):
         for with_bias in (False, True):
-            for act in (None,) + ACTIVATIONS:
+            for act in [None, *composite_ops("activation")]:
                 if not with_bias and act is None:
                     continue
                 root = a = _op(anchor)
                 ann = {"anchor": a}
                 if with_bias:
-                    root = ann["bias"] = _op("relax.add", root)
+                    root = ann["bias"] = _op(bias, root)
                 if act is not None:
                     root = ann["act"] = _op(act, root)
                 name = anchor.split(".")[-1] + ("_bias" if with_bias else "") + \
                     (f"_{act.split('.')[-1]}" if act else "")
-                out.append((f"{PREFIX}.{name}", root, ann, _check_all))
-                OPS_USED[f"{PREFIX}.{name}"] = frozenset(
-                    [anchor] + (["relax.add"] if with_bias else []) + ([act] if act else []))
+                out.append((f"{PREFIX}.{name}", root, ann, _check))
+                OPS_USED[f"{PREFIX}.{name}"] = frozenset([anchor] + ([bias] if with_bias else []) + ([act] if act else []))
     return out
 
 
@@ -150,18 +127,21 @@ def patterns() -> list[tuple]:
 SINGLE = f"{PREFIX}.op"  # the composite name of a single op matched by one_pass
 
 
-def one_pass(found: list) -> list:
-    """``found`` (patterns in priority order) with its single-op patterns folded into one
+def one_pass(found: list, rejected: dict | None = None) -> list:
+    """``found`` (patterns in priority order) checked against the rules and the calls
+    ``rejected`` (call signature -> why), with its single-op patterns folded into one
     alternation, matched last: ``FuseOpsByPattern`` walks the whole module once per
     pattern, about 9 ms a pattern on BERT-base whether or not it matches (its 21 patterns
     took 0.26 s, the folded 5 0.09 s). Single ops never overlap, so the partition is the
     same; :func:`name_single_ops` gives each composite its op's pattern name back."""
+    check = partial(_accepts, rejected)
     singles = [p for p in found if len(OPS_USED.get(p.name, ())) == 1 and isinstance(p.pattern, CallPattern)
                and not p.annotation_patterns]
     if len(singles) < 2:
-        return found
+        return [FusionPattern(p.name, p.pattern, p.annotation_patterns, check) for p in found]
     either = reduce(lambda a, b: a | b, [p.pattern for p in singles])
-    return [p for p in found if p not in singles] + [FusionPattern(SINGLE, either, {}, _check)]
+    return [FusionPattern(p.name, p.pattern, p.annotation_patterns, check) for p in found if p not in singles] \
+        + [FusionPattern(SINGLE, either, {}, check)]
 
 
 def name_single_ops(mod):

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 
 import tvm
 from tvm import relax
 
-from ..toolchain.buildlog import BuildLog
+from ..toolchain import session
+from ..toolchain.session import BuildSession
 from . import patterns
 from .partition import PREFIX, partition_for_jitbyoc, regions
-
-_LAST = threading.local()
 
 
 def _ty(expr) -> str:
@@ -94,7 +92,8 @@ def _region_info(func: relax.Function) -> RegionInfo:
                       [f"{p.name}: {_ty(p)}" for p in func.params], [_ty(o) for o in outs])
 
 
-def _fallbacks(name: str, func: relax.Function, why: str | None = None) -> list[Fallback]:
+def _fallbacks(name: str, func: relax.Function, rejected: dict | None = None,
+               why: str | None = None) -> list[Fallback]:
     found: list[Fallback] = []
     in_dataflow: set = set()
 
@@ -108,7 +107,7 @@ def _fallbacks(name: str, func: relax.Function, why: str | None = None) -> list[
             v = b.value
             if not (isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op)):
                 continue
-            reason = why or patterns.reason(v)
+            reason = why or patterns.reason(v, rejected)
             if reason is None:
                 reason = "outside a dataflow block" if not isinstance(block, relax.DataflowBlock) \
                     else "not matched"
@@ -143,7 +142,7 @@ def _call_counts(mod: tvm.IRModule, targets) -> dict:
     return counts
 
 
-def build_report(partitioned: tvm.IRModule) -> Report:
+def build_report(partitioned: tvm.IRModule, rejected: dict | None = None) -> Report:
     rep = Report()
     offloaded = regions(partitioned)
     calls = _call_counts(partitioned, offloaded)
@@ -152,7 +151,7 @@ def build_report(partitioned: tvm.IRModule) -> Report:
             rep.regions.append(_region_info(func))
             rep.regions[-1].calls = max(calls[gv], 1)
         elif isinstance(func, relax.Function) and not (func.attrs and "Codegen" in func.attrs):
-            rep.fallbacks.extend(_fallbacks(gv.name_hint, func))
+            rep.fallbacks.extend(_fallbacks(gv.name_hint, func, rejected))
     return rep
 
 
@@ -164,19 +163,22 @@ def report(mod: tvm.IRModule) -> Report:
     mod : tvm.IRModule
         A Relax module, before or after :func:`jitbyoc.partition_for_jitbyoc`.
     """
-    part = mod if regions(mod) else partition_for_jitbyoc(mod)
-    return build_report(part)
+    if regions(mod):
+        return build_report(mod)
+    build = BuildSession()
+    return build_report(partition_for_jitbyoc(mod, build), build.rejected)
 
 
-def record(partitioned: tvm.IRModule, log: BuildLog) -> None:
-    """Keep the report of a build (``log``: what its codegen did) for :func:`last_report`."""
-    rep = build_report(partitioned)
-    status = log.status
+def record(partitioned: tvm.IRModule, build: BuildSession) -> None:
+    """Keep the report of a build in its session (``build``: what its codegen did), for
+    :func:`last_report`."""
+    rep = build_report(partitioned, build.rejected)
+    status = build.status
     for r in rep.regions:
         r.cache = {"memory": "cache hit (memory)", "disk": "cache hit (disk)"}.get(status.get(r.symbol, ""),
                                                                                 status.get(r.symbol, ""))
-    rep.timings = dict(log.timings)
-    _LAST.report = rep
+    rep.timings = dict(build.timings)
+    build.report = rep
 
 
 def record_declined(mod: tvm.IRModule, why: str) -> None:
@@ -185,13 +187,14 @@ def record_declined(mod: tvm.IRModule, why: str) -> None:
     rep = Report()
     for gv, func in mod.functions.items():
         if isinstance(func, relax.Function):
-            rep.fallbacks.extend(_fallbacks(gv.name_hint, func, why))
-    _LAST.report = rep
+            rep.fallbacks.extend(_fallbacks(gv.name_hint, func, why=why))
+    session.remember(BuildSession(report=rep))
 
 
 def last_report() -> Report | None:
     """The report of the most recent build made by this thread with jitbyoc enabled."""
-    return getattr(_LAST, "report", None)
+    last = session.last()
+    return last.report if last is not None else None
 
 
 __all__ = ["Report", "report", "last_report", "PREFIX"]
