@@ -24,7 +24,6 @@ from llvmlite import ir
 
 from .toolchain import jit
 from .render import isa
-from .render.isa import vector_bits
 
 CHAINS, UNROLL = 12, 4  # independent chains (>= FMA latency x ports, fit 16 registers), unrolled
 
@@ -32,7 +31,7 @@ CHAINS, UNROLL = 12, 4  # independent chains (>= FMA latency x ports, fit 16 reg
 def lanes() -> int:
     """float32 lanes of one vector register of the build's machine (:func:`isa.current`:
     this machine, or e.g. the AVX2 subset of it under ``isa.compiling_for``)."""
-    return vector_bits() // 32
+    return isa.lanes("float32")
 
 
 def _peak_ir(width: int) -> str:

@@ -35,9 +35,8 @@ from functools import lru_cache
 
 from llvmlite import ir
 
-from ..ir.dtypes import dtype as lookup_dtype
 from ..ir.llvmtypes import I64, PTR
-from ..render.isa import vector_bits, vector_registers
+from ..render import isa
 from ..render.loops import ceil_div, for_range, smax, smin
 from ..render.vectors import multiply_add, splat
 from ..threads import physical_cores
@@ -100,18 +99,15 @@ def fits(geo, dt: str) -> bool:
     vectors of pixels are a lane or two of 16."""
     if dt not in ("float32", "float64") or geo.groups != 1 or geo.kw > DENSE_MAX_KW:
         return False
-    return geo.oh * geo.ow < _lanes(dt) or (geo.cg * geo.taps >= MIN_REDUCTION and geo.k >= MIN_VECTORS * _lanes(dt))
-
-
-def _lanes(dt: str) -> int:
-    return vector_bits() // lookup_dtype(dt).bits
+    lanes = isa.lanes(dt)
+    return geo.oh * geo.ow < lanes or (geo.cg * geo.taps >= MIN_REDUCTION and geo.k >= MIN_VECTORS * lanes)
 
 
 def band_rows(geo, dt: str, r: int, v: int) -> int:
     """Output rows per task: bands until (image, channel block, band) tasks number
     :data:`.conv_plan.MIN_TASKS`, each at least one tile of ``r`` pixels."""
     batch = geo.n if isinstance(geo.n, int) else 1
-    tasks = batch * math.ceil(math.ceil(geo.k / _lanes(dt)) / v)
+    tasks = batch * math.ceil(math.ceil(geo.k / isa.lanes(dt)) / v)
     rows = math.ceil(geo.oh / bands_wanted(geo, tasks))
     return min(geo.oh, max(rows, math.ceil(r / geo.ow)))
 
@@ -119,7 +115,7 @@ def band_rows(geo, dt: str, r: int, v: int) -> int:
 def tile_cost(geo, dt: str, r: int, v: int) -> float:
     """Estimated cycles of one image on tiles of ``r x v`` (units of :func:`.conv_plan.cost`:
     a 512-bit FMA or load is one cycle, a broadcast 2/3), packing and stores included."""
-    lanes, bits = _lanes(dt), vector_bits()
+    lanes, bits = isa.lanes(dt), isa.vector_bits()
     rows = band_rows(geo, dt, r, v)
     bands, blocks = math.ceil(geo.oh / rows), math.ceil(geo.k / lanes)
     tiles = sum(math.ceil(min(rows, geo.oh - i * rows) * geo.ow / r) for i in range(bands))
@@ -135,7 +131,7 @@ def gemm_cost(geo, dt: str) -> float:
     tiles' FMAs (``MR`` rows of output channels by vectors of pixels: a 7x7 map fills 49
     of 64 lanes), spread over its chunks (:func:`.gemm_llvm.chunks_of` per image,
     so 3 chunks of a 13x13 map keep one of two cores idle a third of the time)."""
-    mr, lanes, bits = blocking_for(dt).mr, _lanes(dt), vector_bits()
+    mr, lanes, bits = blocking_for(dt).mr, isa.lanes(dt), isa.vector_bits()
     rows, pixels = geo.kg, geo.oh * geo.ow
     parts = math.ceil(pixels / panel_width(dt)) if pixels >= rows else math.ceil(rows / mr)
     chunks = chunks_of(parts)
@@ -148,7 +144,7 @@ def choose(geo, dt: str) -> ChannelPlan | None:
     """:func:`_choose` for the build's machine (its vector registers), remembered per
     geometry as the pixel engine's plans are: a model repeats its layers, and each conv
     asks twice (packing its weight, then lowering), 0.5 ms a time."""
-    return _choose(geo, dt, vector_bits(), vector_registers())
+    return _choose(geo, dt, isa.vector_bits(), isa.vector_registers())
 
 
 @lru_cache(maxsize=1024)
@@ -162,7 +158,7 @@ def _choose(geo, dt: str, _bits: int, _registers: int) -> ChannelPlan | None:
     of 13 pointwise layers of ResNet-50, MobileNetV2, EfficientNet, SqueezeNet, DenseNet."""
     if not fits(geo, dt):
         return None
-    lanes, regs = _lanes(dt), vector_registers()
+    lanes, regs = isa.lanes(dt), isa.vector_registers()
     pixels, blocks = geo.oh * geo.ow, math.ceil(geo.k / lanes)
     tiles = [(tile_cost(geo, dt, r, v), r, v) for r in range(1, min(MAX_R, pixels) + 1)
              for v in range(1, min(MAX_V, blocks) + 1) if r * v + v + 2 <= regs]

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ..ir.dtypes import dtype as lookup_dtype
-from ..render.isa import vector_bits, vector_registers
+from ..render import isa
 
 DENSE_MAX_KW = 16  # the dense layout copies the input once per kernel column: not for wide windows
 MIN_TASKS = 16  # split rows into bands until there are this many tasks (load balance)
@@ -170,12 +170,9 @@ def _valid_range(count: int, step: int, shift: int, size: int) -> tuple[int, int
     return lo, max(lo, hi)
 
 
-def _registers_per_vector(lanes: int, dt: str) -> int:
-    return max(1, lanes * lookup_dtype(dt).bits // vector_bits())
-
-
 def max_lanes(dt: str) -> int:
-    return 512 // lookup_dtype(dt).bits
+    """The widest plan's lanes: one vector as kernels write them."""
+    return isa.lanes(dt, isa.VECTOR_BITS)
 
 
 def workspace_size(plan: Plan, dt: str) -> int:
@@ -192,7 +189,7 @@ def cost(plan: Plan, dt: str) -> float:
     span = lambda r: (r - 1) * lay.wq + g.ow  # noqa: E731  grid pixels of r rows
     chunks = sum(math.ceil(span(min(plan.rows, g.oh - b * plan.rows)) / plan.span) for b in range(bands))
     blocks = math.ceil(g.kg / j)  # a remainder block computes all J channels (stores fewer)
-    bits = lanes * lookup_dtype(dt).bits
+    bits = lanes * isa.element_bits(dt)
     stores = (lay.wq + lanes - 2) // lay.wq + 1  # rows one vector can touch
     per_chunk = (max(j * v * bits / 512, v * bits / 512 + j * 0.66) + 0.5) * g.cg * g.taps \
         + v * stores * (j + 5) + 20
@@ -214,7 +211,7 @@ def candidates(geo, dt: str):
         for lanes in (max_lanes(dt), max_lanes(dt) // 2):
             for v in range(1, MAX_V + 1):
                 for j in range(1, min(geo.kg, 16) + 1):
-                    if (j + 1) * v * _registers_per_vector(lanes, dt) > vector_registers() - 1:
+                    if (j + 1) * v * isa.registers_per_vector(lanes, dt) > isa.vector_registers() - 1:
                         continue
                     blocks = batch * geo.groups * math.ceil(geo.kg / j)
                     rows = math.ceil(geo.oh / bands_wanted(geo, blocks))
@@ -231,7 +228,7 @@ def choose_plan(geo, dt: str) -> Plan:
     geometry (a model repeats its layers) and register file: a process that builds for
     AVX-512 and then AVX2 got the AVX-512 register block for AVX2 (16 x 1 vectors of 16
     lanes: spills; the AVX2 conv ran at half speed)."""
-    return _choose_plan(geo, dt, vector_bits(), vector_registers())
+    return _choose_plan(geo, dt, isa.vector_bits(), isa.vector_registers())
 
 
 @lru_cache(maxsize=1024)

@@ -14,9 +14,9 @@ from llvmlite import ir
 
 from ..ir.dtypes import dtype as lookup_dtype
 from ..ir.llvmtypes import I1, I32, I64, PTR
+from ..render.isa import VECTOR_BYTES
 from ..render.loops import for_range
 from ..render.vectors import (
-    VECTOR_BYTES,
     lane_mask,
     lanes,
     multiply_add,

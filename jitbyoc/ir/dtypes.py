@@ -67,6 +67,23 @@ class DType:
     def storage_ir(self) -> ir.Type:
         return self._vector(ir.IntType(8)) if self.is_bool else self.ir
 
+    # the one place a dtype held otherwise than stored (a bool: i1 in registers, a byte in
+    # memory) is converted; renderers, kernels and engines load and store through these
+    def loaded_llvm(self, b: ir.IRBuilder, raw: ir.Value) -> ir.Value:
+        """A loaded element, or vector of them, as held (a bool: its byte is not 0)."""
+        return b.icmp_unsigned("!=", raw, ir.Constant(raw.type, 0)) if self.is_bool else raw
+
+    def stored_llvm(self, b: ir.IRBuilder, value: ir.Value) -> ir.Value:
+        """A held value, or vector of them, as stored (a bool: its i1 zero-extended)."""
+        if not self.is_bool:
+            return value
+        count = value.type.count if isinstance(value.type, ir.VectorType) else 1
+        return b.zext(value, self.with_lanes(count).storage_ir)
+
+    def loaded_c(self, raw: str) -> str:
+        """A loaded element as held (storing a bool needs nothing: C converts it to a byte)."""
+        return f"({raw} != 0)" if self.is_bool else raw
+
     @property
     def numpy(self) -> np.dtype:
         return np.dtype(self.name)

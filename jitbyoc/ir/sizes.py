@@ -24,6 +24,7 @@ from .llvmtypes import I64
 class SizeOp(NamedTuple):
     python: object  # (a, b) -> int
     c: object  # (a, b) -> C expression text (operands already rendered)
+    llvm: object  # (builder, a, b) -> i64 value
     shown: str  # the user's view, format with {a} {b}
 
 
@@ -31,14 +32,41 @@ def _floordiv_c(a: str, b: str) -> str:  # b is a positive constant
     return f"(({a}) >= 0 ? ({a}) / {b} : -((-({a}) + {b} - 1) / {b}))"
 
 
+def _floor_parts(b: ir.IRBuilder, x, y) -> tuple:
+    """Division by a positive constant ``y``: the truncated quotient and remainder, and
+    whether the remainder is negative (the floor is then one further down)."""
+    q, r = b.sdiv(x, y), b.srem(x, y)
+    return q, r, b.icmp_signed("<", r, I64(0))
+
+
+def _floordiv_llvm(b: ir.IRBuilder, x, y):
+    q, _, down = _floor_parts(b, x, y)
+    return b.select(down, b.sub(q, I64(1)), q)
+
+
+def _floormod_llvm(b: ir.IRBuilder, x, y):
+    _, r, down = _floor_parts(b, x, y)
+    return b.select(down, b.add(r, y), r)
+
+
+def _instruction_llvm(name: str):
+    return lambda b, x, y: getattr(b, name)(x, y)
+
+
+def _pick_llvm(cmp: str):
+    """min (``<``) or max (``>``): the operand that wins the signed compare."""
+    return lambda b, x, y: b.select(b.icmp_signed(cmp, x, y), x, y)
+
+
 SIZE_OPS: dict[str, SizeOp] = {
-    "add": SizeOp(lambda a, b: a + b, lambda a, b: f"({a} + {b})", "{a} + {b}"),
-    "sub": SizeOp(lambda a, b: a - b, lambda a, b: f"({a} - {b})", "{a} - {b}"),
-    "mul": SizeOp(lambda a, b: a * b, lambda a, b: f"({a} * {b})", "{a} * {b}"),
-    "min": SizeOp(min, lambda a, b: f"(({a}) < ({b}) ? ({a}) : ({b}))", "min({a}, {b})"),
-    "max": SizeOp(max, lambda a, b: f"(({a}) > ({b}) ? ({a}) : ({b}))", "max({a}, {b})"),
-    "floordiv": SizeOp(lambda a, b: a // b, _floordiv_c, "{a} // {b}"),
-    "floormod": SizeOp(lambda a, b: a % b, lambda a, b: f"(({a}) - {_floordiv_c(a, b)} * {b})", "{a} % {b}"),
+    "add": SizeOp(lambda a, b: a + b, lambda a, b: f"({a} + {b})", _instruction_llvm("add"), "{a} + {b}"),
+    "sub": SizeOp(lambda a, b: a - b, lambda a, b: f"({a} - {b})", _instruction_llvm("sub"), "{a} - {b}"),
+    "mul": SizeOp(lambda a, b: a * b, lambda a, b: f"({a} * {b})", _instruction_llvm("mul"), "{a} * {b}"),
+    "min": SizeOp(min, lambda a, b: f"(({a}) < ({b}) ? ({a}) : ({b}))", _pick_llvm("<"), "min({a}, {b})"),
+    "max": SizeOp(max, lambda a, b: f"(({a}) > ({b}) ? ({a}) : ({b}))", _pick_llvm(">"), "max({a}, {b})"),
+    "floordiv": SizeOp(lambda a, b: a // b, _floordiv_c, _floordiv_llvm, "{a} // {b}"),
+    "floormod": SizeOp(lambda a, b: a % b, lambda a, b: f"(({a}) - {_floordiv_c(a, b)} * {b})",
+                       _floormod_llvm, "{a} % {b}"),
 }
 _PRIM_OPS = {prim.Add: "add", prim.Sub: "sub", prim.Mul: "mul", prim.Min: "min", prim.Max: "max",
              prim.FloorDiv: "floordiv", prim.FloorMod: "floormod"}
@@ -98,14 +126,4 @@ def emit_c(tree) -> str:
 def emit_llvm(b: ir.IRBuilder, tree, syms: dict) -> ir.Value:
     if not isinstance(tree, tuple):
         return syms[tree] if isinstance(tree, str) else I64(tree)
-    op, x, y = tree[0], emit_llvm(b, tree[1], syms), emit_llvm(b, tree[2], syms)
-    if op in ("add", "sub", "mul"):
-        return getattr(b, op)(x, y)
-    if op in ("min", "max"):
-        return b.select(b.icmp_signed("<" if op == "min" else ">", x, y), x, y)
-    # floor division by a positive constant: truncation, one down for a negative remainder
-    q, r = b.sdiv(x, y), b.srem(x, y)
-    down = b.icmp_signed("<", r, I64(0))
-    if op == "floordiv":
-        return b.select(down, b.sub(q, I64(1)), q)
-    return b.select(down, b.add(r, y), r)
+    return SIZE_OPS[tree[0]].llvm(b, emit_llvm(b, tree[1], syms), emit_llvm(b, tree[2], syms))

@@ -12,13 +12,12 @@ whose epilogue then runs on the finished rows.
 
 from __future__ import annotations
 
-from llvmlite import ir
-
 from ..engines import gemm_micro as mk
 from ..engines.gemm_llvm import b_in_place, extent, free_workspace, micro_tile, pack_panels, workspace
 from ..ir import kir
+from ..ir.dtypes import dtype as lookup_dtype
+from ..ir.folds import FOLDS, identity
 from ..ir.llvmtypes import I1, I64
-from ..render.indexing import identity
 from ..render.llvm import Emitter
 from ..render.loops import ceil_div, for_range, smin
 from ..render.vectors import lanes, splat, strips, vload, vstore
@@ -152,9 +151,7 @@ class _Block:
             acc = None if acc_buf is None else em.loaded(load(acc_buf), acc_buf.dtype)
             values = kir.evaluate(em, roots, load, acc)
             for dst, node in stores:
-                v = values[id(node)]
-                if dst.dtype == "bool":
-                    v = b.zext(v, ir.VectorType(ir.IntType(8), vl))
+                v = lookup_dtype(dst.dtype).stored_llvm(b, values[id(node)])
                 vstore(b, v, self.row(dst, r, j), dst.dtype, mask)
 
         strips(b, I64(0), self.n, vl, point)
@@ -163,8 +160,7 @@ class _Block:
         """An integer max/min of row ``r`` of a block buffer into the per-row buffer."""
         c, b, vl = self.c, self.c.b, self.vl
         (x,), dt = s.inputs, s.out.dtype
-        em, init = Emitter(b, vl), identity(s.kind, dt)
-        op = "maximum" if s.kind == "max" else "minimum"
+        em, init, op = Emitter(b, vl), identity(s.kind, dt), FOLDS[s.kind].op
 
         def step(acc, j, mask):
             v = vload(b, self.row(x, r, j), dt, mask, vl)

@@ -28,9 +28,10 @@ import numpy as np
 
 from ..ir import kir
 from ..ir.dtypes import FLOATS, HALF, NUMERIC
+from ..ir.folds import identity
 from ..ir.relax_types import dims, tensor_problem
 from ..ir.rules import register
-from ..render.indexing import dot, folds, identity, product, unravel
+from ..render.indexing import dot, folds, product, unravel
 from ..render.loops import threaded
 from ..render.portable import PortableStage
 
@@ -40,7 +41,7 @@ BLOCK = 256  # outputs per block in the "columns" order: 1 KiB of float32, stays
 
 @dataclass(frozen=True)
 class Reduction:
-    """One Relax reduction: how elements fold (a kind of :data:`jitbyoc.render.indexing.IDENTITY`)
+    """One Relax reduction: how elements fold (a kind of :data:`jitbyoc.ir.folds.FOLDS`)
     and what is done with the fold."""
     fold: str
     ref: Callable  # numpy

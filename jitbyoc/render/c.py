@@ -93,7 +93,7 @@ class Emitter:
 
     def loaded(self, raw: str, dt: str) -> str:
         """A loaded element (an lvalue) as a named value: bytes of a bool become 0/1."""
-        return self.temp(dt, f"({raw} != 0)" if dt == "bool" else raw)
+        return self.temp(dt, lookup_dtype(dt).loaded_c(raw))
 
     def op(self, name: str, dt: str, *args, **attrs) -> str:
         row = op_def(name, dt)

@@ -2,17 +2,17 @@
 
 They only call facade methods, so one helper serves both renderers: thread-pool
 thresholds, row-major unravelling, dot products of indices and strides, folds
-(reductions along a loop) with their identities, and :class:`Ints`, the integer layer
-both facades share.
+(reductions along a loop, of the kinds :mod:`jitbyoc.ir.folds` defines), and
+:class:`Ints`, the integer layer both facades share.
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
 
-from ..ir.dtypes import dtype as lookup_dtype
+from ..ir.folds import identity
 
-IDENTITY = {"sum": 0, "prod": 1, "max": float("-inf"), "min": float("inf")}
+
 def unravel(e, flat, extents) -> list:
     """Row-major indices of ``flat`` (assumed in range) in ``extents`` (facade values)."""
     out = []
@@ -23,7 +23,8 @@ def unravel(e, flat, extents) -> list:
 
 
 def fold(e, kind: str, dt: str, count, value, start=0):
-    """``value(k)`` for k in [start, count) combined by ``kind`` (see :data:`IDENTITY`)."""
+    """``value(k)`` for k in [start, count) combined by ``kind`` (a key of
+    :data:`jitbyoc.ir.folds.FOLDS`)."""
     return folds(e, kind, dt, count, [value], start)[0]
 
 
@@ -51,15 +52,6 @@ def product(e, values):
     for v in values:
         acc = e.mul(acc, v)
     return acc
-
-
-def identity(kind: str, dt: str):
-    """The value a ``kind`` reduction starts from (the dtype's extreme for integer max/min)."""
-    d = lookup_dtype(dt)
-    if d.is_float or kind in ("sum", "prod"):
-        return IDENTITY[kind]
-    lo, hi = (-(1 << (d.bits - 1)), (1 << (d.bits - 1)) - 1) if d.signed else (0, (1 << d.bits) - 1)
-    return lo if kind == "max" else hi
 
 
 def _is(v, k: int) -> bool:

@@ -5,11 +5,13 @@ A build compiles for one :class:`Machine`: the host by default, or what the TVM 
 names (:mod:`jitbyoc.tvm.target` derives it; :func:`compiling_for` scopes it to the
 build). AVX-512 machines have 32 vector registers of 512 bits; AVX2 machines (most
 laptops and desktops, AMD before Zen 4) 16 of 256 bits; baseline x86-64 16 of 128 (SSE2);
-AArch64 32 of 128 (NEON). Kernels keep writing 64-byte vectors
-(:data:`jitbyoc.render.vectors.VECTOR_BYTES`, which LLVM splits into the machine's
-registers); what must follow the ISA is how many of them a register tile holds, or the
-tile spills (a 6x64 float32 GEMM tile is 48 ymm accumulators on AVX2: 53 GFLOP/s where
-OpenBLAS reaches 155 on a 2-core Zen 3).
+AArch64 32 of 128 (NEON). Kernels keep writing 64-byte vectors (:data:`VECTOR_BYTES`,
+which LLVM splits into the machine's registers); what must follow the ISA is how many of
+them a register tile holds, or the tile spills (a 6x64 float32 GEMM tile is 48 ymm
+accumulators on AVX2: 53 GFLOP/s where OpenBLAS reaches 155 on a 2-core Zen 3).
+
+Vector widths are counted here alone: :func:`lanes` (elements per register, or per vector
+of any width) and :func:`registers_per_vector`.
 """
 
 from __future__ import annotations
@@ -21,6 +23,12 @@ from functools import lru_cache
 import llvmlite.binding as llvm
 
 from ..context import scoped
+from ..ir.dtypes import dtype as lookup_dtype
+
+# The vectors kernels write on every machine: one AVX-512 register (LLVM splits it into
+# a narrower machine's registers)
+VECTOR_BITS = 512
+VECTOR_BYTES = VECTOR_BITS // 8
 
 
 @dataclass(frozen=True)
@@ -74,6 +82,23 @@ def vector_bits(machine: Machine | None = None) -> int:
     if m.arch in ("x86_64", "i686", "i386"):
         return 512 if m.has("avx512f") else 256 if m.has("avx") else 128
     return 128  # AArch64 NEON (SVE's width is not known at compile time: unused)
+
+
+def element_bits(element: str | int) -> int:
+    """The width of ``element``: a dtype name (as stored: a bool is a byte) or a width in bits."""
+    return element if isinstance(element, int) else lookup_dtype(element).storage_bits
+
+
+def lanes(element: str | int, bits: int | None = None) -> int:
+    """Elements of ``element`` (a dtype name or a width in bits) in a vector of ``bits``:
+    by default one register of the build's machine; kernels write :data:`VECTOR_BITS`
+    (:func:`jitbyoc.render.vectors.lanes`)."""
+    return (vector_bits() if bits is None else bits) // element_bits(element)
+
+
+def registers_per_vector(count: int, element: str | int) -> int:
+    """Registers of the build's machine that a vector of ``count`` elements fills (at least one)."""
+    return max(1, count * element_bits(element) // vector_bits())
 
 
 def vector_registers(machine: Machine | None = None) -> int:

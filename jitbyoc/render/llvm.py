@@ -51,7 +51,7 @@ class Emitter:
 
     def loaded(self, raw, dt: str):
         """A loaded element as a value: bytes of a bool become i1."""
-        return self.b.icmp_unsigned("!=", raw, ir.Constant(raw.type, 0)) if dt == "bool" else raw
+        return lookup_dtype(dt).loaded_llvm(self.b, raw)
 
 
 def release(module: ir.Module) -> None:
@@ -144,9 +144,7 @@ class Ctx:
         return self.b.load(self.element(buf, offset), typ=lookup_dtype(buf.dtype).storage_ir)
 
     def store(self, buf: kir.Buffer, offset, value) -> None:
-        if buf.dtype == "bool":
-            value = self.b.zext(value, I8)
-        self.b.store(value, self.element(buf, offset))
+        self.b.store(lookup_dtype(buf.dtype).stored_llvm(self.b, value), self.element(buf, offset))
 
     # ---- closures ------------------------------------------------------------------------------
     def closure(self, extra=()) -> ir.Value:

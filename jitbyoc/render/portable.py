@@ -15,8 +15,8 @@ from contextlib import contextmanager
 from llvmlite import ir
 
 from ..ir.dtypes import dtype as lookup_dtype
-from ..ir.llvmtypes import I32, I64, declare
-from ..ir.ops import wrapping_c
+from ..ir.folds import FOLDS
+from ..ir.llvmtypes import I32, I64
 from .indexing import Ints
 from .loops import for_range
 
@@ -88,8 +88,7 @@ class LLVM(Ints):
     # ---- memory, loops, accumulators -----------------------------------------------------
     def load(self, buf, off):
         """The element as a value of its dtype (bool: i1)."""
-        v = self.ctx.load(buf, self.i(off))
-        return self.b.icmp_unsigned("!=", v, ir.Constant(v.type, 0)) if buf.dtype == "bool" else v
+        return self.em.loaded(self.ctx.load(buf, self.i(off)), buf.dtype)
 
     def store(self, buf, off, v) -> None:
         self.ctx.store(buf, self.i(off), v)
@@ -153,18 +152,8 @@ class LLVM(Ints):
         return self.b.select(cond, x, y)
 
     def reduce(self, kind: str, dt: str, acc, x):
-        """``acc <kind> x``, reassociable so LLVM may vectorize the loop it sits in."""
-        d = lookup_dtype(dt)
-        if not d.is_float:
-            if kind in ("sum", "prod"):
-                return (self.b.add if kind == "sum" else self.b.mul)(acc, x)
-            cmp = self.b.icmp_signed if d.signed else self.b.icmp_unsigned
-            return self.b.select(cmp(">" if kind == "max" else "<", acc, x), acc, x)
-        if kind in ("sum", "prod"):
-            return (self.b.fadd if kind == "sum" else self.b.fmul)(acc, x, flags=("reassoc",))
-        name = f"llvm.{'maximum' if kind == 'max' else 'minimum'}.f{d.bits}"
-        module = self.b.module
-        return self.b.call(declare(module, name, d.ir, [d.ir, d.ir]), [acc, x])
+        """``acc <kind> x`` (:data:`jitbyoc.ir.folds.FOLDS`)."""
+        return FOLDS[kind].llvm(self.b, lookup_dtype(dt), acc, x)
 
     # ---- services ----------------------------------------------------------------------------
     def parallel(self, count, body, threads: bool) -> None:
@@ -226,8 +215,7 @@ class C(Ints):
         return f"{stem}_{self.ctx.n}"
 
     def load(self, buf, off):
-        raw = self.ctx.element(buf, self.i(off))
-        return self.ctx.let(lookup_dtype(buf.dtype).c, f"({raw} != 0)" if buf.dtype == "bool" else raw)
+        return self.em.loaded(self.ctx.element(buf, self.i(off)), buf.dtype)
 
     def store(self, buf, off, v) -> None:
         self.ctx.line(f"{self.ctx.element(buf, self.i(off))} = {v};")
@@ -278,13 +266,8 @@ class C(Ints):
         return f"({cond} ? {x} : {y})"
 
     def reduce(self, kind: str, dt: str, acc, x):
-        """Mirror of :meth:`LLVM.reduce`; max/min keep a NaN, as llvm.maximum does."""
-        if kind in ("sum", "prod"):  # integers wrap, as LLVM's add and mul do
-            return wrapping_c("+" if kind == "sum" else "*")(lookup_dtype(dt), acc, x)
-        cmp = ">" if kind == "max" else "<"
-        if lookup_dtype(dt).is_float:
-            return f"(({acc} != {acc} || {acc} {cmp} {x}) ? {acc} : {x})"
-        return f"({acc} {cmp} {x} ? {acc} : {x})"
+        """Mirror of :meth:`LLVM.reduce`."""
+        return FOLDS[kind].c(lookup_dtype(dt), acc, x)
 
     def parallel(self, count, body, threads: bool) -> None:
         if threads:

@@ -2,7 +2,8 @@
 
 Kernels and fused loops that write ``<n x T>`` vectors themselves do not depend on
 LLVM's loop vectorizer (and their modules skip it: see :data:`jitbyoc.toolchain.jit.GLUE`).
-VECTOR_BYTES is one AVX-512 register; on narrower hosts LLVM splits each vector.
+A vector is :data:`jitbyoc.render.isa.VECTOR_BYTES` (one AVX-512 register); on narrower
+hosts LLVM splits each one.
 """
 
 from __future__ import annotations
@@ -14,12 +15,10 @@ from ..ir.llvmtypes import I1, I8, I32, I64, PTR, declare
 from . import isa
 from .loops import for_range
 
-VECTOR_BYTES = 64
-
 
 def lanes(dt: str) -> int:
-    """Elements of ``dt`` in one vector register."""
-    return VECTOR_BYTES // lookup_dtype(dt).nbytes
+    """Elements of ``dt`` in one vector as kernels write them."""
+    return isa.lanes(dt, isa.VECTOR_BITS)
 
 
 def vtype(dt: str, n: int | None = None) -> ir.VectorType:
