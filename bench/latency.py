@@ -36,6 +36,7 @@ from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 import jitbyoc
+from jitbyoc.render import isa
 from jitbyoc.toolchain import cache, driver
 from jitbyoc.engines import PREFIX as ENGINE_PREFIX
 from jitbyoc.tvm import partition
@@ -92,7 +93,7 @@ def _cold(mod, engines_cached: set[str]) -> tuple[float, dict]:
     with tempfile.TemporaryDirectory() as tmp:
         cache.configure(path=tmp)
         _forget()
-        driver.engine_asm(engines_cached)  # compiled into the fresh directory
+        driver.engine_code(engines_cached, isa.current())  # compiled into the fresh directory
         _forget()
         return _timed_build(mod)
 

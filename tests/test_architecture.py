@@ -253,3 +253,18 @@ def test_patterns_name_no_op():
     named = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
              and re.match(r"relax\.\w", n.value)]
     assert named == []
+
+
+def test_no_regex_over_generated_text_finds_engines():
+    """Which engines code calls is a value (read from its rendered module's declarations
+    and cached with its assembly: runtime.Code.calls), never searched for in IR or
+    assembly text."""
+    found = []
+    for path in ROOT.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                    isinstance(node.func.value, ast.Name) and node.func.value.id == "re":
+                text = ast.unparse(node)
+                if "PREFIX" in text or "jitbyoc_lib" in text:
+                    found.append(f"{_module(path)}: {text}")
+    assert found == []

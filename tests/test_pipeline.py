@@ -313,9 +313,18 @@ def test_pool_workers_are_not_pinned_unless_asked(env, pinned):
 
 def test_clashing_labels_fail_in_python_not_in_the_assembler():
     from jitbyoc.toolchain import runtime
-    asm = "\t.text\nhelper:\n\tretq\n"
+    code = runtime.Code("\t.text\nhelper:\n\tretq\n")
     with pytest.raises(RuntimeError, match="both define the assembly label 'helper'"):
-        runtime.module_text({"jitbyoc_a_1": asm, "jitbyoc_b_2": asm}, {}, {})
+        runtime.module_text({"jitbyoc_a_1": code, "jitbyoc_b_2": code}, {}, {})
+
+
+def test_code_calling_an_engine_not_in_the_module_fails_in_python():
+    """Which engines code calls is a value carried with its assembly (runtime.Code.calls);
+    an engine missing from the module fails before TVM's JIT resolves the call to 0."""
+    from jitbyoc.toolchain import runtime
+    code = runtime.Code("\t.text\n", frozenset({"jitbyoc_lib_args"}))
+    with pytest.raises(RuntimeError, match=r"calls library engines \['jitbyoc_lib_args'\]"):
+        runtime.module_text({"jitbyoc_a_1": code}, {}, {})
 
 
 def test_partition_result_can_be_edited_without_affecting_later_builds():

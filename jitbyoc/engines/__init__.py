@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import fields
 
 from . import args, conv_engine, gemm_engine  # noqa: F401 - each registers its engine kinds
-from .registry import KINDS, PREFIX, Engine, ir_text, references, use, used_by
+from .registry import KINDS, PREFIX, Engine, emitted, ir_text, use, used_by
 
 
 def parse(symbol: str) -> Engine:
@@ -25,11 +25,12 @@ def parse(symbol: str) -> Engine:
     return cls(*[int(v) if f.type in ("int", int) else v for f, v in zip(fields(cls), values)])
 
 
-def called_by(text: str) -> set[str]:
-    """The engines that assembly or IR ``text`` names: a region's, or an engine's, which
-    may call others (a GEMM engine its microkernels) and names its own helpers after
-    itself (``<symbol>_par0``: not engines)."""
-    return {s for s in references(text) if _names_an_engine(s)}
+def emit(engine: Engine, triple: str, data_layout: str) -> tuple[str, frozenset[str]]:
+    """The engine's LLVM IR and the engines it calls (a GEMM engine its microkernels), as
+    its module declares them; not its own helpers (``<symbol>_par0``), which are named
+    after it."""
+    text, named = emitted(engine, triple, data_layout)
+    return text, frozenset(s for s in named if _names_an_engine(s))
 
 
 def _names_an_engine(symbol: str) -> bool:
@@ -39,18 +40,17 @@ def _names_an_engine(symbol: str) -> bool:
         return False
 
 
-def closure(symbols, text_of) -> dict[str, str | None]:
-    """``symbols`` and every engine they call, directly or not: symbol -> ``text_of(symbol)``
-    (its assembly or IR, or None when unknown yet, whose callees are then not followed)."""
-    found: dict[str, str | None] = {}
+def closure(symbols, callees_of) -> list[str]:
+    """``symbols`` and every engine they call, directly or not, in the order visited;
+    ``callees_of(symbol)`` gives what ``symbol`` calls (None when unknown yet: not followed)."""
+    found: list[str] = []
     todo = sorted(symbols)
     while todo:
         symbol = todo.pop()
         if symbol not in found:
-            found[symbol] = text_of(symbol)
-            todo += sorted(called_by(found[symbol] or "") - found.keys())
+            found.append(symbol)
+            todo += sorted(set(callees_of(symbol) or ()) - set(found))
     return found
 
 
-__all__ = ["KINDS", "PREFIX", "Engine", "called_by", "closure", "ir_text", "parse", "references", "use",
-           "used_by"]
+__all__ = ["KINDS", "PREFIX", "Engine", "closure", "emit", "ir_text", "parse", "use", "used_by"]

@@ -10,15 +10,15 @@ the call. Engines may call engines (a GEMM engine its microkernels, :class:`.gem
 
 An engine is a frozen dataclass registered with :func:`kind`; its fields are its
 template, and its symbol ``jitbyoc_lib_<kind>_<field values>`` names it completely, so
-a region's assembly (cached on disk) says which engines it needs (:func:`references`)
-and any process can rebuild them from the name (:func:`jitbyoc.engines.parse`). Engines are compiled
+any process can rebuild it from the name (:func:`jitbyoc.engines.parse`). Which engines a
+region or an engine calls is read from its rendered module's declarations (:func:`used_by`)
+and cached with its assembly, never searched for in generated text. Engines are compiled
 and cached like regions (:mod:`jitbyoc.toolchain.driver`) and go into each build's runtime
 module once, next to the regions that call them.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import fields
 from typing import ClassVar
 
@@ -95,23 +95,23 @@ def call_back(b: ir.IRBuilder, fn, env, args: list) -> None:
     b.call(b.inttoptr(fn, ir.PointerType(CALLBACK)), [b.inttoptr(env, PTR)] + list(args))
 
 
-def ir_text(engine: Engine, triple: str, data_layout: str) -> str:
+def emitted(engine: Engine, triple: str, data_layout: str) -> tuple[str, set[str]]:
+    """The engine's LLVM IR, and the names with the engine prefix its module holds besides
+    its own (the engines it calls, and its helpers: see :func:`jitbyoc.engines.emit`)."""
     module = ir.Module(name=engine.symbol)
     module.triple, module.data_layout = triple, data_layout
     engine.emit(module, ir.Function(module, engine.signature(), engine.symbol))
-    text = str(module)
+    text, named = str(module), used_by(module) - {engine.symbol}
     release(module)
-    return text
+    return text, named
 
 
-_REFERENCE = re.compile(re.escape(PREFIX) + r"[A-Za-z0-9_]+")
+def ir_text(engine: Engine, triple: str, data_layout: str) -> str:
+    """The engine's LLVM IR."""
+    return emitted(engine, triple, data_layout)[0]
 
 
 def used_by(module: ir.Module) -> set[str]:
-    """Engines a rendered region module declares."""
+    """The names with the engine prefix a rendered module holds: the engines a region's
+    module declares (read from the module's globals, never from its text)."""
     return {name for name in module.globals if name.startswith(PREFIX)}
-
-
-def references(asm: str) -> set[str]:
-    """Engines a region's assembly calls."""
-    return set(_REFERENCE.findall(asm))

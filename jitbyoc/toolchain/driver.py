@@ -15,15 +15,15 @@ import time
 
 import tvm
 
-from ..engines import called_by as engines_called
 from ..engines import closure as engine_closure
-from ..engines import ir_text as engine_ir_text
+from ..engines import emit as emit_engine
 from ..engines import parse as parse_engine
 from ..ir.errors import CompileError, error_context
 from ..memo import LRU
 from ..render import isa, optimization
 from . import cache, compile_pool, jit, runtime, session
 from .region import Region
+from .runtime import Code
 from .session import BuildSession
 
 log = logging.getLogger("jitbyoc")
@@ -45,8 +45,25 @@ def last_cache_status() -> dict[str, str]:
 
 def load_region(region: Region) -> tvm.runtime.Module:
     """One region alone (with the engines it calls) as a runtime module."""
-    return runtime.tvm_module({region.kernel.name: region.asm}, engine_asm(engines_called(region.asm)),
+    return runtime.tvm_module({region.kernel.name: Code(region.asm, frozenset(region.engines))},
+                              engine_code(region.engines, isa.current()),
                               {region.symbol: (region.kernel.name, region.texts)})
+
+
+_CALLS = "calls:"  # the first line of a cached entry: the engines its assembly calls
+
+
+def _cached(k: cache.Key) -> tuple[Code | None, str]:
+    """(the code cached under ``k``, or None; where it came from: see :func:`cache.get`)."""
+    text, where = cache.get(k)
+    head, newline, asm = (text or "").partition("\n")
+    if not (newline and head.startswith(_CALLS)):
+        return None, "miss"
+    return Code(asm, frozenset(head[len(_CALLS):].split())), where
+
+
+def _store(k: cache.Key, code: Code) -> None:
+    cache.put(k, " ".join([_CALLS, *sorted(code.calls)]) + "\n" + code.asm)
 
 
 def build_regions(regions: list[Region], build: BuildSession) -> tvm.runtime.Module | None:
@@ -69,7 +86,7 @@ def compile_regions(regions: list[Region], build: BuildSession) -> tvm.runtime.M
     lowered, optimized and compiled now), loaded as one runtime module with an entry per
     region."""
     t0 = time.perf_counter()
-    asm: dict[str, str] = {}  # code symbol -> assembly
+    asm: dict[str, Code | None] = {}  # code symbol -> its compiled code
     status: dict[str, str] = {}
     uses: dict[str, tuple] = {}  # region symbol -> (code symbol, names table)
     misses, keys = {}, {}
@@ -82,11 +99,11 @@ def compile_regions(regions: list[Region], build: BuildSession) -> tvm.runtime.M
                 raise RuntimeError(f"jitbyoc: two different regions share the code symbol '{code}'")
             continue
         keys[code] = key
-        asm[code], status[code] = cache.get(key)
+        asm[code], status[code] = _cached(key)
         if asm[code] is None:
             misses[code] = region
-    engines: dict[str, str] = {}
-    _look_up(set().union(*(engines_called(a) for a in asm.values() if a)), engines, status)
+    engines: dict[str, Code | None] = {}
+    _look_up(set().union(*(a.calls for a in asm.values() if a)), engines, status)
     _compile_misses(misses, keys, asm, engines, status, build.machine)
     build.status.update({**{s: status[code] for s, (code, _) in uses.items()},
                                       **{e: status[e] for e in engines}})
@@ -102,40 +119,46 @@ def compile_regions(regions: list[Region], build: BuildSession) -> tvm.runtime.M
     return module
 
 
-def engine_asm(symbols) -> dict[str, str]:
-    """Assembly of the library engines ``symbols`` and of those they call (from the cache,
-    or compiled now in process): what a region's assembly needs next to it in a runtime
-    module."""
-    def text_of(e: str) -> str:
+def engine_code(symbols, machine: isa.Machine) -> dict[str, Code]:
+    """The compiled library engines ``symbols`` and those they call (from the cache, or
+    compiled now in process): what a region's code needs next to it in a runtime module."""
+    found: dict[str, Code] = {}
+
+    def visit(e: str) -> frozenset[str]:
         k = cache.key(e)
-        text = cache.get(k)[0]
-        if text is None:
+        code = _cached(k)[0]
+        if code is None:
+            text, pipeline, callees = _engine_job(e, machine)
             with error_context(CompileError, e):
-                text = jit.compile_to_assembly(*_engine_job(e, isa.current()))
-            cache.put(k, text)
-        return text
-    return engine_closure(symbols, text_of)
+                code = Code(jit.compile_to_assembly(text, pipeline, machine), callees)
+            _store(k, code)
+        found[e] = code
+        return code.calls
+    engine_closure(symbols, visit)
+    return found
 
 
 def _look_up(symbols, engines: dict, status: dict) -> list[str]:
-    """Add ``symbols`` and the engines their cached assembly calls to ``engines`` from the
+    """Add ``symbols`` and the engines their cached code calls to ``engines`` from the
     cache (None where it has none); returns those it has none of, in order."""
     missing: list[str] = []
 
-    def text_of(e: str) -> str | None:
+    def visit(e: str) -> frozenset[str] | None:
         if e not in engines:
-            engines[e], status[e] = cache.get(cache.key(e))
+            engines[e], status[e] = _cached(cache.key(e))
             if engines[e] is None:
                 missing.append(e)
-        return engines[e]
-    engine_closure(symbols, text_of)
+        return engines[e].calls if engines[e] is not None else None
+    engine_closure(symbols, visit)
     return missing
 
 
-def _engine_job(symbol: str, machine: isa.Machine) -> tuple[str, optimization.Pipeline]:
-    """The IR of the engine ``symbol`` for ``machine`` and the pipeline it is compiled with."""
+def _engine_job(symbol: str, machine: isa.Machine) -> tuple[str, optimization.Pipeline, frozenset[str]]:
+    """The IR of the engine ``symbol`` for ``machine``, the pipeline it is compiled with
+    and the engines it calls."""
     engine = parse_engine(symbol)
-    return engine_ir_text(engine, machine.triple, jit.data_layout(machine)), engine.pipeline
+    text, callees = emit_engine(engine, machine.triple, jit.data_layout(machine))
+    return text, engine.pipeline, callees
 
 
 def _compile_misses(misses: dict, keys: dict, asm: dict, engines: dict, status: dict,
@@ -146,23 +169,23 @@ def _compile_misses(misses: dict, keys: dict, asm: dict, engines: dict, status: 
     renders; the pool starts engines, the large jobs, first). With two or more things to
     compile, the worker pool compiles them in parallel with the rendering; a single one
     is compiled here (a fresh process's first build need not wait for a worker)."""
-    jobs: dict[str, tuple] = {}  # symbol -> (cache key, assembly or future)
+    jobs: dict[str, tuple] = {}  # symbol -> (cache key, engines it calls, assembly or future)
     workers = None
 
-    def submit(symbol: str, k: cache.Key, text: str, pipeline: optimization.Pipeline) -> None:
+    def submit(symbol: str, k: cache.Key, text: str, pipeline: optimization.Pipeline, calls) -> None:
         status[symbol] = "compiled"
         with error_context(CompileError, symbol):
-            jobs[symbol] = (k, workers.submit(text, pipeline, machine) if workers
+            jobs[symbol] = (k, frozenset(calls), workers.submit(text, pipeline, machine) if workers
                             else jit.compile_to_assembly(text, pipeline, machine))
 
     def submit_engine(e: str) -> None:
         nonlocal workers
-        text, pipeline = _engine_job(e, machine)
-        callees = _look_up(engines_called(text) - {e}, engines, status)  # a GEMM engine's microkernels
-        if callees and workers is None:
+        text, pipeline, calls = _engine_job(e, machine)
+        new = _look_up(calls, engines, status)  # a GEMM engine's microkernels
+        if new and workers is None:
             workers = compile_pool.pool()
-        submit(e, cache.key(e), text, pipeline)
-        for callee in callees:
+        submit(e, cache.key(e), text, pipeline, calls)
+        for callee in new:
             submit_engine(callee)
 
     missing = [e for e, text in engines.items() if text is None]  # called by cached regions
@@ -174,18 +197,18 @@ def _compile_misses(misses: dict, keys: dict, asm: dict, engines: dict, status: 
         new = _look_up(region.engines - engines.keys(), engines, status)
         if new and workers is None:
             workers = compile_pool.pool()
-        submit(code, keys[code], region.llvm_ir, region.pipeline)  # a worker's work while engines render
+        submit(code, keys[code], region.llvm_ir, region.pipeline, region.engines)  # work while engines render
         region.release()
         for e in new:
             submit_engine(e)
-    for symbol, (k, result) in jobs.items():
+    for symbol, (k, calls, result) in jobs.items():
         with error_context(CompileError, symbol):
-            text = result.result() if hasattr(result, "result") else result
-        (engines if symbol in engines else asm)[symbol] = text
-        cache.put(k, text)
+            code = Code(result.result() if hasattr(result, "result") else result, calls)
+        (engines if symbol in engines else asm)[symbol] = code
+        _store(k, code)
 
 
-def _load(asm: dict[str, str], engines: dict[str, str], uses: dict[str, tuple],
+def _load(asm: dict[str, Code], engines: dict[str, Code], uses: dict[str, tuple],
           machine: isa.Machine) -> tvm.runtime.Module:
     # keyed by everything the module text is made of (the machine: its CPU check), compared in full
     key = (tuple(sorted(asm.items())), tuple(sorted(engines.items())),

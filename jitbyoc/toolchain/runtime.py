@@ -18,11 +18,11 @@ import json
 import os
 import re
 import tempfile
+from dataclasses import dataclass
 
 import tvm
 import tvm_ffi
 
-from ..engines import called_by
 from ..render import isa
 from ..render.abi import ir_bytes, names_table
 from . import cpu_check, jit
@@ -33,6 +33,14 @@ from .llvm_entry import entry_symbol
 _DROP = re.compile(r'^[ \t]*(?:\.file|\.ident|\.addrsig|\.globl|\.section\t"\.note\.GNU-stack")[^\n]*(?:\n|$)',
                    re.MULTILINE)
 _LOCAL = re.compile(r"\.L([\w.$]+)")
+
+
+@dataclass(frozen=True)
+class Code:
+    """Compiled code: its assembly, and the library engines it calls (known from its
+    rendered module, and cached with the assembly: :mod:`jitbyoc.toolchain.driver`)."""
+    asm: str
+    calls: frozenset[str] = frozenset()
 
 
 def tvm_target_flag() -> str:
@@ -86,18 +94,18 @@ def _check_labels(asm_by_symbol: dict[str, str]) -> None:
             owner[label] = symbol
 
 
-def module_text(codes: dict[str, str], engines: dict[str, str], uses: dict[str, tuple]) -> str:
+def module_text(codes: dict[str, Code], engines: dict[str, Code], uses: dict[str, tuple]) -> str:
     """The module TVM loads: the assembly of each region's code (by code symbol) and of
     each library engine, and a trampoline per use (symbol -> (code symbol, names table))."""
-    _check_labels({**codes, **engines})
-    for symbol, asm in {**codes, **engines}.items():
-        missing = called_by(asm) - engines.keys()
+    _check_labels({s: c.asm for s, c in {**codes, **engines}.items()})
+    for symbol, code in {**codes, **engines}.items():
+        missing = code.calls - engines.keys()
         if missing:  # TVM's JIT would resolve the call to address 0
             raise RuntimeError(f"jitbyoc: '{symbol}' calls library engines {sorted(missing)} "
                                f"that are not in the module")
     parts = [f'target triple = "{isa.current().triple}"', f'target datalayout = "{jit.data_layout()}"']
-    for symbol, asm in {**engines, **codes}.items():
-        parts += _module_asm(symbol, asm)
+    for symbol, code in {**engines, **codes}.items():
+        parts += _module_asm(symbol, code.asm)
     check = cpu_check.module_ir(isa.current())
     if check:
         parts.append(check)
@@ -129,6 +137,6 @@ def c_source_module(regions) -> tvm.runtime.Module:
     return create(emit_c_unit(regions), "c", [r.symbol for r in regions], [])
 
 
-def tvm_module(codes: dict[str, str], engines: dict[str, str], uses: dict[str, tuple]) -> tvm.runtime.Module:
+def tvm_module(codes: dict[str, Code], engines: dict[str, Code], uses: dict[str, tuple]) -> tvm.runtime.Module:
     """One TVM runtime module exposing a packed function per use (see :func:`module_text`)."""
     return load_llvm_module(module_text(codes, engines, uses))
