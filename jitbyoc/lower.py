@@ -152,11 +152,15 @@ class RegionLowering:
         elif isinstance(v, relax.Call) and v.op in self.local:
             self.env[b.var] = self.composite(self.local[v.op], v.args)
         elif isinstance(v, relax.Call):
+            made = len(self.kernel.stages)
             with error_context(LoweringError, self.symbol, f"op {getattr(v.op, 'name', v.op)}", v):
                 self.env[b.var] = self.op(v, b.var.ty)
                 for d in dims(b.var.ty) or ():
                     if isinstance(d, str):
                         self.made_by.setdefault(d, v)
+            for stage in self.kernel.stages[made:]:  # renderers' errors name the binding
+                if isinstance(stage, kir.KernelStage):
+                    stage.origin = f"'{b.var.name} = {v.op.name}(...)'"
         elif isinstance(v, relax.Var):  # an alias, as emit_output makes: gv = lv
             self.env[b.var] = self.value(v)
         elif isinstance(v, relax.TupleGetItem):

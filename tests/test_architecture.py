@@ -131,10 +131,32 @@ def test_rendering_errors_name_the_region_and_the_stage(monkeypatch):
     monkeypatch.setattr(Softmax, "emit_llvm", lambda self, ctx: 1 / 0)
     monkeypatch.setattr(Softmax, "emit_c", lambda self, ctx: 1 / 0)
     with pytest.raises(RenderError, match=rf"rendering region '{region.kernel.name}', Softmax stage "
-                                          r"in LLVM failed: ZeroDivisionError"):
+                                          r"of '\w+ = relax.nn.softmax\(...\)' in LLVM failed: ZeroDivisionError"):
         region.llvm_ir  # noqa: B018
-    with pytest.raises(RenderError, match=r"Softmax stage in C failed"):
+    with pytest.raises(RenderError, match=r"Softmax stage of '\w+ = relax.nn.softmax\(...\)' in C failed"):
         region.c_source  # noqa: B018
+
+
+def test_entry_engine_and_optimizer_errors_name_the_region(monkeypatch):
+    """The steps around a region's stages have error contexts too: its entry (the
+    argument checks, in LLVM and C), optimizing its IR, and a library engine's IR."""
+    from jitbyoc.render import isa
+    from jitbyoc.toolchain import c_entry, driver, llvm_entry
+    region = _region()
+    monkeypatch.setattr(llvm_entry, "emit_entry", lambda *a: 1 / 0)
+    monkeypatch.setattr(c_entry, "emit_entry", lambda *a: 1 / 0)
+    with pytest.raises(RenderError, match=rf"region '{region.kernel.name}', its entry .* in LLVM failed"):
+        region.llvm_ir  # noqa: B018
+    with pytest.raises(RenderError, match=rf"region '{region.symbol}', its entry .* in C failed"):
+        region.c_source  # noqa: B018
+    monkeypatch.undo()
+    region = _region()
+    region.__dict__["llvm_ir"] = "this is not LLVM IR"
+    with pytest.raises(CompileError, match=rf"region '{region.symbol}', optimizing its IR failed"):
+        region.llvm_ir_optimized  # noqa: B018
+    monkeypatch.setattr(driver, "emit_engine", lambda *a: 1 / 0)
+    with pytest.raises(RenderError, match=r"region 'jitbyoc_lib_args', library engine failed"):
+        driver._engine_job("jitbyoc_lib_args", isa.host())
 
 
 def test_compile_errors_name_the_region():

@@ -160,11 +160,14 @@ class Kernel:
 
 
 def describe(stage) -> str:
-    """A stage as error messages name it: its kernel, or the ops of an elementwise nest."""
+    """A stage as error messages name it: the ops of an elementwise nest; a kernel's class
+    and the Relax binding it was lowered from (its ``origin``, set by the lowering and not
+    part of the kernel's key: see :func:`canonical`)."""
     if isinstance(stage, Elementwise):
         ops = dict.fromkeys(n.op for n in walk([e for _, e in stage.stores]) if isinstance(n, Op))
         return f"elementwise stage ({', '.join(ops) or 'copy'})"
-    return f"{type(stage).__name__} stage"
+    origin = getattr(stage, "origin", None)
+    return f"{type(stage).__name__} stage" + (f" of {origin}" if origin else "")
 
 
 def walk(roots):

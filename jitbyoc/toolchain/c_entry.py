@@ -8,6 +8,7 @@ messages as ``%s`` arguments; every identifier is jitbyoc's.
 from __future__ import annotations
 
 from ..ir import kir
+from ..ir.errors import RenderError, error_context
 from ..render import abi
 from ..render.c import PRELUDE, emit_compute, storage_c
 
@@ -25,7 +26,7 @@ def emit_c(kernel: kir.Kernel, symbol: str, texts: list[str]) -> str:
     reporting errors with the names table ``texts`` (:func:`.abi.strings`)."""
     functions: list[str] = []
     compute = emit_compute(kernel, functions)
-    return "\n".join([PRELUDE, *functions, *compute, "", *emit_entry(kernel, symbol, texts), ""])
+    return "\n".join([PRELUDE, *functions, *compute, "", *_entry(kernel, symbol, texts), ""])
 
 
 def emit_c_unit(regions) -> str:
@@ -39,8 +40,14 @@ def emit_c_unit(regions) -> str:
             functions: list[str] = []
             compute = emit_compute(r.kernel, functions)
             parts += [*functions, *compute]
-        parts += ["", *emit_entry(r.kernel, r.symbol, r.texts)]
+        parts += ["", *_entry(r.kernel, r.symbol, r.texts)]
     return "\n".join(parts + [""])
+
+
+def _entry(kernel: kir.Kernel, symbol: str, texts: list[str]) -> list[str]:
+    """The entry's lines, errors naming the region."""
+    with error_context(RenderError, symbol, "its entry (the argument checks) in C"):
+        return emit_entry(kernel, symbol, texts)
 
 
 class Entry:

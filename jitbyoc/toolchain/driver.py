@@ -18,7 +18,7 @@ import tvm
 from ..engines import closure as engine_closure
 from ..engines import emit as emit_engine
 from ..engines import parse as parse_engine
-from ..ir.errors import CompileError, error_context
+from ..ir.errors import CompileError, RenderError, error_context
 from ..memo import LRU
 from ..render import isa, optimization
 from . import cache, compile_pool, jit, runtime, session
@@ -156,8 +156,9 @@ def _look_up(symbols, engines: dict, status: dict) -> list[str]:
 def _engine_job(symbol: str, machine: isa.Machine) -> tuple[str, optimization.Pipeline, frozenset[str]]:
     """The IR of the engine ``symbol`` for ``machine``, the pipeline it is compiled with
     and the engines it calls."""
-    engine = parse_engine(symbol)
-    text, callees = emit_engine(engine, machine.triple, jit.data_layout(machine))
+    with error_context(RenderError, symbol, "library engine"):
+        engine = parse_engine(symbol)
+        text, callees = emit_engine(engine, machine.triple, jit.data_layout(machine))
     return text, engine.pipeline, callees
 
 

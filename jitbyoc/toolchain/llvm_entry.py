@@ -16,6 +16,7 @@ from llvmlite import ir
 from ..engines import args as args_engine
 from ..engines import registry
 from ..ir import kir, sizes
+from ..ir.errors import RenderError, error_context
 from ..ir.llvmtypes import I32, I64, PTR
 from ..render.llvm import Facts, emit_compute
 
@@ -37,7 +38,8 @@ def emit_llvm(kernel: kir.Kernel, triple: str, data_layout: str) -> Rendered:
     module = ir.Module(name=kernel.name)
     module.triple, module.data_layout = triple, data_layout
     compute, facts = emit_compute(module, kernel)
-    emit_entry(module, kernel, compute)
+    with error_context(RenderError, kernel.name, "its entry (the argument checks) in LLVM"):
+        emit_entry(module, kernel, compute)
     return Rendered(module, facts)
 
 

@@ -68,7 +68,8 @@ class Region:
     @cached_property
     def llvm_ir_optimized(self) -> str:
         """LLVM IR after optimization for the host CPU (what the build compiles)."""
-        return jit.optimize(self.llvm_ir, self.pipeline)
+        with error_context(CompileError, self.symbol, "optimizing its IR"):
+            return jit.optimize(self.llvm_ir, self.pipeline)
 
     @cached_property
     def asm(self) -> str:
