@@ -460,3 +460,20 @@ def test_a_bias_computed_from_its_anchor_through_several_ops_builds(anchor, via)
     np.testing.assert_allclose(run(build(mod, True), *args), run(build(mod, False), *args), rtol=1e-5, atol=1e-5)
     assert jitbyoc.last_report().offloaded_ops >= 3
 
+
+
+def test_the_codegen_finds_the_builds_session_and_hands_over_its_module(monkeypatch):
+    """tvm.compile's regions are compiled once, between partitioning and RunCodegen,
+    in the build's session, which RunCodegen's callback finds by the id in its options
+    (a codegen that did not would compile them again in a session of its own)."""
+    from jitbyoc.toolchain import session
+    from jitbyoc.tvm import codegen
+    built, found = [], []
+    build_module, find = codegen.build_module, session.find
+    monkeypatch.setattr(codegen, "build_module", lambda fs, b: built.append(b) or build_module(fs, b))
+    monkeypatch.setattr(session, "find", lambda o: found.append(find(o)) or found[-1])
+    with jitbyoc.enabled():
+        tvm.compile(models.SeedExample, target="llvm")
+    assert len(built) == 1 and found == built
+    (region,) = jitbyoc.last_report().regions
+    assert region.cache  # the report read the status the session's driver wrote
