@@ -477,3 +477,13 @@ def test_the_codegen_finds_the_builds_session_and_hands_over_its_module(monkeypa
     assert len(built) == 1 and found == built
     (region,) = jitbyoc.last_report().regions
     assert region.cache  # the report read the status the session's driver wrote
+
+
+def test_running_the_codegen_by_hand_keeps_the_last_builds_report():
+    """last_report() is the last tvm.compile's: RunCodegen run by hand on a partition
+    (a session of its own, which makes no report) does not replace it with nothing."""
+    with jitbyoc.enabled():
+        tvm.compile(models.SeedExample, target="llvm")
+    before = jitbyoc.last_report()
+    relax.transform.RunCodegen()(jitbyoc.partition_for_jitbyoc(models.Branchy))
+    assert before is not None and jitbyoc.last_report() is before

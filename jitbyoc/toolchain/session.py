@@ -56,8 +56,9 @@ class BuildSession:
 
 
 class _Sessions:
-    """The builds under way, by id (for the codegen), and each thread's last one (for
-    :func:`jitbyoc.last_report`)."""
+    """The builds under way, by id (for the codegen); each thread's last session (its
+    cache status: :func:`jitbyoc.toolchain.driver.last_cache_status`) and last session
+    with a report (:func:`jitbyoc.last_report`: a ``RunCodegen`` run by hand makes none)."""
 
     def __init__(self):
         self.lock = threading.Lock()
@@ -101,3 +102,13 @@ def last() -> BuildSession | None:
 def remember(session: BuildSession) -> None:
     """Make ``session`` this thread's most recent (a codegen run by hand)."""
     _SESSIONS.last.session = session
+
+
+def reported(session: BuildSession) -> None:
+    """Make ``session``, whose report is made, this thread's most recent report."""
+    _SESSIONS.last.reported = session
+
+
+def last_reported() -> BuildSession | None:
+    """This thread's most recent session with a report."""
+    return getattr(_SESSIONS.last, "reported", None)

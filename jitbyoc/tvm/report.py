@@ -179,6 +179,7 @@ def record(partitioned: tvm.IRModule, build: BuildSession) -> None:
                                                                                 status.get(r.symbol, ""))
     rep.timings = dict(build.timings)
     build.report = rep
+    session.reported(build)
 
 
 def record_declined(mod: tvm.IRModule, why: str) -> None:
@@ -188,12 +189,14 @@ def record_declined(mod: tvm.IRModule, why: str) -> None:
     for gv, func in mod.functions.items():
         if isinstance(func, relax.Function):
             rep.fallbacks.extend(_fallbacks(gv.name_hint, func, why=why))
-    session.remember(BuildSession(report=rep))
+    declined = BuildSession(report=rep)
+    session.remember(declined)
+    session.reported(declined)
 
 
 def last_report() -> Report | None:
     """The report of the most recent build made by this thread with jitbyoc enabled."""
-    last = session.last()
+    last = session.last_reported()
     return last.report if last is not None else None
 
 
