@@ -1,5 +1,5 @@
 """Builds from several threads at once: each ``tvm.compile`` has a build session of its
-own, and TVM's part of every build takes turns (:data:`jitbyoc.tvm.hook.TVM_TURN`).
+own, and TVM's part of every build takes turns (:data:`jitbyoc.tvm.turn.TVM_TURN`).
 
 TVM alone is not thread-safe here: its ``BlockBuilder`` keeps a class-level stack and
 ``LegalizeOps`` enters a process-wide TE tag scope ("nested op_tag is not allowed"). The
@@ -93,3 +93,25 @@ def test_threads_build_distinct_models_at_once_on_and_off(rounds):
         chunks = [cases[t::THREADS] for t in range(THREADS)]
         problems = [p for found in pool.map(worker, chunks) for p in found if p]
     assert problems == [], problems
+
+
+def test_only_tvms_part_of_a_build_takes_the_turn(monkeypatch):
+    """TVM_TURN is held while TVM's passes run (partitioning's pattern matching and
+    merging, RunCodegen) and not while jitbyoc lowers regions or compiles them, so
+    builds in several threads overlap there."""
+    from jitbyoc.tvm import codegen, partition
+    from jitbyoc.tvm.turn import TVM_TURN
+    held: dict[str, list] = {"merge": [], "lower": [], "compile": [], "codegen": []}
+
+    def noting(name, fn):
+        return lambda *a, **k: held[name].append(TVM_TURN._is_owned()) or fn(*a, **k)
+
+    monkeypatch.setattr(partition, "merge_regions", noting("merge", partition.merge_regions))
+    monkeypatch.setattr(partition.lower, "lower_region", noting("lower", partition.lower.lower_region))
+    monkeypatch.setattr(codegen.driver, "build_regions", noting("compile", codegen.driver.build_regions))
+    monkeypatch.setattr(codegen.session, "find", noting("codegen", codegen.session.find))
+    mod, reference, x = _model(99)
+    with jitbyoc.enabled():
+        ex = tvm.compile(mod, target="llvm")
+    assert held == {"merge": [True], "lower": [False], "compile": [False], "codegen": [True]}, held
+    np.testing.assert_allclose(run(relax.VirtualMachine(ex, tvm.cpu()), x), reference(x), rtol=1e-4, atol=1e-5)

@@ -4,7 +4,7 @@ lowering comes from the build's session, filled in by partitioning) and the buil
 turns them into one runtime module.
 
 Inside ``tvm.compile`` the hook builds that module before ``RunCodegen`` (:func:`build_module`),
-outside TVM's turn (:data:`jitbyoc.tvm.hook.TVM_TURN`), so the codegen only hands it over;
+outside TVM's turn (:data:`jitbyoc.tvm.turn.TVM_TURN`), so the codegen only hands it over;
 the session is found by the id the hook put in ``RunCodegen``'s options."""
 
 from __future__ import annotations

@@ -18,9 +18,10 @@ here and handed to partitioning, the codegen and the report. Builds in several t
 share nothing mutable but the bounded, locked caches, so jitbyoc's own work (lowering,
 rendering, compiling) runs in parallel; TVM's passes do not: its Relax passes keep a
 class-level ``BlockBuilder`` stack and ``LegalizeOps`` enters a process-wide TE tag scope.
-Every build through these pipelines, offloading or not, takes :data:`TVM_TURN` for
-TVM's part of it, which makes concurrent ``tvm.compile`` calls safe while the pipelines
-are wrapped (TVM's own pipeline alone is not).
+Every build through these pipelines, offloading or not, takes
+:data:`jitbyoc.tvm.turn.TVM_TURN` for TVM's part of it, which makes concurrent
+``tvm.compile`` calls safe while the pipelines are wrapped (TVM's own pipeline alone is
+not).
 """
 
 from __future__ import annotations
@@ -44,14 +45,11 @@ from . import report as offload_report
 from .composite_types import restore_call_types
 from .partition import partition_for_jitbyoc, regions
 from .target import machine_for
+from .turn import TVM_TURN
 
 log = logging.getLogger("jitbyoc")
 
 _LOCK = threading.Lock()
-# TVM's Relax passes are not thread-safe (BlockBuilder keeps a class-level stack;
-# LegalizeOps enters a process-global TE tag scope), so TVM's part of every build through
-# our pipelines takes turns here; jitbyoc's compiling and running the built VMs do not.
-TVM_TURN = threading.RLock()
 HOOKED = ("default", "default_build")
 
 
@@ -116,14 +114,13 @@ def _gc_paused():
 
 def offload(mod: tvm.IRModule, build: BuildSession) -> tvm.IRModule:
     """Partition ``mod`` and compile its regions for ``build``; the rest is left for TVM.
-    Partitioning runs TVM's passes, so it takes :data:`TVM_TURN`, as ``RunCodegen`` does;
-    the regions are compiled in between, outside it (the codegen then hands the module
-    over)."""
+    Partitioning takes :data:`TVM_TURN` for its TVM passes (not for lowering), as
+    ``RunCodegen`` does; the regions are compiled in between, outside it (the codegen
+    then hands the module over)."""
     t0 = time.perf_counter()
     with _gc_paused(), session.opened(build):
         with constants.writes_overlap():  # packed weights are written while regions compile
-            with TVM_TURN:
-                part = partition_for_jitbyoc(mod, build)
+            part = partition_for_jitbyoc(mod, build)
             t1 = time.perf_counter()
             codegen.build_module(regions(part).values(), build)
             with TVM_TURN:

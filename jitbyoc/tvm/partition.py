@@ -28,6 +28,7 @@ from .composite_types import retype_composites
 from .merge import merge_regions
 from .patterns import OPS_USED, PREFIX
 from .prepare import prepare
+from .turn import TVM_TURN
 
 log = logging.getLogger("jitbyoc")
 
@@ -111,7 +112,8 @@ def _partition(mod: tvm.IRModule, build: BuildSession) -> tvm.IRModule:
 
 def _partition_prepared(mod: tvm.IRModule, build: BuildSession) -> tvm.IRModule:
     ops = _ops_in(mod)
-    prepared = prepare(mod, ops)
+    with TVM_TURN:
+        prepared = prepare(mod, ops)
     if prepared is not mod:  # folding may have removed ops (shape_of, pad)
         mod, ops = prepared, _ops_in(prepared)
     composites = True
@@ -229,12 +231,13 @@ def _partition_once(mod: tvm.IRModule, ops: set[str], build: BuildSession, compo
     found = [p for p in get_patterns_with_prefix(PREFIX) if OPS_USED.get(p.name, frozenset()) <= ops
              and (composites or len(OPS_USED.get(p.name, ())) == 1)]
     fuse = FuseOpsByPattern(patterns.one_pass(found, build.rejected), bind_constants=False, annotate_codegen=False)
-    mod = fuse(mod)
-    retyped = retype_composites(mod)
-    if retyped is not mod:  # ops after a re-declared composite see their operands' shapes now
-        mod = fuse(retyped)
-    mod = patterns.name_single_ops(mod)
-    mod = merge_regions(mod)
+    with TVM_TURN:  # TVM's passes; lowering the regions below is jitbyoc's own work
+        mod = fuse(mod)
+        retyped = retype_composites(mod)
+        if retyped is not mod:  # ops after a re-declared composite see their operands' shapes now
+            mod = fuse(retyped)
+        mod = patterns.name_single_ops(mod)
+        mod = merge_regions(mod)
     codes: dict[str, str] = {}  # code symbol -> its key: distinct code never shares a name
     build.lowered.clear()  # region function handle -> (function, Lowered)
     feeding = _feeding_regions(mod)
