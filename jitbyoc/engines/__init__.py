@@ -43,14 +43,14 @@ def _names_an_engine(symbol: str) -> bool:
 def closure(symbols, callees_of) -> list[str]:
     """``symbols`` and every engine they call, directly or not, in the order visited;
     ``callees_of(symbol)`` gives what ``symbol`` calls (None when unknown yet: not followed)."""
-    found: list[str] = []
+    found: dict[str, None] = {}  # ordered, and a set for the membership tests
     todo = sorted(symbols)
     while todo:
         symbol = todo.pop()
         if symbol not in found:
-            found.append(symbol)
-            todo += sorted(set(callees_of(symbol) or ()) - set(found))
-    return found
+            found[symbol] = None
+            todo += sorted(set(callees_of(symbol) or ()) - found.keys())
+    return list(found)
 
 
 __all__ = ["KINDS", "PREFIX", "Engine", "closure", "emit", "ir_text", "parse", "use", "used_by"]

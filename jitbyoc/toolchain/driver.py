@@ -106,7 +106,7 @@ def compile_regions(regions: list[Region], build: BuildSession) -> tvm.runtime.M
     _look_up(set().union(*(a.calls for a in asm.values() if a)), engines, status)
     _compile_misses(misses, keys, asm, engines, status, build.machine)
     build.status.update({**{s: status[code] for s, (code, _) in uses.items()},
-                                      **{e: status[e] for e in engines}})
+                         **{e: status[e] for e in engines}})
     if not asm:
         return None
     t1 = time.perf_counter()
@@ -189,7 +189,7 @@ def _compile_misses(misses: dict, keys: dict, asm: dict, engines: dict, status: 
         for callee in new:
             submit_engine(callee)
 
-    missing = [e for e, text in engines.items() if text is None]  # called by cached regions
+    missing = [e for e, code in engines.items() if code is None]  # called by cached regions
     if len(misses) + len(missing) > 1:
         workers = compile_pool.pool()
     for e in missing:

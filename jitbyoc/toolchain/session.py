@@ -76,7 +76,7 @@ def opened(session: BuildSession):
     scoped to this thread)."""
     with _SESSIONS.lock:
         _SESSIONS.open[session.id] = session
-    _SESSIONS.last.session = session
+    remember(session)
     try:
         with isa.compiling_for(session.machine):
             yield session
@@ -100,7 +100,8 @@ def last() -> BuildSession | None:
 
 
 def remember(session: BuildSession) -> None:
-    """Make ``session`` this thread's most recent (a codegen run by hand)."""
+    """Make ``session`` this thread's most recent (its build opened, or a codegen run by
+    hand)."""
     _SESSIONS.last.session = session
 
 
