@@ -20,9 +20,10 @@ from ..ir.folds import FOLDS, identity
 from ..ir.llvmtypes import I1, I64
 from ..render.llvm import Emitter
 from ..render.loops import ceil_div, for_range, smin
+from ..render.portable import LLVM
 from ..render.vectors import lanes, splat, strips, vload, vstore
 from .reduce import Reduce
-from .softmax import Softmax, lanes_reduce, vector_row
+from .softmax import Softmax, vector_row
 
 ROW_BLOCKS = 4  # MR-row blocks per task: packing K and V is paid once per ROW_BLOCKS * MR rows
 
@@ -116,7 +117,7 @@ class _Block:
             if isinstance(s, kir.Elementwise):
                 self.map(r, s.shape, s.stores)
             elif isinstance(s, Softmax):
-                vector_row(self.c.b, s.out.dtype, self.row(s.inputs[0], r, I64(0)),
+                vector_row(LLVM(self.c), s.out.dtype, self.row(s.inputs[0], r, I64(0)),
                            self.row(s.out, r, I64(0)), self.n)
                 if s.epilogue is not None:
                     self.map(r, s.out.shape, [(s.out, s.epilogue)], s.out)
@@ -166,5 +167,5 @@ class _Block:
             v = vload(b, self.row(x, r, j), dt, mask, vl)
             return em.op(op, dt, acc, v if mask is None else b.select(mask, v, em.const(init, dt)))
 
-        value = lanes_reduce(b, em, op, dt, self.n, init, step)
+        value = LLVM(c).fold_lanes(s.kind, dt, self.n, vl, step)
         c.store(s.out, c.offset(s.out.shape, self.position(s.out.ndim, r, I64(0)), broadcast=True), value)

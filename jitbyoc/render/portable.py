@@ -5,7 +5,8 @@ loads and stores, accumulators, table ops and the two shared services (``paralle
 ``epilogue``). :class:`LLVM` offers them over llvmlite values and :class:`C` over C
 expressions with the same method names, so a stage writes ``emit(self, e)`` once and both
 renderings have the same structure by construction. Integers are given as ``int`` or as
-values of the facade.
+values of the facade. Vector ops with a lane count (strips, masked loads and stores, lane
+folds) are in :mod:`.portable_vectors`: in C every width is 1.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from ..ir.folds import FOLDS
 from ..ir.llvmtypes import I32, I64
 from .indexing import Ints
 from .loops import for_range
+from .portable_vectors import CVectors, LLVMVectors
 
 
 def _round(pairs, lo_mask, hi_mask):
@@ -38,7 +40,7 @@ TRANSPOSE8 = [
 ]
 
 
-class LLVM(Ints):
+class LLVM(LLVMVectors, Ints):
     """The facade over :class:`jitbyoc.render.llvm.Ctx`."""
 
     def __init__(self, ctx):
@@ -167,7 +169,7 @@ class LLVM(Ints):
         self.ctx.epilogue(stage, [self.i(o) for o in origin], [self.i(x) for x in extent])
 
 
-class C(Ints):
+class C(CVectors, Ints):
     """The facade over :class:`jitbyoc.render.c.Ctx`; values are C expressions."""
 
     def __init__(self, ctx):
