@@ -21,7 +21,7 @@ from tvm.ir.expr import Var as SizeVar
 from . import kernels  # noqa: F401 - registers every kernel's rule
 from .ir import kir
 from .ir import sizes as size_exprs
-from .ir.errors import LoweringError, error_context
+from .ir.errors import LoweringError, RegionSizeError, error_context
 from .ir.hoist import hoist_broadcast_subexpressions
 from .ir.relax_types import SymbolicSizes, dim, dims, naming_sizes
 from .ir.rules import REWRITES, RULES
@@ -215,14 +215,14 @@ class RegionLowering:
         hidden = set().union(*map(size_exprs.names_in, self.kernel.sizes.values())) - set(self.kernel.plain_sizes)
         if hidden:
             shown = sorted(self.sizes.display.get(h, h) for h in hidden)
-            raise LoweringError(f"{self.symbol}: symbolic sizes {shown} occur only inside compound "
+            raise RegionSizeError(f"{self.symbol}: symbolic sizes {shown} occur only inside compound "
                                 f"dims of the region's arguments, so they cannot be read at run time")
         used = {d for s in self.kernel.stages for b in kir.stage_reads(s) + kir.stage_writes(s)
                 for d in b.shape if isinstance(d, str)}
         unread = used - set(self.kernel.plain_sizes) - set(self.kernel.sizes)
         if unread:  # a reshape to sizes only its result shows (ONNX Unsqueeze), not output here
             shown = sorted(self.sizes.display.get(h, h) for h in unread)
-            err = LoweringError(f"{self.symbol}: symbolic sizes {shown} appear in no argument of the "
+            err = RegionSizeError(f"{self.symbol}: symbolic sizes {shown} appear in no argument of the "
                                 f"region, so they cannot be read at run time")
             err.subject = self.made_by.get(min(unread))
             raise err

@@ -21,6 +21,12 @@ class LoweringError(JitbyocError):
     """A region could not be lowered to kernel IR."""
 
 
+class RegionSizeError(LoweringError):
+    """The region's boundary leaves a symbolic size its arguments do not define. Not a
+    failure of any op: region formation (:mod:`jitbyoc.tvm.partition`) forms the regions
+    again without the call that makes the size (``subject``), or without the region."""
+
+
 class RenderError(JitbyocError):
     """Kernel IR could not be rendered to LLVM IR or C."""
 

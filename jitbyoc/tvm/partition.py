@@ -19,7 +19,7 @@ from tvm.relax.backend.pattern_registry import get_patterns_with_prefix
 from tvm.relax.transform import FuseOpsByPattern
 
 from .. import lower
-from ..ir.errors import LoweringError
+from ..ir.errors import LoweringError, RegionSizeError
 from ..memo import LRU
 from ..render import isa
 from ..toolchain.session import BuildSession
@@ -96,13 +96,11 @@ def _ops_in(mod: tvm.IRModule) -> set[str]:
     return ops
 
 
-MAX_REJECTIONS = 32  # lowering failures one partitioning may reject before leaving all to TVM
+CHECK_MISS = "jitbyoc_check_miss"  # set on the log record of a region its op checks passed but that failed to lower
 
 
 def _partition(mod: tvm.IRModule, build: BuildSession) -> tvm.IRModule:
-    """Partition and lower every region into ``build``; a region whose lowering fails
-    rejects the call that failed (or all its calls) and the module is partitioned again
-    without it."""
+    """Partition and lower every region into ``build`` (:func:`_form_regions`)."""
     try:  # prepared weights are written in the background meanwhile (constants.py)
         return _partition_prepared(mod, build)
     finally:
@@ -116,25 +114,45 @@ def _partition_prepared(mod: tvm.IRModule, build: BuildSession) -> tvm.IRModule:
         prepared = prepare(mod, ops)
     if prepared is not mod:  # folding may have removed ops (shape_of, pad)
         mod, ops = prepared, _ops_in(prepared)
+    return _form_regions(mod, ops, build)
+
+
+def _form_regions(mod: tvm.IRModule, ops: set[str], build: BuildSession) -> tvm.IRModule:
+    """Regions are formed from the calls whose rules accept them, then lowered to kernel
+    IR (no rendering): lowering is the check of what only a whole region shows.
+
+    * A :class:`RegionSizeError` (the region's boundary leaves a symbolic size undefined:
+      dynamic batches, ``torch.export``'s scaled lengths) rejects the call that makes the
+      size, or the region, and the regions are formed again without it.
+    * Any other lowering failure means an op's rule accepted a call its builder cannot
+      build: a jitbyoc bug. It is logged as an error (the tests fail on it), and the call
+      stays with TVM, so the build still succeeds.
+
+    Each pass rejects at least one more call, or partitioning stops, so it ends."""
     composites = True
-    for _ in range(MAX_REJECTIONS):  # a rejection changes no op: ``ops`` stays right
+    while True:
+        seen = len(build.rejected)
         try:
             return _partition_once(mod, ops, build, composites)
+        except RegionSizeError as err:
+            log.info("%s; regions formed again without it", err)
         except LoweringError as err:
-            log.warning("%s; that op stays with TVM", err)
+            log.error("jitbyoc: an op's rule accepted a call its builder failed on (a jitbyoc bug): "
+                      "%s; that op stays with TVM", err, extra={CHECK_MISS: True})
         except tvm.error.InternalError as err:  # TVM's own passes on what the patterns matched
             why = str(err).strip().splitlines()[-1]
-            if composites:
-                # a composite (matmul + add) whose other operand depends on its anchor
-                # through an op left to TVM (add(a, sort(a))) makes a cycle FuseOpsByPattern
-                # refuses; single ops, merged by jitbyoc's own region merging, do not
-                log.info("jitbyoc: partitioning failed in TVM (%s); again with single ops", why)
-                composites = False
-                continue
-            log.warning("jitbyoc: partitioning failed in TVM (%s); all of it stays with TVM", why)
+            if not composites:
+                log.warning("jitbyoc: partitioning failed in TVM (%s); all of it stays with TVM", why)
+                break
+            # a composite (matmul + add) whose other operand depends on its anchor through
+            # an op left to TVM (add(a, sort(a))) makes a cycle FuseOpsByPattern refuses;
+            # single ops, merged by jitbyoc's own region merging, do not
+            log.info("jitbyoc: partitioning failed in TVM (%s); again with single ops", why)
+            composites = False
+            continue
+        if len(build.rejected) == seen:
+            log.warning("jitbyoc: a region failed again without rejecting a new call; all of it stays with TVM")
             break
-    else:
-        log.warning("jitbyoc: %d lowering failures in one module; all of it stays with TVM", MAX_REJECTIONS)
     build.lowered.clear()
     return mod
 
@@ -169,14 +187,14 @@ def _sizes_its_inputs_define(func: relax.Function, name: str, feeds_region: bool
         if made:
             how = "no argument of the region shows" if made & unseen else \
                 "its inputs show only inside compound dims"
-            err = LoweringError(f"region {name}: {call.op.name} makes size(s) "
+            err = RegionSizeError(f"region {name}: {call.op.name} makes size(s) "
                                 f"{', '.join(sorted(made))} {how}")
             err.subject = call
             raise err
     # no call makes it: the region shows it only inside compound dims, inputs and outputs
     # alike ((4 * n, 48) -> (4 * n, 48)); RunCodegen fails when another region reads that
     if feeds_region:
-        raise LoweringError(f"region {name}: size(s) {', '.join(sorted(names))} appear only inside "
+        raise RegionSizeError(f"region {name}: size(s) {', '.join(sorted(names))} appear only inside "
                             "compound dims of its arguments and results")
 
 
