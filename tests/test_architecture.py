@@ -186,10 +186,12 @@ def test_no_function_is_longer_than_60_lines():
     assert long == []
 
 
-def test_a_lowering_failure_leaves_the_op_to_tvm(monkeypatch):
+@pytest.mark.check_miss
+def test_a_lowering_failure_leaves_the_op_to_tvm(monkeypatch, rules_check_what_they_build):
     """A call whose rule accepts it but whose lowering fails is rejected at partition time:
     the build succeeds, the op runs in TVM, the report says why (jitbyoc never fails a
-    build that TVM alone passes)."""
+    build that TVM alone passes), and it is logged as the bug it is, which every other
+    test fails on (tests/conftest.py)."""
     rule = rules.RULES["relax.nn.softmax"]
 
     def broken(fe, call, out):
@@ -203,6 +205,8 @@ def test_a_lowering_failure_leaves_the_op_to_tvm(monkeypatch):
     assert builds.report.offloaded_ops == 1  # the add
     tvm_out, jit_out = builds.run(x)
     np.testing.assert_array_equal(jit_out, tvm_out)
+    (miss,) = rules_check_what_they_build.found
+    assert "relax.nn.softmax" in miss and "boom" in miss and "a jitbyoc bug" in miss
 
 
 # Module-level state that functions change, each with the reason it may exist. A build's
@@ -289,4 +293,19 @@ def test_no_regex_over_generated_text_finds_engines():
                 text = ast.unparse(node)
                 if "PREFIX" in text or "jitbyoc_lib" in text:
                     found.append(f"{_module(path)}: {text}")
+    assert found == []
+
+
+def test_what_the_engines_multiply_is_written_once():
+    """The element types the heavy engines compute in come from one table
+    (jitbyoc.engines.products), not from a tuple of dtypes repeated in each engine, kernel
+    and packer (six copies before)."""
+    found = []
+    for path in ROOT.rglob("*.py"):
+        if _module(path) in ("jitbyoc.engines.products", "jitbyoc.ir.dtypes"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Tuple, ast.List, ast.Set)) and {"float32", "float64"} <= {
+                    e.value for e in node.elts if isinstance(e, ast.Constant)}:
+                found.append(f"{_module(path)}:{node.lineno}: {ast.unparse(node)}")
     assert found == []

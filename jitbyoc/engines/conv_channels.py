@@ -44,6 +44,7 @@ from . import conv_engine, registry
 from .conv_plan import DENSE_MAX_KW, Layout, Plan, bands_wanted, choose_plan, cost
 from .gemm import blocking_for, panel_width
 from .gemm_llvm import chunks_of
+from .products import UNIFORM
 
 MAX_V = 4  # vectors of channels per tile
 MAX_R = 16  # pixels per tile
@@ -97,7 +98,7 @@ def fits(geo, dt: str) -> bool:
     Maps of fewer pixels than a vector has lanes (a squeeze-and-excitation block's 1x1
     products) fit whatever their reduction and channel count: there the GEMM engine's
     vectors of pixels are a lane or two of 16."""
-    if dt not in ("float32", "float64") or geo.groups != 1 or geo.kw > DENSE_MAX_KW:
+    if dt not in UNIFORM or geo.groups != 1 or geo.kw > DENSE_MAX_KW:
         return False
     lanes = isa.lanes(dt)
     return geo.oh * geo.ow < lanes or (geo.cg * geo.taps >= MIN_REDUCTION and geo.k >= MIN_VECTORS * lanes)

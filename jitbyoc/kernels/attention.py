@@ -27,6 +27,7 @@ import numpy as np
 
 from ..engines.gemm import KC
 from ..engines.gemm_engine import fits
+from ..engines.products import UNIFORM
 from ..ir import kir
 from ..ir.dtypes import dtype as lookup_dtype
 from ..ir.ops import traps_on_masked_lanes
@@ -170,7 +171,7 @@ class _Chain:
 
     def _products_fit(self) -> bool:
         m1, m2 = self.m1, self.m2
-        if m1.out.dtype not in ("float32", "float64") or m2.out.dtype != m1.out.dtype:
+        if m1.out.dtype not in UNIFORM or m2.out.dtype != m1.out.dtype:
             return False
         if m2.inputs[0].storage.dtype != m1.out.dtype:
             return False

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
+from ..engines.products import UNIFORM
 from ..ir.dtypes import dtype as lookup_dtype
 from ..ir.llvmtypes import I1, I32, I64
 from ..render.loops import for_range, threaded
@@ -32,7 +33,7 @@ MAX_STRIDE = 4  # a wider load per tap costs stride registers' worth of loads
 def fits(geo, dt: str) -> bool:
     """Whether :func:`emit` takes this convolution: depthwise with one filter per
     channel, a float dtype, a column stride it can load as a vector."""
-    return (geo.groups == geo.c == geo.k and geo.cg == 1 and dt in ("float32", "float64")
+    return (geo.groups == geo.c == geo.k and geo.cg == 1 and dt in UNIFORM
             and 1 <= geo.stride[1] <= MAX_STRIDE)
 
 

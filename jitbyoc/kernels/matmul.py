@@ -29,11 +29,11 @@ import numpy as np
 
 from ..engines import gemm_engine, gemm_llvm
 from ..engines.gemm import Gemm, Output, Panels, Strided, box_epilogue, rows_epilogue
+from ..engines.products import UNIFORM
 from ..ir import kir
 from ..ir.relax_types import broadcast_problem, dims, operands_problem
 from ..ir.rules import register
 
-DTYPES = ("float32", "float64")
 
 
 def _strides(shape) -> list[tuple]:
@@ -114,7 +114,7 @@ class MatMul(kir.KernelStage):
 
 def _check(call) -> str | None:
     x, y = call.args
-    problem = operands_problem(call, (x, y, call), DTYPES)
+    problem = operands_problem(call, (x, y, call), UNIFORM)
     if problem:
         return problem
     if len({str(x.ty.dtype), str(y.ty.dtype), str(call.ty.dtype)}) != 1:

@@ -22,12 +22,12 @@ import numpy as np
 from tvm import relax
 from tvm.ir import Op
 
+from ..engines.products import UNIFORM
 from ..ir.rules import why_not
 from ..kernels.conv2d import conv_geometry, engine_plan
 from .constants import constant, tensor_constant
 
 CONVS = (Op.get("relax.nn.conv2d"), Op.get("relax.nn.conv1d"))
-ENGINE_DTYPES = ("float32", "float64")  # what the conv engine computes in
 
 
 def pack(value: np.ndarray, j: int) -> np.ndarray:
@@ -45,7 +45,7 @@ def engine_block(call: relax.Call) -> int:
     will and ``J`` divides the output channels of a group or there is one group (its last
     block is padded); else 0 (the matrix product and the depthwise kernel read OIHW)."""
     dt = str(call.ty.dtype)
-    if dt not in ENGINE_DTYPES or why_not(call) is not None:
+    if dt not in UNIFORM or why_not(call) is not None:
         return 0
     geo = conv_geometry(call)
     plan = engine_plan(geo, dt)

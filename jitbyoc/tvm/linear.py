@@ -25,13 +25,13 @@ from tvm.ir import Op
 from tvm.ir.expr import Constant
 
 from ..engines.gemm import panel_width
+from ..engines.products import UNIFORM
 from .constants import constant as _constant
 from .constants import tensor_constant
 from .inference import ADD, MATMUL, PERMUTE_DIMS, RESHAPE, _static_dims, single_use_call
 
 STRIDED_SLICE = Op.get("relax.strided_slice")
 
-MATMUL_DTYPES = ("float32", "float64")  # what the GEMM engine multiplies
 
 
 def _bound(expr, lookup):
@@ -87,7 +87,7 @@ def _panels_of(value: np.ndarray) -> int:
     """The panel width ``value`` (``(..., K, D)``) packs in: the engine's ``w`` when it
     multiplies the dtype and ``w`` divides ``D``, else 0 (no panels)."""
     dt = str(value.dtype)
-    width = panel_width(dt) if dt in MATMUL_DTYPES else 0
+    width = panel_width(dt) if dt in UNIFORM else 0
     return width if width and value.shape[-1] % width == 0 else 0
 
 
