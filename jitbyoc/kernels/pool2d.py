@@ -2,12 +2,17 @@
 and avg pool1d (NCW) and pool3d (NCDHW, windows trivial along depth or along rows and
 columns, as ONNX's LRN gives) as 2-D pools of views.
 
-Threads take (image, channel) planes. Windowed pooling runs per output row: the row is
-set to the identity, then for each kernel row inside the input and each kernel column it
-is combined with one strided input row over the *static* range of output columns whose
-tap lies inside the input. That loop has no branches, so LLVM vectorizes it (strided
-loads become interleaved loads); edges need no special case. Averages are divided by the
-window count afterwards. Adaptive pooling sums each bin in order (scalar).
+Threads take (image, channel) planes, written once against the portable facade
+(:mod:`.pool_planes`): LLVM and C render the same algorithm. Float pools with a column
+stride of at most 4 combine each window in a register, per vector of output columns (in
+C, per output column), taps outside the input masked to the identity: a loop over the
+interior vectors, the edge vectors unrolled. Other windowed pools run per output row:
+the row is set to the identity, then for each kernel row inside the input and each
+kernel column it is combined with one strided input row over the *static* range of
+output columns whose tap lies inside the input. That loop has no branches, so LLVM
+vectorizes it (strided loads become interleaved loads); edges need no special case.
+Averages are divided by the window count afterwards. Adaptive pooling sums each bin in
+order (scalar).
 
 Semantics follow TVM's topi: max pools start from the lowest finite value (TVM pads
 with it), averages divide by ``max(count, 1)`` where ``count`` counts the window clipped
@@ -29,11 +34,10 @@ import numpy as np
 
 from ..ir import kir
 from ..ir.dtypes import FLOATS, NUMERIC
-from ..ir.dtypes import dtype as lookup_dtype
 from ..ir.relax_types import dims, operands_problem
 from ..ir.rules import register
-from ..render.portable import C
-from .pool_llvm import emit_pool, lowest
+from ..render.portable import PortableStage
+from .pool_planes import emit_pool, lowest
 
 
 @dataclass(frozen=True)
@@ -60,7 +64,7 @@ def window_taps(ops, o, size: int, k: int, stride: int, dilation: int, before: i
 
 
 @dataclass(eq=False)
-class Pool2d(kir.KernelStage):
+class Pool2d(PortableStage, kir.KernelStage):
     kind: str = "max"  # a key of POOL_KINDS
     size: tuple = (1, 1)
     stride: tuple = (1, 1)
@@ -89,50 +93,8 @@ class Pool2d(kir.KernelStage):
         hi = min(ow, (w - 1 - shift) // self.stride[1] + 1) if w - 1 - shift >= 0 else 0
         return lo, max(lo, hi)
 
-    # ---- LLVM ----------------------------------------------------------------------------------
-    def emit_llvm(self, ctx) -> None:
-        emit_pool(self, ctx)
-
-    # ---- C -------------------------------------------------------------------------------------
-    def emit_c(self, ctx) -> None:
-        (x,), out, dt = self.inputs, self.out, self.out.dtype
-        _, _, h, w = x.shape
-        _, _, oh, ow = out.shape
-        ctype = lookup_dtype(dt).c
-        with ctx.loop("pl", ctx.product(self.planes)), ctx.loop("oh", oh), ctx.loop("ow", ow):
-            src, dst = f"pl * {h * w}", f"(pl * {oh} + oh) * {ow} + ow"
-            if self.row.adaptive:
-                self._c_adaptive(ctx, x, ctype, src)
-            else:
-                self._c_window(ctx, x, ctype, src)
-            ctx.line(f"{ctx.element(out, dst)} = acc;")
-        ctx.epilogue(self, ["0"] * 4, [ctx.dim(d) for d in out.shape])
-
-    def _c_window(self, ctx, x, ctype, src) -> None:
-        _, _, h, w = x.shape
-        (sh, sw), (dh, dw), (pt, pl) = self.stride, self.dilation, self.pad[:2]
-        init = "0" if self.row.average else ctx.em.const(lowest(x.dtype), x.dtype)
-        ctx.line(f"{ctype} acc = {init};")
-        with ctx.loop("i", self.size[0]), ctx.loop("j", self.size[1]):
-            ctx.line(f"const int64_t ih = oh * {sh} + i * {dh} - {pt}, iw = ow * {sw} + j * {dw} - {pl};")
-            with ctx.block(f"if (ih >= 0 && ih < {h} && iw >= 0 && iw < {w})"):
-                v = ctx.element(x, f"{src} + ih * {w} + iw")
-                new = f"acc + {v}" if self.row.average else ctx.em.op("maximum", x.dtype, "acc", v)
-                ctx.line(f"acc = {new};")
-        if self.row.average:
-            ints = C(ctx)
-            cnt = f"{self.counts(0, 'oh', ints)} * {self.counts(1, 'ow', ints)}"
-            ctx.line(f"acc = acc / ({ctype})({cnt} > 1 ? {cnt} : 1);")
-
-    def _c_adaptive(self, ctx, x, ctype, src) -> None:
-        _, _, h, w = x.shape
-        _, _, oh, ow = self.out.shape
-        ctx.line(f"const int64_t h0 = oh * {h} / {oh}, h1 = ((oh + 1) * {h} + {oh - 1}) / {oh};")
-        ctx.line(f"const int64_t w0 = ow * {w} / {ow}, w1 = ((ow + 1) * {w} + {ow - 1}) / {ow};")
-        ctx.line(f"{ctype} acc = 0;")
-        with ctx.loop("ih", "h1", "h0"), ctx.loop("iw", "w1", "w0"):
-            ctx.line(f"acc = acc + {ctx.element(x, f'{src} + ih * {w} + iw')};")
-        ctx.line(f"acc = acc / ({ctype})((h1 - h0) * (w1 - w0));")
+    def emit(self, e) -> None:
+        emit_pool(self, e)
 
     @staticmethod
     def reference(x: np.ndarray, kind: str, out_hw, size=(1, 1), stride=(1, 1), dilation=(1, 1),

@@ -26,7 +26,7 @@ from ..ir.rules import register
 from ..render.indexing import clamped, unravel
 from ..render.loops import threaded
 from ..render.portable import PortableStage
-from .pool_llvm import lowest
+from .pool_planes import lowest
 
 
 @dataclass(eq=False)

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from llvmlite import ir
 
+from ..ir import kir
 from ..ir.dtypes import dtype as lookup_dtype
 from ..ir.folds import FOLDS, identity
-from ..ir.llvmtypes import I32
+from ..ir.llvmtypes import I1, I32
 from . import vectors
 from .c import storage_c
 from .llvm import Emitter
@@ -31,6 +32,11 @@ class LLVMVectors:
         """A pointer to element ``off`` of ``buf``: where a row that :meth:`vload` reads starts."""
         return self.ctx.element(buf, self.i(off))
 
+    def pointer(self, buf):
+        """``buf``'s base pointer: elements addressed from it may lie before the buffer
+        (no ``inbounds``), as long as masked-off lanes are the only ones that do."""
+        return self.ctx.ptrs[buf.storage]
+
     def strips(self, start, stop, width: int, body, name: str = "k") -> None:
         """``body(i, mask)`` for the strips of ``width`` elements of [start, stop):
         :func:`jitbyoc.render.vectors.strips`; width 1, a loop named ``name``."""
@@ -40,16 +46,66 @@ class LLVMVectors:
         else:
             vectors.strips(self.b, self.i(start), self.i(stop), width, body)
 
-    def _at(self, ptr, off, dt: str):
-        return self.b.gep(ptr, [self.i(off)], source_etype=lookup_dtype(dt).ir)
+    def _at(self, src, off, dt: str):
+        """Element ``off`` of ``src``: a buffer (in bounds) or a pointer."""
+        if isinstance(src, kir.Buffer):
+            return self.ctx.element(src, self.i(off))
+        return self.b.gep(src, [self.i(off)], source_etype=lookup_dtype(dt).storage_ir)
 
-    def vload(self, ptr, off, dt: str, width: int, mask=None, fill=0):
-        """``width`` elements from ``ptr + off``; lanes off the ``mask`` read ``fill``."""
-        v = vectors.vload(self.b, self._at(ptr, off, dt), dt, mask, width)
+    def vload(self, src, off, dt: str, width: int, mask=None, fill=0):
+        """``width`` elements from element ``off`` of ``src`` (a buffer or a pointer);
+        lanes off the ``mask`` read ``fill`` and touch no memory."""
+        v = vectors.vload(self.b, self._at(src, off, dt), dt, mask, width)
         return v if mask is None else self.b.select(mask, v, self.vconst(fill, dt, width))
 
-    def vstore(self, ptr, off, v, dt: str, mask=None) -> None:
-        vectors.vstore(self.b, v, self._at(ptr, off, dt), dt, mask)
+    def vload_every(self, src, off, dt: str, width: int, stride: int, lanes=None, fill=0):
+        """Lane ``k`` reads element ``off + k * stride`` of ``src``: one load of the span,
+        every ``stride``-th element picked by a shuffle. With ``lanes`` (a static
+        ``(first, last)``), lanes outside ``[first, last)`` hold ``fill`` and the load is
+        masked to the span the others read."""
+        b, wide = self.b, width * stride
+        mask = None
+        if lanes is not None:
+            loaded = [lanes[0] * stride <= k <= (lanes[1] - 1) * stride for k in range(wide)]
+            mask = None if all(loaded) else ir.Constant(ir.VectorType(I1, wide), loaded)
+        v = vectors.vload(b, self._at(src, off, dt), dt, mask, wide)
+        if stride > 1:
+            every = ir.Constant(ir.VectorType(I32, width), [k * stride for k in range(width)])
+            v = b.shuffle_vector(v, v, every)
+        if lanes is not None and tuple(lanes) != (0, width):
+            inside = ir.Constant(ir.VectorType(I1, width), [lanes[0] <= k < lanes[1] for k in range(width)])
+            v = b.select(inside, v, self.vconst(fill, dt, width))
+        return v
+
+    def vstore(self, dst, off, v, dt: str, mask=None) -> None:
+        vectors.vstore(self.b, v, self._at(dst, off, dt), dt, mask)
+
+    def lane_mask(self, count, width: int):
+        """The first ``count`` of ``width`` lanes (:func:`jitbyoc.render.vectors.lane_mask`;
+        an int ``count``: a constant)."""
+        return vectors.lane_mask(self.b, count, width)
+
+    def lanes_of(self, dt: str, width: int, fill, values):
+        """A ``width``-lane value: lane ``k`` the ``k``-th of ``values`` (consumed lane by
+        lane), the lanes after them ``fill``."""
+        v = ir.Constant(ir.VectorType(lookup_dtype(dt).ir, width), [fill] * width)
+        for k, x in enumerate(values):
+            v = self.b.insert_element(v, x, I32(k))
+        return v
+
+    def vvar(self, dt: str, width: int):
+        """A mutable ``width``-lane slot (no value yet): :meth:`set`, :meth:`get`."""
+        with self.b.goto_block(self.b.function.entry_basic_block):
+            return self.b.alloca(self.vconst(0, dt, width).type)
+
+    def keep_scalar(self, index) -> None:
+        """Tag the finished loop of ``index`` so LLVM's loop vectorizer leaves it alone."""
+        module = self.ctx.module
+        flag = module.add_metadata([ir.MetaDataString(module, "llvm.loop.vectorize.enable"), I1(0)])
+        loop_id = module.add_metadata([flag, index.name])  # unique placeholder, then self-reference
+        loop_id.operands = (loop_id, flag)
+        latch = index.incomings[1][1]
+        latch.terminator.set_metadata("llvm.loop", loop_id)
 
     def splat(self, v, width: int):
         return v if width == 1 else vectors.splat(self.b, v, width)
@@ -91,15 +147,39 @@ class CVectors:
         self.ctx.line(f"{storage_c(buf.dtype)} *{name} = &{self.ctx.element(buf, self.i(off))};")
         return name
 
+    def pointer(self, buf):
+        return buf.storage.name
+
     def strips(self, start, stop, width: int, body, name: str = "k") -> None:
         with self.loop(stop, start, name) as k:
             body(k, None)
 
-    def vload(self, ptr, off, dt: str, width: int, mask=None, fill=0):
-        return self.em.loaded(f"{ptr}[{self.i(off)}]", dt)
+    def _at(self, src, off) -> str:
+        return self.ctx.element(src, self.i(off)) if isinstance(src, kir.Buffer) else f"{src}[{self.i(off)}]"
 
-    def vstore(self, ptr, off, v, dt: str, mask=None) -> None:
-        self.ctx.line(f"{ptr}[{self.i(off)}] = {v};")
+    def vload(self, src, off, dt: str, width: int, mask=None, fill=0):
+        return self.em.loaded(self._at(src, off), dt)
+
+    def vload_every(self, src, off, dt: str, width: int, stride: int, lanes=None, fill=0):
+        return self.vload(src, off, dt, width)  # one lane: inside, or the caller skips the load
+
+    def vstore(self, dst, off, v, dt: str, mask=None) -> None:
+        self.ctx.line(f"{self._at(dst, off)} = {v};")
+
+    def lane_mask(self, count, width: int):
+        return None
+
+    def lanes_of(self, dt: str, width: int, fill, values):
+        first = next(iter(values), None)
+        return self.const(fill, dt) if first is None else first
+
+    def vvar(self, dt: str, width: int):
+        name = self._name("acc")
+        self.ctx.line(f"{lookup_dtype(dt).c} {name};")
+        return name
+
+    def keep_scalar(self, index) -> None:
+        pass
 
     def splat(self, v, width: int):
         return v
