@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from ..ir.dtypes import dtype as lookup_dtype
 from ..ir import sizes
 from ..ir.kir import Kernel
-from .c import product as c_product
+from .indexing import CInts
 
 ANY_SIZE = 16
 TYPE_DLTENSOR_PTR = 7
@@ -142,12 +142,12 @@ class Contiguous:
         return (CONTIG, self.index, len(self.shape), 0, self.message, 0)
 
     def emit_c(self, e) -> None:
-        i = self.index
+        i, ints = self.index, CInts()
         e.line(f"const int64_t* st{i} = (const int64_t*)jb_ptr_at(dl{i}, {DL_STRIDES});")
         for axis, d in enumerate(self.shape):
             if d == 1:
                 continue
-            want = c_product(self.shape[axis + 1:])
+            want = ints.i(ints.product(self.shape[axis + 1:]))
             cond = f"st{i} && st{i}[{axis}] != {want}" + (f" && {d} != 1" if isinstance(d, str) else "")
             e.fail_if(cond, self, e.string(self, 0), str(axis), f"(long long)st{i}[{axis}]", f"(long long)({want})")
 

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
-from functools import reduce
 
 from ..ir import kir
 from ..ir.dtypes import dtype as lookup_dtype
 from ..ir.errors import RenderError, error_context
 from ..ir.ops import op_def
 from . import isa
+from .indexing import CInts, Indexing, dot
 from .loops import threaded
 
 PRELUDE = r"""#include <math.h>
@@ -104,11 +104,6 @@ class Emitter:
         return self.temp(row.result_dtype(dt, attrs), expr)
 
 
-def product(dims) -> str:
-    static = reduce(lambda x, y: x * y, (d for d in dims if isinstance(d, int)), 1)
-    return " * ".join([f"INT64_C({static})"] + [d for d in dims if isinstance(d, str)])
-
-
 def storage_c(dt: str) -> str:
     return lookup_dtype(dt).storage_c
 
@@ -116,8 +111,9 @@ def storage_c(dt: str) -> str:
 evaluate = kir.evaluate
 
 
-class Ctx:
-    """What a stage emits with: output lines, buffers by name, outlined functions."""
+class Ctx(Indexing):
+    """What a stage emits with: output lines, buffers by name, outlined functions; index
+    arithmetic as :class:`jitbyoc.render.llvm.Ctx` (from :mod:`.indexing`)."""
 
     def __init__(self, name: str, bufs: list, syms: list, functions: list, depth: int = 1):
         self.name, self.bufs, self.syms, self.functions = name, bufs, syms, functions
@@ -125,6 +121,7 @@ class Ctx:
         self.depth = depth
         self.n = 0
         self.em = Emitter(self)
+        self.ints = CInts(self)
 
     def line(self, text: str) -> None:
         self.lines.append("  " * self.depth + text)
@@ -148,28 +145,8 @@ class Ctx:
         with self.block(f"for (int64_t {var} = {start}; {var} < {count}; ++{var})"):
             yield var
 
-    def dim(self, d) -> str:
-        return f"INT64_C({d})" if isinstance(d, int) else d
-
-    def product(self, dims) -> str:
-        return product(dims)
-
     def element(self, buf: kir.Buffer, offset: str) -> str:
         return f"{buf.storage.name}[{offset}]"  # a view addresses its base
-
-    def offset(self, shape, pos, broadcast=False) -> str:
-        off = "0"
-        for d, p in zip(shape, pos):
-            off = f"({off}) * {self.dim(d)} + {'0' if broadcast and d == 1 else p}"
-        return off
-
-    def unravel(self, flat: str, dims) -> list:
-        """Row-major indices of ``flat`` in ``dims``."""
-        out = []
-        for d in reversed(dims):
-            out.append(f"(({flat}) % {self.dim(d)})")
-            flat = f"(({flat}) / {self.dim(d)})"
-        return out[::-1]
 
     def parallel_for(self, count: str, body, extra=()) -> None:
         """Mirror of :meth:`jitbyoc.render.llvm.Ctx.parallel_for`."""
@@ -228,18 +205,17 @@ def emit_elementwise(ctx: Ctx, stage: kir.Elementwise) -> None:
     idx = [f"i{k}_{j}" for j in range(len(layout.extents))]
 
     def nest(c: Ctx, lo, hi, _extra):
-        counts = [hi] + [product(ext) for ext in layout.extents[1:]]
+        counts = [hi] + [c.product(ext) for ext in layout.extents[1:]]
         with _nest(c, idx, counts, [lo] + ["0"] * (len(idx) - 1)):
             def address(buf):
-                terms = [i if product(s) == "INT64_C(1)" else f"{i} * ({product(s)})"
-                         for i, s in zip(idx, layout.strides[buf]) if s is not None]
-                return c.element(buf, " + ".join(terms) or "0")
+                walked = [(i, c.ints.product(s)) for i, s in zip(idx, layout.strides[buf]) if s is not None]
+                return c.element(buf, c.ints.i(dot(c.ints, [i for i, _ in walked], [s for _, s in walked])))
 
             values = evaluate(c.em, roots, address)
             for buf, node in stage.stores:
                 c.line(f"{address(buf)} = {values[id(node)]};")
 
-    outer = product(layout.extents[0]) if layout.extents else "1"
+    outer = ctx.product(layout.extents[0]) if layout.extents else "1"
     if layout.extents and threaded([d for ext in layout.extents for d in ext], "elementwise"):
         ctx.parallel_for(outer, nest)
     else:
@@ -254,7 +230,7 @@ def emit_compute(kernel: kir.Kernel, functions: list) -> list[str]:
     for t in kernel.temps:
         d = lookup_dtype(t.dtype)
         ctx.line(f"{storage_c(t.dtype)}* restrict {t.name} = ({storage_c(t.dtype)}*)TVMBackendAllocWorkspace("
-                 f"1, 0, (uint64_t)({product(t.shape)}) * {d.nbytes}, {d.dl_code}, {d.storage_bits});")
+                 f"1, 0, (uint64_t)({ctx.product(t.shape)}) * {d.nbytes}, {d.dl_code}, {d.storage_bits});")
         ctx.line(f"if (!{t.name}) return -1;")
     for stage in kernel.stages:
         with error_context(RenderError, kernel.name, f"{kir.describe(stage)} in C"):

@@ -1,25 +1,45 @@
-"""Loop and index helpers for kernels written against the :mod:`.portable` facade.
+"""The integer-index layer, one for both renderers and every kernel.
 
-They only call facade methods, so one helper serves both renderers: thread-pool
-thresholds, row-major unravelling, dot products of indices and strides, folds
-(reductions along a loop, of the kinds :mod:`jitbyoc.ir.folds` defines), and
-:class:`Ints`, the integer layer both facades share.
+:class:`Ints` is int64 index arithmetic that folds static sizes (Python ints) and emits
+the rest through a renderer's primitives: :class:`LLVMInts` (llvmlite i64 values) and
+:class:`CInts` (``int64_t`` C expressions). The portable facades are :class:`Ints`;
+the renderers' ``Ctx`` get theirs as ``ctx.ints`` and their ``dim``/``product``/
+``unravel``/``offset`` from :class:`Indexing`. The helpers below only call facade
+methods, so one helper serves both renderers: thread-pool thresholds, row-major
+unravelling and offsets, dot products of indices and strides, and folds (reductions
+along a loop, of the kinds :mod:`jitbyoc.ir.folds` defines).
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
+from functools import reduce
+
+from llvmlite import ir
 
 from ..ir.folds import identity
+from ..ir.llvmtypes import I64
 
 
-def unravel(e, flat, extents) -> list:
-    """Row-major indices of ``flat`` (assumed in range) in ``extents`` (facade values)."""
+def unravel(e, flat, extents, wrap: bool = False) -> list:
+    """Row-major indices of ``flat`` in ``extents`` (facade values): ``flat`` is assumed
+    in range, or with ``wrap`` the outermost index is taken modulo its extent as well."""
     out = []
     for k in range(len(extents) - 1, 0, -1):
         out.append(e.let(e.rem(flat, extents[k])))
         flat = e.let(e.div(flat, extents[k]))
+    if wrap and extents:
+        flat = e.let(e.rem(flat, extents[0]))
     return ([flat] if extents else []) + out[::-1]
+
+
+def offset(e, shape, pos, broadcast: bool = False):
+    """Row-major offset of ``pos`` (facade values) in ``shape`` (ints and symbolic
+    names); with ``broadcast``, size-1 dims read 0."""
+    off = 0
+    for d, p in zip(shape, pos):
+        off = e.add(e.mul(off, e.dim(d)), 0 if broadcast and d == 1 else p)
+    return off
 
 
 def fold(e, kind: str, dt: str, count, value, start=0):
@@ -59,9 +79,10 @@ def _is(v, k: int) -> bool:
 
 
 class Ints:
-    """Integer arithmetic shared by both facades: static sizes stay Python ints and fold
-    (so ``x + 0``, ``x * 1`` and products of static dims emit nothing); the rest goes to
-    the renderer's ``_add``/``_sub``/``_mul``/``_div``/``_rem`` (C semantics: truncating)."""
+    """Integer arithmetic: static sizes stay Python ints and fold (so ``x + 0``, ``x * 1``,
+    ``x * 0`` and products of static dims emit nothing); the rest goes to the renderer's
+    ``i`` (an int as a value), ``_add``/``_sub``/``_mul``/``_div``/``_rem`` (C semantics:
+    truncating), ``let`` and ``sym`` (a symbolic size's value)."""
 
     def add(self, x, y):
         if isinstance(x, int) and isinstance(y, int):
@@ -78,6 +99,8 @@ class Ints:
     def mul(self, x, y):
         if isinstance(x, int) and isinstance(y, int):
             return x * y
+        if _is(x, 0) or _is(y, 0):
+            return 0
         if _is(x, 1) or _is(y, 1):
             return y if _is(x, 1) else x
         return self._mul(self.i(x), self.i(y))
@@ -93,17 +116,104 @@ class Ints:
         return 0 if _is(y, 1) else self._rem(self.i(x), self.i(y))
 
     def dim(self, d):
-        return d if isinstance(d, int) else self.ctx.dim(d)
+        return d if isinstance(d, int) else self.sym(d)
 
     def product(self, dims):
-        acc = 1
+        """The product of ``dims`` (ints and symbolic names), the static ones folded first."""
+        acc = reduce(lambda x, y: x * y, (d for d in dims if isinstance(d, int)), 1)
         for d in dims:
-            acc = self.mul(acc, self.dim(d))
+            if not isinstance(d, int):
+                acc = self.mul(acc, self.dim(d))
         return acc
 
     def as_float(self, v, dt: str):
         """An int64 count as a ``dt`` value (a constant when static)."""
         return self.const(v, dt) if isinstance(v, int) else self.op("astype", "int64", v, to=dt)
+
+
+class LLVMInts(Ints):
+    """:class:`Ints` over llvmlite i64 values of ``ctx`` (a :class:`jitbyoc.render.llvm.Ctx`):
+    adds, subtractions and products are ``nsw``."""
+
+    def __init__(self, ctx):
+        self.ctx, self.b = ctx, ctx.b
+
+    def i(self, v):
+        return ir.Constant(I64, v) if isinstance(v, int) else v
+
+    def _add(self, x, y):
+        return self.b.add(x, y, flags=["nsw"])
+
+    def _sub(self, x, y):
+        return self.b.sub(x, y, flags=["nsw"])
+
+    def _mul(self, x, y):
+        return self.b.mul(x, y, flags=["nsw"])
+
+    def _div(self, x, y):
+        return self.b.sdiv(x, y)
+
+    def _rem(self, x, y):
+        return self.b.srem(x, y)
+
+    def let(self, v):
+        return self.i(v)
+
+    def sym(self, name: str):
+        return self.ctx.syms[name]
+
+
+class CInts(Ints):
+    """:class:`Ints` over ``int64_t`` C expressions; ``let`` names a value in ``ctx`` (a
+    :class:`jitbyoc.render.c.Ctx`; none needed for arithmetic alone)."""
+
+    def __init__(self, ctx=None):
+        self.ctx = ctx
+
+    def i(self, v) -> str:
+        return f"INT64_C({v})" if isinstance(v, int) else v
+
+    def _add(self, x, y):
+        return f"({x} + {y})"
+
+    def _sub(self, x, y):
+        return f"({x} - {y})"
+
+    def _mul(self, x, y):
+        return f"({x} * {y})"
+
+    def _div(self, x, y):
+        return f"({x} / {y})"
+
+    def _rem(self, x, y):
+        return f"({x} % {y})"
+
+    def let(self, v):
+        return v if isinstance(v, int) else self.ctx.let("int64_t", v)
+
+    def sym(self, name: str) -> str:
+        return name  # a size is a C variable of its name
+
+
+class Indexing:
+    """Mixin for the renderers' ``Ctx``: the index methods kernels and engines call on a
+    ctx (sizes: ints and symbolic names), through its :class:`Ints` ``self.ints`` and
+    always answered in the renderer's values (a static result too)."""
+
+    def dim(self, d):
+        return self.ints.i(self.ints.dim(d))
+
+    def product(self, dims):
+        return self.ints.i(self.ints.product(dims))
+
+    def unravel(self, flat, dims) -> list:
+        """Row-major indices of ``flat`` in ``dims``, the outermost taken modulo its dim."""
+        ints = self.ints
+        return [ints.i(v) for v in unravel(ints, flat, [ints.dim(d) for d in dims], wrap=True)]
+
+    def offset(self, shape, pos, broadcast=False):
+        """Row-major offset of ``pos`` in ``shape``; with ``broadcast``, size-1 dims read 0."""
+        return self.ints.i(offset(self.ints, shape, pos, broadcast))
 
 
 def each_row(e, shape, body, threads: bool) -> None:

@@ -26,6 +26,7 @@ from ..ir.errors import RenderError, error_context
 from ..ir.llvmtypes import I8, I32, I64, PTR, declare
 from ..ir.ops import op_def, traps_on_masked_lanes
 from . import isa
+from .indexing import Indexing, LLVMInts, dot, product
 from .loops import for_range, loop_nest, threaded
 from .vectors import SplatConstant, lanes, splat, strips, vload, vstore
 
@@ -85,16 +86,6 @@ def load_slots(b: ir.IRBuilder, data, count: int, start: int = 0) -> list:
     return [b.load(b.gep(data, [I64(k)], source_etype=I64), typ=I64) for k in range(start, start + count)]
 
 
-def product(b: ir.IRBuilder, dims, syms: dict):
-    """The product of ``dims`` (ints and symbolic names) as an i64 value."""
-    static = reduce(lambda x, y: x * y, (d for d in dims if isinstance(d, int)), 1)
-    acc = ir.Constant(I64, static)
-    for d in dims:
-        if isinstance(d, str):
-            acc = b.mul(acc, syms[d], flags=["nsw"])
-    return acc
-
-
 evaluate = kir.evaluate
 
 
@@ -112,28 +103,25 @@ class Team:
         self.index, self.size = index, size
 
 
-class Ctx:
+class Ctx(Indexing):
     """What a stage emits with: builder, buffer pointers, symbolic sizes, and the
-    :class:`Facts` of the module being rendered (shared by every ctx of that module)."""
+    :class:`Facts` of the module being rendered (shared by every ctx of that module).
+    Index arithmetic (``dim``, ``product``, ``unravel``, ``offset``; ``ints``, folding
+    i64 arithmetic) comes from :mod:`.indexing`."""
 
     def __init__(self, module: ir.Module, b: ir.IRBuilder, name: str, ptrs: dict, syms: dict,
                  facts: Facts | None = None):
         self.module, self.b, self.name, self.ptrs, self.syms = module, b, name, ptrs, syms
         self.facts = facts if facts is not None else Facts()
         self.em = Emitter(b)
+        self.ints = LLVMInts(self)
 
     def scalar_loops(self) -> None:
         """Note that this module has loops left for LLVM's loop vectorizer."""
         self.facts.needs_loop_vectorizer = True
 
     def i64(self, v) -> ir.Value:
-        return ir.Constant(I64, v) if isinstance(v, int) else v
-
-    def dim(self, d) -> ir.Value:
-        return ir.Constant(I64, d) if isinstance(d, int) else self.syms[d]
-
-    def product(self, dims) -> ir.Value:
-        return product(self.b, dims, self.syms)
+        return self.ints.i(v)
 
     def element(self, buf: kir.Buffer, offset) -> ir.Value:
         """Pointer to element ``offset`` (i64) of ``buf`` (a view addresses its base)."""
@@ -242,9 +230,7 @@ class Ctx:
         out, b, em = stage.out, self.b, Emitter(self.b, n)
         nd = out.ndim
         sizes = [_static(e) if _static(e) is not None else e for e in extent[lead:]]
-        length = reduce(lambda x, y: x * y if isinstance(x, int) and isinstance(y, int)
-                        else b.mul(self.i64(x), self.i64(y), flags=["nsw"]), sizes)
-        length = self.i64(length)
+        length = self.i64(product(self.ints, sizes))
 
         def point(idx, j, mask):
             start = [b.add(self.i64(o), i) for o, i in zip(origin, idx)] + list(map(self.i64, origin[lead:]))
@@ -261,21 +247,6 @@ class Ctx:
 
         with loop_nest(b, [self.i64(e) for e in extent[:lead]], "e") as idx:
             strips(b, I64(0), length, n, lambda j, mask: point(idx, j, mask))
-
-    def unravel(self, flat, dims) -> list:
-        """Row-major indices of ``flat`` in ``dims``."""
-        out = []
-        for d in reversed(dims):
-            out.append(self.b.srem(flat, self.dim(d)))
-            flat = self.b.sdiv(flat, self.dim(d))
-        return out[::-1]
-
-    def offset(self, shape, pos, broadcast=False) -> ir.Value:
-        """Row-major offset of ``pos`` in ``shape``; with ``broadcast``, size-1 dims read 0."""
-        off = ir.Constant(I64, 0)
-        for d, p in zip(shape, pos):
-            off = self.b.add(self.b.mul(off, self.dim(d)), ir.Constant(I64, 0) if broadcast and d == 1 else p)
-        return off
 
 
 def _check_own_values(fn: ir.Function) -> None:
@@ -331,23 +302,15 @@ def _run_dims(out: kir.Buffer, reads, origin, extent) -> int:
     return m
 
 
-def _is_one(v) -> bool:
-    return isinstance(v, ir.Constant) and v.constant == 1
-
-
 def _emit_point(c: Ctx, stage: kir.Elementwise, roots, n, steps, idx, mask=None) -> None:
     """An elementwise nest's body at ``idx``; with ``n``, on the vector starting there."""
     b, em = c.b, Emitter(c.b, n) if n else c.em
     offsets: dict = {}
 
-    def address(buf):  # one offset per buffer and point; unit steps need no multiply
+    def address(buf):  # one offset per buffer and point (steps: ints fold)
         if buf not in offsets:
-            terms = [i if _is_one(step) else b.mul(i, step, flags=["nsw"])
-                     for i, step in zip(idx, steps[buf]) if step is not None]
-            off = terms[0] if terms else ir.Constant(I64, 0)
-            for t in terms[1:]:
-                off = b.add(off, t, flags=["nsw"])
-            offsets[buf] = off
+            walked = [(i, step) for i, step in zip(idx, steps[buf]) if step is not None]
+            offsets[buf] = c.i64(dot(c.ints, [i for i, _ in walked], [step for _, step in walked]))
         return offsets[buf]
 
     def load(buf):
@@ -386,7 +349,7 @@ def emit_elementwise(ctx: Ctx, stage: kir.Elementwise) -> None:
     def nest(c: Ctx, lo, hi, _extra):
         b = c.b
         counts = [c.product(ext) for ext in layout.extents]
-        steps = {buf: [None if s is None else c.product(s) for s in layout.strides[buf]] for buf in bufs}
+        steps = {buf: [None if s is None else c.ints.product(s) for s in layout.strides[buf]] for buf in bufs}
         if not counts:
             point(c, steps, [])
         elif n and len(counts) == 1:

@@ -18,7 +18,7 @@ from llvmlite import ir
 from ..ir.dtypes import dtype as lookup_dtype
 from ..ir.folds import FOLDS
 from ..ir.llvmtypes import I32, I64
-from .indexing import Ints
+from .indexing import CInts, LLVMInts
 from .loops import for_range
 from .portable_vectors import CVectors, LLVMVectors
 
@@ -40,31 +40,13 @@ TRANSPOSE8 = [
 ]
 
 
-class LLVM(LLVMVectors, Ints):
+class LLVM(LLVMVectors, LLVMInts):
     """The facade over :class:`jitbyoc.render.llvm.Ctx`."""
 
     def __init__(self, ctx):
         self.ctx, self.b, self.em = ctx, ctx.b, ctx.em
 
-    # ---- int64 index arithmetic (folding: :class:`.indexing.Ints`) ---------------------
-    def i(self, v):
-        return ir.Constant(I64, v) if isinstance(v, int) else v
-
-    def _add(self, x, y):
-        return self.b.add(x, y, flags=["nsw"])
-
-    def _sub(self, x, y):
-        return self.b.sub(x, y, flags=["nsw"])
-
-    def _mul(self, x, y):
-        return self.b.mul(x, y, flags=["nsw"])
-
-    def _div(self, x, y):
-        return self.b.sdiv(x, y)
-
-    def _rem(self, x, y):
-        return self.b.srem(x, y)
-
+    # ---- int64 index arithmetic (folding: :class:`.indexing.LLVMInts`) -----------------
     def lt(self, x, y):
         return self.b.icmp_signed("<", self.i(x), self.i(y))
 
@@ -76,9 +58,6 @@ class LLVM(LLVMVectors, Ints):
 
     def max(self, x, y):
         return self.b.select(self.lt(x, y), self.i(y), self.i(x))
-
-    def let(self, v):
-        return self.i(v)
 
     def index(self, v, dt: str):
         """A loaded integer of dtype ``dt`` as an int64 index."""
@@ -169,30 +148,13 @@ class LLVM(LLVMVectors, Ints):
         self.ctx.epilogue(stage, [self.i(o) for o in origin], [self.i(x) for x in extent])
 
 
-class C(CVectors, Ints):
+class C(CVectors, CInts):
     """The facade over :class:`jitbyoc.render.c.Ctx`; values are C expressions."""
 
     def __init__(self, ctx):
         self.ctx, self.em = ctx, ctx.em
 
-    def i(self, v) -> str:
-        return f"INT64_C({v})" if isinstance(v, int) else v
-
-    def _add(self, x, y):
-        return f"({x} + {y})"
-
-    def _sub(self, x, y):
-        return f"({x} - {y})"
-
-    def _mul(self, x, y):
-        return f"({x} * {y})"
-
-    def _div(self, x, y):
-        return f"({x} / {y})"
-
-    def _rem(self, x, y):
-        return f"({x} % {y})"
-
+    # ---- int64 index arithmetic (folding: :class:`.indexing.CInts`) --------------------
     def lt(self, x, y):
         return f"({self.i(x)} < {self.i(y)})"
 
@@ -204,9 +166,6 @@ class C(CVectors, Ints):
 
     def max(self, x, y):
         return f"({self.lt(x, y)} ? {self.i(y)} : {self.i(x)})"
-
-    def let(self, v):
-        return v if isinstance(v, int) else self.ctx.let("int64_t", v)
 
     def index(self, v, dt: str):
         return f"((int64_t){v})"
