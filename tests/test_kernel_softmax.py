@@ -52,6 +52,19 @@ def test_symbolic_row_length(n):
     np.testing.assert_allclose(run(builds.jit, x), run(builds.tvm, x), rtol=2e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("n", [1, 17, 300])
+def test_symbolic_row_length_with_a_fused_epilogue(n):
+    """The epilogue of rows whose length is a symbolic size gets the size's value as its
+    extent (the LLVM rendering passed the size's name, and the build failed)."""
+    def body(bb, x):
+        return bb.emit(relax.op.multiply(bb.emit(relax.op.nn.softmax(x)), relax.const(3.0, "float32")))
+
+    builds = build_both(build_model({"x": ((2, "n"), "float32")}, body))
+    assert not builds.report.fallbacks, str(builds.report)
+    x = np.random.default_rng(n).standard_normal((2, n)).astype("float32")
+    np.testing.assert_allclose(run(builds.jit, x), run(builds.tvm, x), rtol=2e-6, atol=1e-6)
+
+
 def test_masked_scores_as_attention_makes_them():
     """-inf entries (a causal mask) get exactly 0; a row of -inf only is NaN, as in TVM."""
     x = np.random.default_rng(0).standard_normal((4, 37)).astype("float32")
