@@ -15,13 +15,12 @@ from __future__ import annotations
 from ..engines import gemm_micro as mk
 from ..engines.gemm_llvm import b_in_place, extent, free_workspace, micro_tile, pack_panels, workspace
 from ..ir import kir
-from ..ir.dtypes import dtype as lookup_dtype
 from ..ir.folds import FOLDS, identity
 from ..ir.llvmtypes import I1, I64
-from ..render.llvm import Emitter
+from ..render.indexing import offset
 from ..render.loops import ceil_div, for_range, smin
 from ..render.portable import LLVM
-from ..render.vectors import lanes, splat, strips, vload, vstore
+from ..render.vectors import lanes
 from .reduce import Reduce
 from .softmax import Softmax, vector_row
 
@@ -62,7 +61,7 @@ def _tasks(stage, g1, g2, c, lo, hi, chunks) -> None:
         with for_range(b, ceil_div(b, b.sub(last, first), I64(mr)), "blk") as q:
             i0 = b.add(first, b.mul(q, I64(mr)))
             mv = smin(b, I64(mr), b.sub(last, i0))
-            block = _Block(stage, c, rows, ldn, n, bidx, i0)
+            block = _Block(stage, LLVM(c), rows, ldn, n, bidx, i0)
             _scores(g1, c, block, kp, mv, (n, k))
             with for_range(b, mv, "row") as r:
                 block.row_steps(r)
@@ -102,70 +101,69 @@ def _values(g2, c, block, vp, mv, ndv) -> None:
 
 
 class _Block:
-    """One block of rows of a task: where each buffer's element of row ``r`` is."""
+    """One block of rows of a task: where each buffer's element of row ``r`` is. The row
+    steps are written against the portable facade ``e`` and its vector ops."""
 
-    def __init__(self, stage, c, rows, ldn, n, bidx, i0):
-        self.stage, self.c, self.rows, self.ldn, self.n = stage, c, rows, ldn, n
+    def __init__(self, stage, e, rows, ldn, n, bidx, i0):
+        self.stage, self.e, self.rows, self.ldn, self.n = stage, e, rows, ldn, n
         self.bidx, self.i0 = list(bidx), i0
-        self.vl = lanes(stage.steps[0].out.dtype)
+        self.vl = e.lanes(stage.steps[0].out.dtype)
 
     def row_steps(self, r) -> None:
-        m1 = self.stage.steps[0]
+        e, m1 = self.e, self.stage.steps[0]
         if m1.epilogue is not None:
             self.map(r, m1.out.shape, [(m1.out, m1.epilogue)], m1.out)
         for s in self.stage.steps[1:-1]:
             if isinstance(s, kir.Elementwise):
                 self.map(r, s.shape, s.stores)
             elif isinstance(s, Softmax):
-                vector_row(LLVM(self.c), s.out.dtype, self.row(s.inputs[0], r, I64(0)),
-                           self.row(s.out, r, I64(0)), self.n)
+                (x,), out = s.inputs, s.out
+                vector_row(e, out.dtype, e.address(self.rows[x.storage], self.at(r, 0), x.dtype),
+                           e.address(self.rows[out.storage], self.at(r, 0), out.dtype), self.n)
                 if s.epilogue is not None:
-                    self.map(r, s.out.shape, [(s.out, s.epilogue)], s.out)
+                    self.map(r, out.shape, [(out, s.epilogue)], out)
             elif isinstance(s, Reduce):
                 self.fold(r, s)
 
-    def row(self, buf: kir.Buffer, r, j):
-        """Pointer to element ``j`` of row ``r`` of a block buffer (any view of it)."""
-        b = self.c.b
-        return mk.gep(b, self.rows[buf.storage], b.add(b.mul(r, self.ldn), j), buf.dtype)
+    def at(self, r, j):
+        """Where element ``j`` of row ``r`` of a block buffer is, from its start."""
+        return self.e.add(self.e.mul(r, self.ldn), j)
 
     def position(self, ndim: int, r, j) -> list:
         """The point (batch..., i0 + r, j), right-aligned to ``ndim`` dims (leading unit dims 0)."""
-        full = self.bidx + [self.c.b.add(self.i0, r), j]
-        return [I64(0)] * (ndim - len(full)) + full[max(len(full) - ndim, 0):]
+        full = self.bidx + [self.e.add(self.i0, r), j]
+        return [0] * (ndim - len(full)) + full[max(len(full) - ndim, 0):]
 
     def map(self, r, shape, stores, acc_buf=None) -> None:
         """Elementwise ``stores`` (over ``shape``) along row ``r`` on vectors."""
-        c, b, vl = self.c, self.c.b, self.vl
-        em = Emitter(b, vl)
+        e, vl = self.e, self.vl
         roots = [node for _, node in stores]
 
         def point(j, mask):
             def load(buf):
                 if buf.storage in self.rows:
-                    return vload(b, self.row(buf, r, j), buf.dtype, mask, vl)
-                off = c.offset(buf.shape, self.position(buf.ndim, r, j), broadcast=True)
+                    return e.vload(self.rows[buf.storage], self.at(r, j), buf.dtype, vl, mask, None)
+                off = offset(e, buf.shape, self.position(buf.ndim, r, j), broadcast=True)
                 if buf.ndim and buf.shape[-1] != 1:
-                    return vload(b, c.element(buf, off), buf.dtype, mask, vl)
-                return splat(b, c.load(buf, off), vl)
+                    return e.vload(buf, off, buf.dtype, vl, mask, None)
+                return e.vbroadcast(buf, off, buf.dtype, vl)
 
-            acc = None if acc_buf is None else em.loaded(load(acc_buf), acc_buf.dtype)
-            values = kir.evaluate(em, roots, load, acc)
+            acc = None if acc_buf is None else e.loaded(load(acc_buf), acc_buf.dtype)
+            values = e.evaluate(vl, roots, load, acc)
             for dst, node in stores:
-                v = lookup_dtype(dst.dtype).stored_llvm(b, values[id(node)])
-                vstore(b, v, self.row(dst, r, j), dst.dtype, mask)
+                e.vstore(self.rows[dst.storage], self.at(r, j), e.stored(values[id(node)], dst.dtype),
+                         dst.dtype, mask)
 
-        strips(b, I64(0), self.n, vl, point)
+        e.strips(0, self.n, vl, point)
 
     def fold(self, r, s: Reduce) -> None:
         """An integer max/min of row ``r`` of a block buffer into the per-row buffer."""
-        c, b, vl = self.c, self.c.b, self.vl
+        e, vl = self.e, self.vl
         (x,), dt = s.inputs, s.out.dtype
-        em, init, op = Emitter(b, vl), identity(s.kind, dt), FOLDS[s.kind].op
+        init, op = identity(s.kind, dt), FOLDS[s.kind].op
 
         def step(acc, j, mask):
-            v = vload(b, self.row(x, r, j), dt, mask, vl)
-            return em.op(op, dt, acc, v if mask is None else b.select(mask, v, em.const(init, dt)))
+            return e.vop(vl, op, dt, acc, e.vload(self.rows[x.storage], self.at(r, j), dt, vl, mask, init))
 
-        value = LLVM(c).fold_lanes(s.kind, dt, self.n, vl, step)
-        c.store(s.out, c.offset(s.out.shape, self.position(s.out.ndim, r, I64(0)), broadcast=True), value)
+        value = e.fold_lanes(s.kind, dt, self.n, vl, step)
+        e.store(s.out, offset(e, s.out.shape, self.position(s.out.ndim, r, 0), broadcast=True), value)

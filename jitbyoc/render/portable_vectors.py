@@ -5,8 +5,10 @@ A kernel asks :meth:`lanes` how many elements of a dtype one vector holds (the w
 that many elements: a whole strip has no mask, the tail strip a lane mask. In C every
 width is 1, so a strip loop is a plain loop, a vector load an element access, a splat the
 value itself and a lane fold nothing: the C rendering is the scalar code of the same loop
-structure. Width 1 in LLVM is the same scalar code (strided rows). Element types are
-numeric (no bool): values are as stored.
+structure. Width 1 in LLVM is the same scalar code (strided rows). Loads and stores move
+elements as stored; :meth:`evaluate` computes expression trees on lanes, and
+:meth:`loaded`/:meth:`stored` convert between stored elements and values (a bool's byte
+and its i1 in LLVM).
 """
 
 from __future__ import annotations
@@ -28,9 +30,10 @@ class LLVMVectors:
     def lanes(self, dt: str) -> int:
         return vectors.lanes(dt)
 
-    def address(self, buf, off):
-        """A pointer to element ``off`` of ``buf``: where a row that :meth:`vload` reads starts."""
-        return self.ctx.element(buf, self.i(off))
+    def address(self, src, off, dt: str | None = None):
+        """A pointer to element ``off`` of ``src`` (a buffer, or a pointer to elements of
+        ``dt``): where a row that :meth:`vload` reads starts."""
+        return self._at(src, off, dt or src.dtype)
 
     def pointer(self, buf):
         """``buf``'s base pointer: elements addressed from it may lie before the buffer
@@ -54,9 +57,14 @@ class LLVMVectors:
 
     def vload(self, src, off, dt: str, width: int, mask=None, fill=0):
         """``width`` elements from element ``off`` of ``src`` (a buffer or a pointer);
-        lanes off the ``mask`` read ``fill`` and touch no memory."""
+        lanes off the ``mask`` read ``fill`` (None: whatever, e.g. lanes only stored
+        back under the same mask) and touch no memory."""
         v = vectors.vload(self.b, self._at(src, off, dt), dt, mask, width)
-        return v if mask is None else self.b.select(mask, v, self.vconst(fill, dt, width))
+        return v if mask is None or fill is None else self.b.select(mask, v, self.vconst(fill, dt, width))
+
+    def vbroadcast(self, src, off, dt: str, width: int):
+        """Element ``off`` of ``src`` (as stored) in each of ``width`` lanes."""
+        return self.splat(self.b.load(self._at(src, off, dt), typ=lookup_dtype(dt).storage_ir), width)
 
     def vload_every(self, src, off, dt: str, width: int, stride: int, lanes=None, fill=0):
         """Lane ``k`` reads element ``off + k * stride`` of ``src``: one load of the span,
@@ -114,6 +122,19 @@ class LLVMVectors:
         """The table op ``name`` on ``width``-lane values (:meth:`op` lane by lane)."""
         return Emitter(self.b, width).op(name, dt, *args, **attrs)
 
+    def evaluate(self, width: int, roots, load, acc=None) -> dict:
+        """:func:`jitbyoc.ir.kir.evaluate` of expression trees on ``width``-lane values:
+        ``load(buf)`` gives a buffer's lanes as stored, ``acc`` stands for the Acc."""
+        return kir.evaluate(Emitter(self.b, width), roots, load, acc)
+
+    def loaded(self, raw, dt: str):
+        """Lanes as stored (a load of ``dt``) as values: bytes of a bool become i1."""
+        return self.em.loaded(raw, dt)
+
+    def stored(self, v, dt: str):
+        """Values (lanes) of ``dt`` as stored: what :meth:`vstore` takes."""
+        return lookup_dtype(dt).stored_llvm(self.b, v)
+
     def vconst(self, value, dt: str, width: int):
         return Emitter(self.b, width).const(value, dt)
 
@@ -142,9 +163,9 @@ class CVectors:
     def lanes(self, dt: str) -> int:
         return 1
 
-    def address(self, buf, off):
+    def address(self, src, off, dt: str | None = None):
         name = self._name("row")
-        self.ctx.line(f"{storage_c(buf.dtype)} *{name} = &{self.ctx.element(buf, self.i(off))};")
+        self.ctx.line(f"{storage_c(dt or src.dtype)} *{name} = &{self._at(src, off)};")
         return name
 
     def pointer(self, buf):
@@ -159,6 +180,9 @@ class CVectors:
 
     def vload(self, src, off, dt: str, width: int, mask=None, fill=0):
         return self.em.loaded(self._at(src, off), dt)
+
+    def vbroadcast(self, src, off, dt: str, width: int):
+        return self._at(src, off)
 
     def vload_every(self, src, off, dt: str, width: int, stride: int, lanes=None, fill=0):
         return self.vload(src, off, dt, width)  # one lane: inside, or the caller skips the load
@@ -186,6 +210,15 @@ class CVectors:
 
     def vop(self, width: int, name: str, dt: str, *args, **attrs):
         return self.op(name, dt, *args, **attrs)
+
+    def evaluate(self, width: int, roots, load, acc=None) -> dict:
+        return kir.evaluate(self.em, roots, load, acc)
+
+    def loaded(self, raw, dt: str):
+        return self.em.loaded(raw, dt)
+
+    def stored(self, v, dt: str):
+        return v  # C converts a bool to its byte
 
     def vconst(self, value, dt: str, width: int):
         return self.const(value, dt)
