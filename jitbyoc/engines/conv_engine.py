@@ -28,11 +28,11 @@ from llvmlite import ir
 
 from ..ir.dtypes import dtype as lookup_dtype
 from ..ir.llvmtypes import I32, I64, PTR
-from ..render.loops import ceil_div, claim_home_first, for_range, home_counters, smax, smin, zero_bytes
+from ..render.loops import (ceil_div, claim_home_first, for_range, free_workspace, home_counters, smax, smin,
+                            workspace, zero_bytes)
 from ..render.vectors import lane_mask, lanes, multiply_add, prefetch, splat, strips, vload, vstore, vtype
 from . import registry
 from .conv_plan import plane_table, tap_table, unrolled_window, workspace_size
-from .gemm_llvm import free_workspace, workspace
 
 NAMES = ("x", "w", "work", "out", "n", "c", "h", "wd", "k", "oh", "ow", "groups", "cg", "kg", "taps",
          "wq", "plane", "chan", "img", "planes", "rows", "sh", "sw", "taptab", "planetab", "epi", "env")

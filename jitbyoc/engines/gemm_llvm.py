@@ -24,16 +24,18 @@ from functools import reduce
 from llvmlite import ir
 
 from ..ir.dtypes import dtype as lookup_dtype
-from ..ir.llvmtypes import I1, I32, I64, PTR, declare
+from ..ir.llvmtypes import I1, I32, I64
 from ..render.loops import (
     ceil_div,
     claim_each,
     claim_home_first,
     for_range,
+    free_workspace,
     home_counters,
     smax,
     smin,
     task_counter,
+    workspace,
 )
 from . import gemm_micro as mk
 from .gemm import SERIAL_MAX_MACS, Panels, _all_dims, static_size
@@ -291,20 +293,3 @@ def pack_panels(g, c, operand, dst, bidx, x0, nx, k0, kc, width) -> None:
         r0 = b.mul(q, I64(width))
         operand.pack_llvm(c, mk.gep(b, dst, b.mul(r0, kc), g.dtype), bidx, b.add(x0, r0),
                           smin(b, I64(width), b.sub(nx, r0)), k0, kc, width)
-
-
-def workspace(c, dtype: str, elements):
-    """A buffer of ``elements`` of ``dtype`` (plus a vector of slack) from TVM's
-    (per-thread) workspace pool; returns from the function on failure."""
-    d = lookup_dtype(dtype)
-    alloc = declare(c.module, "TVMBackendAllocWorkspace", PTR, [I32, I32, I64, I32, I32])
-    nbytes = c.b.add(c.b.mul(elements, I64(d.nbytes)), I64(mk.VECTOR_BYTES))
-    ptr = c.b.call(alloc, [I32(1), I32(0), nbytes, I32(d.dl_code), I32(d.storage_bits)])
-    with c.b.if_then(c.b.icmp_unsigned("==", c.b.ptrtoint(ptr, I64), I64(0)), likely=False):
-        c.b.ret(I32(-1))  # TVM's allocator has set the error
-    return ptr
-
-
-def free_workspace(c, ptr) -> None:
-    free = declare(c.module, "TVMBackendFreeWorkspace", I32, [I32, I32, PTR])
-    c.b.call(free, [I32(1), I32(0), ptr])

@@ -17,9 +17,8 @@ from llvmlite import ir
 
 from ..ir.dtypes import dtype as lookup_dtype
 from ..ir.llvmtypes import I64, PTR
-from ..render.loops import ceil_div, for_range, smin
+from ..render.loops import ceil_div, for_range, free_workspace, smin, workspace
 from ..render.vectors import intrinsic, lanes, multiply_add, splat, strips, suffix, vload, vstore, vtype
-from .gemm_llvm import free_workspace, workspace
 
 ROWS = 4  # outputs per block: x is loaded once for these rows of W
 COLUMNS = 4  # vectors of outputs per block of the partial sums' second pass (``x @ W``)

@@ -5,18 +5,18 @@ scores' region, :mod:`jitbyoc.tvm.merge`): a product ``S = Q K^T`` whose epilogu
 it and adds the mask, a softmax over its last axis, row-local stages around it (the
 guard decoders put after it: ``where(row fully masked, 0, P)`` with its ``max`` over the
 row), and the product ``P @ V``. :func:`fuse_attention` (a kernel rewrite) finds that
-chain and replaces it by one :class:`Attention` stage. Its LLVM rendering
-(:mod:`.attention_llvm`) runs each task on a few rows of one head: the microkernel writes
+chain and replaces it by one :class:`Attention` stage, written once for both renderings
+(:mod:`.attention_blocks`): each task runs on a few rows of one head; the products write
 ``MR`` rows of scores into a per-task block (``MR x N``, in L1/L2), the row stages run on
-the block, and the microkernel multiplies the block by ``V`` into the output. Neither the
-scores nor the probabilities are written to memory; grouped-query heads read their
-shared ``K``/``V`` through the batch strides the product already has.
+the block, and the products multiply the block by ``V`` into the output (in LLVM the
+GEMM microkernel, in C scalar loops summing in order). Neither the scores nor the
+probabilities are written to memory; grouped-query heads read their shared ``K``/``V``
+through the batch strides the product already has.
 
 Every stage of the chain must be row-local: elementwise over the scores' shape (other
 operands are read broadcast, as the stage would), softmax along the last axis, and
 integer max/min over the last axis (into a small per-row buffer, which stays in memory).
-Anything else leaves the stages as they were. The C rendering runs the same stages one
-after another with the scores in memory.
+Anything else leaves the stages as they were.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from ..ir import kir
 from ..ir.dtypes import dtype as lookup_dtype
 from ..ir.ops import traps_on_masked_lanes
 from ..ir.rules import rewrite
-from ..render.c import emit_elementwise, storage_c
-from .attention_llvm import emit
+from ..render.portable import PortableStage
+from .attention_blocks import emit
 from .matmul import MatMul
 from .reduce import Reduce
 from .softmax import Softmax
@@ -42,10 +42,10 @@ ROW_KINDS = ("max", "min")  # exact folds, so a row-by-row order changes nothing
 
 
 @dataclass(eq=False)
-class Attention(kir.KernelStage):
+class Attention(PortableStage, kir.KernelStage):
     """``steps`` (the scores' :class:`MatMul`, the row-local stages, the :class:`MatMul`
     with ``V``) run as one; ``blocks`` are the temporaries of the scores' shape they pass
-    along, which the LLVM rendering keeps as per-task row blocks. ``out`` is the last
+    along, which both renderings keep as per-task row blocks. ``out`` is the last
     product's (with its epilogue)."""
     steps: tuple = ()
     blocks: tuple = ()
@@ -60,21 +60,8 @@ class Attention(kir.KernelStage):
     def needs_loop_vectorizer(self) -> bool:
         return False
 
-    def emit_llvm(self, ctx) -> None:
-        emit(self, ctx)
-
-    def emit_c(self, ctx) -> None:
-        for t in self.blocks:
-            d = lookup_dtype(t.dtype)
-            ctx.line(f"{storage_c(t.dtype)}* restrict {t.name} = ({storage_c(t.dtype)}*)TVMBackendAllocWorkspace("
-                     f"1, 0, (uint64_t)({ctx.product(t.shape)}) * {d.nbytes}, {d.dl_code}, {d.storage_bits});")
-            ctx.line(f"if (!{t.name}) return -1;")
-            ctx.bufs.append(t)
-        for s in self.steps:
-            emit_elementwise(ctx, s) if isinstance(s, kir.Elementwise) else s.emit_c(ctx)
-        for t in reversed(self.blocks):
-            ctx.line(f"TVMBackendFreeWorkspace(1, 0, {t.name});")
-            ctx.bufs.remove(t)
+    def emit(self, e) -> None:
+        emit(self, e)
 
     @staticmethod
     def reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float = 1.0, mask=None) -> np.ndarray:

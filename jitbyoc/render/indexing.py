@@ -133,7 +133,8 @@ class Ints:
 
 class LLVMInts(Ints):
     """:class:`Ints` over llvmlite i64 values of ``ctx`` (a :class:`jitbyoc.render.llvm.Ctx`):
-    adds, subtractions and products are ``nsw``."""
+    adds, subtractions and products are ``nsw`` (``flags`` empty: plain, wrapping)."""
+    flags: tuple = ("nsw",)
 
     def __init__(self, ctx):
         self.ctx, self.b = ctx, ctx.b
@@ -142,13 +143,13 @@ class LLVMInts(Ints):
         return ir.Constant(I64, v) if isinstance(v, int) else v
 
     def _add(self, x, y):
-        return self.b.add(x, y, flags=["nsw"])
+        return self.b.add(x, y, flags=list(self.flags))
 
     def _sub(self, x, y):
-        return self.b.sub(x, y, flags=["nsw"])
+        return self.b.sub(x, y, flags=list(self.flags))
 
     def _mul(self, x, y):
-        return self.b.mul(x, y, flags=["nsw"])
+        return self.b.mul(x, y, flags=list(self.flags))
 
     def _div(self, x, y):
         return self.b.sdiv(x, y)

@@ -1,4 +1,5 @@
-"""Loop helpers for llvmlite builders. Op rules never build loops; these do."""
+"""Loop helpers for llvmlite builders (and TVM's workspace pool, which the engines' and
+kernels' tasks take their scratch from). Op rules never build loops; these do."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ from contextlib import contextmanager
 
 from llvmlite import ir
 
-from ..ir.llvmtypes import I1, I8, I64, PTR, declare
+from ..ir.dtypes import dtype as lookup_dtype
+from ..ir.llvmtypes import I1, I8, I32, I64, PTR, declare
+from .isa import VECTOR_BYTES
 
 
 def ceil_div(b: ir.IRBuilder, x, y):
@@ -145,3 +148,20 @@ def threaded(shape, kind: str) -> bool:
             return True
         static *= d
     return static >= THREAD_MIN[kind]
+
+
+def workspace(c, dtype: str, elements):
+    """A buffer of ``elements`` of ``dtype`` (plus a vector of slack) from TVM's
+    (per-thread) workspace pool; returns from the function on failure."""
+    d = lookup_dtype(dtype)
+    alloc = declare(c.module, "TVMBackendAllocWorkspace", PTR, [I32, I32, I64, I32, I32])
+    nbytes = c.b.add(c.b.mul(elements, I64(d.nbytes)), I64(VECTOR_BYTES))
+    ptr = c.b.call(alloc, [I32(1), I32(0), nbytes, I32(d.dl_code), I32(d.storage_bits)])
+    with c.b.if_then(c.b.icmp_unsigned("==", c.b.ptrtoint(ptr, I64), I64(0)), likely=False):
+        c.b.ret(I32(-1))  # TVM's allocator has set the error
+    return ptr
+
+
+def free_workspace(c, ptr) -> None:
+    free = declare(c.module, "TVMBackendFreeWorkspace", I32, [I32, I32, PTR])
+    c.b.call(free, [I32(1), I32(0), ptr])

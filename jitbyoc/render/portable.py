@@ -1,12 +1,13 @@
 """Write a kernel once, render it twice: one facade over both renderers' ``Ctx``.
 
 The layout, reduction and normalization kernels only need int64 index arithmetic, loops,
-loads and stores, accumulators, table ops and the two shared services (``parallel_for``,
-``epilogue``). :class:`LLVM` offers them over llvmlite values and :class:`C` over C
-expressions with the same method names, so a stage writes ``emit(self, e)`` once and both
-renderings have the same structure by construction. Integers are given as ``int`` or as
-values of the facade. Vector ops with a lane count (strips, masked loads and stores, lane
-folds) are in :mod:`.portable_vectors`: in C every width is 1.
+loads and stores, accumulators, table ops and the shared services (``parallel`` over
+TVM's thread pool, ``epilogue``, ``workspace``/``free`` from TVM's workspace pool).
+:class:`LLVM` offers them over llvmlite values and :class:`C` over C expressions with the
+same method names, so a stage writes ``emit(self, e)`` once and both renderings have the
+same structure by construction. Integers are given as ``int`` or as values of the facade.
+Vector ops with a lane count (strips, masked loads and stores, lane folds) are in
+:mod:`.portable_vectors`: in C every width is 1.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from llvmlite import ir
 from ..ir.dtypes import dtype as lookup_dtype
 from ..ir.folds import FOLDS
 from ..ir.llvmtypes import I32, I64
+from .c import storage_c
 from .indexing import CInts, LLVMInts
-from .loops import for_range
+from .loops import for_range, free_workspace, workspace
 from .portable_vectors import CVectors, LLVMVectors
 
 
@@ -58,6 +60,13 @@ class LLVM(LLVMVectors, LLVMInts):
 
     def max(self, x, y):
         return self.b.select(self.lt(x, y), self.i(y), self.i(x))
+
+    def wrapping(self):
+        """This facade with plain (wrapping) adds, subtractions and products, not ``nsw``:
+        for arithmetic whose machine code must stay what it was before the facade."""
+        plain = LLVM(self.ctx)
+        plain.flags = ()
+        return plain
 
     def index(self, v, dt: str):
         """A loaded integer of dtype ``dt`` as an int64 index."""
@@ -136,13 +145,27 @@ class LLVM(LLVMVectors, LLVMInts):
         """``acc <kind> x`` (:data:`jitbyoc.ir.folds.FOLDS`)."""
         return FOLDS[kind].llvm(self.b, lookup_dtype(dt), acc, x)
 
+    def or_(self, x, y):
+        """Either of two conditions."""
+        return self.b.or_(x, y)
+
     # ---- services ----------------------------------------------------------------------------
-    def parallel(self, count, body, threads: bool) -> None:
-        """``body(e, lo, hi)`` over [0, count): on TVM's thread pool when ``threads``."""
+    def parallel(self, count, body, threads: bool, extra=()) -> None:
+        """``body(e, lo, hi, *extra)`` over [0, count): on TVM's thread pool when
+        ``threads`` (``extra``, int64 values, passed along to the tasks)."""
         if threads:
-            self.ctx.parallel_for(self.i(count), lambda c, lo, hi, _: body(LLVM(c), lo, hi))
+            self.ctx.parallel_for(self.i(count), lambda c, lo, hi, x: body(LLVM(c), lo, hi, *x),
+                                  [self.i(v) for v in extra])
         else:
-            body(self, self.i(0), self.i(count))
+            body(self, self.i(0), self.i(count), *extra)
+
+    def workspace(self, dt: str, count):
+        """Room for ``count`` elements of ``dt`` from TVM's workspace pool (the function
+        returns -1 when there is none): :func:`jitbyoc.render.loops.workspace`."""
+        return workspace(self.ctx, dt, self.i(count))
+
+    def free(self, ptr) -> None:
+        free_workspace(self.ctx, ptr)
 
     def epilogue(self, stage, origin, extent) -> None:
         self.ctx.epilogue(stage, [self.i(o) for o in origin], [self.i(x) for x in extent])
@@ -166,6 +189,9 @@ class C(CVectors, CInts):
 
     def max(self, x, y):
         return f"({self.lt(x, y)} ? {self.i(y)} : {self.i(x)})"
+
+    def wrapping(self):
+        return self
 
     def index(self, v, dt: str):
         return f"((int64_t){v})"
@@ -230,11 +256,26 @@ class C(CVectors, CInts):
         """Mirror of :meth:`LLVM.reduce`."""
         return FOLDS[kind].c(lookup_dtype(dt), acc, x)
 
-    def parallel(self, count, body, threads: bool) -> None:
+    def or_(self, x, y):
+        return f"({x} || {y})"
+
+    def parallel(self, count, body, threads: bool, extra=()) -> None:
         if threads:
-            self.ctx.parallel_for(self.i(count), lambda c, lo, hi, _: body(C(c), lo, hi))
+            self.ctx.parallel_for(self.i(count), lambda c, lo, hi, x: body(C(c), lo, hi, *x),
+                                  [self.i(v) for v in extra])
         else:
-            body(self, self.i(0), self.i(count))
+            body(self, self.i(0), self.i(count), *extra)
+
+    def workspace(self, dt: str, count):
+        """Mirror of :meth:`LLVM.workspace`."""
+        d, ctype, name = lookup_dtype(dt), storage_c(dt), self._name("ws")
+        self.ctx.line(f"{ctype}* restrict {name} = ({ctype}*)TVMBackendAllocWorkspace("
+                      f"1, 0, (uint64_t)({self.i(count)}) * {d.nbytes}, {d.dl_code}, {d.storage_bits});")
+        self.ctx.line(f"if (!{name}) return -1;")
+        return name
+
+    def free(self, ptr) -> None:
+        self.ctx.line(f"TVMBackendFreeWorkspace(1, 0, {ptr});")
 
     def epilogue(self, stage, origin, extent) -> None:
         self.ctx.epilogue(stage, [self.i(o) for o in origin], [self.i(x) for x in extent])
