@@ -121,17 +121,34 @@ def test_scores_that_leave_the_region_are_not_fused_and_stay_right():
         np.testing.assert_allclose(got, want, rtol=3e-5, atol=3e-5)
 
 
+C_CASES = {  # heads, kv, d, dtype, guard, bool mask, length ("s": symbolic)
+    "gqa-guard": (4, 2, 16, "float32", True, False, "s"),
+    "f64-gqa": (8, 2, 64, "float64", False, False, "s"),
+    "mqa-bool-guard": (3, 1, 20, "float32", True, True, "s"),
+    "static": (4, 4, 16, "float32", False, False, 40),
+}
+
+
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="the C export needs gcc")
-def test_the_c_export_matches_the_jit(tmp_path):
-    mod = _attention(4, 2, 16, guard=True)
+@pytest.mark.parametrize("case", sorted(C_CASES))
+def test_the_c_export_runs_the_fused_schedule_and_matches_tvm_and_numpy(case, tmp_path):
+    """The C rendering is the same block schedule as the LLVM one, one lane wide, with
+    products that sum k in order: against TVM's build, the JIT and numpy."""
+    heads, kv, d, dtype, guard, bool_mask, length = C_CASES[case]
+    mod = _attention(heads, kv, d, dtype, guard=guard, bool_mask=bool_mask, length=length)
+    builds = build_both(mod)
     with jitbyoc.enabled():
         ex = tvm.compile(mod, target="c")
-        llvm_path = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
     ex.export_library(str(tmp_path / "attention.so"), cc="gcc", options=["-O2", "-ffp-contract=off"])
     c_path = relax.VirtualMachine(tvm.runtime.load_module(str(tmp_path / "attention.so")), tvm.cpu())
-    for n in (1, 23):
-        x = _inputs(n, 4, 2, 16, dead_rows=(2,))
-        np.testing.assert_allclose(run(c_path, *x), run(llvm_path, *x), rtol=2e-5, atol=2e-5)
+    tol = 3e-5 if dtype == "float32" else 1e-12
+    for n in (1, 7, 23, 130) if length == "s" else (length,):
+        x = _inputs(n, heads, kv, d, dtype, bool_mask, dead_rows=(2,) if guard else ())
+        got = run(c_path, *x)
+        for want in (run(builds.tvm, *x), run(builds.jit, *x)):
+            np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=f"length {n}")
+        if not guard:
+            np.testing.assert_allclose(got, _numpy(*x, heads, kv), rtol=tol, atol=tol, err_msg=f"length {n}")
 
 
 @settings(max_examples=6, deadline=None)
