@@ -121,7 +121,11 @@ class Ctx(Indexing):
         self.depth = depth
         self.n = 0
         self.em = Emitter(self)
-        self.ints = CInts(self)
+
+    @property
+    def ints(self) -> CInts:
+        """The index arithmetic over this ctx, made per use (as :class:`jitbyoc.render.llvm.Ctx`'s)."""
+        return CInts(self)
 
     def line(self, text: str) -> None:
         self.lines.append("  " * self.depth + text)

@@ -114,7 +114,12 @@ class Ctx(Indexing):
         self.module, self.b, self.name, self.ptrs, self.syms = module, b, name, ptrs, syms
         self.facts = facts if facts is not None else Facts()
         self.em = Emitter(b)
-        self.ints = LLVMInts(self)
+
+    @property
+    def ints(self) -> LLVMInts:
+        """The index arithmetic over this ctx, made per use: stored, it and the ctx would
+        be a cycle that keeps the llvmlite module alive until a cyclic collection."""
+        return LLVMInts(self)
 
     def scalar_loops(self) -> None:
         """Note that this module has loops left for LLVM's loop vectorizer."""
