@@ -24,17 +24,13 @@ from ..engines.gemm_llvm import b_in_place, micro_tile, pack_panels
 from ..ir import kir
 from ..ir.folds import FOLDS, identity
 from ..ir.llvmtypes import I1, I64
-from ..render.indexing import offset, unravel
+from ..render.indexing import div_ceil, offset, unravel
 from ..render.loops import ceil_div, for_range, smin
 from ..render.portable import LLVM
 from .reduce import Reduce
 from .softmax import Softmax, vector_row
 
 ROW_BLOCKS = 4  # MR-row blocks per task: packing K and V is paid once per ROW_BLOCKS * MR rows
-
-
-def _ceil(e, x, y: int):
-    return e.div(e.add(x, y - 1), y)
 
 
 def _extent(e, dims):
@@ -45,7 +41,7 @@ def emit(stage, e) -> None:
     # the schedule's arithmetic (tasks, blocks, workspace sizes) is plain, not nsw: with
     # nsw flags LLVM rewrites the blocks' bounds into other code than it had before the facade
     g1, w = stage.steps[0].gemm(), e.wrapping()
-    chunks = w.let(_ceil(w, _extent(w, g1.m), g1.blocking.mr * ROW_BLOCKS))
+    chunks = w.let(div_ceil(w, _extent(w, g1.m), g1.blocking.mr * ROW_BLOCKS))
     w.parallel(w.mul(w.product(g1.batch), chunks), lambda e, lo, hi, chunks: _tasks(stage, e, lo, hi, chunks),
                True, [chunks])
 
@@ -55,7 +51,7 @@ def _tasks(stage, e, lo, hi, chunks) -> None:
     g1, g2, w = stage.steps[0].gemm(), stage.steps[-1].gemm(), e.wrapping()
     m, n, k, dv = (_extent(e, d) for d in (g1.m, g1.n, g1.k, g2.n))
     mr, vl = g1.blocking.mr, e.lanes(g1.dtype)
-    ldn = w.let(w.mul(_ceil(w, n, vl), vl))
+    ldn = w.let(w.mul(div_ceil(w, n, vl), vl))
     rows = {t: e.workspace(t.dtype, w.mul(mr, ldn)) for t in stage.blocks}
     products = (_Microkernel if isinstance(e, LLVM) else _Loops)(w, g1, g2, (n, k, dv))
     per_task = mr * ROW_BLOCKS
@@ -65,7 +61,7 @@ def _tasks(stage, e, lo, hi, chunks) -> None:
         products.pack(bidx, e.or_(e.eq(chunk, 0), e.eq(t, lo)))
         first = w.let(w.mul(chunk, per_task))
         last = w.let(w.min(m, w.add(first, per_task)))
-        with e.loop(_ceil(w, w.sub(last, first), mr), 0, "blk") as q:
+        with e.loop(div_ceil(w, w.sub(last, first), mr), 0, "blk") as q:
             i0 = w.let(w.add(first, w.mul(q, mr)))
             mv = w.let(w.min(mr, w.sub(last, i0)))
             block = _Block(stage, e, rows, ldn, n, bidx, i0)
@@ -88,8 +84,8 @@ class _Microkernel:
     def __init__(self, e, g1, g2, sizes):
         self.e, self.c, self.g1, self.g2 = e, e.ctx, g1, g2
         n, k, dv = sizes
-        self.kp = e.workspace(g1.dtype, e.mul(_ceil(e, n, g1.nr), g1.nr * g1.k))
-        vp = None if b_in_place(g2) else e.mul(e.mul(_ceil(e, dv, g2.nr), g2.nr), n)
+        self.kp = e.workspace(g1.dtype, e.mul(div_ceil(e, n, g1.nr), g1.nr * g1.k))
+        vp = None if b_in_place(g2) else e.mul(e.mul(div_ceil(e, dv, g2.nr), g2.nr), n)
         self.vp = None if vp is None else e.workspace(g2.dtype, vp)
         self.n, self.k, self.dv = (e.i(x) for x in sizes)
 

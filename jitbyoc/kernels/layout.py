@@ -28,7 +28,7 @@ from ..ir import kir
 from ..ir.dtypes import ALL
 from ..ir.relax_types import broadcast_problem, dim, dims, same_element_count, tensor_problem
 from ..ir.rules import register
-from ..render.indexing import dot, product, unravel
+from ..render.indexing import div_ceil, dot, product, unravel
 from ..render.loops import threaded
 from ..render.portable import PortableStage
 
@@ -201,7 +201,7 @@ class Permute(PortableStage, kir.KernelStage):
 
         def tiling(e):
             ext, ins, outs = self.plan(e, groups)
-            na, nb = (e.let(e.div(e.add(ext[k], TILE - 1), TILE)) for k in (a, b))
+            na, nb = (e.let(div_ceil(e, ext[k], TILE)) for k in (a, b))
             return ext, ins, outs, na, nb
 
         def body(e, lo, hi):

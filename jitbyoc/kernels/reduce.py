@@ -31,7 +31,7 @@ from ..ir.dtypes import FLOATS, HALF, NUMERIC
 from ..ir.folds import identity
 from ..ir.relax_types import dims, tensor_problem
 from ..ir.rules import register
-from ..render.indexing import dot, folds, product, unravel
+from ..render.indexing import div_ceil, dot, folds, product, unravel
 from ..render.loops import threaded
 from ..render.portable import PortableStage
 
@@ -165,7 +165,7 @@ class Reduce(PortableStage, kir.KernelStage):
         kind = self.row.fold
 
         def blocks(e, groups):
-            return e.let(e.div(e.add(groups[-1][1], BLOCK - 1), BLOCK))
+            return e.let(div_ceil(e, groups[-1][1], BLOCK))
 
         def accumulate(e, acc_buf, base, o0, j0, j1, value, red):
             with e.loop(j1, j0, "j") as j:

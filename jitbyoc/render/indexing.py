@@ -58,6 +58,12 @@ def folds(e, kind: str, dt: str, count, values, start=0) -> list:
     return [e.get(acc) for acc in accs]
 
 
+def div_ceil(e, x, y: int):
+    """``ceil(x / y)`` of ``x >= 0`` (a facade value) and a static ``y > 0``: how many
+    blocks of ``y`` cover ``x``."""
+    return e.div(e.add(x, y - 1), y)
+
+
 def dot(e, idx, strides):
     """``sum(idx[k] * strides[k])`` (facade values)."""
     acc = 0
