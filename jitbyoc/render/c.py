@@ -226,16 +226,26 @@ def emit_elementwise(ctx: Ctx, stage: kir.Elementwise) -> None:
         nest(ctx, "0", outer, ())
 
 
+def alloc_workspace(ctx: Ctx, name: str, dtype: str, count: str) -> None:
+    """``name``: room for ``count`` elements of ``dtype`` from TVM's workspace pool; the
+    function returns -1 when there is none (TVM's allocator has set the error)."""
+    d, ctype = lookup_dtype(dtype), storage_c(dtype)
+    ctx.line(f"{ctype}* restrict {name} = ({ctype}*)TVMBackendAllocWorkspace("
+             f"1, 0, (uint64_t)({count}) * {d.nbytes}, {d.dl_code}, {d.storage_bits});")
+    ctx.line(f"if (!{name}) return -1;")
+
+
+def free_workspace(ctx: Ctx, name: str) -> None:
+    ctx.line(f"TVMBackendFreeWorkspace(1, 0, {name});")
+
+
 def emit_compute(kernel: kir.Kernel, functions: list) -> list[str]:
     params = [f"const {storage_c(b.dtype)}* restrict {b.name}" for b in kernel.inputs]
     params += [f"{storage_c(b.dtype)}* restrict {b.name}" for b in kernel.outputs]
     params += [f"int64_t {s}" for s in kernel.sym_vars]
     ctx = Ctx(kernel.name, kernel.params + kernel.temps, kernel.sym_vars, functions)
     for t in kernel.temps:
-        d = lookup_dtype(t.dtype)
-        ctx.line(f"{storage_c(t.dtype)}* restrict {t.name} = ({storage_c(t.dtype)}*)TVMBackendAllocWorkspace("
-                 f"1, 0, (uint64_t)({ctx.product(t.shape)}) * {d.nbytes}, {d.dl_code}, {d.storage_bits});")
-        ctx.line(f"if (!{t.name}) return -1;")
+        alloc_workspace(ctx, t.name, t.dtype, ctx.product(t.shape))
     for stage in kernel.stages:
         with error_context(RenderError, kernel.name, f"{kir.describe(stage)} in C"):
             if isinstance(stage, kir.Elementwise):
@@ -243,6 +253,6 @@ def emit_compute(kernel: kir.Kernel, functions: list) -> list[str]:
             else:
                 stage.emit_c(ctx)
     for t in reversed(kernel.temps):
-        ctx.line(f"TVMBackendFreeWorkspace(1, 0, {t.name});")
+        free_workspace(ctx, t.name)
     ctx.line("return 0;")
     return [f"static int32_t {kernel.name}_compute({', '.join(params) or 'void'}) {{", *ctx.lines, "}"]

@@ -19,7 +19,7 @@ from llvmlite import ir
 from ..ir.dtypes import dtype as lookup_dtype
 from ..ir.folds import FOLDS
 from ..ir.llvmtypes import I32, I64
-from .c import storage_c
+from . import c as c_render
 from .indexing import CInts, LLVMInts
 from .loops import for_range, free_workspace, workspace
 from .portable_vectors import CVectors, LLVMVectors
@@ -268,14 +268,12 @@ class C(CVectors, CInts):
 
     def workspace(self, dt: str, count):
         """Mirror of :meth:`LLVM.workspace`."""
-        d, ctype, name = lookup_dtype(dt), storage_c(dt), self._name("ws")
-        self.ctx.line(f"{ctype}* restrict {name} = ({ctype}*)TVMBackendAllocWorkspace("
-                      f"1, 0, (uint64_t)({self.i(count)}) * {d.nbytes}, {d.dl_code}, {d.storage_bits});")
-        self.ctx.line(f"if (!{name}) return -1;")
+        name = self._name("ws")
+        c_render.alloc_workspace(self.ctx, name, dt, self.i(count))
         return name
 
     def free(self, ptr) -> None:
-        self.ctx.line(f"TVMBackendFreeWorkspace(1, 0, {ptr});")
+        c_render.free_workspace(self.ctx, ptr)
 
     def epilogue(self, stage, origin, extent) -> None:
         self.ctx.epilogue(stage, [self.i(o) for o in origin], [self.i(x) for x in extent])
