@@ -7,7 +7,9 @@ turns, each after a short quiet pause (see :func:`time_blocks`: call-by-call alt
 on 2 cores measures the previous candidate's still-spinning thread pool instead).
 Cases: sgemm 2048^3, a linear layer in torch.export's form (``permute_dims`` + ``matmul``
 + bias + relu), and the MLP 784-1024-1024-10 at batch 64 (matmul+bias+relu), also in
-the linear form.
+the linear form. bfloat16 rows (:func:`bf16_case`): BERT-base's linear layers with
+constant weights through :func:`jitbyoc.lower_precision`, against jitbyoc's float32 build
+of the same layer and torch's bfloat16 ``linear``, as a share of the ``vdpbf16ps`` loop.
 
 Peak: :func:`jitbyoc.peak.machine_peak`, the FMA rate the cores sustain at the clock
 they actually run (an LLVM loop of independent one-register FMA chains).
@@ -172,6 +174,59 @@ def _torch_mlp(ws, bs, x, linear: bool):
     return run
 
 
+def bf16_case(m: int, k: int, n: int, rng):
+    """``gelu(x @ W.T + b)`` with a constant weight, lowered to bfloat16 operands summed in
+    float32 (:func:`jitbyoc.lower_precision`); the float32 layer is the same module, not
+    lowered."""
+    import numpy as np
+    from tvm import relax
+
+    import jitbyoc
+
+    x = rng.standard_normal((m, k)).astype("float32")
+    w = (rng.standard_normal((n, k)) / np.sqrt(k)).astype("float32")
+    bias = rng.standard_normal(n).astype("float32")
+    mod = module([("x", (m, k))], lambda bb, xv: bb.emit(relax.op.nn.gelu(bb.emit(relax.op.add(
+        bb.emit(relax.op.matmul(xv, bb.emit(relax.op.permute_dims(relax.const(w))))), relax.const(bias))))))
+
+    def torch_bf16(t):
+        import torch
+        tx, tw, tb = (t(v).to(torch.bfloat16) for v in (x, w, bias))
+        return lambda: torch.nn.functional.gelu(torch.nn.functional.linear(tx, tw, tb))
+
+    return dict(name=f"bf16 linear+gelu {m}x{k}->{n}", mod=jitbyoc.lower_precision(mod), fp32=mod, args=[x],
+                flops=2 * m * k * n, torch=torch_bf16)
+
+
+def bench_bf16_case(case, rounds: int, threads: int) -> dict:
+    """Median seconds per call of the bf16 layer, its float32 build, torch's bfloat16
+    linear, and the ``vdpbf16ps`` loop, in the same timed blocks."""
+    from jitbyoc.peak import dot_runner
+    from jitbyoc.render import isa
+
+    from . import target as build_target
+
+    fns = {"jitbyoc": vm_function(case["mod"], True, case["args"]),
+           "fp32": vm_function(case["fp32"], True, case["args"])}
+    torch_run = _torch_run(case)
+    if torch_run is not None:
+        fns["torch"] = torch_run
+    with isa.compiling_for(build_target.machine()):
+        sticks = {"dot": dot_runner("bfloat16", threads)}
+    out = {name: statistics.median(t) for name, t in time_blocks(with_yardsticks(fns, sticks), rounds).items()}
+    out.update(yardstick_rates(out, sticks))
+    del out["dot"]
+    return out
+
+
+def report_bf16(case, t: dict) -> str:
+    gf = case["flops"] / t["jitbyoc"] / 1e9
+    ratios = "  ".join(f"vs {k} {t[k] / t['jitbyoc']:.2f}x" for k in ("fp32", "torch") if k in t)
+    return (f"{case['name']:<34} {t['jitbyoc'] * 1e3:9.3f} ms {gf:7.1f} GFLOP/s {100 * gf / t['dot_gflops']:5.1f}% "
+            f"of the vdpbf16ps loop in turns ({t['dot_gflops']:.0f} GFLOP/s) | {ratios} (fp32: jitbyoc's "
+            f"float32 build; torch: bfloat16 linear)")
+
+
 # ---- timing -------------------------------------------------------------------------------------
 
 def _torch_run(case):
@@ -303,6 +358,11 @@ def main(argv=None) -> None:
           f"with the cases, median FMA loop / mix loop per case: {turns}")
     for case, t in zip(cases, results):
         print(report(case, t, peak))
+    if build_target.machine().has("avx512bf16"):
+        for case in (bf16_case(128, 768, 3072, rng), bf16_case(128, 3072, 768, rng), bf16_case(197, 768, 768, rng)):
+            print(report_bf16(case, bench_bf16_case(case, rounds, args.threads)), flush=True)
+    else:
+        print(f"bf16 rows: skipped, {build_target.machine().cpu} has no AVX512_BF16")
     print(f"load average at end {os.getloadavg()[0]:.2f}: other processes on the machine make every "
           f"number noisy; the ratios are taken side by side.")
 

@@ -5,7 +5,8 @@
 >>> ex = tvm.compile(mod, target="llvm")   # supported regions now run jitbyoc's code
 
 Public API: :func:`enable`, :func:`disable`, :func:`enabled` (context manager),
-:func:`disabled` (context manager), :func:`is_enabled`, :func:`partition_for_jitbyoc`, :func:`report`, :func:`last_report`,
+:func:`disabled` (context manager), :func:`is_enabled`, :func:`partition_for_jitbyoc`,
+:func:`lower_precision`, :func:`report`, :func:`last_report`,
 :func:`inspect`, :func:`profile`.
 """
 
@@ -26,6 +27,7 @@ from .toolchain.session import BuildSession  # noqa: E402
 from .profile import Profile, profile  # noqa: E402
 from .tvm import codegen, hook, patterns  # noqa: E402
 from .tvm.partition import partition_for_jitbyoc, regions  # noqa: E402
+from .tvm.precision import lower_precision  # noqa: E402
 from .tvm.report import Report, last_report, report  # noqa: E402
 
 patterns.register()

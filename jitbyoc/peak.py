@@ -53,6 +53,42 @@ def _peak_ir(width: int) -> str:
     return str(module)
 
 
+def _dot_ir(dtype: str) -> str:
+    """``float dot(int64 n)``: n iterations of CHAINS x UNROLL multiply-adds of the product
+    ``dtype`` (:data:`jitbyoc.engines.products.PRODUCTS`) on one register of units each:
+    the GEMM microkernel's own instruction (:func:`~jitbyoc.engines.gemm_micro.multiply_units`:
+    ``vdpbf16ps`` for bfloat16 pairs where the machine has it)."""
+    from .engines.gemm_micro import multiply_units
+    from .engines.products import PRODUCTS
+
+    product = PRODUCTS[dtype]
+    width = isa.lanes(product.acc)
+    acc, units = ir.VectorType(ir.FloatType(), width), ir.VectorType(ir.IntType(32), width)
+    module = ir.Module(name="dot")
+    module.triple = isa.current().triple
+    fn = ir.Function(module, ir.FunctionType(ir.FloatType(), [ir.IntType(64)]), "dot")
+    one = ir.Constant(units, [0x3F803F80] * width)  # a pair of bfloat16 ones
+
+    def step(b, _i, cur):
+        for _ in range(UNROLL):
+            cur = [multiply_units(b, product, one, one, c) for c in cur]
+        return cur
+
+    summed_loop(fn, fn.args[0], [ir.Constant(acc, [float(k)] * width) for k in range(CHAINS)], step)
+    return str(module)
+
+
+def dot_runner(dtype: str, threads: int, seconds: float = 0.02) -> tuple[Callable[[], None], float]:
+    """:func:`fma_runner` for the product ``dtype``'s instruction (``"bfloat16"``: the
+    ``vdpbf16ps`` loop), the yardstick of its kernels; one instruction is ``2 * group``
+    FLOP per float32 lane."""
+    from .engines.products import PRODUCTS
+
+    loop, engine = jit_loop(_dot_ir(dtype), "dot")
+    flops = CHAINS * UNROLL * 2 * PRODUCTS[dtype].group * isa.lanes(PRODUCTS[dtype].acc)
+    return loop_runner(loop, engine, flops, threads, seconds)
+
+
 def fmuladd(module: ir.Module, vec: ir.VectorType) -> ir.Function:
     """``llvm.fmuladd`` on ``vec``: one FMA where the machine has them, a multiply and an add
     where not (llvm.fma is a libm call per lane there: SSE-only x86-64 measured 1.6 GFLOP/s)."""

@@ -325,7 +325,9 @@ def test_c_rendering_agrees_with_llvm(tmp_path):
 @pytest.mark.parametrize("dtypes, reason", [
     (("int32", "int32", None), "dtype int32 not supported"),
     (("float16", "float16", None), "dtype float16 not supported"),
-    (("float32", "float32", "float64"), "mixed dtypes"),
+    (("float32", "float32", "float64"), "no product float32 x float32 -> float64"),
+    (("bfloat16", "bfloat16", None), "no product bfloat16 x bfloat16 -> bfloat16"),
+    (("bfloat16", "float32", "float32"), "no product bfloat16 x float32 -> float32"),
 ])
 def test_unsupported_stays_with_tvm_with_reason(dtypes, reason):
     bb = relax.BlockBuilder()

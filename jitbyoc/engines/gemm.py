@@ -80,6 +80,7 @@ from typing import Callable, Union
 
 from llvmlite import ir
 
+from ..ir import bfloat
 from ..ir.dtypes import dtype as lookup_dtype
 from ..ir.llvmtypes import I64
 from ..render.indexing import dot
@@ -87,6 +88,7 @@ from ..render.isa import vector_bits, vector_registers
 from ..render.loops import THREAD_MIN, for_range
 from ..render.portable import LLVM, C
 from . import gemm_micro as mk
+from .products import PRODUCTS, Product
 
 Dim = Union[int, str]
 Stride = Union[Dim, tuple]  # a dim, or a tuple of dims whose product is the stride
@@ -117,20 +119,28 @@ class Blocking:
 # each 64-byte vector is two ymm), with B panels sized for a 512 KiB L2; SSE2's 16 xmm a
 # 2x16 (8 accumulators: a 64-byte vector is four xmm); NEON's 32 q registers a 6x16 (24).
 # ``kc`` is the same for a dtype everywhere: it fixes the summation order (see above).
+# A bfloat16 product blocks as float32 does, its kc counted in pairs (units: see
+# .products): the same bytes of B per panel row, twice the k.
 _F32, _F64 = dict(unroll=2, mc=1020, kc=384), dict(unroll=2, mc=516, kc=256)
+_BF16 = dict(_F32, kc=_F32["kc"] // 2)
 BLOCKINGS = {(512, 32): {"float32": Blocking(mr=6, nv=4, nc=512, **_F32),
-                         "float64": Blocking(mr=12, nv=2, nc=320, **_F64)},
+                         "float64": Blocking(mr=12, nv=2, nc=320, **_F64),
+                         "bfloat16": Blocking(mr=6, nv=4, nc=512, **_BF16)},
              (256, 16): {"float32": Blocking(mr=6, nv=1, nc=256, **_F32),
-                         "float64": Blocking(mr=6, nv=1, nc=128, **_F64)},
+                         "float64": Blocking(mr=6, nv=1, nc=128, **_F64),
+                         "bfloat16": Blocking(mr=6, nv=1, nc=256, **_BF16)},
              (128, 16): {"float32": Blocking(mr=2, nv=1, nc=256, **_F32),
-                         "float64": Blocking(mr=2, nv=1, nc=128, **_F64)},
+                         "float64": Blocking(mr=2, nv=1, nc=128, **_F64),
+                         "bfloat16": Blocking(mr=2, nv=1, nc=256, **_BF16)},
              (128, 32): {"float32": Blocking(mr=6, nv=1, nc=256, **_F32),
-                         "float64": Blocking(mr=6, nv=1, nc=128, **_F64)}}
+                         "float64": Blocking(mr=6, nv=1, nc=128, **_F64),
+                         "bfloat16": Blocking(mr=6, nv=1, nc=256, **_BF16)}}
 KC = _F32["kc"]
 
 
 def blocking_for(dtype: str) -> Blocking:
-    """The blocking of ``dtype`` on the build's machine (:func:`jitbyoc.render.isa.current`)."""
+    """The blocking of the product ``dtype`` (a key of :data:`.products.PRODUCTS`) on the
+    build's machine (:func:`jitbyoc.render.isa.current`)."""
     return BLOCKINGS[vector_bits(), vector_registers()][dtype]
 
 
@@ -256,13 +266,18 @@ class Panels(_InBuffer):
     them, ``k_size`` rows each, one after another): ``X(b, x, k) = buf[sum(b[i] *
     batch[i]) + (x // width) * width * k_size + k * width + x % width]``. The engine reads
     each panel in place: one contiguous run, where a row-major B puts every row of a
-    micro-panel ``N`` elements (a page, for N >= 1024) from the last."""
+    micro-panel ``N`` elements (a page, for N >= 1024) from the last. A product of units
+    of ``group`` k (:mod:`.products`) has them interleaved: each panel row is ``width``
+    columns of ``group`` consecutive k (``k_size`` a multiple of ``group``)."""
     k_size: Dim
     width: int
+    group: int = 1
 
     def _offset(self, e, b, x, k):
+        g = self.group
         panel = e.mul(e.div(x, self.width), e.mul(e.dim(self.k_size), self.width))
-        inner = e.add(e.mul(k, self.width), e.rem(x, self.width))
+        unit = e.add(e.mul(e.div(k, g), self.width), e.rem(x, self.width)) if g > 1 else None
+        inner = e.add(e.mul(unit, g), e.rem(k, g)) if g > 1 else e.add(e.mul(k, self.width), e.rem(x, self.width))
         return e.i(e.add(_linear(e, list(zip(b, self.batch))), e.add(panel, inner)))
 
     def element_llvm(self, ctx, b, x, k) -> ir.Value:
@@ -272,16 +287,18 @@ class Panels(_InBuffer):
         return ctx.element(self.buf, self._offset(C(ctx), b, x, k))
 
     def direct_llvm(self, ctx, b) -> tuple:
-        """``(pointer to X(b, 0, 0), k_size, width)``: column ``x`` of a panel start is
-        ``x * k_size`` elements in, and a panel's rows are ``width`` apart."""
+        """``(pointer to X(b, 0, 0), k_size, width)``, strides in units of ``group``
+        elements: column ``x`` of a panel start is ``x * k_size`` elements in, and a
+        panel's rows are ``width`` units apart."""
         e = LLVM(ctx)
-        return (ctx.element(self.buf, self._offset(e, b, I64(0), I64(0))), e.i(e.dim(self.k_size)), I64(self.width))
+        units = e.i(e.div(e.dim(self.k_size), self.group)) if self.group > 1 else e.i(e.dim(self.k_size))
+        return ctx.element(self.buf, self._offset(e, b, I64(0), I64(0))), units, I64(self.width)
 
 
 def panel_width(dtype: str) -> int:
-    """The engine's NR for ``dtype`` on the build's machine: the column-panel width
-    :class:`Panels` are packed in (64 float32 columns with AVX-512, 16 with AVX2)."""
-    return blocking_for(dtype).nv * mk.lanes(dtype)
+    """The engine's NR for the product ``dtype`` on the build's machine: the column-panel
+    width :class:`Panels` are packed in (64 float32 columns with AVX-512, 16 with AVX2)."""
+    return blocking_for(dtype).nv * mk.lanes(PRODUCTS[dtype].acc)
 
 
 @dataclass(frozen=True)
@@ -330,7 +347,7 @@ class Gemm:
     a: Operand
     b: Operand
     c: Output
-    dtype: str = "float32"
+    dtype: str = "float32"  # the product (a key of .products.PRODUCTS)
     batch: tuple = ()
     epilogue: Callable | None = None
     blocking: Blocking = field(default=None)
@@ -339,8 +356,12 @@ class Gemm:
         self.blocking = self.blocking or blocking_for(self.dtype)
 
     @property
+    def product(self) -> Product:
+        return PRODUCTS[self.dtype]
+
+    @property
     def nr(self) -> int:
-        return self.blocking.nv * mk.lanes(self.dtype)
+        return self.blocking.nv * mk.lanes(self.product.acc)
 
     def static(self) -> bool:
         return all(isinstance(d, int) for d in _all_dims(self))
@@ -358,9 +379,11 @@ class Gemm:
             ctx.parallel_for(rows, self._c_rows)
 
     def _c_rows(self, c, lo, hi, _extra) -> None:
+        """Rows ``lo .. hi``; A's and B's elements are widened to the accumulator's dtype
+        (bfloat16 exactly to float32: :func:`_summed_c`) and summed there."""
         # parenthesized: a symbolic product ("INT64_C(1) * sym0") is one operand of / and %
         m, n, k = (f"({c.product(_dims(d))})" for d in (self.m, self.n, self.k))
-        ctype = lookup_dtype(self.dtype).c
+        ctype = lookup_dtype(self.product.acc).c
         with c.loop("gr", hi, lo):
             bidx = c.unravel(f"(gr / {m})", self.batch) if self.batch else []
             i = f"(gr % {m})"
@@ -370,10 +393,16 @@ class Gemm:
                 # inner loop walks a row of B (the compiler vectorizes it)
                 c.line(f"{ctype} acc[{C_COLUMN_BLOCK}] = {{0}};")
                 with c.loop("gk", k):
-                    c.line(f"const {ctype} a = {self.a.element_c(c, bidx, i, 'gk')};")
+                    c.line(f"const {ctype} a = {_summed_c(self.a, self.a.element_c(c, bidx, i, 'gk'))};")
                     with c.loop("gj", "gjn"):
-                        c.line(f"acc[gj] += a * {self.b.element_c(c, bidx, '(gj0 + gj)', 'gk')};")
+                        c.line(f"acc[gj] += a * {_summed_c(self.b, self.b.element_c(c, bidx, '(gj0 + gj)', 'gk'))};")
                 with c.loop("gj", "gj0 + gjn", "gj0"):
                     c.line(f"{c.element(self.c.buf, self.c.offset_c(c, bidx, i, 'gj'))} = acc[gj - gj0];")
                 if self.epilogue is not None:
                     self.epilogue(c, bidx, i, "1", "gj0", "gjn")
+
+
+def _summed_c(operand, element: str) -> str:
+    """An operand's element as the C rendering sums it (a bfloat16's bits widened to
+    float32, exactly)."""
+    return bfloat.to_float32_c(element) if lookup_dtype(operand.dtype).is_bfloat else element

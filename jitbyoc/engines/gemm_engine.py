@@ -101,7 +101,11 @@ def _callback(ctx, bidx, m0, mc, n0, nc) -> None:
 
 def fits(g: Gemm) -> bool:
     """Whether ``g`` can run on the engine (dense operands, as every matmul has; panels
-    packed for this machine's engine)."""
+    packed for this machine's engine; a float product: one of units of several k reads
+    its A in place only where static strides say the rows hold whole units, see
+    :func:`.gemm_llvm.a_in_place`)."""
+    if g.product.group > 1:  # units of several k: inline, where A's strides are known
+        return False
     return isinstance(g.a, Strided) and (isinstance(g.b, Strided) or isinstance(g.b, Panels)
                                          and g.b.width == g.nr)
 

@@ -19,7 +19,7 @@ contiguous along N; other operands (a transposed B, a conv's im2col) are packed.
 
 from __future__ import annotations
 
-from functools import reduce
+from functools import partial, reduce
 
 from llvmlite import ir
 
@@ -38,7 +38,7 @@ from ..render.loops import (
     workspace,
 )
 from . import gemm_micro as mk
-from .gemm import SERIAL_MAX_MACS, Panels, _all_dims, static_size
+from .gemm import SERIAL_MAX_MACS, Panels, Strided, _all_dims, _is_one, static_size
 
 CHUNKS = 8  # chunks per batch item: enough to even out threads that get unequal CPU
 EDGE_UNROLL = 1  # edge tiles are few: their microkernels are not unrolled (smaller engine)
@@ -101,15 +101,15 @@ def _task(g, c, _lo, _hi, extra, team=None) -> None:
     until every chunk is taken."""
     b, blk = c.b, g.blocking
     split_n, parts, per_item = b.trunc(extra[0], I1), extra[1], extra[2]
-    m, n, k = extent(c, g.m), extent(c, g.n), extent(c, g.k)
+    m, n, k = extent(c, g.m), extent(c, g.n), units(g, c)
     kblocks = b.select(b.icmp_signed(">", k, I64(0)), ceil_div(b, k, I64(blk.kc)), I64(1))
     kcb = ceil_div(b, k, kblocks)
-    direct = hasattr(g.a, "direct_llvm")
+    direct = a_in_place(g)
     b_direct = b_in_place(g)
     mcap = smin(b, I64(blk.mc), b.mul(ceil_div(b, m, I64(blk.mr)), I64(blk.mr)))
     ncap = smin(b, I64(blk.nc), b.mul(ceil_div(b, n, I64(g.nr)), I64(g.nr)))
-    ap = None if direct else workspace(c, g.dtype, b.mul(mcap, kcb))
-    bp = None if b_direct else workspace(c, g.dtype, b.mul(ncap, kcb))
+    ap = None if direct else workspace(c, g.product.unit, b.mul(mcap, kcb))
+    bp = None if b_direct else workspace(c, g.product.unit, b.mul(ncap, kcb))
     total = b.mul(c.product(g.batch), per_item)
     # a thread's own chunks first: its columns (a conv's pixels) are the rows its
     # neighbours in the model wrote and read (see conv_engine.Emit.banded)
@@ -132,7 +132,7 @@ def _task(g, c, _lo, _hi, extra, team=None) -> None:
 
 def _blocks(g, c, bidx, mrange, nrange, kplan, ap, bp) -> None:
     b, blk = c.b, g.blocking
-    k = extent(c, g.k)
+    k = units(g, c)
     kblocks, kcb = kplan
     rows = b.sub(mrange[1], mrange[0])
     # A read in place needs no M blocking: B is then packed once per (KC, NC) block
@@ -152,7 +152,7 @@ def _blocks(g, c, bidx, mrange, nrange, kplan, ap, bp) -> None:
 
 
 def _columns(g, c, bidx, mblock, kblock, nrange, ap, bp) -> None:
-    b, blk, dt = c.b, g.blocking, g.dtype
+    b, blk, dt = c.b, g.blocking, g.product.unit
     (ic, mc), (pc, kc, last) = mblock, kblock
     cols = b.sub(nrange[1], nrange[0])
     nb = ceil_div(b, cols, I64(blk.nc))
@@ -160,7 +160,7 @@ def _columns(g, c, bidx, mblock, kblock, nrange, ap, bp) -> None:
     ldc = c.product(g.c.row if isinstance(g.c.row, tuple) else (g.c.row,))
     accumulate = b.icmp_signed(">", pc, I64(0))
     if ap is None:
-        abase, axs, aks = g.a.direct_llvm(c, bidx)
+        abase, axs, aks = _a_direct(g, c, bidx)
         abase = mk.gep(b, abase, b.add(b.mul(ic, axs), b.mul(pc, aks)), dt)
     if bp is None:  # column x starts at x * bxs: 1 for a row-major B, K for Panels
         bbase, bxs, bks = g.b.direct_llvm(c, bidx)
@@ -244,8 +244,8 @@ def b_in_place(g) -> bool:
     204 GFLOP/s at 64x1024x1024, 222 vs 218 at 500x512x1536, equal at 2048^3; AVX2
     (NR = 16, 64 B) packed 172 vs 157, 212 vs 193 and 190 vs 150."""
     if isinstance(g.b, Panels):  # in place when packed for this engine's NR
-        return g.b.width == g.nr
-    if getattr(g.b, "packed", False):
+        return g.b.width == g.nr and g.b.group == g.product.group
+    if getattr(g.b, "packed", False) or g.product.group > 1:  # units are packed interleaved
         return False
     nbytes = g.nr * lookup_dtype(g.dtype).nbytes
     return getattr(g.b, "contiguous_x", False) and nbytes >= IN_PLACE_MIN_ROW_BYTES
@@ -256,7 +256,7 @@ def micro_tile(g, c, args, in_place: bool, short: bool = False) -> None:
     of ``mr - 1`` rows (:func:`row_tiles`), or for an edge tile the cheapest variant
     covering it (so M=1 or N=10 does not pay for MR rows / NR columns). B read in place is
     read with masks at edges (a packed panel is zero-padded)."""
-    b, blk, dt, vl = c.b, g.blocking, g.dtype, mk.lanes(g.dtype)
+    b, blk, dt, vl = c.b, g.blocking, g.dtype, mk.lanes(g.product.acc)
     mv, nvalid = args[8], args[9]
     nvec = ceil_div(b, nvalid, I64(vl))
     rows = sorted({blk.mr, *_edges(g.m, blk.mr)})
@@ -286,10 +286,57 @@ def pack_panels(g, c, operand, dst, bidx, x0, nx, k0, kc, width) -> None:
     """Pack ``nx`` rows (A) or columns (B) from ``x0`` into ``width``-wide panels: all at
     once where the operand packs them so (:meth:`.gemm.Strided.pack_all_llvm`), else
     one panel at a time."""
-    b = c.b
-    if operand.pack_all_llvm(c, dst, bidx, x0, nx, k0, kc, width):
+    b, grouped = c.b, g.product.group > 1
+    if not grouped and operand.pack_all_llvm(c, dst, bidx, x0, nx, k0, kc, width):
         return
+    pack = partial(pack_units, g, operand) if grouped else operand.pack_llvm
     with for_range(b, ceil_div(b, nx, I64(width)), "gq") as q:
         r0 = b.mul(q, I64(width))
-        operand.pack_llvm(c, mk.gep(b, dst, b.mul(r0, kc), g.dtype), bidx, b.add(x0, r0),
-                          smin(b, I64(width), b.sub(nx, r0)), k0, kc, width)
+        pack(c, mk.gep(b, dst, b.mul(r0, kc), g.product.unit), bidx, b.add(x0, r0),
+             smin(b, I64(width), b.sub(nx, r0)), k0, kc, width)
+
+
+def units(g, c) -> ir.Value:
+    """K in the product's units (:mod:`.products`): ``ceil(K / group)``, the last one
+    padded with zeros by the packers."""
+    k = extent(c, g.k)
+    group = g.product.group
+    return k if group == 1 else ceil_div(c.b, k, I64(group))
+
+
+def a_in_place(g) -> bool:
+    """Whether A is read where it lies, never packed: any dense A of a float product; for
+    units of ``group`` k, one whose rows hold whole units (k contiguous; its row stride
+    and K static multiples of ``group``: no unit reads past a row)."""
+    group = g.product.group
+    if group == 1 or not isinstance(g.a, Strided):
+        return group == 1 and hasattr(g.a, "direct_llvm")
+    row, k = static_size(g.a.x), static_size(g.k)
+    return _is_one(g.a.k) and row is not None and k is not None and row % group == 0 and k % group == 0
+
+
+def _a_direct(g, c, bidx) -> tuple:
+    """A's pointer and strides in units (see :func:`a_in_place`)."""
+    ptr, axs, aks = g.a.direct_llvm(c, bidx)
+    group = g.product.group
+    return (ptr, axs, aks) if group == 1 else (ptr, I64(static_size(g.a.x) // group), I64(1))
+
+
+def pack_units(g, operand, c, dst, bidx, x0, nx, k0, kc, width) -> None:
+    """Panels of ``group``-k units from any operand, element by element:
+    ``dst[(kk*width + r)*group + e] = X(b, x0 + r, (k0 + kk)*group + e)`` for ``kk < kc``
+    units, 0 for rows past ``nx`` and k past K. The slow, general packer: the products
+    jitbyoc makes read their A in place and their constant B from build-time panels."""
+    b, group, dt = c.b, g.product.group, operand.dtype
+    zero, k = ir.Constant(lookup_dtype(dt).ir, 0), extent(c, g.k)
+    with for_range(b, kc, "uk") as kk:
+        with for_range(b, I64(width), "ur") as r:
+            for e in range(group):
+                kel = b.add(b.mul(b.add(k0, kk), I64(group)), I64(e))
+                at = mk.gep(b, dst, b.add(b.mul(b.add(b.mul(kk, I64(width)), r), I64(group)), I64(e)), dt)
+                inside = b.and_(b.icmp_signed("<", r, nx), b.icmp_signed("<", kel, k))
+                with b.if_else(inside) as (then, otherwise):
+                    with then:
+                        b.store(operand.element_llvm(c, bidx, b.add(x0, r), kel), at)
+                    with otherwise:
+                        b.store(zero, at)

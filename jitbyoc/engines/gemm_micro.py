@@ -13,10 +13,12 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from ..ir.dtypes import dtype as lookup_dtype
-from ..ir.llvmtypes import I1, I32, I64, PTR
+from ..ir.llvmtypes import BFLOAT, I1, I32, I64, PTR
+from ..render import isa
 from ..render.isa import VECTOR_BYTES
 from ..render.loops import for_range
 from ..render.vectors import (
+    intrinsic,
     lane_mask,
     lanes,
     multiply_add,
@@ -27,6 +29,7 @@ from ..render.vectors import (
     vtype,
 )
 from . import registry
+from .products import PRODUCTS
 
 
 def gep(b, ptr, offset, dt):
@@ -102,16 +105,21 @@ def microkernel(module: ir.Module, dt: str, mr: int, nv: int, unroll: int, maske
 
 
 def _micro_body(fn: ir.Function, dt: str, mr: int, nv: int, unroll: int, masked: bool, full: bool) -> None:
-    vl = lanes(dt)
+    """The kernel of the product :data:`~.products.PRODUCTS` ``[dt]``: A and B in its
+    units (:attr:`~.products.Product.unit`; ``kc`` counts units), C in its accumulator's
+    dtype."""
+    product = PRODUCTS[dt]
+    unit, acc = product.unit, product.acc
+    vl = lanes(acc)
     ap, axs, aks, bp, bks, kc, c, ldc, mvalid, nvalid, accumulate = fn.args
     for p in (ap, bp, c):
         p.add_attribute("noalias")
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     last = b.sub(mvalid, I64(1))
     rows = [gep(b, ap, b.mul(I64(i) if full else b.select(b.icmp_signed("<", I64(i), mvalid), I64(i), last),
-                             axs), dt) for i in range(mr)]
+                             axs), unit) for i in range(mr)]
     masks = [lane_mask(b, b.sub(nvalid, I64(j * vl)), vl) if masked else None for j in range(nv)]
-    step = _fma_step(b, dt, rows, aks, bp, bks, masks)
+    step = _dot_step(b, product, rows, aks, bp, bks, masks)
     main = b.sdiv(kc, I64(unroll))
 
     def unrolled(k, accs):
@@ -120,32 +128,56 @@ def _micro_body(fn: ir.Function, dt: str, mr: int, nv: int, unroll: int, masked:
             accs = step(b.add(base, I64(u)), accs)
         return accs
 
-    _prefetch_tile(b, dt, c, ldc, mr, nv)
-    accs = _carry_loop(b, I64(0), main, [ir.Constant(vtype(dt), None)] * (mr * nv), unrolled, "ku")
+    _prefetch_tile(b, acc, c, ldc, mr, nv)
+    accs = _carry_loop(b, I64(0), main, [ir.Constant(vtype(acc), None)] * (mr * nv), unrolled, "ku")
     accs = _carry_loop(b, b.mul(main, I64(unroll)), kc, accs, step, "kr")
     if full:
-        _rows(b, dt, accs, c, ldc, accumulate, mr, nv, [None] * nv, None)
+        _rows(b, acc, accs, c, ldc, accumulate, mr, nv, [None] * nv, None)
     else:
-        _store_tile(b, dt, accs, c, ldc, mvalid, nvalid, accumulate, mr, nv)
+        _store_tile(b, acc, accs, c, ldc, mvalid, nvalid, accumulate, mr, nv)
     b.ret_void()
 
 
-def _fma_step(b, dt, rows, aks, bp, bks, masks):
-    """One k step as a function of the accumulators: load the B vectors of row k, then
-    per A row broadcast ``A[i, k]`` and FMA it into that row's accumulators."""
-    vl, et = lanes(dt), lookup_dtype(dt).ir
+def _dot_step(b, product, rows, aks, bp, bks, masks):
+    """One k unit as a function of the accumulators: load the B vectors of unit row k,
+    then per A row broadcast ``A[i, k]`` and multiply-add it into that row's
+    accumulators (:func:`multiply_units`)."""
+    unit = product.unit
+    vl, et = lanes(product.acc), lookup_dtype(unit).ir
     nv = len(masks)
 
     def step(k, accs):
-        brow = gep(b, bp, b.mul(k, bks), dt)
-        bvec = [vload(b, gep(b, brow, j * vl, dt), dt, masks[j]) for j in range(nv)]
+        brow = gep(b, bp, b.mul(k, bks), unit)
+        bvec = [vload(b, gep(b, brow, j * vl, unit), unit, masks[j], vl) for j in range(nv)]
         out, koff = list(accs), b.mul(k, aks)
         for i, row in enumerate(rows):
-            a = splat(b, b.load(gep(b, row, koff, dt), typ=et), vl)
+            a = splat(b, b.load(gep(b, row, koff, unit), typ=et), vl)
             for j in range(nv):
-                out[i * nv + j] = multiply_add(b, a, bvec[j], accs[i * nv + j])
+                out[i * nv + j] = multiply_units(b, product, a, bvec[j], accs[i * nv + j])
         return out
     return step
+
+
+DPBF16PS = "llvm.x86.avx512bf16.dpbf16ps.512"
+
+
+def multiply_units(b, product, a, bvec, acc):
+    """``acc + sum over the group of a * b`` lane by lane (vectors of units). A float row:
+    one fused multiply-add. bfloat16 pairs: ``vdpbf16ps`` where the machine has
+    AVX512_BF16 and the vector is one zmm, else each half widened to float32 exactly
+    (its bits shifted up, or the low half masked off) and two multiply-adds."""
+    if product.group == 1:
+        return multiply_add(b, a, bvec, acc)
+    vt = acc.type
+    if isa.current().has("avx512bf16") and vt.count == 16:
+        pairs = ir.VectorType(BFLOAT, 32)
+        fn = intrinsic(b.module, DPBF16PS, vt, [vt, pairs, pairs])
+        return b.call(fn, [acc, b.bitcast(a, pairs), b.bitcast(bvec, pairs)])
+    high = ir.Constant(a.type, [-65536] * vt.count)
+    sixteen = ir.Constant(a.type, [16] * vt.count)
+    for half in (lambda v: b.shl(v, sixteen), lambda v: b.and_(v, high)):  # k even, then odd
+        acc = multiply_add(b, b.bitcast(half(a), vt), b.bitcast(half(bvec), vt), acc)
+    return acc
 
 
 def _prefetch_tile(b, dt, c, ldc, mr, nv):

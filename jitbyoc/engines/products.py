@@ -7,10 +7,13 @@ attention) and every build-time packer (:mod:`jitbyoc.tvm.linear`'s panels,
 :mod:`jitbyoc.tvm.conv_weights`' channel blocks) asks this table what it computes, so
 what the engines take is written once.
 
-Today every row multiplies one float dtype by itself with fused multiply-adds (``group``
-1: one k per instruction). A narrower product is a row whose types differ, and whose
-``group`` is the k's one dot-product instruction sums (bf16 pairs on ``vdpbf16ps``: 2;
-int8 quads on ``vpdpbusd``: 4), which the packers interleave.
+The float rows multiply one dtype by itself with fused multiply-adds (``group`` 1: one
+k per instruction). A narrower product is a row whose types differ, and whose ``group``
+is the k's one dot-product instruction sums (bfloat16 pairs on ``vdpbf16ps``: 2; int8
+quads on ``vpdpbusd``: 4). The GEMM engine then works in *units* of ``group``
+consecutive k (:attr:`Product.unit`: a bfloat16 pair is one 32-bit unit): packers write
+B's units column after column (k interleaved), A's are read or packed as they lie along
+k, and K is padded with zeros to whole units.
 """
 
 from __future__ import annotations
@@ -31,7 +34,22 @@ class Product:
         """One dtype throughout (the engines' float rows)."""
         return self.a == self.b == self.acc == self.out
 
+    @property
+    def unit(self) -> str:
+        """The dtype the engine moves A's and B's elements in: one element, or ``group``
+        of them as one integer (a bfloat16 pair: int32)."""
+        return self.a if self.group == 1 else f"int{16 * self.group}"
+
 
 PRODUCTS = {dt: Product(dt, dt, dt, dt) for dt in ("float32", "float64")}
+# bfloat16 operands summed in float32 (vdpbf16ps where the machine has AVX512_BF16): the
+# products of jitbyoc.lower_precision's bf16 mode
+PRODUCTS["bfloat16"] = Product("bfloat16", "bfloat16", "float32", "float32", group=2)
 # the dtypes multiplied by themselves into themselves: what an op of one dtype runs on
 UNIFORM = tuple(dt for dt, product in PRODUCTS.items() if product.uniform)
+
+
+def product_of(a: str, b: str, out: str) -> Product | None:
+    """The row that multiplies ``a`` by ``b`` into ``out``, or None."""
+    found = PRODUCTS.get(a)
+    return found if found is not None and (found.b, found.out) == (b, out) else None

@@ -49,6 +49,12 @@ class DType:
         return self.kind == "bool"
 
     @property
+    def is_bfloat(self) -> bool:
+        """bfloat16: stored and held as its 16 bits (an ``i16``; C ``uint16_t``), converted
+        to and from float32 by :mod:`jitbyoc.ir.bfloat`, never computed in."""
+        return self.kind == "bfloat"
+
+    @property
     def storage_bits(self) -> int:
         return 8 if self.is_bool else self.bits
 
@@ -61,7 +67,7 @@ class DType:
         """The register type."""
         if self.is_float:
             return self._vector({16: ir.HalfType(), 32: ir.FloatType()}.get(self.bits, ir.DoubleType()))
-        return self._vector(ir.IntType(self.bits))
+        return self._vector(ir.IntType(self.bits))  # integers, and bfloat16's bits
 
     @property
     def storage_ir(self) -> ir.Type:
@@ -100,7 +106,7 @@ class DType:
     def held(self, value):
         """``value`` as this dtype holds it, as a Python number (float32 rounds; an
         out-of-range float becomes an infinity, as a C conversion makes it)."""
-        if self.is_float:
+        if self.is_float or self.is_bfloat:
             with np.errstate(over="ignore"):
                 return float(self.numpy.type(value))
         return int(bool(value)) if self.is_bool else int(value)
@@ -112,6 +118,7 @@ DTYPES = {
         DType("float32", "float", 32, 2, "float"),
         DType("float64", "float", 64, 2, "double"),
         DType("float16", "float", 16, 2, "_Float16"),
+        DType("bfloat16", "bfloat", 16, 4, "uint16_t"),
         DType("int32", "int", 32, 0, "int32_t"),
         DType("int64", "int", 64, 0, "int64_t"),
         DType("bool", "bool", 1, 6, "bool"),
@@ -129,9 +136,14 @@ FLOATS = frozenset({"float32", "float64"})
 # its result, as TVM's LLVM build does); only the rows and kernels that name HALF take it:
 # moves, compares, max/min and remainders, none that accumulate or approximate
 HALF = frozenset({"float16"})
+# bfloat16 is only converted (astype to and from float32) and multiplied (products that
+# accumulate in float32: :mod:`jitbyoc.engines.products`); the rows and kernels that name
+# BF16 take it
+BF16 = frozenset({"bfloat16"})
 INTS = frozenset({"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"})
 NUMERIC = FLOATS | INTS
 ALL = NUMERIC | {"bool"}
+STORED = ALL | HALF | BF16  # what copies take: views, permutes, concatenations
 
 
 def dtype(name: str) -> DType:

@@ -8,8 +8,25 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
+I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 PTR = ir.PointerType()
+
+
+class _BFloat(ir.Type):
+    """LLVM's ``bfloat``, which llvmlite's builder does not spell: only the operand type
+    of the dot-product intrinsics (``<32 x bfloat>``), reached by a bitcast of bits."""
+
+    def _to_string(self) -> str:
+        return "bfloat"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _BFloat)
+
+    def __hash__(self) -> int:
+        return hash("bfloat")
+
+
+BFLOAT = _BFloat()
 
 
 def declare(module: ir.Module, name: str, ret, args, var_arg: bool = False) -> ir.Function:

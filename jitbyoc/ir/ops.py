@@ -25,8 +25,8 @@ from typing import Callable
 import numpy as np
 from llvmlite import ir
 
-from . import kir, vecmath
-from .dtypes import ALL, FLOATS, HALF, INTS, NUMERIC
+from . import bfloat, kir, vecmath
+from .dtypes import ALL, BF16, FLOATS, HALF, INTS, NUMERIC
 from .dtypes import dtype as lookup_dtype
 from .llvmtypes import declare
 
@@ -178,6 +178,11 @@ def _cast_llvm(b, dt, x, to):
     dst = lookup_dtype(to).with_lanes(dt.lanes)
     if dt.name == dst.name:
         return x
+    f32 = lookup_dtype("float32").with_lanes(dt.lanes)
+    if dt.is_bfloat:  # exactly to float32, then on as float32 goes
+        return _cast_llvm(b, f32, bfloat.to_float32(b, x), to)
+    if dst.is_bfloat:  # to float32 as any float32 cast, then rounded to bfloat16
+        return bfloat.from_float32(b, _cast_llvm(b, dt, x, "float32"))
     if dt.is_bool:
         return b.uitofp(x, dst.ir) if dst.is_float else b.zext(x, dst.ir)
     if dst.is_bool:
@@ -198,6 +203,10 @@ def _cast_llvm(b, dt, x, to):
 
 def _cast_c(dt, x, to):
     dst = lookup_dtype(to)
+    if dt.is_bfloat and dt.name != dst.name:
+        return _cast_c(lookup_dtype("float32"), bfloat.to_float32_c(x), to)
+    if dst.is_bfloat and dt.name != dst.name:
+        return bfloat.from_float32_c(_cast_c(dt, x, "float32"))
     if dst.is_bool and dt.is_float:
         return f"({x} != 0)"
     return f"(({dst.c}){x})"
@@ -360,7 +369,7 @@ OPS: dict[str, OpDef] = {
     # dtype of the operands is the dtype of the branches; the condition is bool
     "where":    OpDef(3, np.where, NB, lambda b, dt, c, x, y: b.select(c, x, y), "({0} ? {1} : {2})",
                       relax="relax.where", condition=True),
-    "astype":   OpDef(1, lambda x, to: x.astype(to), NB, _cast_llvm, _cast_c, relax="relax.astype",
+    "astype":   OpDef(1, lambda x, to: x.astype(to), NB | BF16, _cast_llvm, _cast_c, relax="relax.astype",
                       relax_attrs_from=(("to", "dtype"),)),
     "clip":     OpDef(1, _np_clip, N,
                       expand=lambda e, dt, x, lo, hi: e.op("maximum", dt, e.op("minimum", dt, x,

@@ -71,19 +71,22 @@ def _unit_free(permute: Permute, buf: kir.Buffer):
 def fold_panels(kernel: kir.Kernel) -> None:
     """Make a matmul read a weight packed into column panels at build time
     (:mod:`jitbyoc.tvm.linear`) in place. Its B is then ``reshape(permute_dims(P, [...,
-    r + 1, r, r + 2]), (..., K, N))`` of a constant ``P`` (``..., N/w, K, w``); when ``w`` is
+    r + 1, r, r + 2]), (..., K, N))`` of a constant ``P`` (``..., N/w, K, w``; a product in
+    units of ``g`` k: ``..., N/w, K/g, w, g`` permuted by ``[..., r + 1, r + 3, r, r + 2]``); when ``w`` is
     the GEMM engine's panel width here, the product reads ``P``'s panels as they are and
     the permute (a copy of the whole weight) is dropped. Otherwise the permute stays: the
     product is still right, only slower."""
     for stage in [s for s in kernel.stages if isinstance(s, MatMul) and not s.panels]:
-        view = stage.inputs[1]
+        view, g = stage.inputs[1], stage.product.group
         producer = None if stage.perms[1] is not None or view.base is None else _permute_making(kernel, view.base)
         r = view.ndim - 2
-        if producer is None or tuple(producer.axes) != (*range(r), r + 1, r, r + 2):
+        axes = (*range(r), r + 1, r, r + 2) if g == 1 else (*range(r), r + 1, r + 3, r, r + 2)
+        if producer is None or tuple(producer.axes) != axes:
             continue
         panels = producer.inputs[0]
-        *lead, count, k, width = panels.shape
-        if tuple(view.shape) != (*lead, k, count * width) or width != panel_width(stage.out.dtype):
+        *lead, count, units, width = panels.shape if g == 1 else panels.shape[:-1]
+        if tuple(view.shape) != (*lead, units * g, count * width) or width != panel_width(stage.inputs[0].dtype) \
+                or g > 1 and panels.shape[-1] != g:
             continue
         stage.inputs, stage.panels = (stage.inputs[0], panels), width
         _drop_if_unread(kernel, producer)

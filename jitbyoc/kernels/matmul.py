@@ -3,7 +3,8 @@
 Every form the frontends produce: 2-D, batched (any rank), NumPy-broadcast batch dims
 (``(B, M, K) x (K, N)``, ``(1, M, K) x (B, K, N)``), 1-D operands (``(K,) x (K, N)`` is a
 ``1 x N`` product whose unit row is dropped, and so on), symbolic sizes read at run time,
-float32 and float64. A transposed operand is read in place: ``MatMul.perms[i]`` says
+float32 and float64, and bfloat16 operands summed in float32 (the products
+:func:`jitbyoc.lower_precision` makes: ``vdpbf16ps``, :mod:`jitbyoc.engines.products`). A transposed operand is read in place: ``MatMul.perms[i]`` says
 operand ``i`` is ``permute_dims(inputs[i], perms[i])``, and :func:`fold_permutes` (a
 kernel pass) points the matmul at the permute's source instead of its temporary, so
 ``linear`` (``permute_dims(w)`` then ``matmul``) packs ``w`` directly with in-register
@@ -29,11 +30,14 @@ import numpy as np
 
 from ..engines import gemm_engine, gemm_llvm
 from ..engines.gemm import Gemm, Output, Panels, Strided, box_epilogue, rows_epilogue
-from ..engines.products import UNIFORM
+from ..engines.products import PRODUCTS, UNIFORM, Product, product_of
 from ..ir import kir
 from ..ir.relax_types import broadcast_problem, dims, operands_problem
 from ..ir.rules import register
 
+
+
+BF16_SUMMED = PRODUCTS["bfloat16"]
 
 
 def _strides(shape) -> list[tuple]:
@@ -50,12 +54,17 @@ class MatMul(kir.KernelStage):
         """(logical shape, stride of each logical dim) of operand ``i`` (for B in panels,
         its logical (..., K, N) shape, and strides for the leading dims only)."""
         buf, perm = self.inputs[i], self.perms[i]
-        if i == 1 and self.panels:
-            *lead, count, k, width = buf.shape
-            return [*lead, k, count * width], _strides(buf.shape)[:len(lead)] + [None, None]
+        if i == 1 and self.panels:  # (..., N/w, K, w), or (..., N/w, K/g, w, g) in units of g k
+            group = self.product.group
+            *lead, count, k, width = buf.shape if group == 1 else buf.shape[:-1]
+            return [*lead, k * group, count * width], _strides(buf.shape)[:len(lead)] + [None, None]
         perm = range(buf.ndim) if perm is None else perm
         strides = _strides(buf.shape)
         return [buf.shape[p] for p in perm], [strides[p] for p in perm]
+
+    @property
+    def product(self) -> Product:
+        return PRODUCTS[self.inputs[0].dtype]
 
     def gemm(self) -> Gemm:
         (ashape, astr), (bshape, bstr) = self.operand(0), self.operand(1)
@@ -72,8 +81,9 @@ class MatMul(kir.KernelStage):
             return tuple(0 if d == 1 else s for d, s in pairs)
 
         bbatch = batch_strides(bshape, bstr)
+        dt = self.inputs[0].dtype  # the product's key
         if self.panels:
-            b = Panels(self.inputs[1], bbatch, k, self.panels)
+            b = Panels(self.inputs[1], bbatch, k, self.panels, self.product.group)
         else:
             b = Strided(self.inputs[1], bbatch, bstr[-1] if has_n else 0, bstr[-2] if has_n else bstr[-1])
         if batch and has_m and has_n and self.perms[0] is None and all(s == 0 for s in bbatch) \
@@ -83,12 +93,12 @@ class MatMul(kir.KernelStage):
             # Not for a 1-D B: its output (*batch, M) has no N for rows_epilogue's rows
             a = Strided(self.inputs[0], (), astr[-2], astr[-1])
             c = Output(self.out, (), out[-1:] if has_n else 1)
-            return Gemm(tuple(batch) + (m,), n, k, a, b, c, self.out.dtype, (),
+            return Gemm(tuple(batch) + (m,), n, k, a, b, c, dt, (),
                         rows_epilogue(self, tuple(out[:-1])))
         a = Strided(self.inputs[0], batch_strides(ashape, astr), astr[-2] if has_m else 0, astr[-1])
         ostr = _strides(out)
         c = Output(self.out, tuple(ostr[:len(batch)]), out[-1:] if has_n else 1)
-        return Gemm(m, n, k, a, b, c, self.out.dtype, tuple(batch),
+        return Gemm(m, n, k, a, b, c, dt, tuple(batch),
                     box_epilogue(self, has_m, has_n))
 
     def emit_llvm(self, ctx) -> None:
@@ -109,17 +119,22 @@ class MatMul(kir.KernelStage):
 
     @staticmethod
     def reference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """numpy's product; of bfloat16 operands, their exact float32 values multiplied
+        and summed in float32."""
+        if str(a.dtype) == "bfloat16":
+            return np.matmul(a.astype(np.float32), b.astype(np.float32))
         return np.matmul(a, b)
 
 
 def _check(call) -> str | None:
     x, y = call.args
-    problem = operands_problem(call, (x, y, call), UNIFORM)
+    types = (str(x.ty.dtype), str(y.ty.dtype), str(call.ty.dtype))
+    problem = operands_problem(call, (x, y, call), UNIFORM + (BF16_SUMMED.a, BF16_SUMMED.out))
     if problem:
         return problem
-    if len({str(x.ty.dtype), str(y.ty.dtype), str(call.ty.dtype)}) != 1:
-        return (f"relax.matmul: mixed dtypes {x.ty.dtype} x {y.ty.dtype} -> {call.ty.dtype} "
-                f"(only same-dtype products)")
+    if product_of(*types) is None:
+        known = ", ".join(f"{p.a} x {p.b} -> {p.out}" for p in PRODUCTS.values())
+        return f"relax.matmul: no product {types[0]} x {types[1]} -> {types[2]} (known: {known})"
     xs, ys, out = dims(x.ty), dims(y.ty), dims(call.ty)
     if not xs or not ys:
         return "relax.matmul: rank-0 operand"

@@ -24,7 +24,7 @@ from tvm import relax
 from tvm.ir.prim import IntImm
 
 from ..ir import kir
-from ..ir.dtypes import ALL, FLOATS, HALF, INTS
+from ..ir.dtypes import ALL, FLOATS, INTS, STORED
 from ..ir.relax_types import dims, tensor_problem
 from ..ir.rules import register
 from ..render.indexing import clamped, dot, unravel, where_nonempty, wrapped
@@ -286,7 +286,7 @@ def _check_tuple_operands(call) -> str | None:
     if not isinstance(tup, relax.Tuple) or not tup.fields:
         return f"{name}: operand is not a literal tuple of tensors"
     for t in list(tup.fields) + [call]:
-        problem = tensor_problem(t.ty, ALL | HALF)  # copies: any stored dtype
+        problem = tensor_problem(t.ty, STORED)  # copies: any stored dtype
         if problem:
             return f"{name}: {problem}"
     if len({str(t.ty.dtype) for t in tup.fields}) != 1:

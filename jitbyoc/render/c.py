@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from contextlib import contextmanager
 
-from ..ir import kir
+from ..ir import bfloat, kir
 from ..ir.dtypes import dtype as lookup_dtype
 from ..ir.errors import RenderError, error_context
 from ..ir.ops import op_def
@@ -55,7 +55,7 @@ static inline double jb_bits_i64(int64_t i) { double x; memcpy(&x, &i, 8); retur
 static inline int32_t jb_i32_at(const void* p, int64_t off) { int32_t v; memcpy(&v, (const char*)p + off, 4); return v; }
 static inline int64_t jb_i64_at(const void* p, int64_t off) { int64_t v; memcpy(&v, (const char*)p + off, 8); return v; }
 static inline void* jb_ptr_at(const void* p, int64_t off) { void* v; memcpy(&v, (const char*)p + off, sizeof v); return v; }
-"""
+""" + bfloat.C_HELPERS
 
 
 def c_literal(value, dt: str) -> str:

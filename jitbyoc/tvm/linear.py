@@ -25,7 +25,7 @@ from tvm.ir import Op
 from tvm.ir.expr import Constant
 
 from ..engines.gemm import panel_width
-from ..engines.products import UNIFORM
+from ..engines.products import PRODUCTS
 from .constants import constant as _constant
 from .constants import tensor_constant
 from .inference import ADD, MATMUL, PERMUTE_DIMS, RESHAPE, _static_dims, single_use_call
@@ -84,25 +84,33 @@ def constant_weight(matmul: relax.Call, lookup) -> np.ndarray | None:
 
 
 def _panels_of(value: np.ndarray) -> int:
-    """The panel width ``value`` (``(..., K, D)``) packs in: the engine's ``w`` when it
-    multiplies the dtype and ``w`` divides ``D``, else 0 (no panels)."""
-    dt = str(value.dtype)
-    width = panel_width(dt) if dt in UNIFORM else 0
-    return width if width and value.shape[-1] % width == 0 else 0
+    """The panel width ``value`` (``(..., K, D)``) packs in: the engine's ``w`` when a
+    product of its dtype exists, ``w`` divides ``D`` and the product's units divide K,
+    else 0 (no panels)."""
+    product = PRODUCTS.get(str(value.dtype))
+    width = panel_width(product.a) if product is not None else 0
+    fits = width and value.shape[-1] % width == 0 and value.shape[-2] % product.group == 0
+    return width if fits else 0
 
 
 def panel_weight(value: np.ndarray, emit):
     """A Relax expression equal to ``value`` (``(..., K, D)``): when it packs in panels
     (:func:`_panels_of`), ``reshape(permute_dims(P, ...), value.shape)`` of ``P`` (``...,
-    D/w, K, w``), the engine's panels; else the constant itself."""
+    D/w, K, w``; in units of ``g`` k, ``..., D/w, K/g, w, g``), the engine's panels; else
+    the constant itself."""
     width = _panels_of(value)
     if not width:
         return tensor_constant(value)
     (k, d), lead = value.shape[-2:], value.shape[:-2]
-    r = len(lead)
-    packed = value.reshape(*lead, k, d // width, width).swapaxes(r, r + 1)
-    axes = [*range(r), r + 1, r, r + 2]
-    unpacked = emit(relax.op.permute_dims(tensor_constant(packed), axes))
+    r, g = len(lead), PRODUCTS[str(value.dtype)].group
+    if g == 1:
+        packed = value.reshape(*lead, k, d // width, width).swapaxes(r, r + 1)
+        axes = [*range(r), r + 1, r, r + 2]
+    else:
+        lanes = value.reshape(*lead, k // g, g, d // width, width)
+        packed = lanes.transpose(*range(r), r + 2, r, r + 3, r + 1)
+        axes = [*range(r), r + 1, r + 3, r, r + 2]
+    unpacked = emit(relax.op.permute_dims(tensor_constant(np.ascontiguousarray(packed)), axes))
     return emit(relax.op.reshape(unpacked, value.shape))
 
 

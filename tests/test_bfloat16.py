@@ -1,0 +1,162 @@
+"""bfloat16: conversions bit for bit against TVM's build and ml_dtypes; products of
+bfloat16 operands summed in float32 (the GEMM engine's ``vdpbf16ps`` kernel, and its
+two-FMA form on machines without AVX512_BF16) against numpy's float64 product of the same
+rounded operands, within float32 summation's bound; :func:`jitbyoc.lower_precision`
+against TVM's build of the same lowered module, and against the float32 model within
+bfloat16's rounding bound."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+from tvm import relax
+
+import jitbyoc
+from jitbyoc.kernels.matmul import MatMul
+from tests.conftest import build_both, build_model, call_region, jit_function
+from tests.diff_util import CC
+from tests.test_c_renderer import c_and_jit
+
+R = relax.op
+BF16 = ml_dtypes.bfloat16
+U = 2.0 ** -24  # float32's unit roundoff
+ZNVER4, SKYLAKE, HASWELL = ({"kind": "llvm", "mcpu": cpu} for cpu in ("znver4", "skylake-avx512", "haswell"))
+
+
+def _special_values(rng) -> np.ndarray:
+    x = (rng.standard_normal(4096) * np.float32(100)).astype(np.float32)
+    snan = np.array([0x7F800001, 0xFFA00000], np.uint32).view(np.float32)  # signalling NaNs
+    ties = np.array([1 + 2 ** -8, 1 + 3 * 2 ** -8, -(1 + 2 ** -8)], np.float32)  # round to even
+    tiny = np.array([1e-40, -1e-39, 1.2e-38, np.finfo(np.float32).tiny], np.float32)  # subnormals
+    edge = np.array([*snan, np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 3.4e38, np.finfo(np.float32).max], np.float32)
+    return np.concatenate([x, ties, tiny, edge]).reshape(1, -1)
+
+
+def test_float32_to_bfloat16_and_back_bit_for_bit():
+    rng = np.random.default_rng(0)
+    x = _special_values(rng)
+    mod = build_model({"x": (x.shape, "float32")}, lambda bb, x: [
+        bb.emit(R.astype(x, "bfloat16")), bb.emit(R.astype(R.astype(x, "bfloat16"), "float32"))])
+    builds = build_both(mod)
+    assert not builds.report.fallbacks, builds.report
+    (ref_bf, ref_f), (got_bf, got_f) = builds.run(x)
+    nan = np.isnan(x)
+    with np.errstate(invalid="ignore"):
+        want = x.astype(BF16)
+    assert np.array_equal(got_bf.view(np.uint16)[~nan], want.view(np.uint16)[~nan])
+    assert np.array_equal(got_bf.view(np.uint16)[~nan], ref_bf.view(np.uint16)[~nan])
+    assert np.array_equal(got_f.view(np.uint32)[~nan], ref_f.view(np.uint32)[~nan])
+    # a NaN stays a NaN of its sign, made quiet (as ml_dtypes); TVM's rounding turns the
+    # signalling NaN 0x7f800001 into infinity
+    bits = got_bf.view(np.uint16)[nan]
+    assert np.isnan(got_bf[nan].astype(np.float32)).all() and (bits & 0x40).all()
+    assert np.array_equal(bits >> 15, x.view(np.uint32)[nan] >> 31)
+
+
+@pytest.mark.skipif(CC is None, reason="no C compiler (cc) on PATH")
+def test_c_rendering_of_conversions_matches_jit_bit_for_bit(tmp_path):
+    x = _special_values(np.random.default_rng(1))
+    mod = build_model({"x": (x.shape, "float32")},
+                      lambda bb, x: bb.emit(R.astype(R.astype(x, "bfloat16"), "float32")))
+    (region,) = jitbyoc.inspect(mod)
+    c_fn, jit_fn = c_and_jit(region, tmp_path)
+    (got,), (want,) = call_region(c_fn, region.kernel, [x]), call_region(jit_fn, region.kernel, [x])
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def _product_model(m, k, n, batch=()):
+    """``matmul(astype(x, bf16), astype(w, bf16), out_dtype=float32)`` of float32 inputs."""
+    return build_model({"x": ((*batch, m, k), "float32"), "w": ((*batch, k, n), "float32")},
+                       lambda bb, x, w: bb.emit(R.matmul(R.astype(x, "bfloat16"), R.astype(w, "bfloat16"),
+                                                         out_dtype="float32")))
+
+
+def _check_summed_in_float32(got, x, w):
+    """``got`` is the float32 sum of the exact products of ``x``'s and ``w``'s bfloat16
+    roundings, in some order: within ``gamma_K`` of float64's sum of them. Unrounded
+    operands miss the bound by far (their difference is of bfloat16's 2**-9)."""
+    a, b = (v.astype(BF16).astype(np.float64) for v in (x, w))
+    k = x.shape[-1]
+    bound = k * U / (1 - k * U) * (np.abs(a) @ np.abs(b)) + 1e-30
+    err = np.abs(got - a @ b)
+    assert (err <= bound).all(), f"max error {err.max():.3g}, bound there {bound.flat[err.argmax()]:.3g}"
+
+
+def _build_for(mod, target: dict):
+    with jitbyoc.enabled():
+        ex = tvm.compile(mod, target=tvm.target.Target(target))
+        rep = jitbyoc.last_report()
+    return relax.VirtualMachine(ex, tvm.cpu()), rep
+
+
+@pytest.mark.parametrize("target", [ZNVER4, SKYLAKE, HASWELL], ids=["avx512bf16", "avx512", "avx2"])
+@pytest.mark.parametrize("m, k, n, batch", [(1, 7, 3, ()), (13, 33, 70, ()), (130, 771, 200, ()),
+                                            (64, 256, 128, ()), (5, 40, 17, (3,))])
+def test_product_of_bfloat16_operands_is_summed_in_float32(target, m, k, n, batch):
+    """Every tile and edge of the engine (odd K: a half-filled last pair), on the machines
+    with ``vdpbf16ps``, with AVX-512 but no BF16, and with AVX2 only."""
+    rng = np.random.default_rng(m * 1000 + k)
+    x = rng.standard_normal((*batch, m, k)).astype(np.float32)
+    w = rng.standard_normal((*batch, k, n)).astype(np.float32)
+    vm, rep = _build_for(_product_model(m, k, n, batch), target)
+    assert not rep.fallbacks, rep
+    got = vm["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(w)).numpy()
+    _check_summed_in_float32(got, x, w)
+
+
+def _linear_model(m, k, n, rng):
+    w = rng.standard_normal((n, k)).astype(np.float32) * np.float32(k ** -0.5)
+    bias = rng.standard_normal(n).astype(np.float32)
+    return build_model({"x": ((m, k), "float32")}, lambda bb, x: bb.emit(
+        R.nn.gelu(R.add(R.matmul(x, R.permute_dims(relax.const(w))), relax.const(bias))))), w, bias
+
+
+@pytest.mark.parametrize("m, k, n", [(128, 768, 192), (6, 64, 64), (37, 130, 70), (2, 33, 64)])
+def test_lower_precision_of_a_linear_layer(m, k, n):
+    """torch's ``gelu(x @ W.T + b)`` in bf16: against TVM's build of the same lowered
+    module (the products' summation order apart) and the float32 model (bfloat16's
+    rounding apart); the weight is packed once at build time and read in place."""
+    rng = np.random.default_rng(k)
+    mod, w, bias = _linear_model(m, k, n, rng)
+    low = jitbyoc.lower_precision(mod, "bf16")
+    builds = build_both(low)
+    assert not builds.report.fallbacks, builds.report
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    ref, got = builds.run(x)
+    a, b = x.astype(BF16).astype(np.float64), w.T.astype(BF16).astype(np.float64)
+    summed = 2 * k * U / (1 - k * U) * (np.abs(a) @ np.abs(b))  # two orders of float32 sums
+    assert (np.abs(got - ref) <= 1.2 * summed + 4 * U * np.abs(ref) + 1e-6).all()  # gelu: Lipschitz 1.13
+    exact = np.abs(x).astype(np.float64) @ np.abs(w.T).astype(np.float64)
+    assert (np.abs(got - build_both(mod).run(x)[0]) <= 1.2 * (2 ** -8 + 2 ** -17) * exact + 1.2 * summed + 1e-5).all()
+    (region,) = jitbyoc.inspect(low)
+    (product,) = [s for s in region.kernel.stages if isinstance(s, MatMul)]
+    assert product.panels == 64 and product.inputs[1].shape == (n // 64, k // 2, 64, 2) if n % 64 == 0 \
+        and k % 2 == 0 else not product.panels
+
+
+def test_lower_precision_leaves_what_it_does_not_lower():
+    """Products of two activations (attention) and float64 stay as they are; an unknown
+    precision is refused by name."""
+    mod = build_model({"q": ((4, 8), "float32"), "k": ((8, 4), "float32"), "d": ((4, 8), "float64")},
+                      lambda bb, q, k, d: [bb.emit(R.matmul(q, k)),
+                                           bb.emit(R.matmul(d, relax.const(np.ones((8, 2)), "float64")))])
+    assert tvm_ffi.structural_equal(jitbyoc.lower_precision(mod), mod)
+    with pytest.raises(ValueError, match="'fp8'"):
+        jitbyoc.lower_precision(mod, "fp8")
+
+
+@pytest.mark.skipif(CC is None, reason="no C compiler (cc) on PATH")
+def test_c_rendering_of_a_bfloat16_product(tmp_path):
+    """The C rendering widens the operands exactly and sums in float32, in order."""
+    m, k, n = 9, 35, 20
+    (region,) = jitbyoc.inspect(_product_model(m, k, n))
+    c_fn, jit_fn = c_and_jit(region, tmp_path)
+    rng = np.random.default_rng(3)
+    x, w = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    for fn in (c_fn, jit_fn):
+        (got,) = call_region(fn, region.kernel, [x, w])
+        _check_summed_in_float32(got, x, w)
+    assert jit_function(region) is not None
