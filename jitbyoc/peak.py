@@ -22,6 +22,8 @@ from functools import lru_cache
 import llvmlite.binding as llvm
 from llvmlite import ir
 
+from .engines.gemm_micro import multiply_units
+from .engines.products import PRODUCTS
 from .toolchain import jit
 from .render import isa
 
@@ -58,9 +60,6 @@ def _dot_ir(dtype: str) -> str:
     ``dtype`` (:data:`jitbyoc.engines.products.PRODUCTS`) on one register of units each:
     the GEMM microkernel's own instruction (:func:`~jitbyoc.engines.gemm_micro.multiply_units`:
     ``vdpbf16ps`` for bfloat16 pairs where the machine has it)."""
-    from .engines.gemm_micro import multiply_units
-    from .engines.products import PRODUCTS
-
     product = PRODUCTS[dtype]
     width = isa.lanes(product.acc)
     acc, units = ir.VectorType(ir.FloatType(), width), ir.VectorType(ir.IntType(32), width)
@@ -82,8 +81,6 @@ def dot_runner(dtype: str, threads: int, seconds: float = 0.02) -> tuple[Callabl
     """:func:`fma_runner` for the product ``dtype``'s instruction (``"bfloat16"``: the
     ``vdpbf16ps`` loop), the yardstick of its kernels; one instruction is ``2 * group``
     FLOP per float32 lane."""
-    from .engines.products import PRODUCTS
-
     loop, engine = jit_loop(_dot_ir(dtype), "dot")
     flops = CHAINS * UNROLL * 2 * PRODUCTS[dtype].group * isa.lanes(PRODUCTS[dtype].acc)
     return loop_runner(loop, engine, flops, threads, seconds)

@@ -160,3 +160,72 @@ def test_c_rendering_of_a_bfloat16_product(tmp_path):
         (got,) = call_region(fn, region.kernel, [x, w])
         _check_summed_in_float32(got, x, w)
     assert jit_function(region) is not None
+
+
+@pytest.mark.parametrize("shape, kernel, stride, groups", [
+    ((1, 64, 14, 14), 1, 1, 1), ((2, 32, 9, 9), 1, 2, 1), ((1, 48, 8, 8), 1, 1, 2), ((1, 3, 32, 32), 4, 4, 1)])
+def test_lower_precision_of_pointwise_and_patch_convolutions(shape, kernel, stride, groups):
+    """1x1 (strided, grouped) and patch convolutions run as bfloat16 products; a 3x3 one
+    stays float32 (with the reason, where a bf16 3x3 is built by hand)."""
+    rng = np.random.default_rng(shape[1])
+    w = rng.standard_normal((40, shape[1] // groups, kernel, kernel)).astype(np.float32)
+    mod = build_model({"x": (shape, "float32")}, lambda bb, x: bb.emit(R.nn.relu(R.add(
+        R.nn.conv2d(x, relax.const(w), strides=stride, groups=groups), relax.const(np.float32(0.5))))))
+    low = jitbyoc.lower_precision(mod)
+    assert "bfloat16" in low.script()
+    builds = build_both(low)
+    assert not builds.report.fallbacks, builds.report
+    x = rng.standard_normal(shape).astype(np.float32)
+    ref, got = builds.run(x)
+    k = shape[1] // groups * kernel * kernel
+    scale = np.abs(x).max() * np.abs(w).max() * k
+    assert np.abs(got - ref).max() <= 2 * k * U * scale
+
+
+def _conv_bound(x, w, groups):
+    """Twice float32's summation bound for the convolution of the bfloat16 roundings."""
+    a, b = (np.abs(v.astype(BF16).astype(np.float64)) for v in (x, w))
+    k = w[0].size
+    return 2 * k * U / (1 - k * U) * k * a.max() * b.max() + 1e-6
+
+
+@pytest.mark.parametrize("target", [None, HASWELL], ids=["host", "avx2"])
+@pytest.mark.parametrize("shape, k, kernel, stride, pad, dilation, groups", [
+    ((1, 16, 14, 14), 32, 3, 1, 1, 1, 1), ((2, 8, 15, 13), 12, 3, 2, 1, 1, 1), ((1, 12, 12, 12), 20, 3, 1, 2, 2, 2),
+    ((1, 6, 17, 17), 8, 5, 3, 2, 1, 1), ((1, 10, 9, 9), 8, 3, 1, 0, 1, 2), ((1, 64, 9, 9), 64, 3, 1, 1, 1, 1)])
+@pytest.mark.parametrize("weight", ["constant", "input"])
+def test_direct_convolution_in_bfloat16_pairs(target, shape, k, kernel, stride, pad, dilation, groups, weight):
+    """The pixel engine on channel pairs: a constant weight packed in pair blocks at build
+    time, a weight given as an input packed on each call (odd channels per group: a
+    zero channel), strides 1-3, dilation, groups; against TVM's build of the same graph."""
+    rng = np.random.default_rng(shape[1] * k + kernel)
+    w = rng.standard_normal((k, shape[1] // groups, kernel, kernel)).astype(np.float32)
+    conv = dict(strides=stride, padding=pad, dilation=dilation, groups=groups)
+    if weight == "constant":
+        model = build_model({"x": (shape, "float32")}, lambda bb, x: bb.emit(
+            R.nn.relu(R.nn.conv2d(x, relax.const(w), **conv))))
+        mod, args = jitbyoc.lower_precision(model), []
+    else:
+        mod, args = build_model({"x": (shape, "float32"), "w": (w.shape, "float32")}, lambda bb, x, wv: bb.emit(
+            R.nn.relu(R.nn.conv2d(R.astype(x, "bfloat16"), R.astype(wv, "bfloat16"), out_dtype="float32",
+                                  **conv)))), [w]
+    assert "bfloat16" in mod.script()
+    x = rng.standard_normal(shape).astype(np.float32)
+    ref = build_both(mod).run(x, *args)[0] if target is None else None
+    vm, rep = _build_for(mod, target or {"kind": "llvm"})
+    assert not rep.fallbacks, rep
+    got = vm["main"](*(tvm.runtime.tensor(a) for a in (x, *args))).numpy()
+    if ref is None:
+        ref = build_both(mod).run(x, *args)[0]
+    assert np.abs(got - ref).max() <= _conv_bound(x, w, groups)
+
+
+def test_lower_precision_keeps_convolutions_float32_where_bf16_is_slower():
+    """The 3-channel stem (a pair would be half zeros) and a 7x7 map that float32 runs on
+    channel vectors stay float32 (measured: precision._narrower_is_faster)."""
+    stem = np.ones((8, 3, 7, 7), np.float32)
+    small = np.ones((512, 512, 3, 3), np.float32)
+    mod = build_model({"x": ((1, 3, 32, 32), "float32"), "y": ((1, 512, 7, 7), "float32")}, lambda bb, x, y: [
+        bb.emit(R.nn.conv2d(x, relax.const(stem), strides=2, padding=3)),
+        bb.emit(R.nn.conv2d(y, relax.const(small), padding=1))])
+    assert "bfloat16" not in jitbyoc.lower_precision(mod).script()

@@ -30,9 +30,11 @@ from ..ir.dtypes import dtype as lookup_dtype
 from ..ir.llvmtypes import I32, I64, PTR
 from ..render.loops import (ceil_div, claim_home_first, for_range, free_workspace, home_counters, smax, smin,
                             workspace, zero_bytes)
-from ..render.vectors import lane_mask, lanes, multiply_add, prefetch, splat, strips, vload, vstore, vtype
-from . import registry
+from ..render.vectors import lane_mask, lanes, prefetch, splat, strips, vload, vstore, vtype
+from . import conv_units, registry
 from .conv_plan import plane_table, tap_table, unrolled_window, workspace_size
+from .gemm_micro import multiply_units
+from .products import PRODUCTS
 
 NAMES = ("x", "w", "work", "out", "n", "c", "h", "wd", "k", "oh", "ow", "groups", "cg", "kg", "taps",
          "wq", "plane", "chan", "img", "planes", "rows", "sh", "sw", "taptab", "planetab", "epi", "env")
@@ -50,7 +52,9 @@ class ConvKind(registry.Engine):
     body written by ``self.body(bufs).run(ctx)``."""
 
     def emit(self, module: ir.Module, fn: ir.Function) -> None:
-        ctx, bufs = registry.open_params(self, module, fn, NAMES, NAMES[:4], self.dtype)
+        p = PRODUCTS[self.dtype]
+        dtypes = self.dtype if p.uniform else dict(zip(NAMES[:4], (p.a, p.unit, p.unit, p.out)))  # w: packed units
+        ctx, bufs = registry.open_params(self, module, fn, NAMES, NAMES[:4], dtypes)
         self.body(bufs).run(ctx)
         ctx.b.ret(I32(0))
 
@@ -59,7 +63,7 @@ class ConvKind(registry.Engine):
 @dataclass(frozen=True)
 class ConvEngine(ConvKind):
     kind = "conv"
-    dtype: str
+    dtype: str  # the product (.products.PRODUCTS): the input and weight in its units
     lanes: int
     j: int
     v: int
@@ -77,8 +81,15 @@ class Emit:
 
     def __init__(self, engine: ConvEngine, bufs: dict):
         self.e, self.bufs = engine, bufs
-        self.elem = lookup_dtype(engine.dtype)
+        self.product = PRODUCTS[engine.dtype]
+        self.elem = lookup_dtype(self.product.unit)  # of the workspace and the (packed) weight
         self.vt = ir.VectorType(self.elem.ir, engine.lanes)
+        self.acc_vt = ir.VectorType(lookup_dtype(self.product.acc).ir, engine.lanes)
+
+    def channels(self, c) -> ir.Value:
+        """Input channels of a group in the product's units (:func:`.conv_plan.unit_channels`)."""
+        group = self.product.group
+        return c.syms["cg"] if group == 1 else ceil_div(c.b, c.syms["cg"], I64(group))
 
     def run(self, ctx) -> None:
         s, b = ctx.syms, ctx.b
@@ -110,7 +121,7 @@ class Emit:
                 with claim_home_first(c.b, c.team, extra[0], extra[1], extra[2]) as t:
                     self.task(c, t)
                 return
-            own = workspace(c, self.e.dtype, c.b.mul(c.syms["n"], c.syms["img"]))
+            own = workspace(c, self.product.unit, c.b.mul(c.syms["n"], c.syms["img"]))
             c.ptrs[self.bufs["work"].storage] = own
             with for_range(c.b, hi, "unit", start=lo) as unit:
                 self.pack_band(c, unit, hi)
@@ -138,7 +149,7 @@ class Emit:
     # threads).
     def row_zeros(self, c, row, lo, hi) -> None:
         """Zero elements ``lo .. hi`` of the workspace row at ``row``."""
-        b, dt = c.b, self.e.dtype
+        b, dt = c.b, self.product.unit
         zero = ir.Constant(vtype(dt), None)
         strips(b, lo, hi, lanes(dt), lambda j, mask: vstore(
             b, zero, c.element(self.bufs["work"], b.add(row, j)), dt, mask))
@@ -165,14 +176,24 @@ class Emit:
                 with other, for_range(b, count, "q") as q:
                     c.store(work, b.add(dst, q), c.load(x, b.add(src, b.mul(q, stride))))
 
+    def sources(self, c, n, ch) -> list:
+        """``[(input offset of the channel's plane, valid)]`` of workspace channel ``ch`` of
+        image ``n``: the channel itself (valid None), or in units the ``group`` channels
+        it interleaves (:func:`.conv_units.sources`)."""
+        if self.product.group > 1:
+            return conv_units.sources(self, c, n, ch)
+        s = c.syms
+        return [(c.b.mul(c.b.add(c.b.mul(n, s["c"]), ch), c.b.mul(s["h"], s["wd"])), None)]
+
     def even_lanes(self, c, at, count):
-        """Input elements ``at, at + 2, ...`` (``count`` of them, at most a vector): the
-        even lanes of two vector loads, which read no element past the last one taken."""
-        b, dt = c.b, self.e.dtype
-        n, x = lanes(dt), self.bufs["x"]
+        """Input elements ``at, at + 2, ...`` (``count`` of them, at most a vector; in units,
+        a vector of units' worth of each channel): the even lanes of two vector loads,
+        which read no element past the last one taken."""
+        b, dt = c.b, self.product.a
+        n, x = (lanes(self.product.unit) if self.product.group > 1 else lanes(dt)), self.bufs["x"]
         reach = b.sub(b.mul(I64(count) if isinstance(count, int) else count, I64(2)), I64(1))
-        lo = vload(b, c.element(x, at), dt, None if isinstance(count, int) else lane_mask(b, reach, n))
-        hi = vload(b, c.element(x, b.add(at, I64(n))), dt, lane_mask(b, b.sub(reach, I64(n)), n))
+        lo = vload(b, c.element(x, at), dt, None if isinstance(count, int) else lane_mask(b, reach, n), n)
+        hi = vload(b, c.element(x, b.add(at, I64(n))), dt, lane_mask(b, b.sub(reach, I64(n)), n), n)
         return b.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(I32, n), list(range(0, 2 * n, 2))))
 
     @staticmethod
@@ -199,11 +220,13 @@ class Emit:
         reach = b.sub(b.sdiv(s["plane"], s["wq"]), s["oh"])  # plane rows below the last output row
         next_here = b.and_(b.icmp_signed("<", b.add(unit, s["groups"]), packs_next), b.not_(last))
         r1 = b.select(next_here, r1, b.add(r1, reach))
-        ch0 = b.mul(grp, s["cg"])
-        with for_range(b, b.add(ch0, s["cg"]), "ch", start=ch0) as ch:
+        cg = self.channels(c)
+        ch0 = b.mul(grp, cg)
+        with for_range(b, b.add(ch0, cg), "ch", start=ch0) as ch:
             self.pack_rows(c, n, ch, r0, r1)
         with b.if_then(b.and_(last, b.icmp_signed("==", grp, b.sub(s["groups"], I64(1))))):
-            tail = b.add(b.mul(n, s["img"]), b.mul(s["c"], s["chan"]))
+            packed = s["c"] if self.product.group == 1 else b.mul(s["groups"], cg)  # channels packed
+            tail = b.add(b.mul(n, s["img"]), b.mul(packed, s["chan"]))
             self.memset0(c, tail, b.sub(b.add(b.mul(n, s["img"]), s["img"]), tail))
 
     def pack_rows(self, c, n, ch, r0, r1) -> None:
@@ -211,7 +234,7 @@ class Emit:
         input's pixels where the plane table says they are valid, zeros elsewhere."""
         b, s = c.b, c.syms
         table = b.inttoptr(s["planetab"], PTR)
-        src = b.mul(b.add(b.mul(n, s["c"]), ch), b.mul(s["h"], s["wd"]))
+        srcs = self.sources(c, n, ch)
         dst0 = b.add(b.mul(n, s["img"]), b.mul(ch, s["chan"]))
         with for_range(b, s["planes"], "p") as p:
             rshift, cshift, r_lo, r_hi, q_lo, q_hi = (
@@ -225,9 +248,12 @@ class Emit:
                 row = b.add(plane, b.mul(r, s["wq"]))
                 self.row_zeros(c, row, I64(0), q_lo)
                 self.row_zeros(c, row, q_hi, s["wq"])
-                srow = b.add(src, b.mul(b.add(b.mul(r, s["sh"]), rshift), s["wd"]))
-                first = b.add(srow, b.add(b.mul(q_lo, s["sw"]), cshift))
-                self.row_copy(c, b.add(row, q_lo), first, b.sub(q_hi, q_lo), s["sw"])
+                firsts = [(b.add(b.add(src, b.mul(b.add(b.mul(r, s["sh"]), rshift), s["wd"])),
+                                 b.add(b.mul(q_lo, s["sw"]), cshift)), valid) for src, valid in srcs]
+                if self.product.group > 1:
+                    conv_units.row_copy(self, c, b.add(row, q_lo), firsts, b.sub(q_hi, q_lo), s["sw"])
+                else:
+                    self.row_copy(c, b.add(row, q_lo), firsts[0][0], b.sub(q_hi, q_lo), s["sw"])
 
     # ---- 2. compute ----------------------------------------------------------------------------
     def task(self, c, t) -> None:
@@ -242,10 +268,10 @@ class Emit:
         pstart = b.mul(r0, s["wq"])
         pend = b.add(b.mul(b.sub(r1, I64(1)), s["wq"]), s["ow"])
         span = I64(e.v * e.lanes)
-        xbase = b.add(b.mul(n, s["img"]), b.mul(grp, b.mul(s["cg"], s["chan"])))
+        xbase = b.add(b.mul(n, s["img"]), b.mul(grp, b.mul(self.channels(c), s["chan"])))
         wrows = self.weight_rows(c, oc0, jn)
         with b.goto_block(b.function.entry_basic_block):
-            accs = [b.alloca(self.vt) for _ in range(e.j * e.v)]
+            accs = [b.alloca(self.acc_vt) for _ in range(e.j * e.v)]
         with for_range(b, ceil_div(b, b.sub(pend, pstart), span), "chunk") as k:
             p0 = b.add(pstart, b.mul(k, span))
             self.accumulate(c, b.add(xbase, p0), wrows, accs)
@@ -259,7 +285,7 @@ class Emit:
         are one contiguous run, :func:`jitbyoc.tvm.conv_weights.pack`), the block's start
         plus j."""
         b, s, e = c.b, c.syms, self.e
-        ktaps = b.mul(s["cg"], s["taps"])
+        ktaps = b.mul(self.channels(c), s["taps"])
         if e.packed:
             return [b.add(b.mul(oc0, ktaps), I64(j)) for j in range(e.j)]
         return [b.mul(b.add(oc0, smin(b, I64(j), b.sub(jn, I64(1)))), ktaps) for j in range(e.j)]
@@ -267,13 +293,13 @@ class Emit:
     def accumulate(self, c, xoff, wrows, accs) -> None:
         """``accs[j*V + v] = sum over channels and taps`` for the chunk at ``xoff``: per
         channel a loop over the tap table, or the window unrolled (:attr:`ConvEngine.kh`)."""
-        b, s, e, vt, elem = c.b, c.syms, self.e, self.vt, self.elem
+        b, s, e, vt, elem = c.b, c.syms, self.e, self.acc_vt, self.elem
         taps = b.inttoptr(s["taptab"], PTR)
         tap_at = lambda t: b.load(b.gep(taps, [t], source_etype=I64), typ=I64)  # noqa: E731
         rows = [tap_at(I64(i * e.kw)) for i in range(e.kh)]  # loop-invariant: hoisted
         for a in accs:
             b.store(ir.Constant(vt, None), a)
-        with for_range(b, s["cg"], "ic") as ic:
+        with for_range(b, self.channels(c), "ic") as ic:
             xp = c.element(self.bufs["work"], b.add(xoff, b.mul(ic, s["chan"])))
             wps = [c.element(self.bufs["w"], b.add(w, b.mul(b.mul(ic, s["taps"]), self.tap_step)))
                    for w in wrows]
@@ -289,7 +315,7 @@ class Emit:
 
     def update(self, b, accs, compute) -> None:
         """``accs`` (allocas) = ``compute(their values)``."""
-        for a, val in zip(accs, compute([b.load(a, typ=self.vt) for a in accs])):
+        for a, val in zip(accs, compute([b.load(a, typ=self.acc_vt) for a in accs])):
             b.store(val, a)
 
     def window(self, c, xp, ahead, rows, wps, vals) -> list:
@@ -325,7 +351,7 @@ class Emit:
             at = b.gep(wps[j], [b.mul(t, self.tap_step)], source_etype=elem.ir)
             wv = splat(b, b.load(at, typ=elem.ir), e.lanes)
             for v in range(e.v):
-                vals[j * e.v + v] = multiply_add(b, xs[v], wv, vals[j * e.v + v])
+                vals[j * e.v + v] = multiply_units(b, self.product, xs[v], wv, vals[j * e.v + v])
         return vals
 
     def store_chunk(self, c, n, oc0, jn, p0, pend, accs) -> None:
@@ -348,7 +374,7 @@ class Emit:
                     for j in range(e.j):
                         with b.if_then(b.icmp_signed("<", I64(j), jn)):
                             at = c.element(self.bufs["out"], self.output_at(c, n, oc0, j, row, col))
-                            vstore(b, b.load(accs[j * e.v + v], typ=self.vt), at, e.dtype)
+                            vstore(b, b.load(accs[j * e.v + v], typ=self.acc_vt), at, self.product.out)
                 with edge:
                     self.store_rows(c, n, oc0, jn, q, row, col, pend, [accs[j * e.v + v] for j in range(e.j)])
 
@@ -357,7 +383,7 @@ class Emit:
         of each channel of the block: it covers parts of a few output rows; one masked
         store per row keeps the lanes inside the row (no halo columns), the band (grid
         pixels < ``pend``) and the block (channels < jn)."""
-        b, s, e, vt = c.b, c.syms, self.e, self.vt
+        b, s, e, vt = c.b, c.syms, self.e, self.acc_vt
         lanes = e.lanes
         it = ir.VectorType(I32, lanes)
         iota = ir.Constant(it, list(range(lanes)))
@@ -374,7 +400,7 @@ class Emit:
                 at = self.output_at(c, n, oc0, j, row, shift)
                 # not inbounds: lane 0 may sit before the row; masked-off lanes are never touched
                 ptr = b.gep(c.ptrs[self.bufs["out"]], [at], source_etype=vt.element)
-                vstore(b, b.load(acc, typ=vt), ptr, e.dtype, b.and_(inside, live))
+                vstore(b, b.load(acc, typ=vt), ptr, self.product.out, b.and_(inside, live))
 
     @staticmethod
     def output_at(c, n, oc0, j, row, col):
@@ -395,14 +421,17 @@ def _table(ctx, kind: str, values: list[int]) -> ir.Value:
     return ctx.b.ptrtoint(g, I64)
 
 
-def call(stage, ctx, plan=None, engine=None, img: int | None = None) -> None:
+def call(stage, ctx, plan=None, engine=None, img: int | None = None, weight=None) -> None:
     """Emit the call of ``stage``'s (a :class:`~.conv2d.Conv2d`) engine, with its epilogue
     outlined into a callback: ``plan`` (default ``stage.plan``) on ``engine`` (default
     its :class:`ConvEngine`); ``img`` overrides the elements of one image in the
-    workspace (:mod:`.conv_channels`: no slack)."""
+    workspace (:mod:`.conv_channels`: no slack); ``weight``, a pointer to the weight
+    packed in blocks (default: the stage's weight, packed as ``stage.packed`` says)."""
     g, out = stage.geo, stage.out
     plan = plan or stage.plan
-    engine = engine or ConvEngine(out.dtype, plan.lanes, plan.j, plan.v, int(stage.packed), *unrolled_window(plan))
+    dt = stage.inputs[0].dtype  # the product
+    packed = int(stage.packed or weight is not None)
+    engine = engine or ConvEngine(dt, plan.lanes, plan.j, plan.v, packed, *unrolled_window(plan))
 
     def epilogue(c, args):
         n, oc0, jn, r0, rows = args
@@ -414,10 +443,11 @@ def call(stage, ctx, plan=None, engine=None, img: int | None = None) -> None:
     epi, env = ctx.outline("epi", 5, epilogue)  # empty without an epilogue: the engine calls it
     lay = plan.layout
     x, w = stage.inputs
-    img = workspace_size(plan, out.dtype) if img is None else img
+    img = workspace_size(plan, dt) if img is None else img
     sizes = [ctx.dim(g.n), g.c, g.h, g.w, g.k, g.oh, g.ow, g.groups, g.cg, g.kg, g.taps, lay.wq,
              lay.plane_size, lay.channel_size(), img, lay.planes, plan.rows, g.stride[0], g.stride[1]]
     # "work": each thread packs into a workspace of its own (Emit.banded); the slot is unused
     ptrs = [ctx.element(buf, I64(0)) for buf in (x, w, x, out)]
+    ptrs[1] = ptrs[1] if weight is None else weight
     registry.call(ctx, engine, ptrs + sizes + [_table(ctx, "taps", tap_table(plan)),
                                               _table(ctx, "planes", plane_table(plan)), epi, env])

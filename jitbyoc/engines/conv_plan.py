@@ -22,6 +22,7 @@ from functools import lru_cache
 
 from ..ir.dtypes import dtype as lookup_dtype
 from ..render import isa
+from .products import PRODUCTS
 
 DENSE_MAX_KW = 16  # the dense layout copies the input once per kernel column: not for wide windows
 MIN_TASKS = 16  # split rows into bands until there are this many tasks (load balance)
@@ -171,13 +172,24 @@ def _valid_range(count: int, step: int, shift: int, size: int) -> tuple[int, int
 
 
 def max_lanes(dt: str) -> int:
-    """The widest plan's lanes: one vector as kernels write them."""
-    return isa.lanes(dt, isa.VECTOR_BITS)
+    """The widest plan's lanes: one vector (of the accumulators, for the product ``dt``
+    of :data:`~.products.PRODUCTS`) as kernels write them."""
+    return isa.lanes(PRODUCTS[dt].acc if dt in PRODUCTS else dt, isa.VECTOR_BITS)
+
+
+def unit_channels(geo, dt: str) -> int:
+    """Input channels of a group as the engine packs them: in units of the product's
+    ``group`` channels (a bfloat16 pair of channels at one pixel is one 32-bit unit; an
+    odd count gets a zero channel)."""
+    group = PRODUCTS[dt].group if dt in PRODUCTS else 1
+    return -(-geo.cg // group)
 
 
 def workspace_size(plan: Plan, dt: str) -> int:
-    """Elements of one image's packed input, plus zeroed slack that chunks overrun into."""
-    return plan.layout.geo.c * plan.layout.channel_size() + MAX_V * max_lanes(dt)
+    """Elements (units) of one image's packed input, plus zeroed slack that chunks
+    overrun into."""
+    geo = plan.layout.geo
+    return geo.groups * unit_channels(geo, dt) * plan.layout.channel_size() + MAX_V * max_lanes(dt)
 
 
 def cost(plan: Plan, dt: str) -> float:
@@ -189,9 +201,11 @@ def cost(plan: Plan, dt: str) -> float:
     span = lambda r: (r - 1) * lay.wq + g.ow  # noqa: E731  grid pixels of r rows
     chunks = sum(math.ceil(span(min(plan.rows, g.oh - b * plan.rows)) / plan.span) for b in range(bands))
     blocks = math.ceil(g.kg / j)  # a remainder block computes all J channels (stores fewer)
-    bits = lanes * isa.element_bits(dt)
+    acc = PRODUCTS[dt].acc if dt in PRODUCTS else dt
+    bits = lanes * isa.element_bits(acc)
     stores = (lay.wq + lanes - 2) // lay.wq + 1  # rows one vector can touch
-    per_chunk = (max(j * v * bits / 512, v * bits / 512 + j * 0.66) + 0.5) * g.cg * g.taps \
+    cg = unit_channels(g, dt)  # a unit's instruction sums its group of channels
+    per_chunk = (max(j * v * bits / 512, v * bits / 512 + j * 0.66) + 0.5) * cg * g.taps \
         + v * stores * (j + 5) + 20
     pack = g.c * lay.channel_size() * 0.5
     # every channel block streams the packed input through L2 again (~128 B/cycle with
@@ -206,12 +220,13 @@ def candidates(geo, dt: str):
     (32 of 512 bits with AVX-512; 16 of 256 with AVX2, where a 512-bit vector takes two);
     row bands give enough tasks to keep the thread pool busy."""
     batch = geo.n if isinstance(geo.n, int) else 1
+    acc = PRODUCTS[dt].acc if dt in PRODUCTS else dt
     layouts = [Layout(geo, False)] + ([Layout(geo, True)] if geo.kw <= DENSE_MAX_KW else [])
     for layout in layouts:
         for lanes in (max_lanes(dt), max_lanes(dt) // 2):
             for v in range(1, MAX_V + 1):
                 for j in range(1, min(geo.kg, 16) + 1):
-                    if (j + 1) * v * isa.registers_per_vector(lanes, dt) > isa.vector_registers() - 1:
+                    if (j + 1) * v * isa.registers_per_vector(lanes, acc) > isa.vector_registers() - 1:
                         continue
                     blocks = batch * geo.groups * math.ceil(geo.kg / j)
                     rows = math.ceil(geo.oh / bands_wanted(geo, blocks))

@@ -380,7 +380,7 @@ class Gemm:
 
     def _c_rows(self, c, lo, hi, _extra) -> None:
         """Rows ``lo .. hi``; A's and B's elements are widened to the accumulator's dtype
-        (bfloat16 exactly to float32: :func:`_summed_c`) and summed there."""
+        (bfloat16 exactly to float32) and summed there."""
         # parenthesized: a symbolic product ("INT64_C(1) * sym0") is one operand of / and %
         m, n, k = (f"({c.product(_dims(d))})" for d in (self.m, self.n, self.k))
         ctype = lookup_dtype(self.product.acc).c
@@ -393,16 +393,12 @@ class Gemm:
                 # inner loop walks a row of B (the compiler vectorizes it)
                 c.line(f"{ctype} acc[{C_COLUMN_BLOCK}] = {{0}};")
                 with c.loop("gk", k):
-                    c.line(f"const {ctype} a = {_summed_c(self.a, self.a.element_c(c, bidx, i, 'gk'))};")
+                    a, b = (lookup_dtype(x.dtype) for x in (self.a, self.b))
+                    c.line(f"const {ctype} a = {bfloat.widened_c(a, self.a.element_c(c, bidx, i, 'gk'))};")
                     with c.loop("gj", "gjn"):
-                        c.line(f"acc[gj] += a * {_summed_c(self.b, self.b.element_c(c, bidx, '(gj0 + gj)', 'gk'))};")
+                        c.line(f"acc[gj] += a * {bfloat.widened_c(b, self.b.element_c(c, bidx, '(gj0 + gj)', 'gk'))};")
                 with c.loop("gj", "gj0 + gjn", "gj0"):
                     c.line(f"{c.element(self.c.buf, self.c.offset_c(c, bidx, i, 'gj'))} = acc[gj - gj0];")
                 if self.epilogue is not None:
                     self.epilogue(c, bidx, i, "1", "gj0", "gjn")
 
-
-def _summed_c(operand, element: str) -> str:
-    """An operand's element as the C rendering sums it (a bfloat16's bits widened to
-    float32, exactly)."""
-    return bfloat.to_float32_c(element) if lookup_dtype(operand.dtype).is_bfloat else element

@@ -38,6 +38,7 @@ from ..render.loops import (
     workspace,
 )
 from . import gemm_micro as mk
+from . import gemm_units as units
 from .gemm import SERIAL_MAX_MACS, Panels, Strided, _all_dims, _is_one, static_size
 
 CHUNKS = 8  # chunks per batch item: enough to even out threads that get unequal CPU
@@ -101,7 +102,7 @@ def _task(g, c, _lo, _hi, extra, team=None) -> None:
     until every chunk is taken."""
     b, blk = c.b, g.blocking
     split_n, parts, per_item = b.trunc(extra[0], I1), extra[1], extra[2]
-    m, n, k = extent(c, g.m), extent(c, g.n), units(g, c)
+    m, n, k = extent(c, g.m), extent(c, g.n), k_units(g, c)
     kblocks = b.select(b.icmp_signed(">", k, I64(0)), ceil_div(b, k, I64(blk.kc)), I64(1))
     kcb = ceil_div(b, k, kblocks)
     direct = a_in_place(g)
@@ -132,7 +133,7 @@ def _task(g, c, _lo, _hi, extra, team=None) -> None:
 
 def _blocks(g, c, bidx, mrange, nrange, kplan, ap, bp) -> None:
     b, blk = c.b, g.blocking
-    k = units(g, c)
+    k = k_units(g, c)
     kblocks, kcb = kplan
     rows = b.sub(mrange[1], mrange[0])
     # A read in place needs no M blocking: B is then packed once per (KC, NC) block
@@ -287,16 +288,18 @@ def pack_panels(g, c, operand, dst, bidx, x0, nx, k0, kc, width) -> None:
     once where the operand packs them so (:meth:`.gemm.Strided.pack_all_llvm`), else
     one panel at a time."""
     b, grouped = c.b, g.product.group > 1
-    if not grouped and operand.pack_all_llvm(c, dst, bidx, x0, nx, k0, kc, width):
+    packs_all = units.pack_all_units(g, operand, c, dst, bidx, x0, nx, k0, kc, width) if grouped \
+        else operand.pack_all_llvm(c, dst, bidx, x0, nx, k0, kc, width)
+    if packs_all:
         return
-    pack = partial(pack_units, g, operand) if grouped else operand.pack_llvm
+    pack = partial(units.pack_units, g, operand) if grouped else operand.pack_llvm
     with for_range(b, ceil_div(b, nx, I64(width)), "gq") as q:
         r0 = b.mul(q, I64(width))
         pack(c, mk.gep(b, dst, b.mul(r0, kc), g.product.unit), bidx, b.add(x0, r0),
              smin(b, I64(width), b.sub(nx, r0)), k0, kc, width)
 
 
-def units(g, c) -> ir.Value:
+def k_units(g, c) -> ir.Value:
     """K in the product's units (:mod:`.products`): ``ceil(K / group)``, the last one
     padded with zeros by the packers."""
     k = extent(c, g.k)
@@ -320,23 +323,3 @@ def _a_direct(g, c, bidx) -> tuple:
     ptr, axs, aks = g.a.direct_llvm(c, bidx)
     group = g.product.group
     return (ptr, axs, aks) if group == 1 else (ptr, I64(static_size(g.a.x) // group), I64(1))
-
-
-def pack_units(g, operand, c, dst, bidx, x0, nx, k0, kc, width) -> None:
-    """Panels of ``group``-k units from any operand, element by element:
-    ``dst[(kk*width + r)*group + e] = X(b, x0 + r, (k0 + kk)*group + e)`` for ``kk < kc``
-    units, 0 for rows past ``nx`` and k past K. The slow, general packer: the products
-    jitbyoc makes read their A in place and their constant B from build-time panels."""
-    b, group, dt = c.b, g.product.group, operand.dtype
-    zero, k = ir.Constant(lookup_dtype(dt).ir, 0), extent(c, g.k)
-    with for_range(b, kc, "uk") as kk:
-        with for_range(b, I64(width), "ur") as r:
-            for e in range(group):
-                kel = b.add(b.mul(b.add(k0, kk), I64(group)), I64(e))
-                at = mk.gep(b, dst, b.add(b.mul(b.add(b.mul(kk, I64(width)), r), I64(group)), I64(e)), dt)
-                inside = b.and_(b.icmp_signed("<", r, nx), b.icmp_signed("<", kel, k))
-                with b.if_else(inside) as (then, otherwise):
-                    with then:
-                        b.store(operand.element_llvm(c, bidx, b.add(x0, r), kel), at)
-                    with otherwise:
-                        b.store(zero, at)

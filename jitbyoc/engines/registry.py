@@ -75,13 +75,14 @@ def call(ctx, engine: Engine, slots: list) -> None:
         b.ret(I32(-1))
 
 
-def open_params(engine: Engine, module: ir.Module, fn: ir.Function, names, buffers, dtype: str):
+def open_params(engine: Engine, module: ir.Module, fn: ir.Function, names, buffers, dtype):
     """The emit context of an ``i32 engine(ptr params)``: slot ``i`` of ``params`` is
-    ``names[i]``; the names in ``buffers`` are pointers to ``dtype`` buffers (returned as
-    ``kir.Buffer`` objects), the rest are sizes (``ctx.syms``)."""
+    ``names[i]``; the names in ``buffers`` are pointers to ``dtype`` buffers (a dtype,
+    or a dict from name to dtype), returned as ``kir.Buffer`` objects; the rest are sizes
+    (``ctx.syms``)."""
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     vals = dict(zip(names, load_slots(b, fn.args[0], len(names))))
-    bufs = {x: kir.Buffer(x, (), dtype) for x in buffers}
+    bufs = {x: kir.Buffer(x, (), dtype if isinstance(dtype, str) else dtype[x]) for x in buffers}
     ctx = Ctx(module, b, engine.symbol, {bufs[x]: b.inttoptr(vals[x], PTR) for x in bufs},
               {k: v for k, v in vals.items() if k not in bufs})
     return ctx, bufs

@@ -60,3 +60,9 @@ def from_float32_c(x: str) -> str:
 
 def to_float32_c(bits: str) -> str:
     return f"jb_f32_from_bf16({bits})"
+
+
+def widened_c(dtype, expr: str) -> str:
+    """``expr`` of ``dtype`` (a :class:`~jitbyoc.ir.dtypes.DType`) as a sum takes it: a
+    bfloat16's bits widened to float32, anything else as it is."""
+    return to_float32_c(expr) if dtype.is_bfloat else expr

@@ -47,14 +47,15 @@ import numpy as np
 from ..engines import conv_channels, conv_engine
 from ..engines.conv_channels import ChannelPlan
 from ..engines.conv_plan import Plan, choose_plan
-from ..ir import kir
-from ..ir.dtypes import FLOATS
+from ..engines.products import PRODUCTS, product_of
+from ..ir import bfloat, kir
+from ..ir.dtypes import BF16, FLOATS
 from ..ir.dtypes import dtype as lookup_dtype
 from ..ir.llvmtypes import I64
 from ..ir.relax_types import dims, operands_problem
 from ..ir.rules import register
 from ..render.loops import for_range, threaded
-from . import depthwise_llvm
+from . import conv_weight_units, depthwise_llvm
 from .matmul import MatMul
 
 MIN_POINTWISE_CG = 8  # input channels per group for a pointwise conv to run as a product
@@ -141,8 +142,10 @@ class Conv2d(kir.KernelStage):
             conv_channels.call(self, ctx)
         elif self.geo.as_matmul:  # the GEMM engine, also for a weight that is an input
             self._emit_as_matmul(ctx)
-        elif depthwise_llvm.fits(self.geo, self.out.dtype):
+        elif depthwise_llvm.fits(self.geo, self.inputs[0].dtype):
             depthwise_llvm.emit(self, ctx)
+        elif PRODUCTS[self.inputs[0].dtype].group > 1 and not self.packed:  # units need a packed weight
+            conv_weight_units.call_packed(self, ctx)
         else:  # the pixel engine (a channel plan's fallback for a weight that is an input)
             conv_engine.call(self, ctx, self.plan.fallback if channels else None)
 
@@ -194,21 +197,27 @@ class Conv2d(kir.KernelStage):
                     c.line(f"const int64_t ih = oh * {sh} + i * {dh} - {pt};")
                     c.line(f"const int64_t row = ((n * {g.c} + grp * {g.cg} + ic) * {g.h} + ih) * {g.w};")
                     with c.loop("j", g.kw):
-                        c.line(f"const {ctype} wv = {c.element(w, self._c_weight_index())};")
+                        wv = bfloat.widened_c(lookup_dtype(w.dtype), c.element(w, self._c_weight_index()))
+                        c.line(f"const {ctype} wv = {wv};")
                         with c.loop("o", "own"):
                             c.line(f"const int64_t iw = (ow0 + o) * {sw} + j * {dw} - {pl};")
+                            xv = bfloat.widened_c(lookup_dtype(x.dtype), c.element(x, 'row + iw'))
                             c.line(f"const {ctype} xv = (ih >= 0 && ih < {g.h} && iw >= 0 && iw < {g.w})"
-                                   f" ? {c.element(x, 'row + iw')} : 0;")
+                                   f" ? {xv} : 0;")
                             c.line("acc[o] += xv * wv;")
                 with c.loop("o", "own"):
                     c.line(f"{c.element(out, f'((n * {g.k} + oc) * {g.oh} + oh) * {g.ow} + ow0 + o')} = acc[o];")
 
     def _c_weight_index(self) -> str:
-        """The C index of output channel ``oc``'s weight at (``ic``, ``i``, ``j``) in ``w``."""
+        """The C index of output channel ``oc``'s weight at (``ic``, ``i``, ``j``) in ``w``
+        (packed in units of ``u`` channels: ``(K/J, Cin/u, KH, KW, J, u)``)."""
         g = self.geo
         if not self.packed:
             return f"((oc * {g.cg} + ic) * {g.kh} + i) * {g.kw} + j"
-        jb = self.plan.j
+        jb, u = self.plan.j, PRODUCTS[self.inputs[0].dtype].group
+        if u > 1:
+            return (f"(((((oc / {jb}) * {g.cg // u} + ic / {u}) * {g.kh} + i) * {g.kw} + j) * {jb} + oc % {jb})"
+                    f" * {u} + ic % {u}")
         return f"((((oc / {jb}) * {g.cg} + ic) * {g.kh} + i) * {g.kw} + j) * {jb} + oc % {jb}"
 
     @staticmethod
@@ -294,13 +303,14 @@ def _layout_problem(call) -> str | None:
 def _check(call) -> str | None:
     name = call.op.name
     x, w = call.args
-    problem = operands_problem(call, (x, w, call), FLOATS)
+    problem = operands_problem(call, (x, w), FLOATS | BF16) or operands_problem(call, (call,), FLOATS)
     if problem:
         return problem
     rank = 3 if name == "relax.nn.conv1d" else 4
     if len(dims(x.ty)) != rank or len(dims(w.ty)) != rank:
         return f"{name}: operands are not rank {rank}"
-    if not str(x.ty.dtype) == str(w.ty.dtype) == str(call.ty.dtype):
+    types = (str(x.ty.dtype), str(w.ty.dtype), str(call.ty.dtype))
+    if product_of(*types) is None:
         return f"{name}: mixed dtypes {x.ty.dtype}, {w.ty.dtype} -> {call.ty.dtype} (out_dtype) not supported"
     problem = _layout_problem(call)
     if problem:
@@ -309,7 +319,8 @@ def _check(call) -> str | None:
         return f"{name}: only the batch dim may be symbolic"
     if dims(call.ty)[0] != dims(x.ty)[0]:
         return f"{name}: output batch differs from input batch"
-    return _geometry_problem(name, conv_geometry(call), dims(w.ty)[1])
+    geo = conv_geometry(call)
+    return _geometry_problem(name, geo, dims(w.ty)[1])
 
 
 def _geometry_problem(name: str, g: ConvGeometry, w_in: int) -> str | None:

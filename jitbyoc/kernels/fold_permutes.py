@@ -9,7 +9,9 @@ from __future__ import annotations
 from ..engines.gemm import panel_width
 from ..ir import kir
 from ..ir.rules import rewrite
+from ..engines.products import PRODUCTS
 from .conv2d import Conv2d
+from .conv_weight_units import unpacking_axes
 from .layout import Permute
 from .matmul import MatMul
 from .slicing import Slice
@@ -97,20 +99,23 @@ def fold_conv_weights(kernel: kir.Kernel) -> None:
     """Make a convolution read a weight packed into blocks of ``J`` output channels at
     build time (:mod:`jitbyoc.tvm.conv_weights`) in place. Its weight is then
     ``reshape(permute_dims(P, [0, d, 1, ..., d - 1]), (K, Cin/groups, KH[, KW]))`` of a
-    constant ``P`` (``K/J, Cin/groups, KH[, KW], J``); when ``J`` is the block of the
+    constant ``P`` (``K/J, Cin/groups, KH[, KW], J``; in units of ``u`` input channels
+    ``K/J, Cin/groups/u, KH[, KW], J, u``); when ``J`` is the block of the
     engine the conv's plan calls, the engine reads ``P`` as it is and the permute (a copy
     of the whole weight) is dropped. Otherwise the permute stays: the conv is still right,
     only slower."""
     for stage in [s for s in kernel.stages if isinstance(s, Conv2d) and s.plan is not None and not s.packed]:
         view, cut = _padding_cut(kernel, stage.inputs[1])
         producer = None if view.base is None else _permute_making(kernel, view.base)
-        d = view.ndim
-        if producer is None or tuple(producer.axes) != (0, d, *range(1, d)):
+        d, group = view.ndim, PRODUCTS[stage.inputs[0].dtype].group
+        if producer is None or tuple(producer.axes) != tuple(unpacking_axes(d, group)):
             continue
         packed = producer.inputs[0]
-        blocks, *rest, j = packed.shape
+        blocks, *rest, j = packed.shape if group == 1 else packed.shape[:-1]
+        rest[0] *= group  # units of input channels
         ragged = cut is not None and stage.geo.groups == 1  # the last block's padding cut off
-        if (blocks * j, *rest) != tuple(view.shape) or j != stage.plan.j or stage.geo.kg % j and not ragged:
+        if (blocks * j, *rest) != tuple(view.shape) or j != stage.plan.j or stage.geo.kg % j and not ragged \
+                or group > 1 and packed.shape[-1] != group:
             continue
         stage.inputs, stage.packed = (stage.inputs[0], packed), True
         if cut is not None:

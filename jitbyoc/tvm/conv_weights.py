@@ -18,38 +18,28 @@ of :mod:`.prepare` (batch norm folds into a convolution's weight first).
 
 from __future__ import annotations
 
-import numpy as np
 from tvm import relax
 from tvm.ir import Op
 
-from ..engines.products import UNIFORM
+from ..engines.products import PRODUCTS
 from ..ir.rules import why_not
 from ..kernels.conv2d import conv_geometry, engine_plan
+from ..kernels.conv_weight_units import pack, unpacking_axes
 from .constants import constant, tensor_constant
 
 CONVS = (Op.get("relax.nn.conv2d"), Op.get("relax.nn.conv1d"))
-
-
-def pack(value: np.ndarray, j: int) -> np.ndarray:
-    """An OIHW (or OIW) weight in blocks of ``j`` output channels: ``(ceil(K/j), I, H[,
-    W], j)``, the last block padded with zero channels."""
-    k = value.shape[0]
-    blocks = -(-k // j)
-    if blocks * j != k:
-        value = np.concatenate([value, np.zeros((blocks * j - k, *value.shape[1:]), value.dtype)])
-    return np.moveaxis(value.reshape(blocks, j, *value.shape[1:]), 1, -1)
 
 
 def engine_block(call: relax.Call) -> int:
     """The ``J`` of the engine jitbyoc will run ``call`` (a normalized conv) on, when it
     will and ``J`` divides the output channels of a group or there is one group (its last
     block is padded); else 0 (the matrix product and the depthwise kernel read OIHW)."""
-    dt = str(call.ty.dtype)
-    if dt not in UNIFORM or why_not(call) is not None:
+    dt = str(call.args[0].ty.dtype)  # the product
+    if dt not in PRODUCTS or why_not(call) is not None:
         return 0
     geo = conv_geometry(call)
     plan = engine_plan(geo, dt)
-    if plan is None:
+    if plan is None or geo.cg % PRODUCTS[dt].group:  # units of channels must not straddle groups
         return 0
     return plan.j if geo.kg % plan.j == 0 or geo.groups == 1 else 0
 
@@ -64,8 +54,9 @@ def packed_conv(call: relax.Call, lookup, emit) -> relax.Call | None:
     j = 0 if value is None else engine_block(call)
     if not j:
         return None
-    d, packed = value.ndim, pack(value, j)
-    unpacked = emit(relax.op.permute_dims(tensor_constant(packed), [0, d, *range(1, d)]))
+    d, group = value.ndim, PRODUCTS[str(call.args[0].ty.dtype)].group
+    packed = pack(value, j, group)
+    unpacked = emit(relax.op.permute_dims(tensor_constant(packed), unpacking_axes(d, group)))
     weight = emit(relax.op.reshape(unpacked, (packed.shape[0] * j, *value.shape[1:])))
     if packed.shape[0] * j != value.shape[0]:  # the padding channels sliced off
         weight = emit(relax.op.strided_slice(weight, [0], [0], [value.shape[0]], assume_inbound=True))

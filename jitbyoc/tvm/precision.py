@@ -8,7 +8,8 @@ out_dtype="float32")`` with ``W'`` the weight rounded to bfloat16 once, here. Th
 rewritten module means the same thing to TVM's own build (its differential reference)
 as to jitbyoc's, which runs the product on ``vdpbf16ps`` (:mod:`jitbyoc.engines.products`)
 and reads ``W'`` from panels packed at build time. Everything else (elementwise work,
-norms, softmax, attention's products of two activations, convolutions for now) stays
+norms, softmax, attention's products of two activations, the convolutions the direct
+engines run for now) stays
 float32, and the default stays float32 and exact.
 
 Error: each operand is rounded to nearest even once (relative error at most 2**-9), the
@@ -23,9 +24,28 @@ import ml_dtypes
 import tvm
 from tvm import relax
 
-from .constants import tensor_constant
+from ..engines.conv_channels import ChannelPlan
+from ..kernels import conv2d
+from .constants import constant, tensor_constant
 from .inference import MATMUL
 from .linear import _weight_value
+
+CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
+MIN_CHANNELS = 4  # input channels per group below which a convolution stays float32
+SMALL_MAP = 49  # output pixels up to which float32's channel-vector engine stays (7x7)
+
+
+def _narrower_is_faster(geo) -> bool:
+    """Whether jitbyoc runs ``geo`` faster in bf16 (measured, Zen 4, 2 threads; bf16 vs
+    float32): a 3x3 on 56x56 and 28x28 maps 2.5-2.6x, on 14x14 2.0x, 1x1 1.9x; but a 3x3
+    512->512 on 7x7 0.64x (float32 runs it on output-channel vectors, bf16 on the pixel
+    engine, whose vectors of pixels waste lanes on a 7-wide map) and the 3-channel 7x7/2
+    stem 0.87x (a unit of two channels is half zeros, and depthwise has one). 1x1 and
+    patch convolutions are products on the GEMM engine: always."""
+    if geo.as_matmul:  # a product on the GEMM engine, in units of the reduction
+        return True
+    return geo.cg >= MIN_CHANNELS and not (isinstance(conv2d.engine_plan(geo, "float32"), ChannelPlan)
+                                           and geo.oh * geo.ow <= SMALL_MAP)
 
 PRECISIONS = ("bf16",)
 
@@ -34,6 +54,8 @@ PRECISIONS = ("bf16",)
 class _ToBFloat16(relax.PyExprMutator):
     def visit_call_(self, call):
         call = super().visit_call_(call)
+        if call.op.same_as(CONV2D):
+            return self._conv(call)
         if not call.op.same_as(MATMUL):
             return call
         x, weight = call.args
@@ -44,10 +66,25 @@ class _ToBFloat16(relax.PyExprMutator):
         narrow = self.builder_.emit(relax.op.astype(x, "bfloat16"))
         return relax.op.matmul(narrow, tensor_constant(value.astype(ml_dtypes.bfloat16)), "float32")
 
+    def _conv(self, call):
+        """A float32 1x1 or patch convolution (a product on the GEMM engine) of a constant
+        weight; others stay float32 (the direct-convolution engines take one dtype)."""
+        x, weight = call.args
+        value = constant(self.lookup_binding(weight) if isinstance(weight, relax.Var) else weight)
+        if value is None or str(value.dtype) != "float32" or conv2d._check(call) is not None \
+                or str(call.ty.dtype) != "float32" or not _narrower_is_faster(conv2d.conv_geometry(call)):
+            return call
+        a = call.attrs
+        narrow = self.builder_.emit(relax.op.astype(x, "bfloat16"))
+        return relax.op.nn.conv2d(narrow, tensor_constant(value.astype(ml_dtypes.bfloat16)), a.strides,
+                                  a.padding, a.dilation, a.groups, str(a.data_layout), str(a.kernel_layout),
+                                  None if a.out_layout is None else str(a.out_layout), "float32")
+
 
 def lower_precision(mod: tvm.IRModule, precision: str = "bf16") -> tvm.IRModule:
     """``mod`` with its float32 products of a constant weight (linear layers, torch's
-    ``x @ W.T`` included) computed from bfloat16 operands summed in float32; build the
+    ``x @ W.T`` included; 1x1 and patch convolutions) computed from bfloat16 operands
+    summed in float32; build the
     result with ``tvm.compile`` as any module. ``precision``: ``"bf16"``."""
     if precision not in PRECISIONS:
         raise ValueError(f"jitbyoc.lower_precision: precision {precision!r} is not one of {PRECISIONS}")

@@ -1,0 +1,109 @@
+"""Packers of the GEMM engine's panels for products in units of several k
+(:mod:`.products`: a bfloat16 pair is one 32-bit unit). A panel of units is laid out as
+a float panel is, one unit where the float panel has one element: ``dst[(kk*width + r)
+* group + e] = X(b, x0 + r, (k0 + kk)*group + e)``, zero past the rows and past K.
+
+* :func:`pack_row_units`: an operand whose rows are contiguous along ``x`` (B of a
+  row-major product: activations times activations, a 1x1 convolution's pixels). Per
+  unit row, ``group`` row vectors are interleaved in registers (one two-source shuffle
+  per pair of rows) and stored as one vector of units.
+* :func:`pack_units`: any operand, element by element (the general, slow one).
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from ..ir.dtypes import dtype as lookup_dtype
+from ..ir.llvmtypes import I32, I64, PTR
+from ..render.loops import for_range
+from ..render.vectors import lane_mask, splat, vload, vstore
+from .gemm_micro import gep
+
+ROW_VECTOR = 16  # columns per interleave: 16 bfloat16 of each row, one 64-byte vector of pairs
+
+
+def interleave(b: ir.IRBuilder, rows: list) -> ir.Value:
+    """``[r0[0], r1[0], r0[1], r1[1], ...]`` of two equal-length vectors."""
+    a, c = rows
+    n = a.type.count
+    order = [i // 2 + (n if i % 2 else 0) for i in range(2 * n)]
+    return b.shuffle_vector(a, c, ir.Constant(ir.VectorType(I32, 2 * n), order))
+
+
+def pack_row_units(b, dt, dst, src, kstride, nx, kvalid, kc, width: int, group: int) -> None:
+    """All ``ceil(nx / width)`` panels of ``kc`` units from rows contiguous along ``x``
+    (``src[k*kstride + x]``), in one pass along k; ``kvalid``: the k (elements) of this
+    block, below ``kc * group`` in a block that ends on half a unit (those rows read as
+    zeros)."""
+    assert group == 2, "units of two k (bfloat16 pairs)"
+    n = ROW_VECTOR
+    whole = b.sdiv(nx, I64(width))
+    with for_range(b, kc, "uk") as u:
+        rows = [gep(b, src, b.mul(b.add(b.mul(u, I64(group)), I64(e)), kstride), dt) for e in range(group)]
+        present = [b.icmp_signed("<", b.add(b.mul(u, I64(group)), I64(e)), kvalid) for e in range(group)]
+        out = gep(b, dst, b.mul(b.mul(u, I64(width)), I64(group)), dt)
+
+        def panel(q, limit):
+            at = b.mul(q, I64(width))
+            to = gep(b, out, b.mul(b.mul(q, b.mul(kc, I64(width))), I64(group)), dt)
+            for g0 in range(0, width, n):
+                cols = lane_mask(b, b.sub(limit, I64(g0)), n)
+                vecs = [vload(b, gep(b, row, b.add(at, I64(g0)), dt),
+                              dt, b.and_(cols, splat(b, ok, n)), n) for row, ok in zip(rows, present)]
+                vstore(b, interleave(b, vecs), gep(b, to, g0 * group, dt), dt)
+
+        with for_range(b, whole, "uq") as q:
+            panel(q, I64(width))
+        first = b.mul(whole, I64(width))
+        with b.if_then(b.icmp_signed("<", first, nx)):
+            panel(whole, b.sub(nx, first))
+
+
+def call_row_units(b: ir.IRBuilder, dt: str, dst, src, kstride, nx, kvalid, kc, width: int, group: int) -> None:
+    """Call :func:`pack_row_units`, emitted once per module as a function of its own."""
+    name = f"{b.module.name}_pack_row_units_{dt}_w{width}_g{group}"
+    fn = b.module.globals.get(name)
+    if fn is None:
+        fn = ir.Function(b.module, ir.FunctionType(ir.VoidType(), [PTR, PTR, I64, I64, I64, I64]), name)
+        fn.linkage = "internal"
+        for p in fn.args[:2]:
+            p.add_attribute("noalias")
+        inner = ir.IRBuilder(fn.append_basic_block("entry"))
+        pack_row_units(inner, dt, *fn.args, width, group)
+        inner.ret_void()
+    b.call(fn, [dst, src, kstride, nx, kvalid, kc])
+
+
+def pack_units(g, operand, c, dst, bidx, x0, nx, k0, kc, width) -> None:
+    """One panel of ``kc`` units from any operand, element by element (see the module
+    docstring); ``k0`` and ``kc`` count units. The slow, general packer: for operands
+    :func:`pack_row_units` does not take (k contiguous, or strided both ways)."""
+    b, group, dt = c.b, g.product.group, operand.dtype
+    zero, k = ir.Constant(lookup_dtype(dt).ir, 0), c.product(g.k if isinstance(g.k, tuple) else (g.k,))
+    with for_range(b, kc, "uk") as kk:
+        with for_range(b, I64(width), "ur") as r:
+            for e in range(group):
+                kel = b.add(b.mul(b.add(k0, kk), I64(group)), I64(e))
+                at = gep(b, dst, b.add(b.mul(b.add(b.mul(kk, I64(width)), r), I64(group)), I64(e)), dt)
+                inside = b.and_(b.icmp_signed("<", r, nx), b.icmp_signed("<", kel, k))
+                with b.if_else(inside) as (then, otherwise):
+                    with then:
+                        b.store(operand.element_llvm(c, bidx, b.add(x0, r), kel), at)
+                    with otherwise:
+                        b.store(zero, at)
+
+
+def pack_all_units(g, operand, c, dst, bidx, x0, nx, k0, kc, width) -> bool:
+    """Every panel at once with :func:`pack_row_units` when ``operand``'s rows are
+    contiguous along ``x``; False (nothing emitted) otherwise."""
+    if not getattr(operand, "contiguous_x", False) or not hasattr(operand, "offset_llvm"):
+        return False
+    b, group = c.b, g.product.group
+    k = c.product(g.k if isinstance(g.k, tuple) else (g.k,))
+    src = c.element(operand.buf, operand.offset_llvm(c, bidx, x0, b.mul(k0, I64(group))))
+    kvalid = b.sub(k, b.mul(k0, I64(group)))
+    kstride = c.product(operand.k if isinstance(operand.k, tuple) else (operand.k,))
+    call_row_units(b, operand.dtype, dst, src, kstride, nx, kvalid, kc, width, group)
+    return True
+
