@@ -34,10 +34,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "suite: rounds of timed blocks (default: per model, few for heavy models)")
     p.add_argument("--warmup", type=int, default=1, metavar="N", help="untimed rounds first")
     p.add_argument("--threads", type=int, metavar="N",
-                   help="TVM_NUM_THREADS, torch and onnxruntime threads")
+                   help="TVM_NUM_THREADS, torch, onnxruntime and openvino threads")
     p.add_argument("--out", type=Path, metavar="DIR", help="where results.json/.csv and the "
                    f"plot go (default {DEFAULT_OUT}, {DEFAULT_OUT / 'zoo'} for the zoo suite)")
-    p.add_argument("--no-peers", action="store_true", help="skip torch and onnxruntime")
+    p.add_argument("--no-peers", action="store_true", help="skip torch, onnxruntime and openvino")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="zoo suite: "
+                   "what jitbyoc's products run in; bf16 builds jitbyoc.lower_precision(mod, "
+                   "'bf16') and reports accuracy against the fp32 model (default fp32)")
     p.add_argument("--keep-cache", action="store_true", help="use jitbyoc's own disk cache "
                    "(default: an empty temporary one, so cold builds are cold)")
     p.add_argument("--target", metavar="TARGET", help="build for this TVM target: JSON "
@@ -139,13 +142,17 @@ def busy_cpu(cpu: int):
         os.environ.pop("JITBYOC_BENCH_BUSY_CPU", None)
 
 
-def bench(args: argparse.Namespace) -> int:
-    """Run the suite ``args`` describe; print the table and write the files."""
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+def configure_logging(verbose: bool) -> None:
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(levelname)s %(name)s: %(message)s")
-    if not args.verbose:  # jitbyoc logs every build at INFO; the table says it all
+    if not verbose:  # jitbyoc logs every build at INFO; the table says it all
         logging.getLogger("jitbyoc").setLevel(logging.WARNING)
     logging.getLogger("matplotlib").setLevel(logging.WARNING)
+
+
+def bench(args: argparse.Namespace) -> int:
+    """Run the suite ``args`` describe; print the table and write the files."""
+    configure_logging(args.verbose)
     if args.threads:
         os.environ["TVM_NUM_THREADS"] = str(args.threads)  # before TVM creates its pool
     try:
@@ -172,6 +179,10 @@ def bench(args: argparse.Namespace) -> int:
         log.error("%s", err.args[0])
         return 2
     zoo = bool(entries) and entries[0].suite == "zoo"
+    if args.precision != "fp32" and not zoo:
+        log.error("--precision %s needs --suite zoo (the default suite's weights are inputs, "
+                  "which lower_precision leaves float32)", args.precision)
+        return 2
     args.out = args.out or (DEFAULT_OUT / "zoo" if zoo else DEFAULT_OUT)
     if zoo:  # every runtime gets TVM's thread count, explicitly (its pool is not started
         # yet: it starts at the first parallel call; importing jitbyoc set the default)

@@ -55,13 +55,21 @@ def call_macs(call) -> int:
     return 0
 
 
-def count_flops(mod) -> int:
+def _operand_dtype(call) -> str | None:
+    dtype = getattr(getattr(call.args[0], "ty", None), "dtype", None) if call.args else None
+    return None if dtype is None else str(dtype)
+
+
+def count_flops(mod, operand_dtype: str | None = None) -> int:
     """FLOPs of one call of ``mod``'s Relax functions: 2 x :func:`call_macs` over its calls.
 
     Parameters
     ----------
     mod : tvm.IRModule
         A module as a frontend made it (before any build: calls not yet lowered).
+    operand_dtype : str, optional
+        Count only the products whose first operand has this dtype (``"bfloat16"``: the
+        products ``jitbyoc.lower_precision`` rewrote).
 
     Returns
     -------
@@ -71,8 +79,12 @@ def count_flops(mod) -> int:
     from tvm import relax
 
     macs = []
+
+    def visit(e):
+        if isinstance(e, relax.Call) and operand_dtype in (None, _operand_dtype(e)):
+            macs.append(call_macs(e))
+
     for func in mod.functions.values():
         if isinstance(func, relax.Function):
-            relax.analysis.post_order_visit(
-                func.body, lambda e: macs.append(call_macs(e)) if isinstance(e, relax.Call) else None)
+            relax.analysis.post_order_visit(func.body, visit)
     return 2 * sum(macs)

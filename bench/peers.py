@@ -1,12 +1,16 @@
-"""Peers: the same model run by torch (eager) and by onnxruntime, when they are installed.
+"""Peers: the same model run by torch (eager), onnxruntime and OpenVINO, when installed.
 
 A peer is a zero-argument callable plus the outputs of its first call (that first call is
-its warm-up and the reference for its error against TVM). Anything a peer cannot do is
-returned as a note string, never raised: peers are optional.
+its warm-up and the reference for its error against TVM), and the precision it runs in.
+Anything a peer cannot do is returned as a note string, never raised: peers are optional.
+onnxruntime and OpenVINO (:mod:`bench.peer_openvino`) read the same ONNX file, written
+once per model (:class:`ModelFiles`). Every peer runs with its own defaults, the thread
+count aside.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import os
@@ -17,8 +21,11 @@ from typing import Any
 
 import numpy as np
 
+from .peer_openvino import CANDIDATES as OPENVINO, openvino_candidate
+
 log = logging.getLogger(__name__)
-NAMES = ("torch", "onnxruntime")
+NAMES = ("torch", "onnxruntime")  # the default suite's peers
+ALL_NAMES = NAMES + tuple(OPENVINO)  # "openvino" (its default precision), "openvino_f32"
 
 
 @dataclass
@@ -26,6 +33,7 @@ class Peer:
     name: str
     run: Callable[[], Any]
     outputs: list[np.ndarray]
+    precision: str = "fp32"  # what its products run in ("bf16": OpenVINO's default on some CPUs)
 
 
 def version(package: str) -> str | None:
@@ -105,20 +113,45 @@ def session_options(threads: int | None):
     return opts
 
 
-def onnxruntime_peer(case, workdir: str, name: str, threads: int | None) -> Peer | str:
-    """Run the model's ONNX file (see :func:`onnx_file`) with onnxruntime's CPU provider."""
+class ModelFiles:
+    """The files of one model that peers read, written on first use: the ONNX file
+    (:func:`onnx_file`) and its inputs as ``.npz`` (for OpenVINO's probe)."""
+
+    def __init__(self, case, workdir: str, name: str):
+        self.case = case
+        self.onnx_path, self.inputs_path = model_paths(workdir, name)
+
+    @functools.cached_property
+    def onnx(self) -> tuple[str | None, str | None]:
+        """``(path, None)`` once the ONNX file is written, else ``(None, why not)``."""
+        try:
+            why = onnx_file(self.case, self.onnx_path)
+        except Exception as err:  # an exporter failure costs the ONNX peers only
+            log.debug("ONNX export to %s failed", self.onnx_path, exc_info=True)
+            return None, f"ONNX export failed: {type(err).__name__}: {str(err)[:120]}"
+        return (None, why) if why else (self.onnx_path, None)
+
+    @functools.cached_property
+    def inputs(self) -> str:
+        np.savez(self.inputs_path, *self.case.inputs)
+        return self.inputs_path
+
+
+def model_paths(workdir: str, name: str) -> tuple[str, str]:
+    """Where :class:`ModelFiles` writes model ``name``'s ONNX file and inputs (to remove them)."""
+    return os.path.join(workdir, f"{name}.onnx"), os.path.join(workdir, f"{name}.inputs.npz")
+
+
+def onnxruntime_peer(files: ModelFiles, threads: int | None) -> Peer | str:
+    """Run the model's ONNX file with onnxruntime's CPU provider."""
     if version("onnxruntime") is None:
         return "onnxruntime not installed"
     import onnxruntime as ort
 
-    path = os.path.join(workdir, f"{name}.onnx")
-    try:
-        why = onnx_file(case, path)
-    except Exception as err:  # an exporter failure costs this peer only
-        log.debug("ONNX export of %s failed", name, exc_info=True)
-        return f"ONNX export failed: {type(err).__name__}: {str(err)[:120]}"
+    path, why = files.onnx
     if why:
         return why
+    case = files.case
     sess = ort.InferenceSession(path, session_options(threads), providers=["CPUExecutionProvider"])
     names = [i.name for i in sess.get_inputs()]
     if len(names) != len(case.inputs):
@@ -131,14 +164,32 @@ def onnxruntime_peer(case, workdir: str, name: str, threads: int | None) -> Peer
     return Peer("onnxruntime", run, as_numpy(run()))
 
 
-def make_peers(case, workdir: str, name: str, threads: int | None) -> tuple[list[Peer], list[str]]:
-    """Every peer that can run ``case``, and a note for each that cannot."""
+def openvino_peer(files: ModelFiles, candidate: str, threads: int | None) -> Peer | str:
+    """OpenVINO's ``candidate`` (a key of :data:`OPENVINO`) on the model's ONNX file."""
+    if version("openvino") is None:
+        return "openvino not installed"
+    path, why = files.onnx
+    if why:
+        return why
+    got = openvino_candidate(path, files.case.inputs, files.inputs, candidate, threads)
+    if isinstance(got, str):
+        return got
+    run, outputs, precision = got
+    return Peer(candidate, run, outputs, precision)
+
+
+def make_peers(case, workdir: str, name: str, threads: int | None,
+               names: tuple[str, ...] = NAMES) -> tuple[list[Peer], list[str]]:
+    """Every peer of ``names`` (see :data:`ALL_NAMES`) that can run ``case``, in that
+    order, and a note for each that cannot."""
     peers, notes = [], []
+    files = ModelFiles(case, workdir, name)
     makers = {"torch": lambda: torch_peer(case),
-              "onnxruntime": lambda: onnxruntime_peer(case, workdir, name, threads)}
-    for peer, make in makers.items():
+              "onnxruntime": lambda: onnxruntime_peer(files, threads),
+              **{c: functools.partial(openvino_peer, files, c, threads) for c in OPENVINO}}
+    for peer in names:
         try:
-            got = make()
+            got = makers[peer]()
         except Exception as err:
             log.debug("%s failed on %s", peer, name, exc_info=True)
             got = f"failed: {type(err).__name__}: {str(err)[:120]}"

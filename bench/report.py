@@ -85,9 +85,11 @@ def format_table(rows: list[dict], skipped: list[dict]) -> str:
 
 
 def format_machine(machine: dict) -> str:
-    versions = ", ".join(f"{k} {machine[k]}" for k in ("tvm", "llvmlite", "numpy", "torch",
-                                                        "onnxruntime") if machine.get(k))
-    return (f"machine: {machine['cpu_model'] or '?'} (llvm cpu {machine['cpu']}), "
+    versions = ", ".join(f"{k} {machine[k].split('-')[0]}"  # openvino's has its build after a '-'
+                         for k in ("tvm", "llvmlite", "numpy", "torch", "onnxruntime", "openvino")
+                         if machine.get(k))
+    bf16 = "".join(f", {flag}" for flag in machine.get("cpu_bf16") or [])
+    return (f"machine: {machine['cpu_model'] or '?'} (llvm cpu {machine['cpu']}{bf16}), "
             f"{machine['cores']} cores, threads {machine['threads'] or 'default'}, "
             f"load {'/'.join(map(str, machine.get('loadavg') or ['?']))}"
             + (f", a busy process on CPU {machine['busy_cpu']}" if machine.get("busy_cpu") else "")

@@ -208,7 +208,7 @@ def machine_info(threads: int | None) -> dict:
     import llvmlite
     import llvmlite.binding as llvm
 
-    info = {"cpu": llvm.get_host_cpu_name(), "cpu_model": _cpu_model(),
+    info = {"cpu": llvm.get_host_cpu_name(), "cpu_model": _cpu_model(), "cpu_bf16": _bf16_flags(),
             "cores": os.cpu_count(), "threads": threads,
             "TVM_NUM_THREADS": os.environ.get("TVM_NUM_THREADS"),
             "TVM_BIND_THREADS": os.environ.get("TVM_BIND_THREADS"),
@@ -217,17 +217,26 @@ def machine_info(threads: int | None) -> dict:
             "python": sys.version.split()[0],
             "tvm": tvm.__version__, "llvmlite": llvmlite.__version__, "numpy": np.__version__,
             "jitbyoc": jitbyoc.__version__, "target": build_target.describe()}
-    info.update({p: peers_mod.version(p) for p in ("torch", "onnx", "onnxruntime")})
+    info.update({p: peers_mod.version(p) for p in ("torch", "onnx", "onnxruntime", "openvino")})
     return info
 
 
-def _cpu_model() -> str | None:
+def _cpuinfo(key: str) -> str | None:
+    """The first ``key`` line's value in /proc/cpuinfo (None where there is none)."""
     try:
         with open("/proc/cpuinfo") as f:
-            names = (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
-            return next(names, None)
+            return next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith(key)), None)
     except OSError:
-        return platform.processor() or None
+        return None
+
+
+def _cpu_model() -> str | None:
+    return _cpuinfo("model name") or platform.processor() or None
+
+
+def _bf16_flags() -> list[str]:
+    """The CPU's bfloat16 instructions (``avx512_bf16``, ``amx_bf16``; Linux only)."""
+    return sorted(set((_cpuinfo("flags") or "").split()) & {"avx512_bf16", "amx_bf16"})
 
 
 def loadavg() -> list[float] | None:

@@ -11,31 +11,85 @@ import textwrap
 from pathlib import Path
 
 from .report import PEER_LABELS, fmt_ms, fmt_num, format_machine, write_csv, write_json
+from .zoo_run import PEERS, columns
 
 log = logging.getLogger(__name__)
-LABELS = {**PEER_LABELS, "tvm": "tvm"}
+LABELS = {**PEER_LABELS, "openvino": "ov", "openvino_f32": "ov f32", "tvm": "tvm"}
+RATIO_PEERS = ("onnxruntime", "openvino")  # a jit/X column each, when X ran
 
 
 def _ratio(row: dict, key: str) -> str:
     return "-" if row.get(key) is None else f"{row[key]:.2f}"
 
 
-def _cells(row: dict) -> list[str]:
-    fastest = row.get("fastest_peer")
-    offload = (f"{row['offload_share']:.0%}" if row.get("offload_share") is not None else "-")
-    return [row["model"], fmt_num(row["gflop"], ".2f"), offload, LABELS.get(row["reference"], "-"),
-            fmt_num(row["build_cold_jitbyoc_s"], ".1f"), fmt_num(row["build_tvm_s"], ".1f"),
-            fmt_ms(row["jitbyoc_median_s"]), fmt_ms(row["onnxruntime_median_s"]),
-            fmt_ms(row["torch_median_s"]), fmt_ms(row["tvm_median_s"]),
-            _ratio(row, "ratio_onnxruntime"),
-            f"{_ratio(row, 'ratio_fastest')} {LABELS.get(fastest, '')}".rstrip(),
-            fmt_num(row["jitbyoc_gflops"], ".1f"), fmt_num(row["jitbyoc_peak_pct"], ".0f"),
-            fmt_num(row["max_rel_err"], ".1e") + ("" if row["ok"] is not False else " !"),
-            fmt_num(row["loadavg"], ".2f")]
+def _ran(rows: list[dict], who: str) -> list[dict]:
+    return [r for r in rows if r.get(f"{who}_median_s") is not None]
 
 
-HEAD = ["model", "GFLOP", "offload", "ref", "build jit s", "build tvm s", "jitbyoc ms", "ort ms",
-        "torch ms", "tvm ms", "jit/ort", "jit/fastest", "GFLOP/s", "% peak", "rel err", "load"]
+def _precision(rows: list[dict], who: str) -> str:
+    """What ``who`` ran in over ``rows`` (``fp32``, ``bf16``; ``bf16/fp32`` if it varied)."""
+    return "/".join(sorted({r.get(f"{who}_precision") or "fp32" for r in _ran(rows, who)}))
+
+
+def _run_columns(rows: list[dict]) -> list[tuple[str, object]]:
+    """Times of every candidate that ran, headed with its precision, and the ratios."""
+    who = ["jitbyoc"] + [p for p in PEERS if _ran(rows, p)]
+    cols = [(f"{LABELS.get(w, w)} ms [{_precision(rows, w)}]",
+             lambda r, w=w: fmt_ms(r.get(f"{w}_median_s"))) for w in who]
+    cols += [(f"jit/{LABELS[p]}", lambda r, p=p: _ratio(r, f"ratio_{p}"))
+             for p in RATIO_PEERS if p in who]
+    cols.append(("jit/fastest", lambda r: f"{_ratio(r, 'ratio_fastest')} "
+                 f"{LABELS.get(r.get('fastest_peer'), '')}".rstrip()))
+    return cols
+
+
+def _accuracy_columns(rows: list[dict]) -> list[tuple[str, object]]:
+    """1 - cos and top-1 against the fp32 model, for jitbyoc and OpenVINO where they ran
+    in a lower precision (fp32 rows have none)."""
+    cols = []
+    for who in ("jitbyoc", "openvino"):
+        if any(r.get(f"{who}_precision") not in (None, "fp32") for r in _ran(rows, who)):
+            short = "jit" if who == "jitbyoc" else LABELS[who]
+            cols += [(f"1-cos {short}", lambda r, w=who: fmt_num(r.get(f"{w}_cos_err"), ".1e")),
+                     (f"top1 {short}", lambda r, w=who: fmt_num(r.get(f"{w}_top1"), ".0%"))]
+    return cols
+
+
+def table_columns(rows: list[dict]) -> list[tuple[str, object]]:
+    """``(header, cell of a row)`` of every column the table shows for ``rows``."""
+    cols = [("model", lambda r: r["model"]), ("GFLOP", lambda r: fmt_num(r["gflop"], ".2f"))]
+    if any(r.get("lowered_gflop") is not None for r in rows):
+        cols.append(("bf16 GFLOP", lambda r: fmt_num(r.get("lowered_gflop"), ".2f")))
+    cols += [("offload", lambda r: fmt_num(r.get("offload_share"), ".0%")),
+             ("ref", lambda r: LABELS.get(r["reference"], "-")),
+             ("build jit s", lambda r: fmt_num(r["build_cold_jitbyoc_s"], ".1f")),
+             ("build tvm s", lambda r: fmt_num(r["build_tvm_s"], ".1f"))]
+    cols += _run_columns(rows)
+    cols += [("GFLOP/s", lambda r: fmt_num(r["jitbyoc_gflops"], ".1f")),
+             ("% peak", lambda r: fmt_num(r["jitbyoc_peak_pct"], ".0f")),
+             ("rel err", lambda r: fmt_num(r["max_rel_err"], ".1e") + (" !" if r["ok"] is False else ""))]
+    return cols + _accuracy_columns(rows) + [("load", lambda r: fmt_num(r["loadavg"], ".2f"))]
+
+
+def _summary_lines(summary: dict, machine: dict) -> list[str]:
+    ratios = [f"{LABELS[p]} {fmt_num(summary.get(f'geomean_ratio_{p}'), '.2f')}"
+              for p in PEERS if summary.get(f"geomean_ratio_{p}") is not None]
+    lines = [f"geomean jitbyoc/X time: {', '.join(ratios) or '-'}; jitbyoc/fastest peer at "
+             f"jitbyoc's precision {fmt_num(summary.get('geomean_ratio_fastest'), '.2f')} "
+             "(below 1: jitbyoc faster)"]
+    slower = summary.get("build_slower_than_tvm")
+    if slower is not None:
+        lines.append("cold build slower than TVM's own build: " + (", ".join(slower) or "none"))
+    lines.append("[p] = what the column's products run in; jit/X = jitbyoc median / X median; "
+                 "fastest = fastest peer running at jitbyoc's precision; median of all calls, "
+                 "every candidate timed in blocks of warm calls taking turns; GFLOP = 2 x MACs "
+                 "of conv/matmul/attention (bf16 GFLOP: those lowered to bf16); "
+                 f"% peak of {machine.get('peak_gflops', 0):.0f} GFLOP/s measured (the fp32 FMA "
+                 "loop: bf16 products, two per lane and instruction, can pass it); "
+                 "ref = what jitbyoc's output is checked against ('!' = rel err above "
+                 "tolerance); 1-cos, top1 = against jitbyoc's fp32 build; load = 1-min load "
+                 "average after the model")
+    return lines
 
 
 def format_table(rows: list[dict], skipped: list[dict], machine: dict, summary: dict) -> str:
@@ -50,26 +104,19 @@ def format_table(rows: list[dict], skipped: list[dict], machine: dict, summary: 
     machine : dict
         :func:`bench.run.machine_info` plus ``peak_gflops`` and ``loadavg_end``.
     summary : dict
-        ``geomean_ratio_onnxruntime`` and ``geomean_ratio_fastest`` (None if no row).
+        :func:`bench.zoo_run.summarize`: ``geomean_ratio_<peer>`` and
+        ``geomean_ratio_fastest`` (None if no row), ``build_slower_than_tvm``.
     """
-    body = [_cells(r) for r in rows]
-    widths = [max(len(line[i]) for line in [HEAD] + body) for i in range(len(HEAD))]
+    cols = table_columns(rows)
+    head = [h for h, _ in cols]
+    body = [[cell(r) for _, cell in cols] for r in rows]
+    widths = [max(len(line[i]) for line in [head] + body) for i in range(len(head))]
     fmt = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)  # noqa: E731
                                   for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
     lines = [format_machine(machine) + f"; load at end "
              f"{'/'.join(map(str, machine.get('loadavg_end') or ['?']))}",
-             fmt(HEAD), fmt(["-" * w for w in widths])] + [fmt(c) for c in body]
-    g_ort, g_fast = summary.get("geomean_ratio_onnxruntime"), summary.get("geomean_ratio_fastest")
-    lines.append(f"geomean jitbyoc/onnxruntime time {fmt_num(g_ort, '.2f')}, jitbyoc/fastest peer "
-                 f"{fmt_num(g_fast, '.2f')} (below 1: jitbyoc faster)")
-    slower = summary.get("build_slower_than_tvm")
-    if slower is not None:
-        lines.append("cold build slower than TVM's own build: " + (", ".join(slower) or "none"))
-    lines.append("jit/X = jitbyoc median / X median; median of all calls, every candidate "
-                 "timed in blocks of warm calls taking turns; GFLOP = 2 x MACs of conv/matmul/attention; "
-                 f"% peak of {machine.get('peak_gflops', 0):.0f} GFLOP/s measured; ref = what "
-                 "jitbyoc's output is checked against ('!' = rel err above tolerance); "
-                 "load = 1-min load average after the model")
+             fmt(head), fmt(["-" * w for w in widths])] + [fmt(c) for c in body]
+    lines += _summary_lines(summary, machine)
     for r in rows:
         if r.get("left_to_tvm"):
             lines.append(f"  {r['model']}: left to TVM: {r['left_to_tvm']}")
@@ -94,7 +141,8 @@ def plot_ratios(path: Path, rows: list[dict], title: str) -> bool:
     rows = [r for r in rows if r.get("ratio_fastest")]
     if not rows:
         return False
-    colors = {"onnxruntime": "tab:blue", "torch": "tab:orange", "tvm": "tab:gray"}
+    colors = {"onnxruntime": "tab:blue", "openvino": "tab:purple", "openvino_f32": "tab:green",
+              "torch": "tab:orange", "tvm": "tab:gray"}
     fig, ax = plt.subplots(figsize=(max(6.0, 0.6 * len(rows) + 2), 4.8))
     ys = [r["ratio_fastest"] for r in rows]
     # bars grow from 1.0 (parity), up when jitbyoc is slower, down when it is faster
@@ -124,8 +172,6 @@ def plot_ratios(path: Path, rows: list[dict], title: str) -> bool:
 def write_outputs(out: Path, rows: list[dict], skipped: list[dict], machine: dict,
                   summary: dict, settings: dict) -> list[Path]:
     """results.json (everything), results.csv (the rows) and zoo_ratio.png under ``out``."""
-    from .zoo_run import columns
-
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "results.json", out / "results.csv"]
     write_json(paths[0], {"machine": machine, "settings": settings, "summary": summary,

@@ -1,14 +1,22 @@
-"""Measure the zoo suite: jitbyoc against onnxruntime, torch eager and (small models) TVM.
+"""Measure the zoo suite: jitbyoc against onnxruntime, OpenVINO, torch eager and (small
+models) TVM.
 
 Per model: the frontend import, jitbyoc's cold build (and TVM's default build where the
 entry allows it), one run of each to check jitbyoc against a reference (TVM default if
 built, else onnxruntime, else torch), then the timing. Every candidate is timed in blocks
 of warm calls that take turns (:func:`bench.timing.time_blocks`: jitbyoc, onnxruntime,
-torch, TVM, then the reverse order, ... ``rounds`` times), never call by call: a thread
-pool keeps spinning after a call returns and would slow the next candidate. The figure is
-the median of all timed calls. FLOPs come from the Relax module (:mod:`bench.flops`), the
-peak from :func:`bench.kernels_matmul.machine_peak`, measured once at the run's thread
-count.
+OpenVINO, torch, TVM, then the reverse order, ... ``rounds`` times), never call by call: a
+thread pool keeps spinning after a call returns and would slow the next candidate. The
+figure is the median of all timed calls. FLOPs come from the Relax module
+(:mod:`bench.flops`), the peak from :func:`bench.kernels_matmul.machine_peak`, measured
+once at the run's thread count.
+
+``precision="bf16"`` (``--precision bf16``): jitbyoc (and TVM's default build, its exact
+reference) build ``jitbyoc.lower_precision(mod, "bf16")``; the peers are onnxruntime
+(fp32) and OpenVINO at its default precision and at f32 (torch eager runs fp32 only).
+Every row also has each candidate's accuracy against the fp32 model, jitbyoc's fp32
+build (:mod:`bench.accuracy`). The fastest peer is the fastest that runs at jitbyoc's
+precision.
 """
 
 from __future__ import annotations
@@ -22,69 +30,54 @@ import time
 from pathlib import Path
 
 from . import peers as peers_mod
-from . import target as build_target
+from .accuracy import accuracy_fields
 from .case import Skip
 from .flops import count_flops
 from .models import Entry
 from .run import TOLERANCE, count_ops, failure, loadavg, offload_fields, vm_runner
-from .timing import Stats, max_errors, time_blocks, timed
+from .timing import Stats, max_errors, time_blocks
+from .zoo_build import prepare
 
 log = logging.getLogger(__name__)
-PEERS = ("onnxruntime", "torch", "tvm")  # the order of the blocks, after jitbyoc
+# the order of the blocks, after jitbyoc
+PEERS = ("onnxruntime", "openvino", "openvino_f32", "torch", "tvm")
+# the peers of each --precision (TVM default builds the module jitbyoc builds)
+PEER_NAMES = {"fp32": ("onnxruntime", "openvino", "openvino_f32", "torch"),
+              "bf16": ("onnxruntime", "openvino", "openvino_f32")}
+# what jitbyoc's output is checked against, first built first: only TVM's build runs the
+# same bf16 module; the peers' fp32 outputs are the accuracy columns' business
+REFERENCES = {"fp32": ("tvm", "onnxruntime", "torch"), "bf16": ("tvm",)}
 BLOCK_SECONDS, SETTLE_SECONDS = 0.3, 0.1
 
 
 def columns() -> list[str]:
     """Every key of a zoo result row, in CSV order (missing values are None)."""
-    cols = ["model", "description", "reference", "tvm_default", "gflop", "model_ops",
-            "offloaded_ops", "total_ops", "offload_share", "regions", "cold_cache_hits",
-            "left_to_tvm", "import_s", "build_cold_jitbyoc_s", "build_tvm_s", "rounds", "loadavg"]
+    cols = ["model", "description", "precision", "reference", "tvm_default", "gflop",
+            "lowered_gflop", "model_ops", "offloaded_ops", "total_ops", "offload_share",
+            "regions", "cold_cache_hits", "left_to_tvm", "import_s", "lower_s",
+            "build_cold_jitbyoc_s", "build_tvm_s", "rounds", "loadavg"]
     for who in ("jitbyoc",) + PEERS:
-        cols += [f"{who}_median_s", f"{who}_min_s", f"{who}_max_s", f"{who}_n", f"{who}_gflops"]
+        cols += [f"{who}_median_s", f"{who}_min_s", f"{who}_max_s", f"{who}_n", f"{who}_gflops",
+                 f"{who}_precision"]
     cols += ["jitbyoc_peak_pct", "fastest_peer", "ratio_fastest"]
     cols += [f"ratio_{p}" for p in PEERS]
     cols += ["max_abs_err", "max_rel_err", "ok"]
     cols += [f"{p}_max_rel_err" for p in PEERS]
+    for who in ("jitbyoc",) + PEERS:  # against the fp32 model (bench.accuracy)
+        cols += [f"{who}_cos_err", f"{who}_top1"]
     return cols + ["notes"]
 
 
-def build(entry: Entry, case) -> dict | Skip:
-    """jitbyoc's cold build, and TVM's default build, timed for every model (the build-time
-    goal is against it) but kept to run only if ``entry.tvm_default``."""
-    import tvm
+def check(outputs: dict, notes: list[str], references: tuple[str, ...]) -> dict:
+    """jitbyoc's and the peers' errors against the first of ``references`` that ran.
 
-    import jitbyoc
-
-    def jit_build():
-        with jitbyoc.enabled():
-            return tvm.compile(case.mod, target=build_target.current()), jitbyoc.last_report()
-
-    def tvm_build():
-        return build_target.build(case.mod, offload=False)
-
-    try:
-        (ex_jit, report), seconds = timed(jit_build)
-        built = {"ex_jit": ex_jit, "report": report, "build_cold_jitbyoc_s": seconds}
-        ex_tvm, built["build_tvm_s"] = timed(tvm_build)
-        if entry.tvm_default:
-            built["ex_tvm"] = ex_tvm
-        del ex_tvm  # the big models' weights, once more
-    except Exception as err:
-        return failure(entry, "build", err)
-    return built
-
-
-def check(runners: dict, peers: list, notes: list[str]) -> dict:
-    """Run each candidate once; jitbyoc's and the peers' errors against the reference.
-
-    The reference is TVM's default build when it was built, else onnxruntime, else torch.
+    ``outputs`` holds each candidate's outputs (one run); TVM's default build is the
+    reference when it was built, else onnxruntime, else torch (fp32; :data:`REFERENCES`).
     """
-    outputs = {name: peers_mod.as_numpy(run()) for name, run in runners.items()}
-    outputs.update({p.name: p.outputs for p in peers})
-    ref_name = next((n for n in ("tvm", "onnxruntime", "torch") if n in outputs), None)
+    ref_name = next((n for n in references if n in outputs), None)
     got = {"reference": ref_name, "max_abs_err": None, "max_rel_err": None, "ok": None}
     if ref_name is None:
-        notes.append("no reference to check against (no TVM build, no peer)")
+        notes.append(f"no reference to check against ({' or '.join(references)} not run)")
         return got
     ref = outputs[ref_name]
     got["max_abs_err"], got["max_rel_err"] = max_errors(outputs["jitbyoc"], ref)
@@ -99,27 +92,32 @@ def check(runners: dict, peers: list, notes: list[str]) -> dict:
     return got
 
 
-def timing_fields(stats: dict[str, Stats], flops: int, peak: float) -> dict:
-    """Medians, GFLOP/s, % of peak and the ratios of one row."""
+def timing_fields(stats: dict[str, Stats], flops: int, peak: float,
+                  precisions: dict[str, str] | None = None) -> dict:
+    """Medians, GFLOP/s, % of peak and the ratios of one row. ``precisions`` (default: all
+    fp32) says what each candidate runs in: the fastest peer runs at jitbyoc's."""
+    precisions = precisions or {}
     row = {}
     for who, st in stats.items():
         row.update({f"{who}_median_s": st.median, f"{who}_min_s": st.min,
                     f"{who}_max_s": st.max, f"{who}_n": st.n,
-                    f"{who}_gflops": flops / st.median / 1e9 if flops else None})
+                    f"{who}_gflops": flops / st.median / 1e9 if flops else None,
+                    f"{who}_precision": precisions.get(who, "fp32")})
     jit = stats["jitbyoc"].median
     if flops and peak:
         row["jitbyoc_peak_pct"] = 100 * row["jitbyoc_gflops"] / peak
     present = [p for p in PEERS if p in stats]
     for p in present:  # above 1: jitbyoc is slower than that peer
         row[f"ratio_{p}"] = jit / stats[p].median
-    if present:
-        row["fastest_peer"] = min(present, key=lambda p: stats[p].median)
+    alike = [p for p in present if row[f"{p}_precision"] == row["jitbyoc_precision"]]
+    if alike:
+        row["fastest_peer"] = min(alike, key=lambda p: stats[p].median)
         row["ratio_fastest"] = jit / stats[row["fastest_peer"]].median
     return row
 
 
 def measure(entry: Entry, rounds: int, workdir: str, threads: int, with_peers: bool,
-            peak: float) -> dict | Skip:
+            peak: float, precision: str = "fp32") -> dict | Skip:
     """Import, build, check and time one zoo model: a row (keys :func:`columns`) or a Skip.
 
     Parameters
@@ -129,44 +127,46 @@ def measure(entry: Entry, rounds: int, workdir: str, threads: int, with_peers: b
     rounds : int
         Rounds of timed blocks (see :func:`bench.timing.time_blocks`).
     workdir : str
-        Where the onnxruntime peer may write the model's ONNX file.
+        Where the ONNX peers may write the model's ONNX file.
     threads : int
-        onnxruntime's intra-op threads (TVM's and torch's are set process-wide).
+        onnxruntime's and OpenVINO's threads (TVM's and torch's are set process-wide).
     with_peers : bool
-        Run onnxruntime and torch too.
+        Run the peers of ``precision`` (:data:`PEER_NAMES`) too.
     peak : float
         The machine's measured peak in GFLOP/s, for "% of peak".
+    precision : str
+        What jitbyoc runs its products in: a key of :data:`PEER_NAMES` (see the module
+        docstring).
     """
-    try:
-        case, import_s = timed(entry.make)
-    except Exception as err:
-        return failure(entry, "making the model", err)
-    if isinstance(case, Skip):
-        return case
-    built = build(entry, case)
-    if isinstance(built, Skip):
-        return built
+    got = prepare(entry, precision)
+    if isinstance(got, Skip):
+        return got
+    case, fields, built, reference = got
     runners = {"jitbyoc": vm_runner(built["ex_jit"], case.inputs)}
     if "ex_tvm" in built:
         runners["tvm"] = vm_runner(built["ex_tvm"], case.inputs)
-    peers, notes = (peers_mod.make_peers(case, workdir, entry.name, threads) if with_peers
-                    else ([], ["peers off (--no-peers)"]))
+    peers, notes = (peers_mod.make_peers(case, workdir, entry.name, threads, PEER_NAMES[precision])
+                    if with_peers else ([], ["peers off (--no-peers)"]))
     # an ONNX model has no torch form: every one of them would say so (the table's "-" does)
     notes = [n for n in notes if not n.endswith("no torch form of this model")]
     try:
-        checked = check(runners, peers, notes)
+        outputs = {name: peers_mod.as_numpy(run()) for name, run in runners.items()}
+        outputs.update({p.name: p.outputs for p in peers})
+        checked = check(outputs, notes, REFERENCES[precision])
+        checked.update(accuracy_fields(outputs, outputs["jitbyoc"] if reference is None else reference))
     except Exception as err:
         return failure(entry, "run", err)
-    found = {**runners, **{p.name: p.run for p in peers}}
-    fns = {"jitbyoc": found["jitbyoc"], **{n: found[n] for n in PEERS if n in found}}
+    fns = {**runners, **{p.name: p.run for p in peers}}
+    fns = {"jitbyoc": fns["jitbyoc"], **{n: fns[n] for n in PEERS if n in fns}}
     samples = time_blocks(fns, rounds, BLOCK_SECONDS, SETTLE_SECONDS)
+    precisions = {"jitbyoc": precision, "tvm": precision, **{p.name: p.precision for p in peers}}
     flops = count_flops(case.mod)
     row = dict.fromkeys(columns())
     row.update(model=entry.name, description=entry.description, tvm_default=entry.tvm_default,
-               gflop=flops / 1e9, model_ops=count_ops(case.mod), import_s=import_s,
-               rounds=rounds, loadavg=(loadavg() or [None])[0], **offload_fields(built["report"]), **checked,
-               **{k: v for k, v in built.items() if k.startswith("build_")},
-               **timing_fields({k: Stats.of(v) for k, v in samples.items()}, flops, peak))
+               gflop=flops / 1e9, model_ops=count_ops(case.mod), rounds=rounds,
+               loadavg=(loadavg() or [None])[0], **fields, **offload_fields(built["report"]),
+               **checked, **{k: v for k, v in built.items() if k.startswith("build_")},
+               **timing_fields({k: Stats.of(v) for k, v in samples.items()}, flops, peak, precisions))
     row["notes"] = "; ".join(notes) or None
     return row
 
@@ -179,14 +179,15 @@ def run_suite(entries: list[Entry], args, threads: int, peak: float, tqdm) -> tu
         for entry in bar:
             bar.set_postfix_str(entry.name)
             rounds = args.repeat or (min(entry.repeat, 2) if args.quick else entry.repeat)
-            got = measure(entry, rounds, workdir, threads, not args.no_peers, peak)
+            got = measure(entry, rounds, workdir, threads, not args.no_peers, peak, args.precision)
             if isinstance(got, dict):
                 rows.append(got)
             else:
                 log.warning("skipped %s: %s", entry.name, got.reason)
                 skipped.append({"model": entry.name, "reason": got.reason})
             # the big models' weights (VGG-19: 0.5 GB, in several copies) go now
-            Path(workdir, f"{entry.name}.onnx").unlink(missing_ok=True)
+            for path in peers_mod.model_paths(workdir, entry.name):
+                Path(path).unlink(missing_ok=True)
             gc.collect()
     return rows, skipped
 
@@ -195,6 +196,16 @@ def geomean(values) -> float | None:
     """Geometric mean of the positive finite values (None if there are none)."""
     vals = [v for v in values if v is not None and v > 0 and math.isfinite(v)]
     return math.exp(sum(map(math.log, vals)) / len(vals)) if vals else None
+
+
+def summarize(rows: list[dict]) -> dict:
+    """The geomeans of jitbyoc's time over each peer's (and the fastest's), and the models
+    whose cold build was slower than TVM's."""
+    summary = {f"geomean_ratio_{p}": geomean(r[f"ratio_{p}"] for r in rows)
+               for p in PEERS + ("fastest",)}
+    summary["build_slower_than_tvm"] = [r["model"] for r in rows if r["build_tvm_s"] is not None
+                                        and r["build_cold_jitbyoc_s"] > r["build_tvm_s"]]
+    return summary
 
 
 def main(args, entries: list[Entry], tqdm) -> int:
@@ -208,22 +219,20 @@ def main(args, entries: list[Entry], tqdm) -> int:
     peak = machine_peak(threads)
     machine["peak_gflops"] = peak
     print(report.format_machine(machine), flush=True)
-    print(f"measured FMA peak {peak:.1f} GFLOP/s on {threads} thread(s)", flush=True)
+    print(f"measured FMA peak {peak:.1f} GFLOP/s on {threads} thread(s); jitbyoc runs "
+          f"{args.precision}", flush=True)
     start = time.perf_counter()
     warm_process()
     rows, skipped = run_suite(entries, args, threads, peak, tqdm)
     seconds = time.perf_counter() - start
     machine["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
-    summary = {"geomean_ratio_onnxruntime": geomean(r["ratio_onnxruntime"] for r in rows),
-               "geomean_ratio_fastest": geomean(r["ratio_fastest"] for r in rows),
-               "build_slower_than_tvm": [r["model"] for r in rows if r["build_tvm_s"] is not None
-                                         and r["build_cold_jitbyoc_s"] > r["build_tvm_s"]]}
+    summary = summarize(rows)
     print(zoo_report.format_table(rows, skipped, machine, summary))
     paths = zoo_report.write_outputs(args.out, rows, skipped, machine, summary, {
         "suite": "zoo", "quick": args.quick, "models": args.model, "rounds": args.repeat,
-        "threads": threads, "peers": not args.no_peers, "tolerance": TOLERANCE,
-        "block_seconds": BLOCK_SECONDS, "settle_seconds": SETTLE_SECONDS,
-        "total_seconds": seconds})
+        "threads": threads, "peers": not args.no_peers, "precision": args.precision,
+        "tolerance": TOLERANCE, "block_seconds": BLOCK_SECONDS,
+        "settle_seconds": SETTLE_SECONDS, "total_seconds": seconds})
     print(f"{len(rows)} models measured, {len(skipped)} skipped in {seconds:.1f} s; "
           f"wrote {', '.join(str(p) for p in paths)}")
     return 0

@@ -1,5 +1,6 @@
 """The zoo suite's own pieces (``python -m bench --suite zoo``), without running it: the
-ONNX light-model materializer, the FLOP counter, the block timer, the ratios and ``--list``."""
+ONNX light-model materializer, the FLOP counter, the block timer, the ratios, the accuracy
+measures of ``--precision bf16`` and ``--list``."""
 
 from __future__ import annotations
 
@@ -138,3 +139,38 @@ def test_list_shows_the_zoo_suite():
     assert "suite default" in proc.stdout and "suite zoo (python -m bench --suite zoo)" in proc.stdout
     for name in ("onnx_vgg19", "torch_resnet50", "torch_bert_base", "mlp"):
         assert name in proc.stdout
+
+
+def test_fastest_peer_runs_at_jitbyocs_precision():
+    from bench.zoo_run import timing_fields
+
+    stats = {"jitbyoc": Stats(0.02, 0.02, 0.02, 3), "onnxruntime": Stats(0.01, 0.01, 0.01, 3),
+             "openvino": Stats(0.016, 0.016, 0.016, 3), "openvino_f32": Stats(0.03, 0.03, 0.03, 3)}
+    precisions = {"jitbyoc": "bf16", "onnxruntime": "fp32", "openvino": "bf16", "openvino_f32": "fp32"}
+    row = timing_fields(stats, flops=0, peak=0.0, precisions=precisions)
+    assert row["fastest_peer"] == "openvino" and row["ratio_fastest"] == pytest.approx(1.25)
+    assert row["ratio_onnxruntime"] == pytest.approx(2.0)  # every peer still has its ratio
+    assert row["openvino_precision"] == "bf16" and row["onnxruntime_precision"] == "fp32"
+    fp32 = timing_fields(stats, flops=0, peak=0.0, precisions={**precisions, "jitbyoc": "fp32"})
+    assert fp32["fastest_peer"] == "onnxruntime"
+    alone = timing_fields({k: stats[k] for k in ("jitbyoc", "onnxruntime")}, 0, 0.0, precisions)
+    assert "fastest_peer" not in alone and "ratio_fastest" not in alone  # none at bf16
+
+
+def test_cosine_error_and_top1_agreement():
+    from bench.accuracy import accuracy_fields, class_scores, cosine_error, top1_agreement
+
+    ref = [np.array([[1.0, 3.0, 2.0], [5.0, 1.0, 0.0]]), np.array([2.0])]
+    assert cosine_error(ref, ref) == pytest.approx(0.0, abs=1e-15)
+    assert cosine_error([2 * a for a in ref], ref) == pytest.approx(0.0, abs=1e-15)  # scale-free
+    assert cosine_error([-a for a in ref], ref) == pytest.approx(2.0)
+    nudged = [ref[0] + np.array([[0.0, 0.0, 0.0], [0.0, 0.0, 1e-3]]), ref[1]]
+    assert 0 < cosine_error(nudged, ref) < 1e-7
+    scores = [ref[0]]
+    assert top1_agreement(scores, scores) == 1.0
+    assert top1_agreement([np.array([[1.0, 2.0, 3.0], [5.0, 1.0, 0.0]])], scores) == 0.5
+    assert top1_agreement(ref, ref) is None  # two outputs: not a classifier
+    assert class_scores([np.zeros((1, 1000, 1, 1))]).shape == (1, 1000)  # SqueezeNet's
+    assert class_scores([np.zeros((1, 128, 768))]) is None  # BERT's hidden states
+    fields = accuracy_fields({"a": scores, "b": [np.roll(ref[0], 1, axis=1)]}, scores)
+    assert fields["a_top1"] == 1.0 and fields["b_top1"] == 0.0 and fields["b_cos_err"] > 0.1

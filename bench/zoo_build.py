@@ -1,0 +1,93 @@
+"""The zoo suite's builds of one model (:mod:`bench.zoo_run` measures them): the frontend
+import, the lowering to ``--precision``, jitbyoc's cold build and TVM's default build of
+the module that results, and (bf16) the outputs of jitbyoc's fp32 build, the accuracy
+columns' reference.
+"""
+
+from __future__ import annotations
+
+from . import peers as peers_mod
+from . import target as build_target
+from .case import Skip
+from .flops import count_flops
+from .models import Entry
+from .run import failure, vm_runner
+from .timing import timed
+
+
+def build(entry: Entry, mod) -> dict | Skip:
+    """jitbyoc's cold build of ``mod``, and TVM's default build, timed for every model (the
+    build-time goal is against it) but kept to run only if ``entry.tvm_default``."""
+    import tvm
+
+    import jitbyoc
+
+    def jit_build():
+        with jitbyoc.enabled():
+            return tvm.compile(mod, target=build_target.current()), jitbyoc.last_report()
+
+    def tvm_build():
+        return build_target.build(mod, offload=False)
+
+    try:
+        (ex_jit, report), seconds = timed(jit_build)
+        built = {"ex_jit": ex_jit, "report": report, "build_cold_jitbyoc_s": seconds}
+        ex_tvm, built["build_tvm_s"] = timed(tvm_build)
+        if entry.tvm_default:
+            built["ex_tvm"] = ex_tvm
+        del ex_tvm  # the big models' weights, once more
+    except Exception as err:
+        return failure(entry, "build", err)
+    return built
+
+
+def lower(entry: Entry, case, precision: str) -> tuple[object, dict] | Skip:
+    """The module jitbyoc builds at ``precision`` and the row's fields about it."""
+    if precision == "fp32":
+        return case.mod, {"precision": "fp32"}
+    import jitbyoc
+
+    try:
+        mod, seconds = timed(lambda: jitbyoc.lower_precision(case.mod, precision))
+    except Exception as err:
+        return failure(entry, f"lower_precision to {precision}", err)
+    lowered = count_flops(mod, operand_dtype="bfloat16")
+    return mod, {"precision": precision, "lower_s": seconds, "lowered_gflop": lowered / 1e9}
+
+
+def fp32_outputs(case) -> list:
+    """The outputs of jitbyoc's fp32 build of ``case`` (the accuracy columns' reference)."""
+    import tvm
+
+    import jitbyoc
+
+    with jitbyoc.enabled():
+        ex = tvm.compile(case.mod, target=build_target.current())
+    return peers_mod.as_numpy(vm_runner(ex, case.inputs)())
+
+
+def prepare(entry: Entry, precision: str) -> tuple | Skip:
+    """Import the model, lower it to ``precision``, build it both ways; a Skip if any fails.
+
+    Returns ``(case, fields, built, reference)``: the case, the row's fields so far,
+    :func:`build`'s executables and times, and (bf16) the fp32 build's outputs, or None.
+    """
+    try:
+        case, import_s = timed(entry.make)
+    except Exception as err:
+        return failure(entry, "making the model", err)
+    if isinstance(case, Skip):
+        return case
+    lowered = lower(entry, case, precision)
+    if isinstance(lowered, Skip):
+        return lowered
+    mod, fields = lowered
+    built = build(entry, mod)
+    if isinstance(built, Skip):
+        return built
+    built["build_cold_jitbyoc_s"] += fields.get("lower_s", 0.0)  # lowering is part of it
+    try:  # after the cold build, so its regions are not served from this build's cache
+        reference = None if precision == "fp32" else fp32_outputs(case)
+    except Exception as err:
+        return failure(entry, "the fp32 reference build", err)
+    return case, {"import_s": import_s, **fields}, built, reference
