@@ -44,9 +44,14 @@ PEERS = ("onnxruntime", "openvino", "openvino_f32", "torch", "tvm")
 # the peers of each --precision (TVM default builds the module jitbyoc builds)
 PEER_NAMES = {"fp32": ("onnxruntime", "openvino", "openvino_f32", "torch"),
               "bf16": ("onnxruntime", "openvino", "openvino_f32")}
-# what jitbyoc's output is checked against, first built first: only TVM's build runs the
+# what jitbyoc's output is checked against, the first that ran: only TVM's build runs the
 # same bf16 module; the peers' fp32 outputs are the accuracy columns' business
 REFERENCES = {"fp32": ("tvm", "onnxruntime", "torch"), "bf16": ("tvm",)}
+# max normwise rel err against it. At bf16 the fp32 sums' tiny differences of order flip
+# some operands' rounding to bfloat16, and the flips cascade through a deep model
+# (ShuffleNet: 1.6e-3 from TVM's build of the same module, both ~4e-3 from fp32): one
+# bfloat16 ulp of the largest output is allowed
+TOLERANCES = {"fp32": TOLERANCE, "bf16": 2.0 ** -7}
 BLOCK_SECONDS, SETTLE_SECONDS = 0.3, 0.1
 
 
@@ -68,7 +73,8 @@ def columns() -> list[str]:
     return cols + ["notes"]
 
 
-def check(outputs: dict, notes: list[str], references: tuple[str, ...]) -> dict:
+def check(outputs: dict, notes: list[str], references: tuple[str, ...],
+          tolerance: float = TOLERANCE) -> dict:
     """jitbyoc's and the peers' errors against the first of ``references`` that ran.
 
     ``outputs`` holds each candidate's outputs (one run); TVM's default build is the
@@ -81,13 +87,13 @@ def check(outputs: dict, notes: list[str], references: tuple[str, ...]) -> dict:
         return got
     ref = outputs[ref_name]
     got["max_abs_err"], got["max_rel_err"] = max_errors(outputs["jitbyoc"], ref)
-    got["ok"] = bool(got["max_rel_err"] <= TOLERANCE)
+    got["ok"] = bool(got["max_rel_err"] <= tolerance)
     for name in PEERS:
         if name in outputs and name != ref_name:
             got[f"{name}_max_rel_err"] = max_errors(outputs[name], ref)[1]
     if not got["ok"]:
         notes.insert(0, f"MISMATCH: jitbyoc rel err {got['max_rel_err']:.2e} vs {ref_name} "
-                        f"> {TOLERANCE:g}")
+                        f"> {tolerance:g}")
         log.warning("%s", notes[0])
     return got
 
@@ -152,7 +158,7 @@ def measure(entry: Entry, rounds: int, workdir: str, threads: int, with_peers: b
     try:
         outputs = {name: peers_mod.as_numpy(run()) for name, run in runners.items()}
         outputs.update({p.name: p.outputs for p in peers})
-        checked = check(outputs, notes, REFERENCES[precision])
+        checked = check(outputs, notes, REFERENCES[precision], TOLERANCES[precision])
         checked.update(accuracy_fields(outputs, outputs["jitbyoc"] if reference is None else reference))
     except Exception as err:
         return failure(entry, "run", err)
@@ -231,7 +237,7 @@ def main(args, entries: list[Entry], tqdm) -> int:
     paths = zoo_report.write_outputs(args.out, rows, skipped, machine, summary, {
         "suite": "zoo", "quick": args.quick, "models": args.model, "rounds": args.repeat,
         "threads": threads, "peers": not args.no_peers, "precision": args.precision,
-        "tolerance": TOLERANCE, "block_seconds": BLOCK_SECONDS,
+        "tolerance": TOLERANCES[args.precision], "block_seconds": BLOCK_SECONDS,
         "settle_seconds": SETTLE_SECONDS, "total_seconds": seconds})
     print(f"{len(rows)} models measured, {len(skipped)} skipped in {seconds:.1f} s; "
           f"wrote {', '.join(str(p) for p in paths)}")

@@ -174,3 +174,19 @@ def test_cosine_error_and_top1_agreement():
     assert class_scores([np.zeros((1, 128, 768))]) is None  # BERT's hidden states
     fields = accuracy_fields({"a": scores, "b": [np.roll(ref[0], 1, axis=1)]}, scores)
     assert fields["a_top1"] == 1.0 and fields["b_top1"] == 0.0 and fields["b_cos_err"] > 0.1
+
+
+def test_bf16_is_checked_against_tvm_to_one_bfloat16_ulp():
+    from bench.zoo_run import REFERENCES, TOLERANCES, check
+
+    ref = [np.ones(8)]
+    off = {err: [ref[0] + np.eye(8)[0] * err] for err in (5e-4, 5e-3, 1e-2)}
+
+    def ok(err, precision, ran=("tvm",)):
+        outputs = {"jitbyoc": off[err], **{name: ref for name in ran}}
+        return check(outputs, [], REFERENCES[precision], TOLERANCES[precision])["ok"]
+
+    assert ok(5e-4, "fp32") and not ok(5e-3, "fp32")
+    assert ok(5e-3, "bf16") and not ok(1e-2, "bf16")
+    assert ok(5e-3, "bf16", ran=("onnxruntime",)) is None  # fp32 peers are no bf16 reference
+    assert not ok(5e-3, "fp32", ran=("onnxruntime",))
