@@ -82,8 +82,12 @@ def dot_runner(dtype: str, threads: int, seconds: float = 0.02) -> tuple[Callabl
     ``vdpbf16ps`` loop), the yardstick of its kernels; one instruction is ``2 * group``
     FLOP per float32 lane."""
     loop, engine = jit_loop(_dot_ir(dtype), "dot")
-    flops = CHAINS * UNROLL * 2 * PRODUCTS[dtype].group * isa.lanes(PRODUCTS[dtype].acc)
-    return loop_runner(loop, engine, flops, threads, seconds)
+    return loop_runner(loop, engine, _dot_flops(dtype), threads, seconds)
+
+
+def _dot_flops(dtype: str) -> int:
+    """FLOPs of one iteration of the product ``dtype``'s loop on one thread."""
+    return CHAINS * UNROLL * 2 * PRODUCTS[dtype].group * isa.lanes(PRODUCTS[dtype].acc)
 
 
 def fmuladd(module: ir.Module, vec: ir.VectorType) -> ir.Function:
@@ -138,6 +142,33 @@ def peak_loop():
 def fma_peak(threads: int, iters: int = 20_000_000) -> float:
     """GFLOP/s of ``threads`` threads each running :func:`peak_loop`, best of 5."""
     peak, _engine = peak_loop()
+    return _best_rate(peak, flops_per_iteration(), threads, iters)
+
+
+def dot_peak(dtype: str, threads: int, iters: int = 5_000_000) -> float:
+    """GFLOP/s of the product ``dtype``'s instruction (:func:`dot_runner`'s loop: the
+    ``vdpbf16ps`` loop for bfloat16), the better of ``threads`` threads together and
+    ``threads`` times one, as :func:`machine_peak`."""
+    loop, _engine = jit_loop(_dot_ir(dtype), "dot")
+    flops = _dot_flops(dtype)
+    return max(_best_rate(loop, flops, threads, iters), threads * _best_rate(loop, flops, 1, iters))
+
+
+def measured_dot_peak(dtype: str, threads: int) -> float:
+    """:func:`dot_peak`, measured once per process and machine; the FMA peak for a float
+    product (group 1)."""
+    if PRODUCTS[dtype].group == 1:
+        return measured_peak(threads)
+    return _measured_dot(dtype, threads, isa.current())
+
+
+@lru_cache(maxsize=None)
+def _measured_dot(dtype: str, threads: int, machine: isa.Machine) -> float:
+    return dot_peak(dtype, threads)
+
+
+def _best_rate(peak, flops_per_iter: int, threads: int, iters: int) -> float:
+    """GFLOP/s of ``threads`` threads each running ``peak(iters)``, best of 5."""
     rates = []
     for _ in range(5):
         workers = [threading.Thread(target=peak, args=(iters,)) for _ in range(threads)]
@@ -146,7 +177,7 @@ def fma_peak(threads: int, iters: int = 20_000_000) -> float:
             w.start()
         for w in workers:
             w.join()
-        rates.append(threads * iters * flops_per_iteration() / (time.perf_counter() - start) / 1e9)
+        rates.append(threads * iters * flops_per_iter / (time.perf_counter() - start) / 1e9)
     return max(rates)
 
 

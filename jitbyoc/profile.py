@@ -26,7 +26,8 @@ from tvm import relax
 from .context import env_number
 from .ir import kir, sizes
 from .memo import LRU
-from .peak import measured_peak
+from .engines.products import PRODUCTS
+from .peak import measured_dot_peak, measured_peak
 
 # Region symbol -> its Work, for every region a build in this process handed to jitbyoc.
 # Symbols carry a digest of the code and of the names, so one symbol is one region.
@@ -41,6 +42,7 @@ class Work:
     params: tuple[tuple, ...]  # the shape of each argument, inputs then outputs
     inputs: int
     sizes: dict = field(default_factory=dict)  # derived sizes (jitbyoc.ir.sizes)
+    product: str = "float32"  # what its products multiply in (a key of engines.products.PRODUCTS)
 
     def signature(self, shapes=None) -> str:
         """The argument shapes, as ``1x64x56x56, 64x64x1x1 -> 1x64x56x56``: those of a
@@ -72,8 +74,10 @@ def remember(symbol: str, kernel: kir.Kernel) -> None:
     for m in (s.macs() for s in kernel.stages if isinstance(s, kir.KernelStage)):
         macs += m if isinstance(m, list) else [] if m is None else [m]  # a fused stage lists its products
     macs = tuple(macs)
+    narrow = [s.inputs[0].dtype for s in kernel.stages if isinstance(s, kir.KernelStage) and s.macs() is not None
+              and s.inputs and s.inputs[0].dtype in PRODUCTS and PRODUCTS[s.inputs[0].dtype].group > 1]
     _WORK.put(symbol, Work(tuple(kernel.ops), macs, tuple(tuple(b.shape) for b in kernel.params),
-                           len(kernel.inputs), dict(kernel.sizes)))
+                           len(kernel.inputs), dict(kernel.sizes), narrow[0] if narrow else "float32"))
 
 
 @dataclass
@@ -98,6 +102,7 @@ class Profile:
     run_seconds: float  # median wall time of one instrumented run
     peak_gflops: float
     threads: int
+    product_peaks: dict = field(default_factory=dict)  # e.g. {"bfloat16": the vdpbf16ps loop's GFLOP/s}
 
     @property
     def gflop(self) -> float:
@@ -113,7 +118,8 @@ class Profile:
     def __str__(self) -> str:
         owners = ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in self.by_owner().items())
         lines = [(f"jitbyoc profile: run {self.run_seconds * 1e3:.3f} ms (instrumented; {owners}); "
-                  f"{self.gflop:.2f} GFLOP; peak {self.peak_gflops:.0f} GFLOP/s on {self.threads} threads"),
+                  f"{self.gflop:.2f} GFLOP; peak {self.peak_gflops:.0f} GFLOP/s on {self.threads} threads"
+                  + "".join(f", {k} {v:.0f}" for k, v in self.product_peaks.items())),
                  f"{'ms/run':>9} {'share':>6} {'calls':>5} {'GFLOP/s':>8} {'%peak':>6}  owner    callee: ops"]
         for r in self.rows:
             rate = f"{r.gflops:8.1f}" if r.gflops is not None else f"{'':8}"
@@ -159,7 +165,10 @@ def _vm(runnable, device) -> relax.VirtualMachine:
     return relax.VirtualMachine(runnable, device)
 
 
-def _rows(rec: _Recorder, peak: float) -> list[Row]:
+def _rows(rec: _Recorder, peak: float, peaks: dict | None = None) -> list[Row]:
+    """Per-callee rows; a region's ``%peak`` divides by the peak of what its products
+    multiply in (``peaks``: product -> GFLOP/s, the bfloat16 one the ``vdpbf16ps`` loop's),
+    ``peak`` (the FMA loop's) for the rest."""
     names = dict.fromkeys(n for run in rec.runs for n in run)
     rows = []
     for name in names:
@@ -175,7 +184,9 @@ def _rows(rec: _Recorder, peak: float) -> list[Row]:
         if flop:  # summed over the run's calls of it (shapes of the first call)
             r.gflop = flop * r.calls / 1e9
             r.gflops = r.gflop / r.seconds if r.seconds > 0 else None
-            r.peak_share = r.gflops / peak if r.gflops is not None and peak else None
+            work = _WORK.get(r.name)
+            own = (peaks or {}).get(work.product, peak) if work is not None else peak
+            r.peak_share = r.gflops / own if r.gflops is not None and own else None
     return sorted(rows, key=lambda r: -r.seconds)
 
 
@@ -225,4 +236,6 @@ def profile(runnable, *args, func: str = "main", repeat: int = 10, warmup: int =
             walls.append(time.perf_counter() - start)
     finally:
         vm.set_instrument(None)
-    return Profile(_rows(rec, peak), statistics.median(walls), peak, threads)
+    called = [_WORK.get(name) for run in rec.runs for name in run]
+    peaks = {w.product: measured_dot_peak(w.product, threads) for w in called if w is not None and w.product != "float32"}
+    return Profile(_rows(rec, peak, peaks), statistics.median(walls), peak, threads, peaks)

@@ -15,6 +15,7 @@ import tvm_ffi
 from tvm import relax
 
 import jitbyoc
+from jitbyoc.kernels.conv_weight_units import pack
 from jitbyoc.kernels.matmul import MatMul
 from tests.conftest import build_both, build_model, call_region, jit_function
 from tests.diff_util import CC
@@ -229,3 +230,34 @@ def test_lower_precision_keeps_convolutions_float32_where_bf16_is_slower():
         bb.emit(R.nn.conv2d(x, relax.const(stem), strides=2, padding=3)),
         bb.emit(R.nn.conv2d(y, relax.const(small), padding=1))])
     assert "bfloat16" not in jitbyoc.lower_precision(mod).script()
+
+
+def test_profile_measures_bf16_regions_against_the_vdpbf16ps_peak():
+    """A bf16 region's %peak divides by its own instruction's measured peak (the
+    vdpbf16ps loop, or its two-FMA form), not by the float32 FMA loop's."""
+    rng = np.random.default_rng(5)
+    mod, _, _ = _linear_model(64, 128, 128, rng)
+    with jitbyoc.enabled():
+        ex = tvm.compile(jitbyoc.lower_precision(mod), target="llvm")
+    prof = jitbyoc.profile(ex, rng.standard_normal((64, 128)).astype(np.float32), repeat=2, warmup=1)
+    (row,) = [r for r in prof.rows if r.owner == "jitbyoc"]
+    assert set(prof.product_peaks) == {"bfloat16"} and "bfloat16" in str(prof)
+    assert row.peak_share == pytest.approx(row.gflops / prof.product_peaks["bfloat16"])
+
+
+@pytest.mark.skipif(CC is None, reason="no C compiler (cc) on PATH")
+def test_c_rendering_of_a_bfloat16_convolution_with_packed_weights(tmp_path):
+    """The C nest reads the weight in its packed pair blocks, widening exactly."""
+    rng = np.random.default_rng(9)
+    w = rng.standard_normal((12, 8, 3, 3)).astype(np.float32)
+    mod = jitbyoc.lower_precision(build_model({"x": ((1, 8, 10, 10), "float32")}, lambda bb, x: bb.emit(
+        R.nn.conv2d(x, relax.const(w), padding=1))))
+    (region,) = [r for r in jitbyoc.inspect(mod) if any(getattr(s, "packed", False) for s in r.kernel.stages)]
+    (conv,) = [s for s in region.kernel.stages if getattr(s, "packed", False)]
+    c_fn, jit_fn = c_and_jit(region, tmp_path)
+    x = rng.standard_normal((1, 8, 10, 10)).astype(np.float32)
+    packed = pack(w.astype(BF16), conv.plan.j, 2)
+    args = [x if tuple(b.shape) == x.shape else packed for b in region.kernel.inputs]
+    assert [tuple(a.shape) for a in args] == [tuple(b.shape) for b in region.kernel.inputs]
+    (got,), (want,) = call_region(c_fn, region.kernel, args), call_region(jit_fn, region.kernel, args)
+    assert np.abs(got - want).max() <= _conv_bound(x, w, 1)

@@ -19,7 +19,7 @@ from tvm import relax
 from tvm.ir.prim import FloatImm, IntImm
 
 from ..ir import kir
-from ..ir.dtypes import ALL, DTYPES, INTS
+from ..ir.dtypes import ALL, HALF, INTS
 from ..ir.relax_types import broadcast_problem, dims, tensor_problem
 from ..ir.rules import register
 from ..render.indexing import dot, each_row, unravel, where_nonempty, wrapped
@@ -171,7 +171,7 @@ class OneHot(PortableStage, kir.KernelStage):
 
 def _check_one_hot(call) -> str | None:
     ind, on, off = call.args
-    problem = tensor_problem(ind.ty, INTS) or tensor_problem(call.ty, DTYPES)
+    problem = tensor_problem(ind.ty, INTS) or tensor_problem(call.ty, ALL | HALF)  # literals: no bfloat16
     if problem:
         return f"relax.one_hot: {problem}"
     if not all(isinstance(v, (IntImm, FloatImm)) for v in (on, off)):
