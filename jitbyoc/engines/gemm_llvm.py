@@ -78,7 +78,15 @@ def chunk_parts(b, chunk, parts, chunks):
 
 
 def emit(g, ctx) -> None:
-    """Emit ``g`` (a :class:`~.gemm.Gemm`) at ``ctx``'s insertion point."""
+    """Emit ``g`` (a :class:`~.gemm.Gemm`) at ``ctx``'s insertion point (a product in
+    units with B of activations packs B once first: :func:`.gemm_units.packed_once`)."""
+    g, packed = units.packed_once(g, ctx)
+    _emit(g, ctx)
+    if packed is not None:
+        free_workspace(ctx, packed)
+
+
+def _emit(g, ctx) -> None:
     b, blk = ctx.b, g.blocking
     m, n = extent(ctx, g.m), extent(ctx, g.n)
     # split the larger side: the other operand is then the one each chunk re-reads
