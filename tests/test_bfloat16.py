@@ -95,9 +95,10 @@ def _build_for(mod, target: dict):
 
 @pytest.mark.parametrize("target", [ZNVER4, SKYLAKE, HASWELL], ids=["avx512bf16", "avx512", "avx2"])
 @pytest.mark.parametrize("m, k, n, batch", [(1, 7, 3, ()), (13, 33, 70, ()), (130, 771, 200, ()),
-                                            (64, 256, 128, ()), (5, 40, 17, (3,))])
+                                            (64, 256, 128, ()), (5, 40, 17, (3,)), (200, 65, 30, ())])
 def test_product_of_bfloat16_operands_is_summed_in_float32(target, m, k, n, batch):
-    """Every tile and edge of the engine (odd K: a half-filled last pair), on the machines
+    """Every tile and edge of the engine (odd K: a half-filled last pair; M > N: B packed
+    once before the product, gemm_units.packed_once), on the machines
     with ``vdpbf16ps``, with AVX-512 but no BF16, and with AVX2 only."""
     rng = np.random.default_rng(m * 1000 + k)
     x = rng.standard_normal((*batch, m, k)).astype(np.float32)
