@@ -56,6 +56,18 @@ def machine_peak(threads: int) -> float:
         return peak(threads)
 
 
+def bf16_machine_peak(threads: int) -> float:
+    """The ``vdpbf16ps`` loop's peak on the benchmark's target (:func:`jitbyoc.peak.dot_peak`;
+    its two-FMA form where the target has no AVX512_BF16)."""
+    from jitbyoc.peak import dot_peak
+    from jitbyoc.render import isa
+
+    from . import target as build_target
+
+    with isa.compiling_for(build_target.machine()):
+        return dot_peak("bfloat16", threads)
+
+
 def yardstick_candidates(threads: int) -> dict:
     """The loops "% in turns" divides by, as candidates of the timed blocks (``(run,
     flops)`` each) for the benchmark's target: ``peak``, the FMA loop

@@ -84,12 +84,20 @@ def _summary_lines(summary: dict, machine: dict) -> list[str]:
                  "fastest = fastest peer running at jitbyoc's precision; median of all calls, "
                  "every candidate timed in blocks of warm calls taking turns; GFLOP = 2 x MACs "
                  "of conv/matmul/attention (bf16 GFLOP: those lowered to bf16); "
-                 f"% peak of {machine.get('peak_gflops', 0):.0f} GFLOP/s measured (the fp32 FMA "
-                 "loop: bf16 products, two per lane and instruction, can pass it); "
+                 + _peak_note(machine) +
                  "ref = what jitbyoc's output is checked against ('!' = rel err above "
                  "tolerance); 1-cos, top1 = against jitbyoc's fp32 build; load = 1-min load "
                  "average after the model")
     return lines
+
+
+def _peak_note(machine: dict) -> str:
+    """What the "% peak" column divides by."""
+    fp32, bf16 = machine.get("peak_gflops", 0), machine.get("bf16_peak_gflops")
+    if not bf16:
+        return f"% peak of {fp32:.0f} GFLOP/s measured (the fp32 FMA loop); "
+    return (f"% peak = the time the model's GFLOP take at peak (bf16 GFLOP at the vdpbf16ps loop's "
+            f"{bf16:.0f} GFLOP/s, the rest at the FMA loop's {fp32:.0f}) over jitbyoc's; ")
 
 
 def format_table(rows: list[dict], skipped: list[dict], machine: dict, summary: dict) -> str:

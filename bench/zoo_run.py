@@ -99,9 +99,13 @@ def check(outputs: dict, notes: list[str], references: tuple[str, ...],
 
 
 def timing_fields(stats: dict[str, Stats], flops: int, peak: float,
-                  precisions: dict[str, str] | None = None) -> dict:
+                  precisions: dict[str, str] | None = None, lowered: float = 0.0,
+                  bf16_peak: float | None = None) -> dict:
     """Medians, GFLOP/s, % of peak and the ratios of one row. ``precisions`` (default: all
-    fp32) says what each candidate runs in: the fastest peer runs at jitbyoc's."""
+    fp32) says what each candidate runs in: the fastest peer runs at jitbyoc's. With
+    ``bf16_peak`` (the ``vdpbf16ps`` loop's GFLOP/s), ``% peak`` is the time the model's
+    FLOPs would take at peak, its ``lowered`` FLOPs (bf16 products) at that peak and the
+    rest at ``peak``, over jitbyoc's median."""
     precisions = precisions or {}
     row = {}
     for who, st in stats.items():
@@ -111,7 +115,8 @@ def timing_fields(stats: dict[str, Stats], flops: int, peak: float,
                     f"{who}_precision": precisions.get(who, "fp32")})
     jit = stats["jitbyoc"].median
     if flops and peak:
-        row["jitbyoc_peak_pct"] = 100 * row["jitbyoc_gflops"] / peak
+        ideal = (flops - lowered) / peak + (lowered / bf16_peak if bf16_peak else lowered / peak)
+        row["jitbyoc_peak_pct"] = 100 * ideal / 1e9 / jit
     present = [p for p in PEERS if p in stats]
     for p in present:  # above 1: jitbyoc is slower than that peer
         row[f"ratio_{p}"] = jit / stats[p].median
@@ -123,7 +128,7 @@ def timing_fields(stats: dict[str, Stats], flops: int, peak: float,
 
 
 def measure(entry: Entry, rounds: int, workdir: str, threads: int, with_peers: bool,
-            peak: float, precision: str = "fp32") -> dict | Skip:
+            peak: float, precision: str = "fp32", bf16_peak: float | None = None) -> dict | Skip:
     """Import, build, check and time one zoo model: a row (keys :func:`columns`) or a Skip.
 
     Parameters
@@ -143,6 +148,8 @@ def measure(entry: Entry, rounds: int, workdir: str, threads: int, with_peers: b
     precision : str
         What jitbyoc runs its products in: a key of :data:`PEER_NAMES` (see the module
         docstring).
+    bf16_peak : float, optional
+        The ``vdpbf16ps`` loop's GFLOP/s: "% of peak" of bf16 products against it.
     """
     got = prepare(entry, precision)
     if isinstance(got, Skip):
@@ -172,12 +179,14 @@ def measure(entry: Entry, rounds: int, workdir: str, threads: int, with_peers: b
                gflop=flops / 1e9, model_ops=count_ops(case.mod), rounds=rounds,
                loadavg=(loadavg() or [None])[0], **fields, **offload_fields(built["report"]),
                **checked, **{k: v for k, v in built.items() if k.startswith("build_")},
-               **timing_fields({k: Stats.of(v) for k, v in samples.items()}, flops, peak, precisions))
+               **timing_fields({k: Stats.of(v) for k, v in samples.items()}, flops, peak, precisions,
+                               fields.get("lowered_gflop", 0.0) * 1e9, bf16_peak))
     row["notes"] = "; ".join(notes) or None
     return row
 
 
-def run_suite(entries: list[Entry], args, threads: int, peak: float, tqdm) -> tuple[list, list]:
+def run_suite(entries: list[Entry], args, threads: int, peak: float, tqdm,
+              bf16_peak: float | None = None) -> tuple[list, list]:
     """Measure ``entries`` one after another; the rows and the skipped models."""
     rows, skipped = [], []
     with tempfile.TemporaryDirectory(prefix="jitbyoc-zoo-") as workdir:
@@ -185,7 +194,7 @@ def run_suite(entries: list[Entry], args, threads: int, peak: float, tqdm) -> tu
         for entry in bar:
             bar.set_postfix_str(entry.name)
             rounds = args.repeat or (min(entry.repeat, 2) if args.quick else entry.repeat)
-            got = measure(entry, rounds, workdir, threads, not args.no_peers, peak, args.precision)
+            got = measure(entry, rounds, workdir, threads, not args.no_peers, peak, args.precision, bf16_peak)
             if isinstance(got, dict):
                 rows.append(got)
             else:
@@ -217,19 +226,22 @@ def summarize(rows: list[dict]) -> dict:
 def main(args, entries: list[Entry], tqdm) -> int:
     """The zoo suite end to end: peak, models, table, files (``python -m bench --suite zoo``)."""
     from . import report, zoo_report
-    from .kernels_matmul import machine_peak
+    from .kernels_matmul import bf16_machine_peak, machine_peak
     from .run import machine_info, warm_process
 
     threads = args.threads or os.cpu_count()
     machine = machine_info(threads)
     peak = machine_peak(threads)
     machine["peak_gflops"] = peak
+    bf16_peak = bf16_machine_peak(threads) if args.precision == "bf16" else None
+    machine["bf16_peak_gflops"] = bf16_peak
     print(report.format_machine(machine), flush=True)
-    print(f"measured FMA peak {peak:.1f} GFLOP/s on {threads} thread(s); jitbyoc runs "
-          f"{args.precision}", flush=True)
+    print(f"measured FMA peak {peak:.1f} GFLOP/s on {threads} thread(s)"
+          + (f", vdpbf16ps loop {bf16_peak:.1f}" if bf16_peak else "") + f"; jitbyoc runs {args.precision}",
+          flush=True)
     start = time.perf_counter()
     warm_process()
-    rows, skipped = run_suite(entries, args, threads, peak, tqdm)
+    rows, skipped = run_suite(entries, args, threads, peak, tqdm, bf16_peak)
     seconds = time.perf_counter() - start
     machine["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     summary = summarize(rows)

@@ -118,6 +118,18 @@ def test_ratios_and_peak_share():
     assert geomean([2.0, 0.5, None]) == pytest.approx(1.0)
 
 
+def test_peak_share_of_bf16_products_is_against_their_own_peak():
+    """With --precision bf16, "% peak" is the time the model's FLOPs take at peak (the bf16
+    ones at the vdpbf16ps loop's rate, the rest at the FMA loop's) over jitbyoc's: 1 GFLOP
+    at 200 and 1 GFLOP at 100 GFLOP/s take 15 ms, half of 30 ms. Against the FMA loop
+    alone the row said 67 %."""
+    from bench.zoo_run import timing_fields
+
+    row = timing_fields({"jitbyoc": Stats(0.03, 0.03, 0.03, 3)}, flops=2_000_000_000, peak=100.0,
+                        lowered=1_000_000_000, bf16_peak=200.0)
+    assert row["jitbyoc_peak_pct"] == pytest.approx(50.0)
+
+
 def test_suites_select_apart():
     zoo = models.select(None, quick=False, suite="zoo")
     default = models.select(None, quick=False)
