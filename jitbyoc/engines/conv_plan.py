@@ -171,10 +171,16 @@ def _valid_range(count: int, step: int, shift: int, size: int) -> tuple[int, int
     return lo, max(lo, hi)
 
 
+def _accumulator(dt: str) -> str:
+    """What the product ``dt`` (:data:`~.products.PRODUCTS`) sums in: the vectors the
+    engine holds and stores."""
+    return PRODUCTS[dt].acc if dt in PRODUCTS else dt
+
+
 def max_lanes(dt: str) -> int:
     """The widest plan's lanes: one vector (of the accumulators, for the product ``dt``
     of :data:`~.products.PRODUCTS`) as kernels write them."""
-    return isa.lanes(PRODUCTS[dt].acc if dt in PRODUCTS else dt, isa.VECTOR_BITS)
+    return isa.lanes(_accumulator(dt), isa.VECTOR_BITS)
 
 
 def unit_channels(geo, dt: str) -> int:
@@ -201,7 +207,7 @@ def cost(plan: Plan, dt: str) -> float:
     span = lambda r: (r - 1) * lay.wq + g.ow  # noqa: E731  grid pixels of r rows
     chunks = sum(math.ceil(span(min(plan.rows, g.oh - b * plan.rows)) / plan.span) for b in range(bands))
     blocks = math.ceil(g.kg / j)  # a remainder block computes all J channels (stores fewer)
-    acc = PRODUCTS[dt].acc if dt in PRODUCTS else dt
+    acc = _accumulator(dt)
     bits = lanes * isa.element_bits(acc)
     stores = (lay.wq + lanes - 2) // lay.wq + 1  # rows one vector can touch
     cg = unit_channels(g, dt)  # a unit's instruction sums its group of channels
@@ -220,7 +226,7 @@ def candidates(geo, dt: str):
     (32 of 512 bits with AVX-512; 16 of 256 with AVX2, where a 512-bit vector takes two);
     row bands give enough tasks to keep the thread pool busy."""
     batch = geo.n if isinstance(geo.n, int) else 1
-    acc = PRODUCTS[dt].acc if dt in PRODUCTS else dt
+    acc = _accumulator(dt)
     layouts = [Layout(geo, False)] + ([Layout(geo, True)] if geo.kw <= DENSE_MAX_KW else [])
     for layout in layouts:
         for lanes in (max_lanes(dt), max_lanes(dt) // 2):

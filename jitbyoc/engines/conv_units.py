@@ -12,7 +12,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from ..ir.llvmtypes import I64
-from ..render.loops import ceil_div, for_range
+from ..render.loops import for_range
 from ..render.vectors import lanes, strips, vload, vstore
 from .gemm_units import interleave
 
@@ -22,7 +22,7 @@ def sources(emit, c, n, ch) -> list:
     interleaves; a channel past its group's last reads the unit's first channel instead
     (a valid address) and ``valid`` (an i1) says to zero it."""
     b, s, group = c.b, c.syms, emit.product.group
-    units = ceil_div(b, s["cg"], I64(group))
+    units = emit.channels(c)
     grp, u = b.sdiv(ch, units), b.srem(ch, units)
     first = b.add(b.mul(grp, s["cg"]), b.mul(u, I64(group)))
     out = []

@@ -276,8 +276,10 @@ class Panels(_InBuffer):
     def _offset(self, e, b, x, k):
         g = self.group
         panel = e.mul(e.div(x, self.width), e.mul(e.dim(self.k_size), self.width))
-        unit = e.add(e.mul(e.div(k, g), self.width), e.rem(x, self.width)) if g > 1 else None
-        inner = e.add(e.mul(unit, g), e.rem(k, g)) if g > 1 else e.add(e.mul(k, self.width), e.rem(x, self.width))
+        if g == 1:
+            inner = e.add(e.mul(k, self.width), e.rem(x, self.width))
+        else:  # unit k // g of column x, then k's place in it
+            inner = e.add(e.mul(e.add(e.mul(e.div(k, g), self.width), e.rem(x, self.width)), g), e.rem(k, g))
         return e.i(e.add(_linear(e, list(zip(b, self.batch))), e.add(panel, inner)))
 
     def element_llvm(self, ctx, b, x, k) -> ir.Value:

@@ -39,14 +39,14 @@ from ..render.loops import (
 )
 from . import gemm_micro as mk
 from . import gemm_units as units
-from .gemm import SERIAL_MAX_MACS, Panels, Strided, _all_dims, _is_one, static_size
+from .gemm import SERIAL_MAX_MACS, Panels, Strided, _all_dims, _dims, _is_one, static_size
 
 CHUNKS = 8  # chunks per batch item: enough to even out threads that get unequal CPU
 EDGE_UNROLL = 1  # edge tiles are few: their microkernels are not unrolled (smaller engine)
 
 
 def extent(ctx, dims) -> ir.Value:
-    return ctx.product(dims if isinstance(dims, tuple) else (dims,))
+    return ctx.product(_dims(dims))
 
 
 def chunks_of(parts: int) -> int:

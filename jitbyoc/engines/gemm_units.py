@@ -21,7 +21,7 @@ from ..ir.llvmtypes import I32, I64, PTR
 from ..ir import kir
 from ..render.loops import ceil_div, for_range, smin, workspace
 from ..render.vectors import lane_mask, splat, vload, vstore
-from .gemm import Panels, static_size
+from .gemm import Panels, _dims, static_size
 from .gemm_micro import gep
 
 PACK_ONCE_MAX_BYTES = 1 << 20  # see packed_once
@@ -85,7 +85,7 @@ def pack_units(g, operand, c, dst, bidx, x0, nx, k0, kc, width) -> None:
     docstring); ``k0`` and ``kc`` count units. The slow, general packer: for operands
     :func:`pack_row_units` does not take (k contiguous, or strided both ways)."""
     b, group, dt = c.b, g.product.group, operand.dtype
-    zero, k = ir.Constant(lookup_dtype(dt).ir, 0), c.product(g.k if isinstance(g.k, tuple) else (g.k,))
+    zero, k = ir.Constant(lookup_dtype(dt).ir, 0), c.product(_dims(g.k))
     with for_range(b, kc, "uk") as kk:
         with for_range(b, I64(width), "ur") as r:
             for e in range(group):
@@ -105,10 +105,10 @@ def pack_all_units(g, operand, c, dst, bidx, x0, nx, k0, kc, width) -> bool:
     if not getattr(operand, "contiguous_x", False) or not hasattr(operand, "offset_llvm"):
         return False
     b, group = c.b, g.product.group
-    k = c.product(g.k if isinstance(g.k, tuple) else (g.k,))
+    k = c.product(_dims(g.k))
     src = c.element(operand.buf, operand.offset_llvm(c, bidx, x0, b.mul(k0, I64(group))))
     kvalid = b.sub(k, b.mul(k0, I64(group)))
-    kstride = c.product(operand.k if isinstance(operand.k, tuple) else (operand.k,))
+    kstride = c.product(_dims(operand.k))
     call_row_units(b, operand.dtype, dst, src, kstride, nx, kvalid, kc, width, group)
     return True
 
@@ -132,12 +132,12 @@ def packed_once(g, ctx):
         return g, None
     b, group, nr = ctx.b, g.product.group, g.nr
     units = -(-k // group)
-    n = ctx.product(g.n if isinstance(g.n, tuple) else (g.n,))
+    n = ctx.product(_dims(g.n))
     panels = ceil_div(b, n, I64(nr))
     ptr = workspace(ctx, g.product.unit, b.mul(panels, I64(nr * units)))
     buf = kir.Buffer(f"panels{len(ctx.ptrs)}", (), g.b.dtype)
     ctx.ptrs[buf] = ptr
-    kstride = ctx.product(g.b.k if isinstance(g.b.k, tuple) else (g.b.k,))
+    kstride = ctx.product(_dims(g.b.k))
 
     def pack(c, lo, hi, _extra):
         x0 = c.b.mul(lo, I64(nr))

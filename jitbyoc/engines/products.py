@@ -47,6 +47,8 @@ PRODUCTS = {dt: Product(dt, dt, dt, dt) for dt in ("float32", "float64")}
 PRODUCTS["bfloat16"] = Product("bfloat16", "bfloat16", "float32", "float32", group=2)
 # the dtypes multiplied by themselves into themselves: what an op of one dtype runs on
 UNIFORM = tuple(dt for dt, product in PRODUCTS.items() if product.uniform)
+OPERANDS = frozenset(dt for product in PRODUCTS.values() for dt in (product.a, product.b))  # what products read
+RESULTS = frozenset(product.out for product in PRODUCTS.values())  # what they store
 
 
 def product_of(a: str, b: str, out: str) -> Product | None:

@@ -178,8 +178,8 @@ def _cast_llvm(b, dt, x, to):
     dst = lookup_dtype(to).with_lanes(dt.lanes)
     if dt.name == dst.name:
         return x
-    f32 = lookup_dtype("float32").with_lanes(dt.lanes)
     if dt.is_bfloat:  # exactly to float32, then on as float32 goes
+        f32 = lookup_dtype("float32").with_lanes(dt.lanes)
         return _cast_llvm(b, f32, bfloat.to_float32(b, x), to)
     if dst.is_bfloat:  # to float32 as any float32 cast, then rounded to bfloat16
         return bfloat.from_float32(b, _cast_llvm(b, dt, x, "float32"))

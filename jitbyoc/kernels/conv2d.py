@@ -47,9 +47,8 @@ import numpy as np
 from ..engines import conv_channels, conv_engine
 from ..engines.conv_channels import ChannelPlan
 from ..engines.conv_plan import Plan, choose_plan
-from ..engines.products import PRODUCTS, product_of
+from ..engines.products import OPERANDS, PRODUCTS, RESULTS, product_of
 from ..ir import bfloat, kir
-from ..ir.dtypes import BF16, FLOATS
 from ..ir.dtypes import dtype as lookup_dtype
 from ..ir.llvmtypes import I64
 from ..ir.relax_types import dims, operands_problem
@@ -303,7 +302,7 @@ def _layout_problem(call) -> str | None:
 def _check(call) -> str | None:
     name = call.op.name
     x, w = call.args
-    problem = operands_problem(call, (x, w), FLOATS | BF16) or operands_problem(call, (call,), FLOATS)
+    problem = operands_problem(call, (x, w), OPERANDS) or operands_problem(call, (call,), RESULTS)
     if problem:
         return problem
     rank = 3 if name == "relax.nn.conv1d" else 4

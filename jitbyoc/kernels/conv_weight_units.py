@@ -16,6 +16,7 @@ import numpy as np
 from llvmlite import ir
 
 from ..engines import conv_engine
+from ..engines.conv_plan import unit_channels
 from ..engines.products import PRODUCTS
 from ..ir.llvmtypes import I32, I64
 from ..render.loops import for_range, free_workspace, workspace
@@ -50,10 +51,10 @@ def call_packed(stage, ctx) -> None:
     engine, its weight packed first into a workspace: unit ``(b, u, t, j)`` holds
     channels ``group*u + e`` of output channel ``b*J + j`` at tap ``t`` (zero past the
     group's input channels, or past the output channels in the last block)."""
-    b, g = ctx.b, stage.geo
-    group, jb = PRODUCTS[stage.inputs[0].dtype].group, stage.plan.j
-    units, blocks = -(-g.cg // group), -(-g.k // jb)
-    packed = workspace(ctx, PRODUCTS[stage.inputs[0].dtype].unit, I64(blocks * units * g.taps * jb))
+    b, g, dt = ctx.b, stage.geo, stage.inputs[0].dtype
+    group, jb = PRODUCTS[dt].group, stage.plan.j
+    units, blocks = unit_channels(g, dt), -(-g.k // jb)
+    packed = workspace(ctx, PRODUCTS[dt].unit, I64(blocks * units * g.taps * jb))
     with for_range(b, I64(blocks * jb), "oc") as oc, for_range(b, I64(units * g.taps), "ut") as ut:
         u, t = b.sdiv(ut, I64(g.taps)), b.srem(ut, I64(g.taps))
         at = b.add(b.mul(b.add(b.mul(b.sdiv(oc, I64(jb)), I64(units * g.taps)), ut), I64(jb)),

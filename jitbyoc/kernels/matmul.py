@@ -30,14 +30,11 @@ import numpy as np
 
 from ..engines import gemm_engine, gemm_llvm
 from ..engines.gemm import Gemm, Output, Panels, Strided, box_epilogue, rows_epilogue
-from ..engines.products import PRODUCTS, UNIFORM, Product, product_of
+from ..engines.products import OPERANDS, PRODUCTS, RESULTS, Product, product_of
 from ..ir import kir
 from ..ir.relax_types import broadcast_problem, dims, operands_problem
 from ..ir.rules import register
 
-
-
-BF16_SUMMED = PRODUCTS["bfloat16"]
 
 
 def _strides(shape) -> list[tuple]:
@@ -129,7 +126,7 @@ class MatMul(kir.KernelStage):
 def _check(call) -> str | None:
     x, y = call.args
     types = (str(x.ty.dtype), str(y.ty.dtype), str(call.ty.dtype))
-    problem = operands_problem(call, (x, y, call), UNIFORM + (BF16_SUMMED.a, BF16_SUMMED.out))
+    problem = operands_problem(call, (x, y, call), OPERANDS | RESULTS)  # then: which product
     if problem:
         return problem
     if product_of(*types) is None:

@@ -49,7 +49,7 @@ def _permuted(expr, lookup):
     return call.args[0], [int(a) for a in axes] if axes is not None else list(range(ndim))[::-1]
 
 
-def _weight_value(weight, lookup) -> np.ndarray | None:
+def weight_value(weight, lookup) -> np.ndarray | None:
     """The ``(..., K, N)`` value of a product's B: a constant, torch's ``W.T`` of a
     constant, or a weight :func:`panel_weight` packed."""
     bound = _bound(weight, lookup)
@@ -69,7 +69,7 @@ def _weight_value(weight, lookup) -> np.ndarray | None:
 
 
 def constant_weight(matmul: relax.Call, lookup) -> np.ndarray | None:
-    """The constant (K, N) weight of ``matmul(x, B)`` (see :func:`_weight_value`) when
+    """The constant (K, N) weight of ``matmul(x, B)`` (see :func:`weight_value`) when
     ``x`` is a static stack of more than one row of the weight's dtype, else None. One row
     (or a symbolic count that may be one: decoders) keeps ``W.T``, which the GEMV path
     reads fastest as dot products of ``W``'s rows."""
@@ -77,7 +77,7 @@ def constant_weight(matmul: relax.Call, lookup) -> np.ndarray | None:
     rows = _static_dims(x)
     if rows is None or len(rows) < 2 or int(np.prod(rows[:-1])) <= 1:
         return None
-    value = _weight_value(weight, lookup)
+    value = weight_value(weight, lookup)
     if value is None or value.ndim != 2 or str(value.dtype) != str(x.ty.dtype):
         return None
     return value
@@ -231,7 +231,7 @@ def sliced_product(call: relax.Call, lookup, sliced: set[str], emit):
         return None
     axis, lo, hi = found
     x, weight = whole.args
-    value, xs = _weight_value(weight, lookup), _static_dims(x)
+    value, xs = weight_value(weight, lookup), _static_dims(x)
     if value is None or xs is None or not (len(xs) == value.ndim == len(shape)) or axis >= len(shape) - 2 \
             or xs[axis] != 1 or bias is not None and bias.ndim != len(shape):
         return None

@@ -4,13 +4,13 @@ and torch's ``autocast(dtype=torch.bfloat16)`` compute them.
 
 The rewrite is Relax, not a jitbyoc setting hidden in the build: ``matmul(x, W)`` of a
 float32 ``x`` and a constant weight ``W`` becomes ``matmul(astype(x, "bfloat16"), W',
-out_dtype="float32")`` with ``W'`` the weight rounded to bfloat16 once, here. The
-rewritten module means the same thing to TVM's own build (its differential reference)
-as to jitbyoc's, which runs the product on ``vdpbf16ps`` (:mod:`jitbyoc.engines.products`)
-and reads ``W'`` from panels packed at build time. Everything else (elementwise work,
-norms, softmax, attention's products of two activations, the convolutions the direct
-engines run for now) stays
-float32, and the default stays float32 and exact.
+out_dtype="float32")`` with ``W'`` the weight rounded to bfloat16 once, here, and a
+``conv2d`` of a constant weight likewise, where jitbyoc runs it faster so
+(:func:`_narrower_is_faster`). The rewritten module means the same thing to TVM's own
+build (its differential reference) as to jitbyoc's, which runs the products on
+``vdpbf16ps`` (:mod:`jitbyoc.engines.products`) and reads ``W'`` packed at build time.
+Everything else (elementwise work, norms, softmax, attention's products of two
+activations) stays float32, and the default stays float32 and exact.
 
 Error: each operand is rounded to nearest even once (relative error at most 2**-9), the
 products of two bfloat16 values are exact in float32, and the sum runs in float32; so
@@ -25,10 +25,11 @@ import tvm
 from tvm import relax
 
 from ..engines.conv_channels import ChannelPlan
+from ..ir.rules import why_not
 from ..kernels import conv2d
 from .constants import constant, tensor_constant
 from .inference import MATMUL
-from .linear import _weight_value
+from .linear import weight_value
 
 CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
 MIN_CHANNELS = 4  # input channels per group below which a convolution stays float32
@@ -59,7 +60,7 @@ class _ToBFloat16(relax.PyExprMutator):
         if not call.op.same_as(MATMUL):
             return call
         x, weight = call.args
-        value = _weight_value(weight, self.lookup_binding)
+        value = weight_value(weight, self.lookup_binding)
         if value is None or value.ndim != 2 or str(value.dtype) != "float32" \
                 or str(x.ty.dtype) != "float32" or str(call.ty.dtype) != "float32":
             return call
@@ -67,11 +68,11 @@ class _ToBFloat16(relax.PyExprMutator):
         return relax.op.matmul(narrow, tensor_constant(value.astype(ml_dtypes.bfloat16)), "float32")
 
     def _conv(self, call):
-        """A float32 1x1 or patch convolution (a product on the GEMM engine) of a constant
-        weight; others stay float32 (the direct-convolution engines take one dtype)."""
+        """A float32 convolution of a constant weight, in bf16 where that runs faster
+        (:func:`_narrower_is_faster`)."""
         x, weight = call.args
         value = constant(self.lookup_binding(weight) if isinstance(weight, relax.Var) else weight)
-        if value is None or str(value.dtype) != "float32" or conv2d._check(call) is not None \
+        if value is None or str(value.dtype) != "float32" or why_not(call) is not None \
                 or str(call.ty.dtype) != "float32" or not _narrower_is_faster(conv2d.conv_geometry(call)):
             return call
         a = call.attrs
@@ -83,7 +84,7 @@ class _ToBFloat16(relax.PyExprMutator):
 
 def lower_precision(mod: tvm.IRModule, precision: str = "bf16") -> tvm.IRModule:
     """``mod`` with its float32 products of a constant weight (linear layers, torch's
-    ``x @ W.T`` included; 1x1 and patch convolutions) computed from bfloat16 operands
+    ``x @ W.T`` included; convolutions, where bf16 runs faster) computed from bfloat16 operands
     summed in float32; build the
     result with ``tvm.compile`` as any module. ``precision``: ``"bf16"``."""
     if precision not in PRECISIONS:
