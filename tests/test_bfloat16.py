@@ -223,14 +223,18 @@ def test_direct_convolution_in_bfloat16_pairs(target, shape, k, kernel, stride, 
 
 
 def test_lower_precision_keeps_convolutions_float32_where_bf16_is_slower():
-    """The 3-channel stem (a pair would be half zeros) and a 7x7 map that float32 runs on
-    channel vectors stay float32 (measured: precision._narrower_is_faster)."""
-    stem = np.ones((8, 3, 7, 7), np.float32)
+    """Depthwise (a pair would be half zeros) and a 7x7 map that float32 runs on channel
+    vectors stay float32; the 3-channel stem, measured faster in bf16, is lowered
+    (precision._narrower_is_faster)."""
+    depthwise = np.ones((32, 1, 3, 3), np.float32)
     small = np.ones((512, 512, 3, 3), np.float32)
-    mod = build_model({"x": ((1, 3, 32, 32), "float32"), "y": ((1, 512, 7, 7), "float32")}, lambda bb, x, y: [
-        bb.emit(R.nn.conv2d(x, relax.const(stem), strides=2, padding=3)),
+    mod = build_model({"x": ((1, 32, 16, 16), "float32"), "y": ((1, 512, 7, 7), "float32")}, lambda bb, x, y: [
+        bb.emit(R.nn.conv2d(x, relax.const(depthwise), padding=1, groups=32)),
         bb.emit(R.nn.conv2d(y, relax.const(small), padding=1))])
     assert "bfloat16" not in jitbyoc.lower_precision(mod).script()
+    stem = build_model({"x": ((1, 3, 32, 32), "float32")}, lambda bb, x: bb.emit(
+        R.nn.conv2d(x, relax.const(np.ones((8, 3, 7, 7), np.float32)), strides=2, padding=3)))
+    assert "bfloat16" in jitbyoc.lower_precision(stem).script()
 
 
 def test_profile_measures_bf16_regions_against_the_vdpbf16ps_peak():

@@ -32,17 +32,19 @@ from .inference import MATMUL
 from .linear import weight_value
 
 CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
-MIN_CHANNELS = 4  # input channels per group below which a convolution stays float32
+MIN_CHANNELS = 2  # input channels per group below which a convolution stays float32 (depthwise)
 SMALL_MAP = 49  # output pixels up to which float32's channel-vector engine stays (7x7)
 
 
 def _narrower_is_faster(geo) -> bool:
-    """Whether jitbyoc runs ``geo`` faster in bf16 (measured, Zen 4, 2 threads; bf16 vs
-    float32): a 3x3 on 56x56 and 28x28 maps 2.5-2.6x, on 14x14 2.0x, 1x1 1.9x; but a 3x3
-    512->512 on 7x7 0.64x (float32 runs it on output-channel vectors, bf16 on the pixel
-    engine, whose vectors of pixels waste lanes on a 7-wide map) and the 3-channel 7x7/2
-    stem 0.87x (a unit of two channels is half zeros, and depthwise has one). 1x1 and
-    patch convolutions are products on the GEMM engine: always."""
+    """Whether jitbyoc runs ``geo`` faster in bf16. Measured (Zen 4, 2 threads, quiet
+    machine, bf16 with a constant bf16 weight vs float32, each in turns): a 3x3 64->64 on
+    56x56 1.85-1.92x; the 3-channel 7x7/2 stem 1.42-1.44x (a weight packed per call: 3
+    channels do not pair); 3x3 grouped with 2 channels a group 1.15x; but depthwise (one
+    channel a group: every unit half zeros, against float32's own depthwise kernel)
+    0.48x, and a 3x3 512->512 on 7x7 0.74-0.82x (float32 runs it on output-channel
+    vectors, bf16 on the pixel engine, whose vectors of pixels waste lanes on a 7-wide
+    map). 1x1 and patch convolutions are products on the GEMM engine (1.8-1.9x): always."""
     if geo.as_matmul:  # a product on the GEMM engine, in units of the reduction
         return True
     return geo.cg >= MIN_CHANNELS and not (isinstance(conv2d.engine_plan(geo, "float32"), ChannelPlan)
