@@ -7,9 +7,10 @@ turns, each after a short quiet pause (see :func:`time_blocks`: call-by-call alt
 on 2 cores measures the previous candidate's still-spinning thread pool instead).
 Cases: sgemm 2048^3, a linear layer in torch.export's form (``permute_dims`` + ``matmul``
 + bias + relu), and the MLP 784-1024-1024-10 at batch 64 (matmul+bias+relu), also in
-the linear form. bfloat16 rows (:func:`bf16_case`): BERT-base's linear layers with
-constant weights through :func:`jitbyoc.lower_precision`, against jitbyoc's float32 build
-of the same layer and torch's bfloat16 ``linear``, as a share of the ``vdpbf16ps`` loop.
+the linear form. bfloat16 and int8 rows (:func:`narrow_cases`): BERT's and ViT's linear
+layers with constant weights, through :func:`jitbyoc.lower_precision` (bf16) or in the QDQ
+form of a quantized model (int8), against jitbyoc's float32 build of the same layer (and
+torch's bfloat16 ``linear``), as a share of the ``vdpbf16ps`` / ``vpdpbusd`` loop.
 
 Peak: :func:`jitbyoc.peak.machine_peak`, the FMA rate the cores sustain at the clock
 they actually run (an LLVM loop of independent one-register FMA chains).
@@ -56,16 +57,21 @@ def machine_peak(threads: int) -> float:
         return peak(threads)
 
 
-def bf16_machine_peak(threads: int) -> float:
-    """The ``vdpbf16ps`` loop's peak on the benchmark's target (:func:`jitbyoc.peak.dot_peak`;
-    its two-FMA form where the target has no AVX512_BF16)."""
+def dot_machine_peak(product: str, threads: int) -> float:
+    """The dot-product loop's peak of ``product`` (``"bfloat16"``: ``vdpbf16ps``;
+    ``"uint8"``: ``vpdpbusd``) on the benchmark's target (:func:`jitbyoc.peak.dot_peak`;
+    its widened form where the target lacks the instruction)."""
     from jitbyoc.peak import dot_peak
     from jitbyoc.render import isa
 
     from . import target as build_target
 
     with isa.compiling_for(build_target.machine()):
-        return dot_peak("bfloat16", threads)
+        return dot_peak(product, threads)
+
+
+def bf16_machine_peak(threads: int) -> float:
+    return dot_machine_peak("bfloat16", threads)
 
 
 def yardstick_candidates(threads: int) -> dict:
@@ -186,20 +192,25 @@ def _torch_mlp(ws, bs, x, linear: bool):
     return run
 
 
-def bf16_case(m: int, k: int, n: int, rng):
-    """``gelu(x @ W.T + b)`` with a constant weight, lowered to bfloat16 operands summed in
-    float32 (:func:`jitbyoc.lower_precision`); the float32 layer is the same module, not
-    lowered."""
+def _linear_layer(m: int, k: int, n: int, rng):
+    """``x, W, b`` and ``gelu(x @ W.T + b)`` with a constant weight, as a Relax module."""
     import numpy as np
     from tvm import relax
-
-    import jitbyoc
 
     x = rng.standard_normal((m, k)).astype("float32")
     w = (rng.standard_normal((n, k)) / np.sqrt(k)).astype("float32")
     bias = rng.standard_normal(n).astype("float32")
     mod = module([("x", (m, k))], lambda bb, xv: bb.emit(relax.op.nn.gelu(bb.emit(relax.op.add(
         bb.emit(relax.op.matmul(xv, bb.emit(relax.op.permute_dims(relax.const(w))))), relax.const(bias))))))
+    return x, w, bias, mod
+
+
+def bf16_case(m: int, k: int, n: int, rng):
+    """``gelu(x @ W.T + b)`` lowered to bfloat16 operands summed in float32
+    (:func:`jitbyoc.lower_precision`); the float32 layer is the same module, not lowered."""
+    import jitbyoc
+
+    x, w, bias, mod = _linear_layer(m, k, n, rng)
 
     def torch_bf16(t):
         import torch
@@ -207,12 +218,41 @@ def bf16_case(m: int, k: int, n: int, rng):
         return lambda: torch.nn.functional.gelu(torch.nn.functional.linear(tx, tw, tb))
 
     return dict(name=f"bf16 linear+gelu {m}x{k}->{n}", mod=jitbyoc.lower_precision(mod), fp32=mod, args=[x],
-                flops=2 * m * k * n, torch=torch_bf16)
+                flops=2 * m * k * n, torch=torch_bf16, product="bfloat16")
 
 
-def bench_bf16_case(case, rounds: int, threads: int) -> dict:
-    """Median seconds per call of the bf16 layer, its float32 build, torch's bfloat16
-    linear, and the ``vdpbf16ps`` loop, in the same timed blocks."""
+def int8_case(m: int, k: int, n: int, rng):
+    """A quantized linear layer as TVM's ONNX frontend imports a QDQ graph:
+    ``quantize(gelu(dequantize(quantize(x)) @ dequantize(Wq) + b))`` with uint8 activations
+    and a per-column int8 weight, which jitbyoc runs as one uint8 x int8 product
+    (:mod:`jitbyoc.tvm.quantized`); the float32 row is the unquantized layer."""
+    import numpy as np
+    from tvm import relax
+
+    x, w, bias, fp32 = _linear_layer(m, k, n, rng)
+    sw = (np.abs(w).max(axis=1) / 127).astype("float32")
+    wq = np.round(w.T / sw).astype("int8")  # (k, n), per column
+    sx, sy = np.float32(np.abs(x).max() / 127), np.float32(0.05)
+    op, c = relax.op, relax.const
+
+    def body(bb, xv):
+        q = bb.emit(op.quantize(xv, c(sx), c(128, "uint8"), axis=1, out_dtype="uint8"))
+        xf = bb.emit(op.dequantize(q, c(sx), c(128, "uint8"), axis=1))
+        wf = bb.emit(op.dequantize(c(wq), c(sw), c(np.zeros(n, "int8")), axis=1))
+        y = bb.emit(op.nn.gelu(bb.emit(op.add(bb.emit(op.matmul(xf, wf)), c(bias)))))
+        out = bb.emit(op.quantize(y, c(sy), c(128, "uint8"), axis=1, out_dtype="uint8"))
+        return bb.emit(op.dequantize(out, c(sy), c(128, "uint8"), axis=1))
+    return dict(name=f"int8 QDQ linear {m}x{k}->{n}", mod=module([("x", (m, k))], body), fp32=fp32, args=[x],
+                flops=2 * m * k * n, product="uint8")
+
+
+LOOPS = {"bfloat16": "vdpbf16ps", "uint8": "vpdpbusd"}  # the instruction each narrow product runs on
+FEATURES = {"bfloat16": "avx512bf16", "uint8": "avx512vnni"}
+
+
+def bench_narrow_case(case, rounds: int, threads: int) -> dict:
+    """Median seconds per call of the narrow layer, its float32 build, torch's (bfloat16
+    linear), and the product's dot-product loop, in the same timed blocks."""
     from jitbyoc.peak import dot_runner
     from jitbyoc.render import isa
 
@@ -220,23 +260,29 @@ def bench_bf16_case(case, rounds: int, threads: int) -> dict:
 
     fns = {"jitbyoc": vm_function(case["mod"], True, case["args"]),
            "fp32": vm_function(case["fp32"], True, case["args"])}
-    torch_run = _torch_run(case)
+    torch_run = _torch_run(case) if "torch" in case else None
     if torch_run is not None:
         fns["torch"] = torch_run
     with isa.compiling_for(build_target.machine()):
-        sticks = {"dot": dot_runner("bfloat16", threads)}
+        sticks = {"dot": dot_runner(case["product"], threads)}
     out = {name: statistics.median(t) for name, t in time_blocks(with_yardsticks(fns, sticks), rounds).items()}
     out.update(yardstick_rates(out, sticks))
     del out["dot"]
     return out
 
 
-def report_bf16(case, t: dict) -> str:
+def report_narrow(case, t: dict) -> str:
     gf = case["flops"] / t["jitbyoc"] / 1e9
     ratios = "  ".join(f"vs {k} {t[k] / t['jitbyoc']:.2f}x" for k in ("fp32", "torch") if k in t)
-    return (f"{case['name']:<34} {t['jitbyoc'] * 1e3:9.3f} ms {gf:7.1f} GFLOP/s {100 * gf / t['dot_gflops']:5.1f}% "
-            f"of the vdpbf16ps loop in turns ({t['dot_gflops']:.0f} GFLOP/s) | {ratios} (fp32: jitbyoc's "
-            f"float32 build; torch: bfloat16 linear)")
+    return (f"{case['name']:<34} {t['jitbyoc'] * 1e3:9.3f} ms {gf:7.1f} G(FL)OP/s {100 * gf / t['dot_gflops']:5.1f}% "
+            f"of the {LOOPS[case['product']]} loop in turns ({t['dot_gflops']:.0f}) | {ratios} (fp32: jitbyoc's "
+            f"float32 build{'; torch: bfloat16 linear' if 'torch' in t else ''})")
+
+
+def narrow_cases(rng) -> list:
+    """The bf16 and int8 rows: BERT-base's and ViT-base's linear layers."""
+    shapes = ((128, 768, 3072), (128, 3072, 768), (197, 768, 768))
+    return [make(*shape, rng) for make in (bf16_case, int8_case) for shape in shapes]
 
 
 # ---- timing -------------------------------------------------------------------------------------
@@ -370,11 +416,11 @@ def main(argv=None) -> None:
           f"with the cases, median FMA loop / mix loop per case: {turns}")
     for case, t in zip(cases, results):
         print(report(case, t, peak))
-    if build_target.machine().has("avx512bf16"):
-        for case in (bf16_case(128, 768, 3072, rng), bf16_case(128, 3072, 768, rng), bf16_case(197, 768, 768, rng)):
-            print(report_bf16(case, bench_bf16_case(case, rounds, args.threads)), flush=True)
-    else:
-        print(f"bf16 rows: skipped, {build_target.machine().cpu} has no AVX512_BF16")
+    for case in narrow_cases(rng):
+        if not build_target.machine().has(FEATURES[case["product"]]):
+            print(f"{case['name']}: skipped, {build_target.machine().cpu} has no {FEATURES[case['product']]}")
+            continue
+        print(report_narrow(case, bench_narrow_case(case, rounds, args.threads)), flush=True)
     print(f"load average at end {os.getloadavg()[0]:.2f}: other processes on the machine make every "
           f"number noisy; the ratios are taken side by side.")
 

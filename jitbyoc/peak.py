@@ -22,8 +22,9 @@ from functools import lru_cache
 import llvmlite.binding as llvm
 from llvmlite import ir
 
-from .engines.gemm_micro import multiply_units
+from .engines.gemm_micro import add_values, multiply_units
 from .engines.products import PRODUCTS
+from .ir.dtypes import dtype as lookup_dtype
 from .toolchain import jit
 from .render import isa
 
@@ -59,21 +60,24 @@ def _dot_ir(dtype: str) -> str:
     """``float dot(int64 n)``: n iterations of CHAINS x UNROLL multiply-adds of the product
     ``dtype`` (:data:`jitbyoc.engines.products.PRODUCTS`) on one register of units each:
     the GEMM microkernel's own instruction (:func:`~jitbyoc.engines.gemm_micro.multiply_units`:
-    ``vdpbf16ps`` for bfloat16 pairs where the machine has it)."""
+    ``vdpbf16ps`` for bfloat16 pairs, ``vpdpbusd`` for int8 quads, where the machine has
+    them). An integer loop returns its sum converted to float."""
     product = PRODUCTS[dtype]
     width = isa.lanes(product.acc)
-    acc, units = ir.VectorType(ir.FloatType(), width), ir.VectorType(ir.IntType(32), width)
+    element = lookup_dtype(product.acc).ir
+    acc, units = ir.VectorType(element, width), ir.VectorType(ir.IntType(32), width)
     module = ir.Module(name="dot")
     module.triple = isa.current().triple
     fn = ir.Function(module, ir.FunctionType(ir.FloatType(), [ir.IntType(64)]), "dot")
-    one = ir.Constant(units, [0x3F803F80] * width)  # a pair of bfloat16 ones
+    one = ir.Constant(units, [0x3F803F80 if dtype == "bfloat16" else 0x01010101] * width)  # ones
 
     def step(b, _i, cur):
         for _ in range(UNROLL):
             cur = [multiply_units(b, product, one, one, c) for c in cur]
         return cur
 
-    summed_loop(fn, fn.args[0], [ir.Constant(acc, [float(k)] * width) for k in range(CHAINS)], step)
+    start = float if isinstance(element, ir.FloatType) else int
+    summed_loop(fn, fn.args[0], [ir.Constant(acc, [start(k)] * width) for k in range(CHAINS)], step)
     return str(module)
 
 
@@ -117,8 +121,9 @@ def summed_loop(fn: ir.Function, count, inits: list, step) -> None:
     b.position_at_end(done)
     total = out[0]
     for o in out[1:]:
-        total = b.fadd(total, o)
-    b.ret(b.extract_element(total, ir.IntType(32)(0)))
+        total = add_values(b, total, o)
+    lane = b.extract_element(total, ir.IntType(32)(0))
+    b.ret(lane if isinstance(lane.type, ir.FloatType) else b.sitofp(lane, ir.FloatType()))
 
 
 def jit_loop(ir_text: str, name: str, argtypes: tuple = (ctypes.c_int64,)):

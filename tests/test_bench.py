@@ -290,3 +290,22 @@ def test_contention_prints_both_loops_in_turns(capsys):
     ratios = contention.main(["--seconds", "0.3", "--threads", "1"])
     out = capsys.readouterr().out
     assert ratios and all(r > 0 for r in ratios) and "mix/fma over" in out
+
+
+def test_the_int8_row_runs_the_quantized_layer_on_int8_against_the_vpdpbusd_loop():
+    """bench.kernels_matmul's int8 row: the QDQ layer builds into an int8 product (no
+    float product left), agrees with its float32 layer to the quantization's error, and
+    is reported as a share of the vpdpbusd loop timed in its turns."""
+    from bench import kernels_matmul
+    from bench.kernel_common import vm_function
+    from jitbyoc.tvm.prepare import prepare
+
+    case = kernels_matmul.int8_case(8, 64, 32, np.random.default_rng(0))
+    text = prepare(case["mod"], {"relax.dequantize", "relax.matmul"}).script()
+    assert 'R.matmul(' in text and 'out_dtype="int32"' in text
+    got, want = (vm_function(case[k], True, case["args"])() for k in ("mod", "fp32"))
+    got, want = (v.numpy() for v in (got, want))
+    assert np.abs(got - want).max() < 0.2  # two quantizations of 0.05 and the inputs' of ~0.03
+    out = kernels_matmul.bench_narrow_case(case, rounds=2, threads=1)
+    assert out["jitbyoc"] > 0 and out["dot_gflops"] > 0
+    assert "of the vpdpbusd loop" in kernels_matmul.report_narrow(case, out)

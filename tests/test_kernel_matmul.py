@@ -323,7 +323,9 @@ def test_c_rendering_agrees_with_llvm(tmp_path):
 
 
 @pytest.mark.parametrize("dtypes, reason", [
-    (("int32", "int32", None), "dtype int32 not supported"),
+    (("int32", "int32", None), "no product int32 x int32 -> int32"),
+    (("int16", "int16", "int32"), "dtype int16 not supported"),
+    (("uint8", "uint8", "int32"), "no product uint8 x uint8 -> int32"),
     (("float16", "float16", None), "dtype float16 not supported"),
     (("float32", "float32", "float64"), "no product float32 x float32 -> float64"),
     (("bfloat16", "bfloat16", None), "no product bfloat16 x bfloat16 -> bfloat16"),

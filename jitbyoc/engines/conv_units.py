@@ -2,8 +2,8 @@
 channels (:mod:`.products`: a bfloat16 pair is one 32-bit unit). Workspace channel
 ``ch`` of group ``grp`` interleaves input channels ``grp*cg + group*u + e`` (``u = ch -
 grp*units``) at each pixel, so that one vector load of units is ``lanes`` pixels of
-``group`` channels, the operand ``vdpbf16ps`` takes; a group with an odd channel count
-gets a zero channel. The weight is packed alike (:func:`jitbyoc.tvm.conv_weights.pack`),
+``group`` channels, the operand ``vdpbf16ps`` (pairs) or ``vpdpbusd`` (quads) takes; a
+group whose channel count is not a multiple of ``group`` gets zero channels. The weight is packed alike (:func:`jitbyoc.tvm.conv_weights.pack`),
 and the engine's loops run over unit channels (:meth:`.conv_engine.Emit.channels`).
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
+from ..ir.dtypes import dtype as lookup_dtype
 from ..ir.llvmtypes import I64
 from ..render.loops import for_range
 from ..render.vectors import lanes, strips, vload, vstore
@@ -40,7 +41,8 @@ def row_copy(emit, c, dst, firsts: list, count, stride) -> None:
     b, product = c.b, emit.product
     dt, unit = product.a, product.unit
     n, x, work = lanes(unit), emit.bufs["x"], emit.bufs["work"]
-    zero = ir.Constant(ir.VectorType(ir.IntType(16), n), None)
+    element = lookup_dtype(dt).ir  # bfloat16 as its 16 bits
+    zero = ir.Constant(ir.VectorType(element, n), None)
 
     def vectors(load):  # load(at, j, mask): one source's n elements from pixel j
         def store(j, mask):
@@ -57,8 +59,10 @@ def row_copy(emit, c, dst, firsts: list, count, stride) -> None:
                 vectors(lambda at, j, mask: emit.even_lanes(
                     c, b.add(at, b.mul(j, I64(2))), n if mask is None else b.sub(count, j)))
             with other, for_range(b, count, "q") as q:
-                bits = [b.zext(b.select(valid, c.load(x, b.add(at, b.mul(q, stride))), ir.IntType(16)(0)),
+                bits = [b.zext(b.select(valid, c.load(x, b.add(at, b.mul(q, stride))), element(0)),
                                ir.IntType(32)) for at, valid in firsts]
-                value = b.or_(bits[0], b.shl(bits[1], ir.IntType(32)(16)))  # a pair: group 2
+                value = bits[0]
+                for e, more in enumerate(bits[1:], 1):  # channel e in bits e*width.. of the unit
+                    value = b.or_(value, b.shl(more, ir.IntType(32)(e * element.width)))
                 c.store(work, b.add(dst, q), value)
 

@@ -120,21 +120,20 @@ class Blocking:
 # 2x16 (8 accumulators: a 64-byte vector is four xmm); NEON's 32 q registers a 6x16 (24).
 # ``kc`` is the same for a dtype everywhere: it fixes the summation order (see above).
 # A bfloat16 product blocks as float32 does, its kc counted in pairs (units: see
-# .products): the same bytes of B per panel row, twice the k.
+# .products): the same bytes of B per panel row, twice the k. An int8 product (units of
+# four k, summed exactly: no order to keep) has float32's kc in units: the same bytes of B
+# per panel, four times the k.
 _F32, _F64 = dict(unroll=2, mc=1020, kc=384), dict(unroll=2, mc=516, kc=256)
 _BF16 = dict(_F32, kc=_F32["kc"] // 2)
-BLOCKINGS = {(512, 32): {"float32": Blocking(mr=6, nv=4, nc=512, **_F32),
-                         "float64": Blocking(mr=12, nv=2, nc=320, **_F64),
-                         "bfloat16": Blocking(mr=6, nv=4, nc=512, **_BF16)},
-             (256, 16): {"float32": Blocking(mr=6, nv=1, nc=256, **_F32),
-                         "float64": Blocking(mr=6, nv=1, nc=128, **_F64),
-                         "bfloat16": Blocking(mr=6, nv=1, nc=256, **_BF16)},
-             (128, 16): {"float32": Blocking(mr=2, nv=1, nc=256, **_F32),
-                         "float64": Blocking(mr=2, nv=1, nc=128, **_F64),
-                         "bfloat16": Blocking(mr=2, nv=1, nc=256, **_BF16)},
-             (128, 32): {"float32": Blocking(mr=6, nv=1, nc=256, **_F32),
-                         "float64": Blocking(mr=6, nv=1, nc=128, **_F64),
-                         "bfloat16": Blocking(mr=6, nv=1, nc=256, **_BF16)}}
+_TILES = {(512, 32): (6, 4, 512, 320), (256, 16): (6, 1, 256, 128), (128, 16): (2, 1, 256, 128),
+          (128, 32): (6, 1, 256, 128)}  # mr, nv, nc (float64's nc last)
+_F64_MR = {(512, 32): 12}
+BLOCKINGS = {regs: {"float32": Blocking(mr=mr, nv=nv, nc=nc, **_F32),
+                    "float64": Blocking(mr=_F64_MR.get(regs, mr), nv=max(1, nv // 2), nc=nc64, **_F64),
+                    "bfloat16": Blocking(mr=mr, nv=nv, nc=nc, **_BF16),
+                    "uint8": Blocking(mr=mr, nv=nv, nc=nc, **_F32),
+                    "int8": Blocking(mr=mr, nv=nv, nc=nc, **_F32)}
+             for regs, (mr, nv, nc, nc64) in _TILES.items()}
 KC = _F32["kc"]
 
 

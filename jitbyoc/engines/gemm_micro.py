@@ -159,25 +159,51 @@ def _dot_step(b, product, rows, aks, bp, bks, masks):
 
 
 DPBF16PS = "llvm.x86.avx512bf16.dpbf16ps.512"
+VPDPBUSD = "llvm.x86.avx512.vpdpbusd.512"
 
 
 def multiply_units(b, product, a, bvec, acc):
     """``acc + sum over the group of a * b`` lane by lane (vectors of units). A float row:
-    one fused multiply-add. bfloat16 pairs: ``vdpbf16ps`` where the machine has
-    AVX512_BF16 and the vector is one zmm, else each half widened to float32 exactly
-    (its bits shifted up, or the low half masked off) and two multiply-adds."""
+    one fused multiply-add; bfloat16 pairs and int8 quads: their dot-product instruction
+    where the machine has it and the vector is one zmm, else exactly in wider lanes
+    (:func:`_units_widened`)."""
     if product.group == 1:
         return multiply_add(b, a, bvec, acc)
     vt = acc.type
-    if isa.current().has("avx512bf16") and vt.count == 16:
-        pairs = ir.VectorType(BFLOAT, 32)
-        fn = intrinsic(b.module, DPBF16PS, vt, [vt, pairs, pairs])
-        return b.call(fn, [acc, b.bitcast(a, pairs), b.bitcast(bvec, pairs)])
-    high = ir.Constant(a.type, [-65536] * vt.count)
-    sixteen = ir.Constant(a.type, [16] * vt.count)
-    for half in (lambda v: b.shl(v, sixteen), lambda v: b.and_(v, high)):  # k even, then odd
-        acc = multiply_add(b, b.bitcast(half(a), vt), b.bitcast(half(bvec), vt), acc)
+    name, feature, operands = (DPBF16PS, "avx512bf16", ir.VectorType(BFLOAT, 32)) if product.a == "bfloat16" \
+        else (VPDPBUSD, "avx512vnni", ir.VectorType(ir.IntType(8), 64))
+    if isa.current().has(feature) and vt.count == 16:
+        fn = intrinsic(b.module, name, vt, [vt, operands, operands])
+        first, second = (bvec, a) if product.a == "int8" else (a, bvec)  # vpdpbusd: unsigned first
+        return b.call(fn, [acc, b.bitcast(first, operands), b.bitcast(second, operands)])
+    return _units_widened(b, product, a, bvec, acc)
+
+
+def _units_widened(b, product, a, bvec, acc):
+    """The dot-product step without its instruction, exact. bfloat16 pairs: each half
+    widened to float32 (its bits shifted up, or the low half masked off), two fused
+    multiply-adds. int8 quads: each byte extended to int32 (zero-extended for the uint8
+    operand, sign-extended for the int8 one), four multiply-adds, exact in int32 as
+    ``vpdpbusd`` is."""
+    vt, n = acc.type, acc.type.count
+    if product.a == "bfloat16":
+        high = ir.Constant(a.type, [-65536] * n)
+        sixteen = ir.Constant(a.type, [16] * n)
+        for half in (lambda v: b.shl(v, sixteen), lambda v: b.and_(v, high)):  # k even, then odd
+            acc = multiply_add(b, b.bitcast(half(a), vt), b.bitcast(half(bvec), vt), acc)
+        return acc
+    bits = ir.Constant(vt, [24] * n)
+    down_a, down_b = (b.lshr, b.ashr) if product.a == "uint8" else (b.ashr, b.lshr)
+    for e in range(4):  # byte e of each unit is k = 4u + e
+        up = ir.Constant(vt, [24 - 8 * e] * n)
+        acc = b.add(acc, b.mul(down_a(b.shl(a, up), bits), down_b(b.shl(bvec, up), bits)))
     return acc
+
+
+def add_values(b, x, y):
+    """``x + y`` of two values of a product's accumulator type, float or integer."""
+    return b.add(x, y) if isinstance(x.type.element if isinstance(x.type, ir.VectorType) else x.type,
+                                     ir.IntType) else b.fadd(x, y)
 
 
 def _prefetch_tile(b, dt, c, ldc, mr, nv):
@@ -232,7 +258,7 @@ def _rows(b, dt, accs, c, ldc, accumulate, mr, nv, masks, mvalid):
                 with then:
                     for j, p in enumerate(ptrs):
                         old = vload(b, p, dt, masks[j])
-                        vstore(b, b.fadd(old, accs[i * nv + j]), p, dt, masks[j])
+                        vstore(b, add_values(b, old, accs[i * nv + j]), p, dt, masks[j])
                 with otherwise:
                     for j, p in enumerate(ptrs):
                         vstore(b, accs[i * nv + j], p, dt, masks[j])

@@ -5,8 +5,8 @@ a float panel is, one unit where the float panel has one element: ``dst[(kk*widt
 
 * :func:`pack_row_units`: an operand whose rows are contiguous along ``x`` (B of a
   row-major product: activations times activations, a 1x1 convolution's pixels). Per
-  unit row, ``group`` row vectors are interleaved in registers (one two-source shuffle
-  per pair of rows) and stored as one vector of units.
+  unit row, ``group`` row vectors are interleaved in registers (two-source shuffles,
+  pairs first) and stored as one vector of units.
 * :func:`pack_units`: any operand, element by element (the general, slow one).
 """
 
@@ -25,12 +25,15 @@ from .gemm import Panels, _dims, static_size
 from .gemm_micro import gep
 
 PACK_ONCE_MAX_BYTES = 1 << 20  # see packed_once
-ROW_VECTOR = 16  # columns per interleave: 16 bfloat16 of each row, one 64-byte vector of pairs
+ROW_VECTOR = 16  # columns per interleave: 16 of each row, one 64-byte vector of bfloat16 pairs or int8 quads
 
 
 def interleave(b: ir.IRBuilder, rows: list) -> ir.Value:
-    """``[r0[0], r1[0], r0[1], r1[1], ...]`` of two equal-length vectors."""
-    a, c = rows
+    """``[r0[0], r1[0], ..., r0[1], r1[1], ...]`` of equal-length vectors (a power of two
+    of them): pairs interleaved, then the pairs' results, one two-source shuffle each."""
+    if len(rows) == 1:
+        return rows[0]
+    a, c = interleave(b, rows[0::2]), interleave(b, rows[1::2])
     n = a.type.count
     order = [i // 2 + (n if i % 2 else 0) for i in range(2 * n)]
     return b.shuffle_vector(a, c, ir.Constant(ir.VectorType(I32, 2 * n), order))
@@ -41,7 +44,6 @@ def pack_row_units(b, dt, dst, src, kstride, nx, kvalid, kc, width: int, group: 
     (``src[k*kstride + x]``), in one pass along k; ``kvalid``: the k (elements) of this
     block, below ``kc * group`` in a block that ends on half a unit (those rows read as
     zeros)."""
-    assert group == 2, "units of two k (bfloat16 pairs)"
     n = ROW_VECTOR
     whole = b.sdiv(nx, I64(width))
     with for_range(b, kc, "uk") as u:

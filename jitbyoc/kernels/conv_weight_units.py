@@ -18,6 +18,7 @@ from llvmlite import ir
 from ..engines import conv_engine
 from ..engines.conv_plan import unit_channels
 from ..engines.products import PRODUCTS
+from ..ir.dtypes import dtype as lookup_dtype
 from ..ir.llvmtypes import I32, I64
 from ..render.loops import for_range, free_workspace, workspace
 
@@ -67,15 +68,16 @@ def call_packed(stage, ctx) -> None:
 
 def _unit(stage, ctx, oc, u, t, group: int) -> ir.Value:
     """The unit of output channel ``oc``, input-channel unit ``u``, tap ``t``: its
-    ``group`` bfloat16 weights side by side (zeros outside the weight)."""
+    ``group`` weights side by side (zeros outside the weight)."""
     b, g, w = ctx.b, stage.geo, stage.inputs[1]
+    element = lookup_dtype(w.dtype).ir  # bfloat16 as its 16 bits
     value = I32(0)
     for e in range(group):
         ic = b.add(b.mul(u, I64(group)), I64(e))
         inside = b.and_(b.icmp_signed("<", ic, I64(g.cg)), b.icmp_signed("<", oc, I64(g.k)))
         safe = b.add(b.mul(b.add(b.mul(b.select(inside, oc, I64(0)), I64(g.cg)), b.select(inside, ic, I64(0))),
                            I64(g.taps)), t)
-        bits = b.zext(b.select(inside, ctx.load(w, safe), ir.IntType(16)(0)), I32)
-        value = b.or_(value, b.shl(bits, I32(16 * e)))
+        bits = b.zext(b.select(inside, ctx.load(w, safe), element(0)), I32)
+        value = b.or_(value, b.shl(bits, I32(element.width * e)))
     return value
 

@@ -116,10 +116,12 @@ class MatMul(kir.KernelStage):
 
     @staticmethod
     def reference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        """numpy's product; of bfloat16 operands, their exact float32 values multiplied
-        and summed in float32."""
-        if str(a.dtype) == "bfloat16":
-            return np.matmul(a.astype(np.float32), b.astype(np.float32))
+        """numpy's product; of narrower operands (:data:`PRODUCTS`), their exact values
+        multiplied and summed in the accumulator's dtype (bfloat16 in float32, int8 in
+        int32)."""
+        product = PRODUCTS.get(str(a.dtype))
+        if product is not None and not product.uniform:
+            return np.matmul(a.astype(product.acc), b.astype(product.acc)).astype(product.out)
         return np.matmul(a, b)
 
 

@@ -25,7 +25,7 @@ from tvm.ir import Op
 from tvm.ir.expr import Constant
 
 from ..engines.gemm import panel_width
-from ..engines.products import PRODUCTS
+from ..engines.products import WEIGHTS
 from .constants import constant as _constant
 from .constants import tensor_constant
 from .inference import ADD, MATMUL, PERMUTE_DIMS, RESHAPE, _static_dims, single_use_call
@@ -70,7 +70,8 @@ def weight_value(weight, lookup) -> np.ndarray | None:
 
 def constant_weight(matmul: relax.Call, lookup) -> np.ndarray | None:
     """The constant (K, N) weight of ``matmul(x, B)`` (see :func:`weight_value`) when
-    ``x`` is a static stack of more than one row of the weight's dtype, else None. One row
+    ``x`` is a static stack of more than one row its product multiplies by the weight
+    (:data:`~jitbyoc.engines.products.WEIGHTS`), else None. One row
     (or a symbolic count that may be one: decoders) keeps ``W.T``, which the GEMV path
     reads fastest as dot products of ``W``'s rows."""
     x, weight = matmul.args
@@ -78,7 +79,8 @@ def constant_weight(matmul: relax.Call, lookup) -> np.ndarray | None:
     if rows is None or len(rows) < 2 or int(np.prod(rows[:-1])) <= 1:
         return None
     value = weight_value(weight, lookup)
-    if value is None or value.ndim != 2 or str(value.dtype) != str(x.ty.dtype):
+    product = WEIGHTS.get(str(value.dtype)) if value is not None else None
+    if value is None or value.ndim != 2 or product is None or product.a != str(x.ty.dtype):
         return None
     return value
 
@@ -87,7 +89,7 @@ def _panels_of(value: np.ndarray) -> int:
     """The panel width ``value`` (``(..., K, D)``) packs in: the engine's ``w`` when a
     product of its dtype exists, ``w`` divides ``D`` and the product's units divide K,
     else 0 (no panels)."""
-    product = PRODUCTS.get(str(value.dtype))
+    product = WEIGHTS.get(str(value.dtype))
     width = panel_width(product.a) if product is not None else 0
     fits = width and value.shape[-1] % width == 0 and value.shape[-2] % product.group == 0
     return width if fits else 0
@@ -102,7 +104,7 @@ def panel_weight(value: np.ndarray, emit):
     if not width:
         return tensor_constant(value)
     (k, d), lead = value.shape[-2:], value.shape[:-2]
-    r, g = len(lead), PRODUCTS[str(value.dtype)].group
+    r, g = len(lead), WEIGHTS[str(value.dtype)].group
     if g == 1:
         packed = value.reshape(*lead, k, d // width, width).swapaxes(r, r + 1)
         axes = [*range(r), r + 1, r, r + 2]

@@ -19,6 +19,9 @@
   folded into the convolution before it (else ``x * s + t``), ONNX's N-ary ``Sum`` as
   adds, identity ``broadcast_to`` and reshapes of constants dropped, a multi-row linear
   layer's transposed weight made once.
+* **Quantized products run on int8** (:mod:`.quantized`): a float ``matmul`` or
+  ``conv2d`` of dequantized operands (QDQ graphs) becomes a uint8 x int8 product in
+  int32, its zero-point correction and scale applied after.
 * **Constant convolution weights are packed for the engine** (:mod:`.conv_weights`), in
   blocks of the output channels its register block computes together; after the rest,
   so that batch norm has folded into them.
@@ -35,7 +38,7 @@ from tvm.ir import Op, Range
 from tvm.ir.prim import IntImm
 from tvm.sym import Analyzer
 
-from . import constants, conv_weights, inference, linear
+from . import constants, conv_weights, inference, linear, quantized
 
 log = logging.getLogger("jitbyoc")
 
@@ -46,7 +49,7 @@ SHAPE_TO_TENSOR = Op.get("relax.shape_to_tensor")
 CONV2D, PAD = Op.get("relax.nn.conv2d"), Op.get("relax.nn.pad")
 # ops worth a pass without bounds
 TRIGGERS = frozenset({"relax.shape_to_tensor", "relax.nn.pad", "relax.nn.conv2d", "relax.nn.conv1d"}) \
-    | inference.TRIGGERS
+    | inference.TRIGGERS | quantized.TRIGGERS
 
 
 def _analyzer(func: relax.Function) -> Analyzer | None:
@@ -115,11 +118,16 @@ class _Prepare(relax.PyExprMutator):
             shape = _static_shape(call.args[0])
             return call if shape is None else relax.const(np.array(shape, "int64"), "int64")
         if call.op.same_as(CONV2D):
-            return self._fold_pad(call)
+            call = self._fold_pad(call)
+            int8 = quantized.quantized_conv2d(call, self.lookup_binding, self.builder_.emit)
+            return call if int8 is None else int8
         if call.op.same_as(inference.RESHAPE):
             const = inference.constant_reshape(call)
             return call if const is None else const
         if call.op.same_as(inference.MATMUL):
+            int8 = quantized.quantized_matmul(call, self.lookup_binding, self.builder_.emit, self._packed)
+            if int8 is not None:
+                return int8
             folded = linear.prepacked_weight(call, self.lookup_binding, self.builder_.emit)
             return call if folded is None else folded
         if call.op.same_as(inference.PERMUTE_DIMS):
@@ -141,6 +149,11 @@ class _Prepare(relax.PyExprMutator):
 
     def _bound(self, value):
         return self.lookup_binding(value) if isinstance(value, relax.Var) else None
+
+    def _packed(self, product: relax.Call) -> relax.Call:
+        """``product`` (a matmul) with its constant weight packed for the engine, if it packs."""
+        folded = linear.prepacked_weight(product, self.lookup_binding, self.builder_.emit)
+        return product if folded is None else folded
 
     def _adds(self, items: list):
         """``((items[0] + items[1]) + ...)``, the order TVM's reduction adds them in."""

@@ -1,0 +1,181 @@
+"""Quantized products as int8 products: the QDQ form of TVM's ONNX frontend (and of any
+frontend that writes ``dequantize`` before a float product) computed on ``vpdpbusd``.
+
+A quantized graph reaches Relax as float products of dequantized operands::
+
+    conv2d(dequantize(qx, sx, zx), dequantize(Wq, sw, zw))   # matmul alike
+
+with ``qx`` uint8 or int8 activations, ``sx``/``zx`` per tensor, and ``Wq`` a constant
+int8 (or uint8) weight with per-tensor or per-output-channel ``sw``/``zw``. Since
+``(qx - zx)`` and ``(Wq - zw)`` are integers, the product is ``sx * sw * (qx (*) Wq' -
+zx * sum(Wq'))`` with ``Wq' = Wq - zw``: an integer product (exact in int32), one
+integer correction per output channel, one float scale. The rewrite, here in Relax::
+
+    astype(conv2d(qx', Wq', out_dtype="int32") - zx' * sum(Wq'), "float32") * (sx * sw)
+
+with ``qx'`` uint8 (int8 activations shifted by 128, their zero point with them) and
+``Wq'`` int8 (a uint8 weight shifted by -128), which the GEMM and convolution engines
+run as uint8 x int8 products in int32 (:data:`jitbyoc.engines.products.PRODUCTS`). What
+follows (the bias add, the activation, the ``quantize`` of the next layer) is unchanged
+and fuses into the product's epilogue, so a chain of quantized layers passes uint8
+tensors from one kernel to the next, as onnxruntime's and oneDNN's int8 paths do.
+
+Where the rewrite does not apply, the product stays as it is (float, exact to the
+graph): a weight whose zero point is not zero after the shift (``Wq - zw`` then needs
+a per-row sum of the activations as well), a per-channel activation scale, other
+layouts. A convolution whose padding would read ``zx`` (a nonzero activation zero
+point) pads ``qx'`` with ``zx'`` first, which is what the float graph's zero padding of
+``qx - zx`` means.
+
+Error against TVM's build of the float graph: the integer sum is exact; the float graph
+rounds each dequantized operand and each product and sums K of them in float32 (its
+error ``gamma_K * sum|x'||w'|``); here one conversion to float32 and one product with
+the rounded scale ``sx * sw`` (3 ulp in all). The ``quantize`` after the layer turns
+differences across a rounding boundary into one-step differences of the uint8 output;
+the tests state that bound in output steps.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from tvm import relax
+from tvm.ir import Op
+
+from ..ir.rules import why_not
+from .constants import constant, tensor_constant
+
+DEQUANTIZE = Op.get("relax.dequantize")
+MATMUL, CONV2D = Op.get("relax.matmul"), Op.get("relax.nn.conv2d")
+PERMUTE_DIMS = Op.get("relax.permute_dims")
+TRIGGERS = frozenset({"relax.dequantize"})
+
+
+def _bound(expr, lookup):
+    return lookup(expr) if isinstance(expr, relax.Var) else expr
+
+
+def _dequantized(expr, lookup):
+    """``(q, scale, zero point, axis)`` of a ``dequantize`` to float32 with constant
+    parameters (numpy arrays), or None."""
+    call = _bound(expr, lookup)
+    if not (isinstance(call, relax.Call) and call.op.same_as(DEQUANTIZE)) \
+            or str(call.attrs.out_dtype) != "float32":
+        return None
+    q, scale, zp = call.args
+    s, z = constant(_bound(scale, lookup)), constant(_bound(zp, lookup))
+    if s is None or z is None or str(q.ty.dtype) not in ("uint8", "int8"):
+        return None
+    return q, s.astype(np.float32).reshape(-1), z.astype(np.int32).reshape(-1), int(call.attrs.axis)
+
+
+def _activation(expr, lookup):
+    """``(activations, zero point, scale, shifted)`` of a per-tensor dequantize, or None;
+    ``shifted``: int8 activations, which :func:`_as_uint8` shifts by 128 (their zero
+    point here already shifted)."""
+    found = _dequantized(expr, lookup)
+    if found is None or found[1].size != 1 or found[2].size != 1:
+        return None
+    q, scale, zp, _axis = found
+    shifted = str(q.ty.dtype) == "int8"
+    return q, int(zp[0]) + (128 if shifted else 0), float(scale[0]), shifted
+
+
+def _as_uint8(q, shifted: bool, emit):
+    """int8 activations as uint8, ``q + 128`` (exact in int16); uint8 ones as they are."""
+    if not shifted:
+        return q
+    return emit(relax.op.astype(emit(relax.op.add(relax.op.astype(q, "int16"), relax.const(128, "int16"))), "uint8"))
+
+
+def _placeholder(like, dtype: str = "uint8") -> relax.Var:
+    """A variable shaped as ``like`` (an expression with struct info) of ``dtype``: the
+    operand the rewritten product would read, for :func:`why_not`."""
+    return relax.Var("q", relax.TensorType(like.ty.shape, dtype))
+
+
+def _weight(expr, lookup, out_axis: int):
+    """``(int8 weight, per-output-channel scale)`` of a dequantized constant whose zero
+    point is zero once the weight is int8, scaled along ``out_axis`` or per tensor; a
+    ``permute_dims`` of one (a transposed linear weight) as the permuted weight; None
+    otherwise."""
+    call, permute = _bound(expr, lookup), None
+    if isinstance(call, relax.Call) and call.op.same_as(PERMUTE_DIMS):
+        permute = call
+        call = _bound(call.args[0], lookup)
+    found = _dequantized(call, lookup)
+    value = None if found is None else constant(_bound(found[0], lookup))
+    if value is None:
+        return None
+    _q, scale, zp, axis = found
+    ndim = value.ndim
+    if permute is not None:
+        axes = permute.attrs.axes
+        perm = list(range(ndim))[::-1] if axes is None else [int(a) for a in axes]
+        value, axis = value.transpose(perm), perm.index(axis % ndim)
+    weight = value.astype(np.int16) - (128 if value.dtype == np.uint8 else 0)
+    zp = zp - (128 if value.dtype == np.uint8 else 0)
+    if (zp != 0).any() or (scale.size > 1 and axis % ndim != out_axis % ndim):
+        return None
+    return weight.astype(np.int8), scale
+
+
+def _scaled(acc, correction: np.ndarray, scale: np.ndarray, shape: tuple):
+    """``astype(acc - correction, float32) * scale``, both broadcast as ``shape``."""
+    if correction.any():
+        acc = relax.op.subtract(acc, tensor_constant(correction.astype(np.int32).reshape(shape)))
+    return relax.op.multiply(relax.op.astype(acc, "float32"), tensor_constant(scale.astype(np.float32).reshape(shape)))
+
+
+def quantized_matmul(call: relax.Call, lookup, emit, pack):
+    """``matmul(dequantize(qx), dequantize(W))`` of a constant 2-D ``W`` as an int8 product
+    (see the module docstring), or None; ``pack(product)``: the product with its weight
+    packed for the engine (:func:`.linear.prepacked_weight`)."""
+    if str(call.ty.dtype) != "float32":
+        return None
+    x, w = call.args
+    act, weight = _activation(x, lookup), _weight(w, lookup, out_axis=1)
+    if act is None or weight is None or weight[0].ndim != 2:
+        return None
+    (q, zx, sx, shifted), (wq, sw) = act, weight
+    if why_not(_normalized(relax.op.matmul(_placeholder(q), tensor_constant(wq), out_dtype="int32"))):
+        return None
+    acc = emit(pack(_normalized(relax.op.matmul(_as_uint8(q, shifted, emit), tensor_constant(wq), out_dtype="int32"))))
+    n = wq.shape[1]
+    return _scaled(acc, zx * wq.astype(np.int32).sum(axis=0), np.float32(sx) * sw * np.ones(n, np.float32), (n,))
+
+
+def quantized_conv2d(call: relax.Call, lookup, emit):
+    """``conv2d(dequantize(qx), dequantize(W))`` (NCHW, OIHW, a constant ``W``) as an int8
+    convolution (see the module docstring), or None."""
+    a = call.attrs
+    if str(call.ty.dtype) != "float32" or str(a.data_layout) != "NCHW" \
+            or str(a.kernel_layout) != "OIHW" or (a.out_layout is not None and str(a.out_layout) != "NCHW"):
+        return None
+    x, w = call.args
+    act, weight = _activation(x, lookup), _weight(w, lookup, out_axis=0)
+    if act is None or weight is None or weight[0].ndim != 4:
+        return None
+    (q, zx, sx, shifted), (wq, sw) = act, weight
+    padding = [int(p) for p in a.padding]
+    padded = [0, 0, 0, 0, padding[0], padding[2], padding[1], padding[3]] if zx and any(padding) else None
+    source = _placeholder(q)
+    if padded:  # the float graph pads qx - zx with zeros: qx with zx
+        source, padding = _placeholder(_normalized(relax.op.nn.pad(source, padded, "constant", float(zx)))), [0] * 4
+
+    def conv(data):
+        return relax.op.nn.conv2d(data, tensor_constant(wq), a.strides, padding, a.dilation, a.groups,
+                                  "NCHW", "OIHW", "NCHW", "int32")
+    if why_not(_normalized(conv(source))):
+        return None
+    data = _as_uint8(q, shifted, emit)
+    if padded:
+        data = emit(relax.op.nn.pad(data, padded, "constant", float(zx)))
+    acc = emit(conv(data))
+    k = wq.shape[0]
+    correction = zx * wq.astype(np.int32).reshape(k, -1).sum(axis=1)
+    return _scaled(acc, correction, np.float32(sx) * sw * np.ones(k, np.float32), (1, k, 1, 1))
+
+
+def _normalized(call: relax.Call) -> relax.Call:
+    """``call`` with its struct info, for :func:`why_not` (which reads operand types)."""
+    return relax.BlockBuilder().normalize(call)

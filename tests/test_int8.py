@@ -1,0 +1,205 @@
+"""int8: uint8 x int8 products summed in int32 (the GEMM engine's ``vpdpbusd`` kernel,
+and its widened form on machines without AVX512_VNNI) bit for bit against numpy and
+TVM's build; quantized graphs (``dequantize`` before a float product, as TVM's ONNX
+frontend imports QDQ models) against TVM's build of the same float graph, within one
+output step (:mod:`jitbyoc.tvm.quantized`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+import jitbyoc
+from jitbyoc.engines.products import PRODUCTS
+from jitbyoc.kernels.matmul import MatMul
+from jitbyoc.tvm.prepare import prepare
+from tests.conftest import build_both, build_model, call_region, jit_function
+from tests.diff_util import CC
+from tests.test_c_renderer import c_and_jit
+
+R = relax.op
+ZNVER4, SKYLAKE, HASWELL = ({"kind": "llvm", "mcpu": cpu} for cpu in ("znver4", "skylake-avx512", "haswell"))
+TARGETS = pytest.mark.parametrize("target", [ZNVER4, SKYLAKE, HASWELL], ids=["vnni", "avx512", "avx2"])
+
+
+def _ints(rng, shape, dtype):
+    info = np.iinfo(dtype)
+    return rng.integers(info.min, info.max + 1, shape).astype(dtype)
+
+
+def _build_for(mod, target: dict):
+    with jitbyoc.enabled():
+        ex = tvm.compile(mod, target=tvm.target.Target(target))
+        rep = jitbyoc.last_report()
+    return relax.VirtualMachine(ex, tvm.cpu()), rep
+
+
+@TARGETS
+@pytest.mark.parametrize("a, b", [("uint8", "int8"), ("int8", "uint8")])
+@pytest.mark.parametrize("m, k, n, batch", [(1, 7, 3, ()), (13, 33, 70, ()), (130, 771, 200, ()),
+                                            (5, 40, 17, (3,)), (200, 64, 30, ())])
+def test_int8_product_is_exact(target, a, b, m, k, n, batch):
+    """Every tile and edge of the engine (K not a multiple of 4: a part-filled last quad;
+    M > N: B packed once first), both operand orders (a convolution as weight @ pixels),
+    with ``vpdpbusd``, with AVX-512 but no VNNI, and with AVX2 only."""
+    rng = np.random.default_rng(m * 1000 + k)
+    x, w = _ints(rng, (*batch, m, k), a), _ints(rng, (*batch, k, n), b)
+    mod = build_model({"x": (x.shape, a), "w": (w.shape, b)},
+                      lambda bb, x, w: bb.emit(R.matmul(x, w, out_dtype="int32")))
+    vm, rep = _build_for(mod, target)
+    assert not rep.fallbacks, rep
+    got = vm["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(w)).numpy()
+    assert np.array_equal(got, MatMul.reference(x, w))
+
+
+def test_constant_int8_weight_is_packed_in_quads():
+    """A constant weight is packed at build time, four k interleaved per column."""
+    w = _ints(np.random.default_rng(0), (256, 128), "int8")
+    mod = build_model({"x": ((32, 256), "uint8")},
+                      lambda bb, x: bb.emit(R.matmul(x, relax.const(w), out_dtype="int32")))
+    (region,) = jitbyoc.inspect(mod)
+    (product,) = [s for s in region.kernel.stages if isinstance(s, MatMul)]
+    assert product.panels and product.inputs[1].shape[-1] == PRODUCTS["uint8"].group
+    x = _ints(np.random.default_rng(1), (32, 256), "uint8")
+    builds = build_both(mod)
+    assert np.array_equal(builds.run(x)[1], MatMul.reference(x, w))
+
+
+@pytest.mark.parametrize("target", [None, HASWELL], ids=["host", "avx2"])
+@pytest.mark.parametrize("shape, k, kernel, stride, pad, dilation, groups", [
+    ((1, 16, 14, 14), 32, 3, 1, 1, 1, 1), ((2, 8, 15, 13), 12, 3, 2, 1, 1, 1), ((1, 12, 12, 12), 20, 3, 1, 2, 2, 2),
+    ((1, 6, 17, 17), 8, 5, 3, 2, 1, 1), ((1, 64, 14, 14), 40, 1, 1, 0, 1, 1), ((1, 3, 32, 32), 16, 7, 2, 3, 1, 1),
+    ((1, 32, 8, 8), 32, 3, 1, 1, 1, 32)])
+@pytest.mark.parametrize("weight", ["constant", "input"])
+def test_int8_convolution_is_exact(target, shape, k, kernel, stride, pad, dilation, groups, weight):
+    """Channel quads on the pixel engine (channel counts not a multiple of 4: zero
+    channels), 1x1 as a product, depthwise; a constant weight packed at build time, an
+    input weight per call; against TVM's build (exact integers both)."""
+    rng = np.random.default_rng(shape[1] * 7 + k)
+    w = _ints(rng, (k, shape[1] // groups, kernel, kernel), "int8")
+    x = _ints(rng, shape, "uint8")
+
+    def conv(x, w):
+        return R.nn.conv2d(x, w, strides=stride, padding=pad, dilation=dilation, groups=groups, out_dtype="int32")
+    if weight == "constant":
+        mod, args = build_model({"x": (shape, "uint8")}, lambda bb, x: bb.emit(conv(x, relax.const(w)))), [x]
+    else:
+        mod, args = build_model({"x": (shape, "uint8"), "w": (w.shape, "int8")},
+                                lambda bb, x, w: bb.emit(conv(x, w))), [x, w]
+    vm, rep = _build_for(mod, target or {"kind": "llvm"})
+    assert not rep.fallbacks, rep
+    got = vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
+    ref = build_both(mod).run(*args)[0]
+    assert np.array_equal(got, ref)
+
+
+@pytest.mark.skipif(CC is None, reason="no C compiler (cc) on PATH")
+def test_c_rendering_of_an_int8_product(tmp_path):
+    m, k, n = 9, 35, 20
+    mod = build_model({"x": ((m, k), "uint8"), "w": ((k, n), "int8")},
+                      lambda bb, x, w: bb.emit(R.matmul(x, w, out_dtype="int32")))
+    (region,) = jitbyoc.inspect(mod)
+    c_fn, jit_fn = c_and_jit(region, tmp_path)
+    rng = np.random.default_rng(3)
+    x, w = _ints(rng, (m, k), "uint8"), _ints(rng, (k, n), "int8")
+    for fn in (c_fn, jit_fn):
+        (got,) = call_region(fn, region.kernel, [x, w])
+        assert np.array_equal(got, MatMul.reference(x, w))
+    assert jit_function(region) is not None
+
+
+# ---- quantized graphs ------------------------------------------------------------------------
+
+def _q(bb, x, scale, zp, dtype):
+    return bb.emit(R.quantize(x, relax.const(np.float32(scale)), relax.const(zp, dtype), axis=1, out_dtype=dtype))
+
+
+def _weight(rng, shape, dtype, per_channel: bool, zero=0):
+    """A quantized constant weight: ``(values, scale per output channel or one, zero point)``."""
+    q = _ints(rng, shape, dtype)
+    n = shape[0]
+    scale = (rng.uniform(0.002, 0.01, n) if per_channel else np.array(0.005)).astype(np.float32)
+    return q, scale, np.full(scale.shape, zero, dtype)
+
+
+def _qdq_conv_model(act: str, wdt: str, zx: int, pad: int, per_channel: bool, wzero: int = 0):
+    """quantize -> dequantize -> conv2d(dequantized constant weight) + bias -> relu ->
+    quantize -> dequantize: one QDQ layer as TVM's ONNX frontend imports it."""
+    rng = np.random.default_rng(abs(zx) + pad)
+    wq, ws, wz = _weight(rng, (24, 12, 3, 3), wdt, per_channel, wzero)
+    bias = rng.standard_normal(24).astype(np.float32) * np.float32(0.1)
+
+    def body(bb, x):
+        q = _q(bb, x, 0.02, zx, act)
+        xf = bb.emit(R.dequantize(q, relax.const(np.float32(0.02)), relax.const(zx, act), axis=1))
+        wf = bb.emit(R.dequantize(relax.const(wq), relax.const(ws), relax.const(wz), axis=0))
+        y = bb.emit(R.nn.relu(R.add(R.nn.conv2d(xf, wf, padding=pad), relax.const(bias.reshape(1, 24, 1, 1)))))
+        out = _q(bb, y, 0.03, 0, "uint8")
+        return bb.emit(R.dequantize(out, relax.const(np.float32(0.03)), relax.const(0, "uint8"), axis=1))
+    return build_model({"x": ((1, 12, 10, 10), "float32")}, body)
+
+
+def _check_within_a_step(builds, x, step: float):
+    ref, got = builds.run(x)
+    steps = np.abs(got - ref) / step
+    assert steps.max() <= 1 + 1e-3, f"{steps.max()} steps"
+    assert (steps > 0.5).mean() < 0.02  # a few values across a rounding boundary, not more
+
+
+def _int8_products(mod) -> list[str]:
+    """The dtypes of the products in the module jitbyoc prepares from ``mod``."""
+    text = prepare(mod, {"relax.dequantize", "relax.nn.conv2d", "relax.matmul"}).script()
+    return [line for line in text.splitlines() if 'out_dtype="int32"' in line]
+
+
+@pytest.mark.parametrize("act, wdt, zx, pad, per_channel", [
+    ("uint8", "int8", 0, 1, True), ("uint8", "int8", 117, 1, True), ("int8", "int8", -5, 1, False),
+    ("uint8", "uint8", 3, 0, False)])
+def test_quantized_convolution_runs_on_int8(act, wdt, zx, pad, per_channel):
+    """uint8 and int8 activations (shifted to uint8), a nonzero activation zero point
+    under padding (the input padded with it), int8 and uint8 weights (shifted to int8),
+    per-channel and per-tensor scales: int8 convolutions, within one output step of
+    TVM's build of the float graph."""
+    mod = _qdq_conv_model(act, wdt, zx, pad, per_channel, wzero=128 if wdt == "uint8" else 0)
+    assert _int8_products(mod)
+    builds = build_both(mod)
+    assert not builds.report.fallbacks, builds.report
+    x = np.random.default_rng(1).standard_normal((1, 12, 10, 10)).astype(np.float32)
+    _check_within_a_step(builds, x, 0.03)
+
+
+def test_quantized_product_with_a_weight_zero_point_stays_float():
+    """A weight zero point that stays nonzero as int8 would need row sums of the
+    activations too: that product stays float, as the graph says, and still builds."""
+    mod = _qdq_conv_model("uint8", "int8", 0, 1, False, wzero=3)
+    assert not _int8_products(mod)
+    builds = build_both(mod)
+    x = np.random.default_rng(2).standard_normal((1, 12, 10, 10)).astype(np.float32)
+    ref, got = builds.run(x)
+    assert np.abs(got - ref).max() <= 0.03 + 1e-6
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_quantized_linear_layer_runs_on_int8(transposed):
+    """``matmul(dequantize(x), dequantize(W))`` of a (batch, seq, hidden) input, W as
+    (K, N) or torch's transposed (N, K): an int8 product with its weight packed."""
+    rng = np.random.default_rng(int(transposed))
+    k, n = 96, 80
+    wq = _ints(rng, (n, k) if transposed else (k, n), "int8")
+    ws = rng.uniform(0.002, 0.01, n).astype(np.float32)
+
+    def body(bb, x):
+        q = _q(bb, x, 0.05, 128, "uint8")
+        xf = bb.emit(R.dequantize(q, relax.const(np.float32(0.05)), relax.const(128, "uint8"), axis=-1))
+        wf = bb.emit(R.dequantize(relax.const(wq), relax.const(ws), relax.const(np.zeros(n, np.int8)),
+                                  axis=0 if transposed else 1))
+        y = bb.emit(R.matmul(xf, R.permute_dims(wf) if transposed else wf))
+        out = _q(bb, y, 0.1, 128, "uint8")
+        return bb.emit(R.dequantize(out, relax.const(np.float32(0.1)), relax.const(128, "uint8"), axis=-1))
+    mod = build_model({"x": ((2, 7, k), "float32")}, body)
+    assert _int8_products(mod)
+    builds = build_both(mod)
+    assert not builds.report.fallbacks, builds.report
+    _check_within_a_step(builds, rng.standard_normal((2, 7, k)).astype(np.float32), 0.1)
