@@ -203,3 +203,19 @@ def test_quantized_linear_layer_runs_on_int8(transposed):
     builds = build_both(mod)
     assert not builds.report.fallbacks, builds.report
     _check_within_a_step(builds, rng.standard_normal((2, 7, k)).astype(np.float32), 0.1)
+
+
+@pytest.mark.skipif(CC is None, reason="no C compiler (cc) on PATH")
+def test_c_rendering_of_a_gathered_int8_convolution(tmp_path):
+    """The C nest of a convolution the LLVM rendering gathers into columns first."""
+    rng = np.random.default_rng(5)
+    w = _ints(rng, (8, 12, 3, 3), "int8")
+    mod = build_model({"x": ((1, 12, 9, 9), "uint8"), "w": (w.shape, "int8")}, lambda bb, x, w: bb.emit(
+        R.nn.conv2d(x, w, strides=2, padding=1, out_dtype="int32")))
+    (region,) = jitbyoc.inspect(mod)
+    c_fn, jit_fn = c_and_jit(region, tmp_path)
+    x = _ints(rng, (1, 12, 9, 9), "uint8")
+    ref = build_both(mod).run(x, w)[0]
+    for fn in (c_fn, jit_fn):
+        (got,) = call_region(fn, region.kernel, [x, w])
+        assert np.array_equal(got, ref)
