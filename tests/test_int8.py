@@ -71,12 +71,13 @@ def test_constant_int8_weight_is_packed_in_quads():
 @pytest.mark.parametrize("shape, k, kernel, stride, pad, dilation, groups", [
     ((1, 16, 14, 14), 32, 3, 1, 1, 1, 1), ((2, 8, 15, 13), 12, 3, 2, 1, 1, 1), ((1, 12, 12, 12), 20, 3, 1, 2, 2, 2),
     ((1, 6, 17, 17), 8, 5, 3, 2, 1, 1), ((1, 64, 14, 14), 40, 1, 1, 0, 1, 1), ((1, 3, 32, 32), 16, 7, 2, 3, 1, 1),
-    ((1, 32, 8, 8), 32, 3, 1, 1, 1, 32)])
+    ((1, 32, 8, 8), 32, 3, 1, 1, 1, 32), ((1, 16, 7, 7), 24, 3, 1, 1, 1, 1), ((1, 8, 9, 9), 8, 3, 1, 1, 2, 1)])
 @pytest.mark.parametrize("weight", ["constant", "input"])
 def test_int8_convolution_is_exact(target, shape, k, kernel, stride, pad, dilation, groups, weight):
     """Channel quads on the pixel engine (channel counts not a multiple of 4: zero
-    channels), 1x1 as a product, depthwise; a constant weight packed at build time, an
-    input weight per call; against TVM's build (exact integers both)."""
+    channels), 1x1 as a product, depthwise, small maps gathered into columns (7x7 with
+    padding, dilation, stride); a constant weight packed at build time, an input weight
+    per call; against TVM's build (exact integers both)."""
     rng = np.random.default_rng(shape[1] * 7 + k)
     w = _ints(rng, (k, shape[1] // groups, kernel, kernel), "int8")
     x = _ints(rng, shape, "uint8")
@@ -219,3 +220,30 @@ def test_c_rendering_of_a_gathered_int8_convolution(tmp_path):
     for fn in (c_fn, jit_fn):
         (got,) = call_region(fn, region.kernel, [x, w])
         assert np.array_equal(got, ref)
+
+
+def test_requantized_pooling_reshape_and_concat_move_the_integers():
+    """``quantize(f(dequantize(q)))`` with one set of parameters is ``f(q)`` for max
+    pooling, reshape and concat: exactly TVM's result of the float graph, with no float
+    tensor left between; a requantization to other parameters stays float."""
+    s, z = np.float32(0.04), 7
+
+    def body(bb, a, b):
+        qa, qb = (_q(bb, v, s, z, "uint8") for v in (a, b))
+        fa, fb = (bb.emit(R.dequantize(q, relax.const(s), relax.const(z, "uint8"), axis=1)) for q in (qa, qb))
+        pooled = _q(bb, bb.emit(R.nn.max_pool2d(fa, pool_size=3, strides=2, padding=1)), s, z, "uint8")
+        pooled = bb.emit(R.dequantize(pooled, relax.const(s), relax.const(z, "uint8"), axis=1))
+        joined = _q(bb, bb.emit(R.concat([pooled, fb], axis=1)), s, z, "uint8")
+        back = bb.emit(R.dequantize(joined, relax.const(s), relax.const(z, "uint8"), axis=1))
+        flat = _q(bb, bb.emit(R.reshape(back, (1, -1))), s, z, "uint8")
+        other = _q(bb, bb.emit(R.nn.max_pool2d(fb, pool_size=2)), np.float32(0.05), 0, "uint8")  # new scale
+        return [flat, other]
+    mod = build_model({"a": ((1, 4, 10, 10), "float32"), "b": ((1, 3, 5, 5), "float32")}, body)
+    text = prepare(mod, {"relax.dequantize", "relax.quantize"}).script()
+    assert text.count("R.dequantize(") == 1  # only the one requantized to a new scale
+    assert "R.nn.max_pool2d(lv, " in text and "R.concat((lv" in text
+    builds = build_both(mod)
+    rng = np.random.default_rng(4)
+    args = rng.standard_normal((1, 4, 10, 10)).astype(np.float32), rng.standard_normal((1, 3, 5, 5)).astype(np.float32)
+    for ref, got in zip(*builds.run(*args)):
+        assert np.array_equal(ref, got)

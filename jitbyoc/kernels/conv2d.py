@@ -60,6 +60,7 @@ from . import conv_weight_units, depthwise_llvm
 from .matmul import MatMul
 
 MIN_POINTWISE_CG = 8  # input channels per group for a pointwise conv to run as a product
+COLUMNS_MAX_PIXELS = 49  # output pixels up to which an int8 conv is gathered (ConvGeometry.columns)
 
 
 @dataclass(frozen=True)
@@ -111,11 +112,13 @@ class ConvGeometry:
     @property
     def columns(self) -> bool:
         """Overlapping windows, each gathered as a column (im2col), then one matrix
-        product: the int8 path of a convolution with one group (:func:`conv_geometry`
-        sets ``gathered``). Measured (Zen 4, 2 threads, ResNet-50's QDQ graph): the pixel
-        engine ran its uint8 x int8 3x3 convolutions at 9-50 % of the vpdpbusd loop (7x7
-        maps: 9 %), the GEMM engine its products at 60-75 %."""
-        return self.gathered and self.taps > 1 and self.groups == 1
+        product: the int8 path (:func:`conv_geometry` sets ``gathered``) of a convolution
+        with one group whose output map is small. Measured (Zen 4, 2 threads, uint8 x
+        int8 3x3 convolutions alone, alternating builds, GOP/s gathered vs the pixel
+        engine): 512->512 on 7x7 443 vs 97, 14x14/2 -> 7x7 278 vs 143; but 256 on 14x14
+        527 vs 723, 320 on 13x13 419 vs 820, 64 on 56x56 580 vs 753 (the pixel engine
+        wastes lanes on a 7-wide map; elsewhere its register blocks win)."""
+        return self.gathered and self.taps > 1 and self.groups == 1 and self.oh * self.ow <= COLUMNS_MAX_PIXELS
 
     @property
     def as_matmul(self) -> bool:

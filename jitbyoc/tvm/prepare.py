@@ -21,7 +21,9 @@
   layer's transposed weight made once.
 * **Quantized products run on int8** (:mod:`.quantized`): a float ``matmul`` or
   ``conv2d`` of dequantized operands (QDQ graphs) becomes a uint8 x int8 product in
-  int32, its zero-point correction and scale applied after.
+  int32, its zero-point correction and scale applied after; a requantization of pooled,
+  reshaped or concatenated dequantized tensors with the same parameters moves the
+  integers themselves.
 * **Constant convolution weights are packed for the engine** (:mod:`.conv_weights`), in
   blocks of the output channels its register block computes together; after the rest,
   so that batch norm has folded into them.
@@ -121,6 +123,9 @@ class _Prepare(relax.PyExprMutator):
             call = self._fold_pad(call)
             int8 = quantized.quantized_conv2d(call, self.lookup_binding, self.builder_.emit)
             return call if int8 is None else int8
+        if call.op.same_as(quantized.QUANTIZE):
+            moved = quantized.requantized(call, self.lookup_binding)
+            return call if moved is None else moved
         if call.op.same_as(inference.RESHAPE):
             const = inference.constant_reshape(call)
             return call if const is None else const

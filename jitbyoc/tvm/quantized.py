@@ -179,3 +179,47 @@ def quantized_conv2d(call: relax.Call, lookup, emit):
 def _normalized(call: relax.Call) -> relax.Call:
     """``call`` with its struct info, for :func:`why_not` (which reads operand types)."""
     return relax.BlockBuilder().normalize(call)
+
+
+# data movement that commutes with a per-tensor dequantize: max(dequantize(q)) is
+# dequantize(max(q)) since dequantize is increasing (scale > 0), and the others only move
+# elements
+COMMUTING = frozenset(Op.get(name) for name in (
+    "relax.nn.max_pool2d", "relax.reshape", "relax.permute_dims", "relax.squeeze", "relax.expand_dims",
+    "relax.concat"))
+QUANTIZE = Op.get("relax.quantize")
+
+
+def requantized(call: relax.Call, lookup):
+    """``quantize(f(dequantize(q, s, z)), s, z)`` with the same per-tensor parameters as
+    ``f(q)`` for ``f`` an op of :data:`COMMUTING` (or none), exactly: ``((q - z) * s) / s``
+    rounds back to ``q - z``. A quantized graph's pooling, reshapes and concatenations
+    then move uint8, not float32, and no float tensor is written between them; None when
+    the pattern does not hold."""
+    params = _per_tensor(call, lookup)
+    inner = _bound(call.args[0], lookup)
+    if params is None or not isinstance(inner, relax.Call):
+        return None
+    if inner.op.same_as(DEQUANTIZE):
+        return inner.args[0] if _per_tensor(inner, lookup) == params else None
+    if not any(inner.op.same_as(op) for op in COMMUTING):
+        return None
+    data = _bound(inner.args[0], lookup)
+    items = list(data.fields) if isinstance(data, relax.Tuple) else [inner.args[0]]
+    sources = [_bound(item, lookup) for item in items]
+    if not all(isinstance(s, relax.Call) and s.op.same_as(DEQUANTIZE) and _per_tensor(s, lookup) == params
+               for s in sources):
+        return None
+    quantized = [s.args[0] for s in sources]
+    first = relax.Tuple(quantized) if isinstance(data, relax.Tuple) else quantized[0]
+    return relax.Call(inner.op, [first, *inner.args[1:]], inner.attrs, inner.ty_args)
+
+
+def _per_tensor(call: relax.Call, lookup):
+    """``(scale, zero point, quantized dtype)`` of a per-tensor quantize or dequantize
+    with constant parameters, or None."""
+    scale, zp = (constant(_bound(a, lookup)) for a in call.args[1:3])
+    if scale is None or zp is None or scale.size != 1 or zp.size != 1:
+        return None
+    dtype = str(call.attrs.out_dtype) if call.op.same_as(QUANTIZE) else str(call.args[0].ty.dtype)
+    return float(scale.reshape(-1)[0]), int(zp.reshape(-1)[0]), dtype
