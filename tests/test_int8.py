@@ -247,3 +247,37 @@ def test_requantized_pooling_reshape_and_concat_move_the_integers():
     args = rng.standard_normal((1, 4, 10, 10)).astype(np.float32), rng.standard_normal((1, 3, 5, 5)).astype(np.float32)
     for ref, got in zip(*builds.run(*args)):
         assert np.array_equal(ref, got)
+
+
+@pytest.mark.parametrize("along", [None, 1, 0])
+def test_lookup_in_a_dequantized_table_reads_the_quantized_one(along):
+    """``take(dequantize(table), ids)`` gathers the int8 rows, then dequantizes them
+    (BERT's embeddings): bit for bit TVM's result; a table scaled per gathered row
+    (``along`` 0) is dequantized whole, as the graph says."""
+    rng = np.random.default_rng(6)
+    table = _ints(rng, (50, 8), "int8")
+    count = 1 if along is None else table.shape[along]
+    scale, zp = rng.uniform(0.01, 0.1, count).astype(np.float32), np.zeros(count, np.int8)
+
+    def body(bb, ids):
+        rows = bb.emit(R.dequantize(relax.const(table), relax.const(scale), relax.const(zp), axis=along or 0))
+        return bb.emit(R.take(rows, ids, axis=0))
+    mod = build_model({"ids": ((3, 5), "int64")}, body)
+    text = prepare(mod, {"relax.dequantize", "relax.take"}).script()
+    assert ("R.take(metadata" in text) == (along != 0)
+    builds = build_both(mod)
+    ids = rng.integers(0, 50, (3, 5))
+    ref, got = builds.run(ids)
+    assert np.array_equal(ref, got)
+
+
+def test_quantize_and_dequantize_of_a_scalar():
+    """A rank-0 tensor (BERT's attention scale, quantized) takes one scale and zero point."""
+    def body(bb, x):
+        q = bb.emit(R.quantize(x, relax.const(np.float32(0.1)), relax.const(3, "uint8"), axis=0, out_dtype="uint8"))
+        return bb.emit(R.dequantize(q, relax.const(np.float32(0.1)), relax.const(3, "uint8"), axis=0))
+    builds = build_both(build_model({"x": ((), "float32")}, body))
+    assert not builds.report.fallbacks, builds.report
+    for v in (0.349, -5.0, 100.0):
+        ref, got = builds.run(np.float32(v))
+        assert np.array_equal(ref, got)

@@ -95,13 +95,11 @@ def _check_qdq(call) -> str | None:
     if problem or out not in out_types:
         return f"{name}: {problem or f'out_dtype {out}'}"
     shape = dims(x.ty)
-    if not shape:
-        return f"{name}: rank-0 input"
-    axis = int(call.attrs.axis) % len(shape)
     for p in (scale, zp):
         n = dims(p.ty)
-        if len(n) > 1 or (n and n[0] not in (1, shape[axis])):
-            return f"{name}: scale/zero point of shape {n} for dim {axis} of {shape}"
+        along = shape[int(call.attrs.axis) % len(shape)] if shape else 1  # a scalar: one of each
+        if len(n) > 1 or (n and n[0] not in (1, along)):
+            return f"{name}: scale/zero point of shape {n} for {shape or 'a scalar'}"
     return None
 
 

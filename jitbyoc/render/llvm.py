@@ -207,7 +207,8 @@ class Ctx(Indexing):
         # 49-long runs, vectors (not scalar loops: EfficientNet's SiLU after its 7x7
         # convs cost more than the convs)
         lead = stage.out.ndim - _run_dims(stage.out, reads, origin, extent)
-        n = vector_lanes(stage.out, reads, stage.out.shape[lead:], [stage.epilogue])
+        n = vector_lanes(stage.out, reads, stage.out.shape[lead:], [stage.epilogue],
+                         lambda buf: _walks(stage.out, buf, stage.out.ndim - 1))
         if n:
             self._vector_epilogue(stage, reads, origin, extent, n, lead)
             return
@@ -268,18 +269,31 @@ def _check_own_values(fn: ir.Function) -> None:
                                       f"{owner.name}, which is undefined in it")
 
 
-def vector_lanes(out: kir.Buffer, bufs, inner, exprs=()) -> int | None:
+def vector_lanes(out: kir.Buffer, bufs, inner, exprs=(), walks=None) -> int | None:
     """Lanes for an explicitly vectorized loop writing ``out`` along dims ``inner`` (a
     tuple of dims), touching ``bufs`` and computing ``exprs``; None for a scalar loop:
-    every buffer must hold 32- or 64-bit elements, the loop must not be short, and no op
-    may trap on the masked-off lanes of a tail (integer division by their zeros)."""
-    if not inner or any(lookup_dtype(x.dtype).storage_bits not in (32, 64) for x in [out, *bufs]):
+    the loop must not be short, no op may trap on the masked-off lanes of a tail (integer
+    division by their zeros), and every buffer must hold 32- or 64-bit elements, or 8- or
+    16-bit integers (a quantized graph's uint8 tensors), or, when ``walks(buffer)`` says
+    it is constant along the loop (one element, splatted), anything but a bool. Vectors
+    have ``out``'s lanes, or 16 for a narrower ``out``."""
+    if not inner or traps_on_masked_lanes(exprs):
         return None
-    if traps_on_masked_lanes(exprs):
+    moved = [x for x in [out, *bufs] if x is out or walks is None or walks(x)]
+    if any(not _vector_element(lookup_dtype(x.dtype), x in moved) for x in [out, *bufs]):
         return None
-    n = lanes(out.dtype)
+    bits = lookup_dtype(out.dtype).storage_bits
+    n = lanes(out.dtype) if bits >= 32 else lanes("int32")
     static = all(isinstance(d, int) for d in inner)
     return None if static and reduce(lambda x, y: x * y, inner, 1) < n // 2 else n
+
+
+def _vector_element(dt, moved: bool) -> bool:
+    """Whether a buffer of ``dt`` can take part in an explicit vector loop: loaded or
+    stored as vectors (``moved``), or loaded once and splatted."""
+    if dt.storage_bits in (32, 64):
+        return True
+    return not dt.is_bool and (dt.kind == "int" or not moved)
 
 
 def _walks(out: kir.Buffer, buf: kir.Buffer, d: int) -> bool:
@@ -341,7 +355,8 @@ def emit_elementwise(ctx: Ctx, stage: kir.Elementwise) -> None:
     roots = [node for _, node in stage.stores]
     bufs = kir.loads(roots) + [buf for buf, _ in stage.stores]
     layout = kir.nest_layout(stage.shape, bufs)
-    n = layout.extents and vector_lanes(stage.stores[0][0], bufs, layout.extents[-1], roots)
+    n = layout.extents and vector_lanes(stage.stores[0][0], bufs, layout.extents[-1], roots,
+                                        lambda buf: layout.strides[buf][-1] is not None)
     if not n:
         ctx.scalar_loops()
 

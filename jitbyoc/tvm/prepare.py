@@ -23,7 +23,7 @@
   ``conv2d`` of dequantized operands (QDQ graphs) becomes a uint8 x int8 product in
   int32, its zero-point correction and scale applied after; a requantization of pooled,
   reshaped or concatenated dequantized tensors with the same parameters moves the
-  integers themselves.
+  integers themselves, and a lookup in a dequantized table reads the quantized one.
 * **Constant convolution weights are packed for the engine** (:mod:`.conv_weights`), in
   blocks of the output channels its register block computes together; after the rest,
   so that batch norm has folded into them.
@@ -123,6 +123,9 @@ class _Prepare(relax.PyExprMutator):
             call = self._fold_pad(call)
             int8 = quantized.quantized_conv2d(call, self.lookup_binding, self.builder_.emit)
             return call if int8 is None else int8
+        if call.op.same_as(quantized.TAKE):
+            rows = quantized.gathered_dequantize(call, self.lookup_binding, self.builder_.emit)
+            return call if rows is None else rows
         if call.op.same_as(quantized.QUANTIZE):
             moved = quantized.requantized(call, self.lookup_binding)
             return call if moved is None else moved

@@ -223,3 +223,27 @@ def _per_tensor(call: relax.Call, lookup):
         return None
     dtype = str(call.attrs.out_dtype) if call.op.same_as(QUANTIZE) else str(call.args[0].ty.dtype)
     return float(scale.reshape(-1)[0]), int(zp.reshape(-1)[0]), dtype
+
+
+TAKE = Op.get("relax.take")
+
+
+def gathered_dequantize(call: relax.Call, lookup, emit):
+    """``take(dequantize(q), indices)`` as ``dequantize(take(q, indices))``: a quantized
+    embedding table is read, not dequantized whole on every call (BERT's 30522 x 768
+    word embeddings: 23 M elements a call). Exact: the same elements, the same
+    arithmetic. Per-tensor parameters, or per-channel along another axis than the
+    gathered one; None otherwise."""
+    table = _bound(call.args[0], lookup)
+    if not (isinstance(table, relax.Call) and table.op.same_as(DEQUANTIZE)) or call.attrs.axis is None:
+        return None
+    q, scale, zp = table.args
+    ndim, indices = len(q.ty.shape), call.args[1]
+    axis, along = int(call.attrs.axis) % ndim, int(table.attrs.axis) % ndim
+    per_channel = any(len(a.ty.shape) == 1 and int(a.ty.shape[0]) != 1 for a in (scale, zp))
+    if per_channel and along == axis:
+        return None
+    rank = len(indices.ty.shape)
+    moved = along if along < axis else along + rank - 1  # where that axis lands in the result
+    rows = emit(relax.op.take(q, indices, axis=axis, mode=str(call.attrs.mode)))
+    return relax.op.dequantize(rows, scale, zp, axis=moved if per_channel else -1, out_dtype=str(table.attrs.out_dtype))
