@@ -23,12 +23,19 @@ def lowest(dt) -> float | int:
 def emit_pool(stage, e) -> None:
     if stage.row.adaptive:
         body = _adaptive_planes
-    elif lookup_dtype(stage.out.dtype).is_float and stage.stride[1] <= MAX_VECTOR_STRIDE:
+    elif _vectors(stage) and stage.stride[1] <= MAX_VECTOR_STRIDE:
         body = _vector_planes
     else:
         body = _window_planes
     e.parallel(e.product(stage.planes), lambda e, lo, hi: body(stage, e, lo, hi),
                threaded(stage.out.shape, "rows"))
+
+
+def _vectors(stage) -> bool:
+    """Whether windows combine per vector of output columns: float pools, and max pools
+    of integers (a quantized graph's uint8 maps: no division)."""
+    dt = lookup_dtype(stage.out.dtype)
+    return dt.is_float or (dt.is_int and not stage.row.average)
 
 
 def _kernel_rows(stage, e, hs):
