@@ -4,8 +4,9 @@ A peer is a zero-argument callable plus the outputs of its first call (that firs
 its warm-up and the reference for its error against TVM), and the precision it runs in.
 Anything a peer cannot do is returned as a note string, never raised: peers are optional.
 onnxruntime and OpenVINO (:mod:`bench.peer_openvino`) read the same ONNX file, written
-once per model (:class:`ModelFiles`). Every peer runs with its own defaults, the thread
-count aside.
+once per model (:class:`ModelFiles`); ``onnxruntime_int8`` and ``openvino_int8`` read its
+int8 QDQ copy (:mod:`bench.qdq`). Every peer runs with its own defaults, the thread count
+aside.
 """
 
 from __future__ import annotations
@@ -21,11 +22,14 @@ from typing import Any
 
 import numpy as np
 
+from . import qdq
 from .peer_openvino import CANDIDATES as OPENVINO, openvino_candidate
 
 log = logging.getLogger(__name__)
 NAMES = ("torch", "onnxruntime")  # the default suite's peers
 ALL_NAMES = NAMES + tuple(OPENVINO)  # "openvino" (its default precision), "openvino_f32"
+# the peers that run the model's int8 QDQ copy (:mod:`bench.qdq`) instead; precision "int8"
+INT8_NAMES = ("onnxruntime_int8", "openvino_int8")
 
 
 @dataclass
@@ -115,10 +119,12 @@ def session_options(threads: int | None):
 
 class ModelFiles:
     """The files of one model that peers read, written on first use: the ONNX file
-    (:func:`onnx_file`) and its inputs as ``.npz`` (for OpenVINO's probe)."""
+    (:func:`onnx_file`), its int8 QDQ copy (:func:`bench.qdq.qdq_copy`, cached in
+    ``qdq_dir``, default :data:`bench.qdq.CACHE_DIR`) and its inputs as ``.npz`` (for
+    OpenVINO's probe)."""
 
-    def __init__(self, case, workdir: str, name: str):
-        self.case = case
+    def __init__(self, case, workdir: str, name: str, qdq_dir=None):
+        self.case, self.name, self.qdq_dir = case, name, qdq_dir
         self.onnx_path, self.inputs_path = model_paths(workdir, name)
 
     @functools.cached_property
@@ -132,6 +138,18 @@ class ModelFiles:
         return (None, why) if why else (self.onnx_path, None)
 
     @functools.cached_property
+    def qdq(self) -> tuple[str | None, str | None]:
+        """``(path, None)`` of the int8 QDQ copy of :attr:`onnx`, else ``(None, why not)``."""
+        path, why = self.onnx
+        if why:
+            return None, why
+        return qdq.qdq_copy(path, self.case.inputs, self.name, self.qdq_dir)
+
+    def path(self, int8: bool) -> tuple[str | None, str | None]:
+        """:attr:`qdq` if ``int8``, else :attr:`onnx`."""
+        return self.qdq if int8 else self.onnx
+
+    @functools.cached_property
     def inputs(self) -> str:
         np.savez(self.inputs_path, *self.case.inputs)
         return self.inputs_path
@@ -142,13 +160,13 @@ def model_paths(workdir: str, name: str) -> tuple[str, str]:
     return os.path.join(workdir, f"{name}.onnx"), os.path.join(workdir, f"{name}.inputs.npz")
 
 
-def onnxruntime_peer(files: ModelFiles, threads: int | None) -> Peer | str:
-    """Run the model's ONNX file with onnxruntime's CPU provider."""
+def onnxruntime_peer(files: ModelFiles, threads: int | None, int8: bool = False) -> Peer | str:
+    """Run the model's ONNX file (``int8``: its QDQ copy) with onnxruntime's CPU provider."""
     if version("onnxruntime") is None:
         return "onnxruntime not installed"
     import onnxruntime as ort
 
-    path, why = files.onnx
+    path, why = files.path(int8)
     if why:
         return why
     case = files.case
@@ -161,31 +179,41 @@ def onnxruntime_peer(files: ModelFiles, threads: int | None) -> Peer | str:
     def run():
         return sess.run(None, feed)
 
+    if int8:
+        return Peer("onnxruntime_int8", run, as_numpy(run()), "int8")
     return Peer("onnxruntime", run, as_numpy(run()))
 
 
-def openvino_peer(files: ModelFiles, candidate: str, threads: int | None) -> Peer | str:
-    """OpenVINO's ``candidate`` (a key of :data:`OPENVINO`) on the model's ONNX file."""
+def openvino_peer(files: ModelFiles, candidate: str, threads: int | None,
+                  int8: bool = False) -> Peer | str:
+    """OpenVINO's ``candidate`` (a key of :data:`OPENVINO`) on the model's ONNX file, or
+    (``int8``) on its QDQ copy, which OpenVINO runs in int8 (``openvino_int8``)."""
     if version("openvino") is None:
         return "openvino not installed"
-    path, why = files.onnx
+    path, why = files.path(int8)
     if why:
         return why
     got = openvino_candidate(path, files.case.inputs, files.inputs, candidate, threads)
     if isinstance(got, str):
         return got
     run, outputs, precision = got
+    if int8:  # its products run in int8; the precision read back is its float ops'
+        return Peer(f"{candidate}_int8", run, outputs, "int8")
     return Peer(candidate, run, outputs, precision)
 
 
 def make_peers(case, workdir: str, name: str, threads: int | None,
-               names: tuple[str, ...] = NAMES) -> tuple[list[Peer], list[str]]:
-    """Every peer of ``names`` (see :data:`ALL_NAMES`) that can run ``case``, in that
-    order, and a note for each that cannot."""
+               names: tuple[str, ...] = NAMES,
+               files: ModelFiles | None = None) -> tuple[list[Peer], list[str]]:
+    """Every peer of ``names`` (see :data:`ALL_NAMES`, :data:`INT8_NAMES`) that can run
+    ``case``, in that order, and a note for each that cannot. ``files``: the model's files,
+    if already made."""
     peers, notes = [], []
-    files = ModelFiles(case, workdir, name)
+    files = files or ModelFiles(case, workdir, name)
     makers = {"torch": lambda: torch_peer(case),
               "onnxruntime": lambda: onnxruntime_peer(files, threads),
+              "onnxruntime_int8": lambda: onnxruntime_peer(files, threads, int8=True),
+              "openvino_int8": lambda: openvino_peer(files, "openvino", threads, int8=True),
               **{c: functools.partial(openvino_peer, files, c, threads) for c in OPENVINO}}
     for peer in names:
         try:

@@ -88,8 +88,10 @@ def format_machine(machine: dict) -> str:
     versions = ", ".join(f"{k} {machine[k].split('-')[0]}"  # openvino's has its build after a '-'
                          for k in ("tvm", "llvmlite", "numpy", "torch", "onnxruntime", "openvino")
                          if machine.get(k))
-    bf16 = "".join(f", {flag}" for flag in machine.get("cpu_bf16") or [])
-    return (f"machine: {machine['cpu_model'] or '?'} (llvm cpu {machine['cpu']}{bf16}), "
+    # the CPU's bf16 and int8 dot-product instructions, if any
+    narrow = [*(machine.get("cpu_bf16") or []), *(machine.get("cpu_int8") or [])]
+    flags = "".join(f", {flag}" for flag in narrow)
+    return (f"machine: {machine['cpu_model'] or '?'} (llvm cpu {machine['cpu']}{flags}), "
             f"{machine['cores']} cores, threads {machine['threads'] or 'default'}, "
             f"load {'/'.join(map(str, machine.get('loadavg') or ['?']))}"
             + (f", a busy process on CPU {machine['busy_cpu']}" if machine.get("busy_cpu") else "")

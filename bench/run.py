@@ -209,6 +209,7 @@ def machine_info(threads: int | None) -> dict:
     import llvmlite.binding as llvm
 
     info = {"cpu": llvm.get_host_cpu_name(), "cpu_model": _cpu_model(), "cpu_bf16": _bf16_flags(),
+            "cpu_int8": _int8_flags(),
             "cores": os.cpu_count(), "threads": threads,
             "TVM_NUM_THREADS": os.environ.get("TVM_NUM_THREADS"),
             "TVM_BIND_THREADS": os.environ.get("TVM_BIND_THREADS"),
@@ -237,6 +238,12 @@ def _cpu_model() -> str | None:
 def _bf16_flags() -> list[str]:
     """The CPU's bfloat16 instructions (``avx512_bf16``, ``amx_bf16``; Linux only)."""
     return sorted(set((_cpuinfo("flags") or "").split()) & {"avx512_bf16", "amx_bf16"})
+
+
+def _int8_flags() -> list[str]:
+    """The CPU's int8 dot-product instructions (``avx512_vnni``, ``avx_vnni``, ``amx_int8``;
+    Linux only)."""
+    return sorted(set((_cpuinfo("flags") or "").split()) & {"avx512_vnni", "avx_vnni", "amx_int8"})
 
 
 def loadavg() -> list[float] | None:

@@ -1,12 +1,14 @@
 """The zoo suite's builds of one model (:mod:`bench.zoo_run` measures them): the frontend
-import, the lowering to ``--precision``, jitbyoc's cold build and TVM's default build of
-the module that results, and (bf16) the outputs of jitbyoc's fp32 build, the accuracy
-columns' reference.
+import, the lowering to ``--precision`` (bf16: ``jitbyoc.lower_precision``; int8: the
+model's QDQ copy, :mod:`bench.qdq`, through TVM's ONNX frontend), jitbyoc's cold build and
+TVM's default build of the module that results, and (bf16, int8) the outputs of jitbyoc's
+fp32 build of the fp32 model, the accuracy columns' reference.
 """
 
 from __future__ import annotations
 
 from . import peers as peers_mod
+from . import qdq
 from . import target as build_target
 from .case import Skip
 from .flops import count_flops
@@ -41,10 +43,30 @@ def build(entry: Entry, mod) -> dict | Skip:
     return built
 
 
-def lower(entry: Entry, case, precision: str) -> tuple[object, dict] | Skip:
+def int8_module(entry: Entry, files: peers_mod.ModelFiles) -> tuple[object, dict] | Skip:
+    """The model's int8 QDQ copy (made, or found in the cache) as a Relax module, through
+    TVM's ONNX frontend, and the row's fields about it; a Skip if there is no copy."""
+    _, why = files.onnx  # the fp32 file first: its export is not the quantizer's time
+    if why:
+        return Skip(f"no int8 QDQ copy: {why}")
+    (path, why), seconds = timed(lambda: files.qdq)
+    if why:
+        return Skip(f"no int8 QDQ copy: {why}")
+    try:
+        mod, import_s = timed(lambda: qdq.import_qdq(path))
+    except Exception as err:
+        return failure(entry, "importing the int8 QDQ copy", err)
+    return mod, {"precision": "int8", "quantize_s": seconds, "qdq_import_s": import_s,
+                 "qdq_file": path}
+
+
+def lower(entry: Entry, case, precision: str,
+          files: peers_mod.ModelFiles) -> tuple[object, dict] | Skip:
     """The module jitbyoc builds at ``precision`` and the row's fields about it."""
     if precision == "fp32":
         return case.mod, {"precision": "fp32"}
+    if precision == "int8":
+        return int8_module(entry, files)
     import jitbyoc
 
     try:
@@ -66,11 +88,13 @@ def fp32_outputs(case) -> list:
     return peers_mod.as_numpy(vm_runner(ex, case.inputs)())
 
 
-def prepare(entry: Entry, precision: str) -> tuple | Skip:
+def prepare(entry: Entry, precision: str, workdir: str) -> tuple | Skip:
     """Import the model, lower it to ``precision``, build it both ways; a Skip if any fails.
 
-    Returns ``(case, fields, built, reference)``: the case, the row's fields so far,
-    :func:`build`'s executables and times, and (bf16) the fp32 build's outputs, or None.
+    Returns ``(case, fields, built, reference, files)``: the case, the row's fields so
+    far, :func:`build`'s executables and times, (bf16, int8) the fp32 build's outputs or
+    None, and the model's files for the peers (its ONNX file and QDQ copy, written in
+    ``workdir`` and :data:`bench.qdq.CACHE_DIR` when first asked for).
     """
     try:
         case, import_s = timed(entry.make)
@@ -78,7 +102,8 @@ def prepare(entry: Entry, precision: str) -> tuple | Skip:
         return failure(entry, "making the model", err)
     if isinstance(case, Skip):
         return case
-    lowered = lower(entry, case, precision)
+    files = peers_mod.ModelFiles(case, workdir, entry.name)
+    lowered = lower(entry, case, precision, files)
     if isinstance(lowered, Skip):
         return lowered
     mod, fields = lowered
@@ -90,4 +115,4 @@ def prepare(entry: Entry, precision: str) -> tuple | Skip:
         reference = None if precision == "fp32" else fp32_outputs(case)
     except Exception as err:
         return failure(entry, "the fp32 reference build", err)
-    return case, {"import_s": import_s, **fields}, built, reference
+    return case, {"import_s": import_s, **fields}, built, reference, files

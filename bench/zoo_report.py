@@ -14,8 +14,12 @@ from .report import PEER_LABELS, fmt_ms, fmt_num, format_machine, write_csv, wri
 from .zoo_run import PEERS, columns
 
 log = logging.getLogger(__name__)
-LABELS = {**PEER_LABELS, "openvino": "ov", "openvino_f32": "ov f32", "tvm": "tvm"}
-RATIO_PEERS = ("onnxruntime", "openvino")  # a jit/X column each, when X ran
+# onnxruntime and OpenVINO on the int8 QDQ copy (--precision int8): "ort qdq", "ov qdq"
+LABELS = {**PEER_LABELS, "openvino": "ov", "openvino_f32": "ov f32", "tvm": "tvm",
+          "onnxruntime_int8": "ort qdq", "openvino_int8": "ov qdq"}
+# a jit/X column each, when X ran
+RATIO_PEERS = ("onnxruntime", "openvino", "onnxruntime_int8", "openvino_int8")
+ACCURACY = ("jitbyoc", "onnxruntime_int8", "openvino_int8", "openvino")  # 1-cos, top1 columns
 
 
 def _ratio(row: dict, key: str) -> str:
@@ -44,10 +48,10 @@ def _run_columns(rows: list[dict]) -> list[tuple[str, object]]:
 
 
 def _accuracy_columns(rows: list[dict]) -> list[tuple[str, object]]:
-    """1 - cos and top-1 against the fp32 model, for jitbyoc and OpenVINO where they ran
-    in a lower precision (fp32 rows have none)."""
+    """1 - cos and top-1 against the fp32 model, for jitbyoc and the peers of
+    :data:`ACCURACY` where they ran in a lower precision (fp32 rows have none)."""
     cols = []
-    for who in ("jitbyoc", "openvino"):
+    for who in ACCURACY:
         if any(r.get(f"{who}_precision") not in (None, "fp32") for r in _ran(rows, who)):
             short = "jit" if who == "jitbyoc" else LABELS[who]
             cols += [(f"1-cos {short}", lambda r, w=who: fmt_num(r.get(f"{w}_cos_err"), ".1e")),
@@ -86,14 +90,18 @@ def _summary_lines(summary: dict, machine: dict) -> list[str]:
                  "of conv/matmul/attention (bf16 GFLOP: those lowered to bf16); "
                  + _peak_note(machine) +
                  "ref = what jitbyoc's output is checked against ('!' = rel err above "
-                 "tolerance); 1-cos, top1 = against jitbyoc's fp32 build; load = 1-min load "
-                 "average after the model")
+                 "tolerance; at int8 not judged); 1-cos, top1 = against jitbyoc's fp32 build "
+                 "of the fp32 model; ort/ov qdq = onnxruntime/OpenVINO on the int8 QDQ copy; "
+                 "load = 1-min load average after the model")
     return lines
 
 
 def _peak_note(machine: dict) -> str:
     """What the "% peak" column divides by."""
     fp32, bf16 = machine.get("peak_gflops", 0), machine.get("bf16_peak_gflops")
+    if machine.get("int8_peak_gflops"):
+        return (f"% peak = the time the model's GOP take at the vpdpbusd loop's "
+                f"{machine['int8_peak_gflops']:.0f} GOP/s (as if all ran in int8) over jitbyoc's; ")
     if not bf16:
         return f"% peak of {fp32:.0f} GFLOP/s measured (the fp32 FMA loop); "
     return (f"% peak = the time the model's GFLOP take at peak (bf16 GFLOP at the vdpbf16ps loop's "
@@ -150,7 +158,8 @@ def plot_ratios(path: Path, rows: list[dict], title: str) -> bool:
     if not rows:
         return False
     colors = {"onnxruntime": "tab:blue", "openvino": "tab:purple", "openvino_f32": "tab:green",
-              "torch": "tab:orange", "tvm": "tab:gray"}
+              "torch": "tab:orange", "tvm": "tab:gray", "onnxruntime_int8": "tab:cyan",
+              "openvino_int8": "tab:pink"}
     fig, ax = plt.subplots(figsize=(max(6.0, 0.6 * len(rows) + 2), 4.8))
     ys = [r["ratio_fastest"] for r in rows]
     # bars grow from 1.0 (parity), up when jitbyoc is slower, down when it is faster

@@ -17,6 +17,14 @@ reference) build ``jitbyoc.lower_precision(mod, "bf16")``; the peers are onnxrun
 Every row also has each candidate's accuracy against the fp32 model, jitbyoc's fp32
 build (:mod:`bench.accuracy`). The fastest peer is the fastest that runs at jitbyoc's
 precision.
+
+``precision="int8"`` (``--precision int8``): jitbyoc (and TVM's default build) build the
+model's int8 QDQ copy (:mod:`bench.qdq`) imported by TVM's ONNX frontend; the peers are
+onnxruntime and OpenVINO on that same file (``onnxruntime_int8``, ``openvino_int8``) and,
+for reference, OpenVINO at its default precision and at f32 on the fp32 file. The peers'
+accuracy against the fp32 model is in the row as jitbyoc's is. jitbyoc's output is
+compared with TVM's build of the same QDQ module but not judged (no tolerance): rounding
+flips of the int8 steps cascade through a deep model, and no bound has been measured.
 """
 
 from __future__ import annotations
@@ -40,18 +48,25 @@ from .zoo_build import prepare
 
 log = logging.getLogger(__name__)
 # the order of the blocks, after jitbyoc
-PEERS = ("onnxruntime", "openvino", "openvino_f32", "torch", "tvm")
-# the peers of each --precision (TVM default builds the module jitbyoc builds)
+PEERS = ("onnxruntime", "onnxruntime_int8", "openvino_int8", "openvino", "openvino_f32",
+         "torch", "tvm")
+# the peers of each --precision (TVM default builds the module jitbyoc builds); at int8
+# OpenVINO on the fp32 file (default precision, f32) is a reference column
 PEER_NAMES = {"fp32": ("onnxruntime", "openvino", "openvino_f32", "torch"),
-              "bf16": ("onnxruntime", "openvino", "openvino_f32")}
+              "bf16": ("onnxruntime", "openvino", "openvino_f32"),
+              "int8": ("onnxruntime_int8", "openvino_int8", "openvino", "openvino_f32")}
 # what jitbyoc's output is checked against, the first that ran: only TVM's build runs the
-# same bf16 module; the peers' fp32 outputs are the accuracy columns' business
-REFERENCES = {"fp32": ("tvm", "onnxruntime", "torch"), "bf16": ("tvm",)}
+# same bf16 (int8) module; the peers' outputs are the accuracy columns' business
+REFERENCES = {"fp32": ("tvm", "onnxruntime", "torch"), "bf16": ("tvm",), "int8": ("tvm",)}
 # max normwise rel err against it. At bf16 the fp32 sums' tiny differences of order flip
 # some operands' rounding to bfloat16, and the flips cascade through a deep model
 # (ShuffleNet: 1.6e-3 from TVM's build of the same module, both ~4e-3 from fp32): one
-# bfloat16 ulp of the largest output is allowed
-TOLERANCES = {"fp32": TOLERANCE, "bf16": 2.0 ** -7}
+# bfloat16 ulp of the largest output is allowed. int8: None, reported but not judged
+# (a flipped int8 step cascades too, and a softmax quantized in steps of 1/255 makes one
+# step a large share of its largest output; no bound has been measured yet)
+TOLERANCES = {"fp32": TOLERANCE, "bf16": 2.0 ** -7, "int8": None}
+# the dot-product loop "% peak" takes narrow products at (kernels_matmul.dot_machine_peak)
+NARROW_PRODUCTS = {"bf16": "bfloat16", "int8": "uint8"}
 BLOCK_SECONDS, SETTLE_SECONDS = 0.3, 0.1
 
 
@@ -59,8 +74,8 @@ def columns() -> list[str]:
     """Every key of a zoo result row, in CSV order (missing values are None)."""
     cols = ["model", "description", "precision", "reference", "tvm_default", "gflop",
             "lowered_gflop", "model_ops", "offloaded_ops", "total_ops", "offload_share",
-            "regions", "cold_cache_hits", "left_to_tvm", "import_s", "lower_s",
-            "build_cold_jitbyoc_s", "build_tvm_s", "rounds", "loadavg"]
+            "regions", "cold_cache_hits", "left_to_tvm", "import_s", "lower_s", "quantize_s",
+            "qdq_import_s", "qdq_file", "build_cold_jitbyoc_s", "build_tvm_s", "rounds", "loadavg"]
     for who in ("jitbyoc",) + PEERS:
         cols += [f"{who}_median_s", f"{who}_min_s", f"{who}_max_s", f"{who}_n", f"{who}_gflops",
                  f"{who}_precision"]
@@ -74,11 +89,12 @@ def columns() -> list[str]:
 
 
 def check(outputs: dict, notes: list[str], references: tuple[str, ...],
-          tolerance: float = TOLERANCE) -> dict:
+          tolerance: float | None = TOLERANCE) -> dict:
     """jitbyoc's and the peers' errors against the first of ``references`` that ran.
 
     ``outputs`` holds each candidate's outputs (one run); TVM's default build is the
     reference when it was built, else onnxruntime, else torch (fp32; :data:`REFERENCES`).
+    With ``tolerance`` None the errors are reported and ``ok`` stays None.
     """
     ref_name = next((n for n in references if n in outputs), None)
     got = {"reference": ref_name, "max_abs_err": None, "max_rel_err": None, "ok": None}
@@ -87,10 +103,12 @@ def check(outputs: dict, notes: list[str], references: tuple[str, ...],
         return got
     ref = outputs[ref_name]
     got["max_abs_err"], got["max_rel_err"] = max_errors(outputs["jitbyoc"], ref)
-    got["ok"] = bool(got["max_rel_err"] <= tolerance)
     for name in PEERS:
         if name in outputs and name != ref_name:
             got[f"{name}_max_rel_err"] = max_errors(outputs[name], ref)[1]
+    if tolerance is None:
+        return got
+    got["ok"] = bool(got["max_rel_err"] <= tolerance)
     if not got["ok"]:
         notes.insert(0, f"MISMATCH: jitbyoc rel err {got['max_rel_err']:.2e} vs {ref_name} "
                         f"> {tolerance:g}")
@@ -100,12 +118,12 @@ def check(outputs: dict, notes: list[str], references: tuple[str, ...],
 
 def timing_fields(stats: dict[str, Stats], flops: int, peak: float,
                   precisions: dict[str, str] | None = None, lowered: float = 0.0,
-                  bf16_peak: float | None = None) -> dict:
+                  narrow_peak: float | None = None) -> dict:
     """Medians, GFLOP/s, % of peak and the ratios of one row. ``precisions`` (default: all
     fp32) says what each candidate runs in: the fastest peer runs at jitbyoc's. With
-    ``bf16_peak`` (the ``vdpbf16ps`` loop's GFLOP/s), ``% peak`` is the time the model's
-    FLOPs would take at peak, its ``lowered`` FLOPs (bf16 products) at that peak and the
-    rest at ``peak``, over jitbyoc's median."""
+    ``narrow_peak`` (the ``vdpbf16ps`` or ``vpdpbusd`` loop's GFLOP/s), ``% peak`` is the
+    time the model's FLOPs would take at peak, its ``lowered`` FLOPs (bf16 or int8
+    products) at that peak and the rest at ``peak``, over jitbyoc's median."""
     precisions = precisions or {}
     row = {}
     for who, st in stats.items():
@@ -115,7 +133,7 @@ def timing_fields(stats: dict[str, Stats], flops: int, peak: float,
                     f"{who}_precision": precisions.get(who, "fp32")})
     jit = stats["jitbyoc"].median
     if flops and peak:
-        ideal = (flops - lowered) / peak + (lowered / bf16_peak if bf16_peak else lowered / peak)
+        ideal = (flops - lowered) / peak + lowered / (narrow_peak or peak)
         row["jitbyoc_peak_pct"] = 100 * ideal / 1e9 / jit
     present = [p for p in PEERS if p in stats]
     for p in present:  # above 1: jitbyoc is slower than that peer
@@ -128,7 +146,7 @@ def timing_fields(stats: dict[str, Stats], flops: int, peak: float,
 
 
 def measure(entry: Entry, rounds: int, workdir: str, threads: int, with_peers: bool,
-            peak: float, precision: str = "fp32", bf16_peak: float | None = None) -> dict | Skip:
+            peak: float, precision: str = "fp32", narrow_peak: float | None = None) -> dict | Skip:
     """Import, build, check and time one zoo model: a row (keys :func:`columns`) or a Skip.
 
     Parameters
@@ -148,18 +166,19 @@ def measure(entry: Entry, rounds: int, workdir: str, threads: int, with_peers: b
     precision : str
         What jitbyoc runs its products in: a key of :data:`PEER_NAMES` (see the module
         docstring).
-    bf16_peak : float, optional
-        The ``vdpbf16ps`` loop's GFLOP/s: "% of peak" of bf16 products against it.
+    narrow_peak : float, optional
+        The ``vdpbf16ps`` (bf16) or ``vpdpbusd`` (int8) loop's GFLOP/s: "% of peak" of
+        the narrow products against it (int8: all of the model's, as if all ran in int8).
     """
-    got = prepare(entry, precision)
+    got = prepare(entry, precision, workdir)
     if isinstance(got, Skip):
         return got
-    case, fields, built, reference = got
+    case, fields, built, reference, files = got
     runners = {"jitbyoc": vm_runner(built["ex_jit"], case.inputs)}
     if "ex_tvm" in built:
         runners["tvm"] = vm_runner(built["ex_tvm"], case.inputs)
-    peers, notes = (peers_mod.make_peers(case, workdir, entry.name, threads, PEER_NAMES[precision])
-                    if with_peers else ([], ["peers off (--no-peers)"]))
+    peers, notes = (peers_mod.make_peers(case, workdir, entry.name, threads, PEER_NAMES[precision],
+                                         files) if with_peers else ([], ["peers off (--no-peers)"]))
     # an ONNX model has no torch form: every one of them would say so (the table's "-" does)
     notes = [n for n in notes if not n.endswith("no torch form of this model")]
     try:
@@ -174,19 +193,20 @@ def measure(entry: Entry, rounds: int, workdir: str, threads: int, with_peers: b
     samples = time_blocks(fns, rounds, BLOCK_SECONDS, SETTLE_SECONDS)
     precisions = {"jitbyoc": precision, "tvm": precision, **{p.name: p.precision for p in peers}}
     flops = count_flops(case.mod)
+    narrow = flops if precision == "int8" else fields.get("lowered_gflop", 0.0) * 1e9
     row = dict.fromkeys(columns())
     row.update(model=entry.name, description=entry.description, tvm_default=entry.tvm_default,
                gflop=flops / 1e9, model_ops=count_ops(case.mod), rounds=rounds,
                loadavg=(loadavg() or [None])[0], **fields, **offload_fields(built["report"]),
                **checked, **{k: v for k, v in built.items() if k.startswith("build_")},
                **timing_fields({k: Stats.of(v) for k, v in samples.items()}, flops, peak, precisions,
-                               fields.get("lowered_gflop", 0.0) * 1e9, bf16_peak))
+                               narrow, narrow_peak))
     row["notes"] = "; ".join(notes) or None
     return row
 
 
 def run_suite(entries: list[Entry], args, threads: int, peak: float, tqdm,
-              bf16_peak: float | None = None) -> tuple[list, list]:
+              narrow_peak: float | None = None) -> tuple[list, list]:
     """Measure ``entries`` one after another; the rows and the skipped models."""
     rows, skipped = [], []
     with tempfile.TemporaryDirectory(prefix="jitbyoc-zoo-") as workdir:
@@ -194,7 +214,8 @@ def run_suite(entries: list[Entry], args, threads: int, peak: float, tqdm,
         for entry in bar:
             bar.set_postfix_str(entry.name)
             rounds = args.repeat or (min(entry.repeat, 2) if args.quick else entry.repeat)
-            got = measure(entry, rounds, workdir, threads, not args.no_peers, peak, args.precision, bf16_peak)
+            got = measure(entry, rounds, workdir, threads, not args.no_peers, peak, args.precision,
+                          narrow_peak)
             if isinstance(got, dict):
                 rows.append(got)
             else:
@@ -225,23 +246,25 @@ def summarize(rows: list[dict]) -> dict:
 
 def main(args, entries: list[Entry], tqdm) -> int:
     """The zoo suite end to end: peak, models, table, files (``python -m bench --suite zoo``)."""
-    from . import report, zoo_report
-    from .kernels_matmul import bf16_machine_peak, machine_peak
+    from . import qdq, report, zoo_report
+    from .kernels_matmul import LOOPS, dot_machine_peak, machine_peak
     from .run import machine_info, warm_process
 
     threads = args.threads or os.cpu_count()
     machine = machine_info(threads)
     peak = machine_peak(threads)
     machine["peak_gflops"] = peak
-    bf16_peak = bf16_machine_peak(threads) if args.precision == "bf16" else None
-    machine["bf16_peak_gflops"] = bf16_peak
+    product = NARROW_PRODUCTS.get(args.precision)
+    narrow_peak = dot_machine_peak(product, threads) if product else None
+    if product:
+        machine[f"{args.precision}_peak_gflops"] = narrow_peak  # bf16_peak_gflops, int8_...
     print(report.format_machine(machine), flush=True)
     print(f"measured FMA peak {peak:.1f} GFLOP/s on {threads} thread(s)"
-          + (f", vdpbf16ps loop {bf16_peak:.1f}" if bf16_peak else "") + f"; jitbyoc runs {args.precision}",
-          flush=True)
+          + (f", {LOOPS[product]} loop {narrow_peak:.1f}" if product else "")
+          + f"; jitbyoc runs {args.precision}", flush=True)
     start = time.perf_counter()
     warm_process()
-    rows, skipped = run_suite(entries, args, threads, peak, tqdm, bf16_peak)
+    rows, skipped = run_suite(entries, args, threads, peak, tqdm, narrow_peak)
     seconds = time.perf_counter() - start
     machine["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     summary = summarize(rows)
@@ -250,7 +273,8 @@ def main(args, entries: list[Entry], tqdm) -> int:
         "suite": "zoo", "quick": args.quick, "models": args.model, "rounds": args.repeat,
         "threads": threads, "peers": not args.no_peers, "precision": args.precision,
         "tolerance": TOLERANCES[args.precision], "block_seconds": BLOCK_SECONDS,
-        "settle_seconds": SETTLE_SECONDS, "total_seconds": seconds})
+        "settle_seconds": SETTLE_SECONDS, "total_seconds": seconds,
+        **({"int8": {**qdq.RECIPE, "cache": str(qdq.CACHE_DIR)}} if args.precision == "int8" else {})})
     print(f"{len(rows)} models measured, {len(skipped)} skipped in {seconds:.1f} s; "
           f"wrote {', '.join(str(p) for p in paths)}")
     return 0

@@ -126,7 +126,7 @@ def test_peak_share_of_bf16_products_is_against_their_own_peak():
     from bench.zoo_run import timing_fields
 
     row = timing_fields({"jitbyoc": Stats(0.03, 0.03, 0.03, 3)}, flops=2_000_000_000, peak=100.0,
-                        lowered=1_000_000_000, bf16_peak=200.0)
+                        lowered=1_000_000_000, narrow_peak=200.0)
     assert row["jitbyoc_peak_pct"] == pytest.approx(50.0)
 
 
