@@ -271,3 +271,27 @@ def _torch_threads(count: int | None = None) -> int | None:
     if count:
         torch.set_num_threads(count)
     return torch.get_num_threads()
+
+
+def test_an_output_softmax_stays_float_in_the_copy(tmp_path):
+    """A classifier ending in Softmax: the softmax that makes the output is not
+    quantized (its probabilities would round to 0), the product before it is."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from bench.qdq import output_softmax, qdq_copy
+
+    model, x = _classifier_onnx()
+    graph = model.graph
+    graph.node.append(helper.make_node("Softmax", ["y"], ["p"], name="probs"))
+    del graph.output[:]
+    graph.output.append(helper.make_tensor_value_info("p", TensorProto.FLOAT, [4, 10]))
+    src = tmp_path / "soft.onnx"
+    onnx.save(model, src)
+    assert output_softmax(model) == ["probs"]
+    path, why = qdq_copy(str(src), [x], "soft", tmp_path / "cache")
+    assert why is None
+    nodes = onnx.load(path).graph.node
+    producer = {o: n for n in nodes for o in n.output}
+    assert producer["p"].op_type == "Softmax"  # not a DequantizeLinear of its quantized output
+    assert "QuantizeLinear" in [n.op_type for n in nodes]  # the MatMul before it is still quantized
