@@ -281,3 +281,29 @@ def test_quantize_and_dequantize_of_a_scalar():
     for v in (0.349, -5.0, 100.0):
         ref, got = builds.run(np.float32(v))
         assert np.array_equal(ref, got)
+
+
+@pytest.mark.parametrize("act, wdt, wzero", [("uint8", "int8", 0), ("int8", "int8", 0), ("uint8", "uint8", 128)])
+def test_integer_matmul_of_dynamic_quantization_runs_on_int8(act, wdt, wzero):
+    """MatMulInteger as TVM's ONNX frontend imports ``quantize_dynamic``'s graphs:
+    ``matmul(astype(qa) - za, astype(W) - zw, out_dtype=int32)``, ``za`` computed per call;
+    on the uint8 x int8 product, exactly TVM's integers."""
+    rng = np.random.default_rng(7)
+    k, n = 72, 40
+    w = _ints(rng, (k, n), wdt)
+
+    def wide(bb, v, zp):
+        return bb.emit(R.subtract(bb.emit(R.astype(v, "int32")), bb.emit(R.astype(zp, "int32"))))
+
+    def body(bb, x, za):  # DynamicQuantizeLinear's quantize, its zero point an input here
+        q = bb.emit(R.quantize(x, relax.const(np.float32(0.03)), za, axis=0, out_dtype=act))
+        a = wide(bb, q, za)
+        b = wide(bb, relax.const(w), relax.const(wzero, wdt))
+        return bb.emit(R.matmul(a, b, out_dtype="int32"))
+    mod = build_model({"x": ((2, 5, k), "float32"), "za": ((), act)}, body)
+    assert _int8_products(mod)
+    builds = build_both(mod)
+    assert not builds.report.fallbacks, builds.report
+    x, za = rng.standard_normal((2, 5, k)).astype(np.float32), np.array(rng.integers(0, 100), act)
+    ref, got = builds.run(x, za)
+    assert np.array_equal(ref, got)

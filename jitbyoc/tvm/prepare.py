@@ -133,9 +133,10 @@ class _Prepare(relax.PyExprMutator):
             const = inference.constant_reshape(call)
             return call if const is None else const
         if call.op.same_as(inference.MATMUL):
-            int8 = quantized.quantized_matmul(call, self.lookup_binding, self.builder_.emit, self._packed)
-            if int8 is not None:
-                return int8
+            for rewrite in (quantized.quantized_matmul, quantized.integer_matmul):
+                int8 = rewrite(call, self.lookup_binding, self.builder_.emit, self._packed)
+                if int8 is not None:
+                    return int8
             folded = linear.prepacked_weight(call, self.lookup_binding, self.builder_.emit)
             return call if folded is None else folded
         if call.op.same_as(inference.PERMUTE_DIMS):

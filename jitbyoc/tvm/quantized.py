@@ -47,7 +47,7 @@ from .constants import constant, tensor_constant
 DEQUANTIZE = Op.get("relax.dequantize")
 MATMUL, CONV2D = Op.get("relax.matmul"), Op.get("relax.nn.conv2d")
 PERMUTE_DIMS = Op.get("relax.permute_dims")
-TRIGGERS = frozenset({"relax.dequantize"})
+TRIGGERS = frozenset({"relax.dequantize", "relax.quantize"})
 
 
 def _bound(expr, lookup):
@@ -126,54 +126,66 @@ def _scaled(acc, correction: np.ndarray, scale: np.ndarray, shape: tuple):
     return relax.op.multiply(relax.op.astype(acc, "float32"), tensor_constant(scale.astype(np.float32).reshape(shape)))
 
 
+def _operands(call: relax.Call, lookup, out_axis: int, ndim: int):
+    """``(q, zx, sx, shifted, Wq, sw)`` of a float32 product of a dequantized activation
+    (:func:`_activation`) and a dequantized ``ndim``-D constant weight whose output
+    channels lie along ``out_axis`` (:func:`_weight`), or None."""
+    if str(call.ty.dtype) != "float32":
+        return None
+    x, w = call.args
+    act, weight = _activation(x, lookup), _weight(w, lookup, out_axis)
+    if act is None or weight is None or weight[0].ndim != ndim:
+        return None
+    return (*act, *weight)
+
+
+def _rescaled(acc, zx: int, sx: float, wq: np.ndarray, sw: np.ndarray, out_axis: int, shape: tuple):
+    """The float product from the integer one (see the module docstring): ``zx`` times
+    each output channel's weight sum taken off, scaled by ``sx * sw``."""
+    k = wq.shape[out_axis]
+    sums = np.moveaxis(wq.astype(np.int32), out_axis, 0).reshape(k, -1).sum(axis=1)
+    return _scaled(acc, zx * sums, np.float32(sx) * sw * np.ones(k, np.float32), shape)
+
+
 def quantized_matmul(call: relax.Call, lookup, emit, pack):
     """``matmul(dequantize(qx), dequantize(W))`` of a constant 2-D ``W`` as an int8 product
     (see the module docstring), or None; ``pack(product)``: the product with its weight
     packed for the engine (:func:`.linear.prepacked_weight`)."""
-    if str(call.ty.dtype) != "float32":
+    found = _operands(call, lookup, 1, 2)
+    if found is None:
         return None
-    x, w = call.args
-    act, weight = _activation(x, lookup), _weight(w, lookup, out_axis=1)
-    if act is None or weight is None or weight[0].ndim != 2:
+    q, zx, sx, shifted, wq, sw = found
+    weight = tensor_constant(wq)
+    if why_not(_normalized(relax.op.matmul(_placeholder(q), weight, out_dtype="int32"))):
         return None
-    (q, zx, sx, shifted), (wq, sw) = act, weight
-    if why_not(_normalized(relax.op.matmul(_placeholder(q), tensor_constant(wq), out_dtype="int32"))):
-        return None
-    acc = emit(pack(_normalized(relax.op.matmul(_as_uint8(q, shifted, emit), tensor_constant(wq), out_dtype="int32"))))
-    n = wq.shape[1]
-    return _scaled(acc, zx * wq.astype(np.int32).sum(axis=0), np.float32(sx) * sw * np.ones(n, np.float32), (n,))
+    acc = emit(pack(_normalized(relax.op.matmul(_as_uint8(q, shifted, emit), weight, out_dtype="int32"))))
+    return _rescaled(acc, zx, sx, wq, sw, 1, (wq.shape[1],))
 
 
 def quantized_conv2d(call: relax.Call, lookup, emit):
     """``conv2d(dequantize(qx), dequantize(W))`` (NCHW, OIHW, a constant ``W``) as an int8
     convolution (see the module docstring), or None."""
     a = call.attrs
-    if str(call.ty.dtype) != "float32" or str(a.data_layout) != "NCHW" \
-            or str(a.kernel_layout) != "OIHW" or (a.out_layout is not None and str(a.out_layout) != "NCHW"):
+    found = _operands(call, lookup, 0, 4)
+    if found is None or str(a.data_layout) != "NCHW" or str(a.kernel_layout) != "OIHW" \
+            or (a.out_layout is not None and str(a.out_layout) != "NCHW"):
         return None
-    x, w = call.args
-    act, weight = _activation(x, lookup), _weight(w, lookup, out_axis=0)
-    if act is None or weight is None or weight[0].ndim != 4:
-        return None
-    (q, zx, sx, shifted), (wq, sw) = act, weight
-    padding = [int(p) for p in a.padding]
+    q, zx, sx, shifted, wq, sw = found
+    weight, padding = tensor_constant(wq), [int(p) for p in a.padding]
     padded = [0, 0, 0, 0, padding[0], padding[2], padding[1], padding[3]] if zx and any(padding) else None
     source = _placeholder(q)
     if padded:  # the float graph pads qx - zx with zeros: qx with zx
         source, padding = _placeholder(_normalized(relax.op.nn.pad(source, padded, "constant", float(zx)))), [0] * 4
 
     def conv(data):
-        return relax.op.nn.conv2d(data, tensor_constant(wq), a.strides, padding, a.dilation, a.groups,
-                                  "NCHW", "OIHW", "NCHW", "int32")
+        return relax.op.nn.conv2d(data, weight, a.strides, padding, a.dilation, a.groups, "NCHW", "OIHW", "NCHW",
+                                  "int32")
     if why_not(_normalized(conv(source))):
         return None
     data = _as_uint8(q, shifted, emit)
     if padded:
         data = emit(relax.op.nn.pad(data, padded, "constant", float(zx)))
-    acc = emit(conv(data))
-    k = wq.shape[0]
-    correction = zx * wq.astype(np.int32).reshape(k, -1).sum(axis=1)
-    return _scaled(acc, correction, np.float32(sx) * sw * np.ones(k, np.float32), (1, k, 1, 1))
+    return _rescaled(emit(conv(data)), zx, sx, wq, sw, 0, (1, wq.shape[0], 1, 1))
 
 
 def _normalized(call: relax.Call) -> relax.Call:
@@ -247,3 +259,55 @@ def gathered_dequantize(call: relax.Call, lookup, emit):
     moved = along if along < axis else along + rank - 1  # where that axis lands in the result
     rows = emit(relax.op.take(q, indices, axis=axis, mode=str(call.attrs.mode)))
     return relax.op.dequantize(rows, scale, zp, axis=moved if per_channel else -1, out_dtype=str(table.attrs.out_dtype))
+
+
+ASTYPE, SUBTRACT = Op.get("relax.astype"), Op.get("relax.subtract")
+
+
+def _widened(expr, lookup):
+    """``(x, zero point or None)`` of ``subtract(astype(x, "int32"), zp)`` or
+    ``astype(x, "int32")`` with ``x`` of 8 bits: how TVM's ONNX frontend writes
+    MatMulInteger's operands; None otherwise."""
+    call, zp = _bound(expr, lookup), None
+    if isinstance(call, relax.Call) and call.op.same_as(SUBTRACT) and len(call.args[1].ty.shape) == 0:
+        call, zp = _bound(call.args[0], lookup), call.args[1]
+    if not (isinstance(call, relax.Call) and call.op.same_as(ASTYPE)) \
+            or str(call.args[0].ty.dtype) not in ("uint8", "int8"):
+        return None
+    return call.args[0], zp
+
+
+def _cast_constant(expr, lookup) -> np.ndarray | None:
+    """The value of a constant, or of ``astype`` of one (the frontend's zero points)."""
+    call = _bound(expr, lookup)
+    if isinstance(call, relax.Call) and call.op.same_as(ASTYPE):
+        value = constant(_bound(call.args[0], lookup))
+        return None if value is None else value.astype(str(call.attrs.dtype))
+    return constant(call)
+
+
+def integer_matmul(call: relax.Call, lookup, emit, pack):
+    """``matmul(astype(qa) - za, astype(Wq) - zw, out_dtype="int32")`` of a constant 2-D
+    ``Wq`` (MatMulInteger: what ``quantize_dynamic`` writes, ``za`` computed per call by
+    DynamicQuantizeLinear) as ``matmul(qa', Wq') - za' * sum(Wq')`` on the uint8 x int8
+    product, exactly (int8 activations and uint8 weights shifted as in
+    :func:`quantized_matmul`); None where ``Wq - zw`` is not int8."""
+    if str(call.ty.dtype) != "int32" or len(call.args[1].ty.shape) != 2:
+        return None
+    act, wide = _widened(call.args[0], lookup), _widened(call.args[1], lookup)
+    value = None if wide is None else constant(_bound(wide[0], lookup))
+    wz = None if wide is None or wide[1] is None else _cast_constant(wide[1], lookup)
+    if act is None or value is None or (wide[1] is not None and wz is None):
+        return None
+    weight = value.astype(np.int32) - (0 if wz is None else int(wz))
+    if weight.min() < -128 or weight.max() > 127:
+        return None
+    (q, za), wq = act, weight.astype(np.int8)
+    shifted = str(q.ty.dtype) == "int8"
+    if why_not(_normalized(relax.op.matmul(_placeholder(q), tensor_constant(wq), out_dtype="int32"))):
+        return None
+    acc = emit(pack(_normalized(relax.op.matmul(_as_uint8(q, shifted, emit), tensor_constant(wq), out_dtype="int32"))))
+    zero = relax.const(128 if shifted else 0, "int32") if za is None else \
+        (emit(relax.op.add(za, relax.const(128, "int32"))) if shifted else za)
+    sums = tensor_constant(wq.astype(np.int32).sum(axis=0, dtype=np.int32))
+    return relax.op.subtract(acc, relax.op.multiply(zero, sums))
