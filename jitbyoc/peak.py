@@ -71,9 +71,14 @@ def _dot_ir(dtype: str) -> str:
     fn = ir.Function(module, ir.FunctionType(ir.FloatType(), [ir.IntType(64)]), "dot")
     one = ir.Constant(units, [0x3F803F80 if dtype == "bfloat16" else 0x01010101] * width)  # ones
 
+    integer = not isinstance(element, ir.FloatType)
+
     def step(b, _i, cur):
-        for _ in range(UNROLL):
-            cur = [multiply_units(b, product, one, one, c) for c in cur]
+        for _ in range(UNROLL):  # an integer chain multiplies its own bits by the next
+            # chain's: LLVM folds integer arithmetic on constants (the widened int8 loop
+            # became additions in closed form)
+            cur = [multiply_units(b, product, c, cur[(j + 1) % len(cur)], c) if integer
+                   else multiply_units(b, product, one, one, c) for j, c in enumerate(cur)]
         return cur
 
     start = float if isinstance(element, ir.FloatType) else int

@@ -307,3 +307,25 @@ def test_integer_matmul_of_dynamic_quantization_runs_on_int8(act, wdt, wzero):
     x, za = rng.standard_normal((2, 5, k)).astype(np.float32), np.array(rng.integers(0, 100), act)
     ref, got = builds.run(x, za)
     assert np.array_equal(ref, got)
+
+
+@pytest.mark.parametrize("cpu, instruction", [("znver4", "vpdpbusd"), ("skylake-avx512", "vpmaddwd"),
+                                              ("haswell", "vpmaddwd")])
+def test_the_int8_step_is_vpdpbusd_only_where_the_target_has_vnni(cpu, instruction):
+    """The product's step (the peak loop's and the microkernel's multiply_units) is
+    ``vpdpbusd`` on a VNNI target; elsewhere the widened form, with no VNNI instruction a
+    CPU without it would fault on (the exported library's CPU check names the rest): LLVM
+    makes the four widened multiply-adds ``vpmaddwd``. The loop's operands are its own
+    accumulators, so LLVM cannot fold it (it did, with constant operands)."""
+    import llvmlite.binding as llvm
+
+    from jitbyoc import peak
+    from jitbyoc.render import isa
+    from jitbyoc.toolchain import jit
+    from jitbyoc.tvm.target import machine_for
+
+    machine = machine_for(tvm.target.Target({"kind": "llvm", "mcpu": cpu}))
+    with isa.compiling_for(machine):
+        asm = jit.target_machine(machine).emit_assembly(llvm.parse_assembly(peak._dot_ir("uint8")))
+    assert instruction in asm
+    assert ("vpdpbusd" in asm) == (cpu == "znver4")
