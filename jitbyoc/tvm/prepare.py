@@ -120,9 +120,10 @@ class _Prepare(relax.PyExprMutator):
             shape = _static_shape(call.args[0])
             return call if shape is None else relax.const(np.array(shape, "int64"), "int64")
         if call.op.same_as(CONV2D):
-            call = self._fold_pad(call)
-            int8 = quantized.quantized_conv2d(call, self.lookup_binding, self.builder_.emit)
-            return call if int8 is None else int8
+            folded = self._fold_pad(call)  # a new call, not normalized yet: as it is
+            int8 = None if not folded.same_as(call) else \
+                quantized.quantized_conv2d(call, self.lookup_binding, self.builder_.emit)
+            return folded if int8 is None else int8
         if call.op.same_as(quantized.TAKE):
             rows = quantized.gathered_dequantize(call, self.lookup_binding, self.builder_.emit)
             return call if rows is None else rows
