@@ -69,7 +69,7 @@ def _dot_ir(dtype: str) -> str:
     module = ir.Module(name="dot")
     module.triple = isa.current().triple
     fn = ir.Function(module, ir.FunctionType(ir.FloatType(), [ir.IntType(64)]), "dot")
-    one = ir.Constant(units, [0x3F803F80 if dtype == "bfloat16" else 0x01010101] * width)  # ones
+    one = ir.Constant(units, [0x3F803F80] * width)  # a pair of bfloat16 ones (float loops)
 
     integer = not isinstance(element, ir.FloatType)
 
@@ -81,7 +81,7 @@ def _dot_ir(dtype: str) -> str:
                    else multiply_units(b, product, one, one, c) for j, c in enumerate(cur)]
         return cur
 
-    start = float if isinstance(element, ir.FloatType) else int
+    start = int if integer else float
     summed_loop(fn, fn.args[0], [ir.Constant(acc, [start(k)] * width) for k in range(CHAINS)], step)
     return str(module)
 

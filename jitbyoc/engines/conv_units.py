@@ -3,8 +3,9 @@ channels (:mod:`.products`: a bfloat16 pair is one 32-bit unit). Workspace chann
 ``ch`` of group ``grp`` interleaves input channels ``grp*cg + group*u + e`` (``u = ch -
 grp*units``) at each pixel, so that one vector load of units is ``lanes`` pixels of
 ``group`` channels, the operand ``vdpbf16ps`` (pairs) or ``vpdpbusd`` (quads) takes; a
-group whose channel count is not a multiple of ``group`` gets zero channels. The weight is packed alike (:func:`jitbyoc.tvm.conv_weights.pack`),
-and the engine's loops run over unit channels (:meth:`.conv_engine.Emit.channels`).
+group whose channel count is not a multiple of ``group`` gets zero channels. The weight
+is packed alike (:func:`jitbyoc.tvm.conv_weights.pack`), and the engine's loops run over
+unit channels (:meth:`.conv_engine.Emit.channels`).
 """
 
 from __future__ import annotations

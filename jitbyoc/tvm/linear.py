@@ -34,14 +34,15 @@ STRIDED_SLICE = Op.get("relax.strided_slice")
 
 
 
-def _bound(expr, lookup):
+def bound_value(expr, lookup):
+    """What ``expr`` is: the value a variable is bound to, or the expression itself."""
     return lookup(expr) if isinstance(expr, relax.Var) else expr
 
 
 def _permuted(expr, lookup):
     """``(source, axes)`` when ``expr`` is (a variable bound to) ``permute_dims`` (axes
     None: reversed)."""
-    call = _bound(expr, lookup)
+    call = bound_value(expr, lookup)
     if not (isinstance(call, relax.Call) and call.op.same_as(PERMUTE_DIMS)):
         return None
     axes = call.attrs.axes
@@ -52,19 +53,19 @@ def _permuted(expr, lookup):
 def weight_value(weight, lookup) -> np.ndarray | None:
     """The ``(..., K, N)`` value of a product's B: a constant, torch's ``W.T`` of a
     constant, or a weight :func:`panel_weight` packed."""
-    bound = _bound(weight, lookup)
+    bound = bound_value(weight, lookup)
     value = _constant(bound)
     if value is not None:
         return value
     if isinstance(bound, relax.Call) and bound.op.same_as(RESHAPE):  # panels (..., N/w, K, w)
         packed = _permuted(bound.args[0], lookup)
-        value = None if packed is None else _constant(_bound(packed[0], lookup))
+        value = None if packed is None else _constant(bound_value(packed[0], lookup))
         r = -1 if value is None else value.ndim - 3
         if r >= 0 and packed[1] == [*range(r), r + 1, r, r + 2]:
             return value.swapaxes(r, r + 1).reshape(*value.shape[:r], value.shape[r + 1], -1)
         return None
     transposed = _permuted(bound, lookup)
-    value = None if transposed is None else _constant(_bound(transposed[0], lookup))
+    value = None if transposed is None else _constant(bound_value(transposed[0], lookup))
     return value.T if value is not None and value.ndim == 2 and transposed[1] == [1, 0] else None
 
 
@@ -120,7 +121,7 @@ def prepacked_weight(matmul: relax.Call, lookup, emit):
     """``matmul(x, W)`` with its constant weight (:func:`constant_weight`) in the engine's
     panels (:func:`panel_weight`), or made row-major once (torch's ``W.T``) when the panels
     do not fit; None when there is nothing to do (not constant, or already done)."""
-    bound = _bound(matmul.args[1], lookup)
+    bound = bound_value(matmul.args[1], lookup)
     row_major = isinstance(bound, Constant)
     if not row_major and _permuted(bound, lookup) is None:
         return None  # not a constant weight, or one already packed
@@ -145,7 +146,7 @@ def _projection(expr, lookup, uses: dict):
     if node is None or not node.op.same_as(ADD):
         return (node, None) if node is not None and node.op.same_as(MATMUL) else None
     for product, other in (node.args, node.args[::-1]):
-        bias, matmul = _constant(_bound(other, lookup)), _single_call(product, lookup, uses)
+        bias, matmul = _constant(bound_value(other, lookup)), _single_call(product, lookup, uses)
         if bias is not None and matmul is not None and matmul.op.same_as(MATMUL):
             return matmul, bias
     return None

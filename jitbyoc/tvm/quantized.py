@@ -43,6 +43,7 @@ from tvm.ir import Op
 
 from ..ir.rules import why_not
 from .constants import constant, tensor_constant
+from .linear import bound_value
 
 DEQUANTIZE = Op.get("relax.dequantize")
 MATMUL, CONV2D = Op.get("relax.matmul"), Op.get("relax.nn.conv2d")
@@ -50,19 +51,15 @@ PERMUTE_DIMS = Op.get("relax.permute_dims")
 TRIGGERS = frozenset({"relax.dequantize", "relax.quantize"})
 
 
-def _bound(expr, lookup):
-    return lookup(expr) if isinstance(expr, relax.Var) else expr
-
-
 def _dequantized(expr, lookup):
     """``(q, scale, zero point, axis)`` of a ``dequantize`` to float32 with constant
     parameters (numpy arrays), or None."""
-    call = _bound(expr, lookup)
+    call = bound_value(expr, lookup)
     if not (isinstance(call, relax.Call) and call.op.same_as(DEQUANTIZE)) \
             or str(call.attrs.out_dtype) != "float32":
         return None
     q, scale, zp = call.args
-    s, z = constant(_bound(scale, lookup)), constant(_bound(zp, lookup))
+    s, z = constant(bound_value(scale, lookup)), constant(bound_value(zp, lookup))
     if s is None or z is None or str(q.ty.dtype) not in ("uint8", "int8"):
         return None
     return q, s.astype(np.float32).reshape(-1), z.astype(np.int32).reshape(-1), int(call.attrs.axis)
@@ -98,12 +95,12 @@ def _weight(expr, lookup, out_axis: int):
     point is zero once the weight is int8, scaled along ``out_axis`` or per tensor; a
     ``permute_dims`` of one (a transposed linear weight) as the permuted weight; None
     otherwise."""
-    call, permute = _bound(expr, lookup), None
+    call, permute = bound_value(expr, lookup), None
     if isinstance(call, relax.Call) and call.op.same_as(PERMUTE_DIMS):
         permute = call
-        call = _bound(call.args[0], lookup)
+        call = bound_value(call.args[0], lookup)
     found = _dequantized(call, lookup)
-    value = None if found is None else constant(_bound(found[0], lookup))
+    value = None if found is None else constant(bound_value(found[0], lookup))
     if value is None:
         return None
     _q, scale, zp, axis = found
@@ -155,11 +152,18 @@ def quantized_matmul(call: relax.Call, lookup, emit, pack):
     if found is None:
         return None
     q, zx, sx, shifted, wq, sw = found
+    acc = _int8_matmul(q, shifted, wq, emit, pack)
+    return None if acc is None else _rescaled(acc, zx, sx, wq, sw, 1, (wq.shape[1],))
+
+
+def _int8_matmul(q, shifted: bool, wq: np.ndarray, emit, pack):
+    """The int32 product of ``q`` (as uint8, :func:`_as_uint8`) and the int8 constant
+    ``wq``, emitted with its weight packed (``pack``); None, with nothing emitted, where
+    jitbyoc would not take it (:func:`why_not`)."""
     weight = tensor_constant(wq)
     if why_not(_normalized(relax.op.matmul(_placeholder(q), weight, out_dtype="int32"))):
         return None
-    acc = emit(pack(_normalized(relax.op.matmul(_as_uint8(q, shifted, emit), weight, out_dtype="int32"))))
-    return _rescaled(acc, zx, sx, wq, sw, 1, (wq.shape[1],))
+    return emit(pack(_normalized(relax.op.matmul(_as_uint8(q, shifted, emit), weight, out_dtype="int32"))))
 
 
 def quantized_conv2d(call: relax.Call, lookup, emit):
@@ -209,16 +213,16 @@ def requantized(call: relax.Call, lookup):
     then move uint8, not float32, and no float tensor is written between them; None when
     the pattern does not hold."""
     params = _per_tensor(call, lookup)
-    inner = _bound(call.args[0], lookup)
+    inner = bound_value(call.args[0], lookup)
     if params is None or not isinstance(inner, relax.Call):
         return None
     if inner.op.same_as(DEQUANTIZE):
         return inner.args[0] if _per_tensor(inner, lookup) == params else None
     if not any(inner.op.same_as(op) for op in COMMUTING):
         return None
-    data = _bound(inner.args[0], lookup)
+    data = bound_value(inner.args[0], lookup)
     items = list(data.fields) if isinstance(data, relax.Tuple) else [inner.args[0]]
-    sources = [_bound(item, lookup) for item in items]
+    sources = [bound_value(item, lookup) for item in items]
     if not all(isinstance(s, relax.Call) and s.op.same_as(DEQUANTIZE) and _per_tensor(s, lookup) == params
                for s in sources):
         return None
@@ -230,7 +234,7 @@ def requantized(call: relax.Call, lookup):
 def _per_tensor(call: relax.Call, lookup):
     """``(scale, zero point, quantized dtype)`` of a per-tensor quantize or dequantize
     with constant parameters, or None."""
-    scale, zp = (constant(_bound(a, lookup)) for a in call.args[1:3])
+    scale, zp = (constant(bound_value(a, lookup)) for a in call.args[1:3])
     if scale is None or zp is None or scale.size != 1 or zp.size != 1:
         return None
     dtype = str(call.attrs.out_dtype) if call.op.same_as(QUANTIZE) else str(call.args[0].ty.dtype)
@@ -246,7 +250,7 @@ def gathered_dequantize(call: relax.Call, lookup, emit):
     word embeddings: 23 M elements a call). Exact: the same elements, the same
     arithmetic. Per-tensor parameters, or per-channel along another axis than the
     gathered one; None otherwise."""
-    table = _bound(call.args[0], lookup)
+    table = bound_value(call.args[0], lookup)
     if not (isinstance(table, relax.Call) and table.op.same_as(DEQUANTIZE)) or call.attrs.axis is None:
         return None
     q, scale, zp = table.args
@@ -268,9 +272,9 @@ def _widened(expr, lookup):
     """``(x, zero point or None)`` of ``subtract(astype(x, "int32"), zp)`` or
     ``astype(x, "int32")`` with ``x`` of 8 bits: how TVM's ONNX frontend writes
     MatMulInteger's operands; None otherwise."""
-    call, zp = _bound(expr, lookup), None
+    call, zp = bound_value(expr, lookup), None
     if isinstance(call, relax.Call) and call.op.same_as(SUBTRACT) and len(call.args[1].ty.shape) == 0:
-        call, zp = _bound(call.args[0], lookup), call.args[1]
+        call, zp = bound_value(call.args[0], lookup), call.args[1]
     if not (isinstance(call, relax.Call) and call.op.same_as(ASTYPE)) \
             or str(call.args[0].ty.dtype) not in ("uint8", "int8"):
         return None
@@ -279,9 +283,9 @@ def _widened(expr, lookup):
 
 def _cast_constant(expr, lookup) -> np.ndarray | None:
     """The value of a constant, or of ``astype`` of one (the frontend's zero points)."""
-    call = _bound(expr, lookup)
+    call = bound_value(expr, lookup)
     if isinstance(call, relax.Call) and call.op.same_as(ASTYPE):
-        value = constant(_bound(call.args[0], lookup))
+        value = constant(bound_value(call.args[0], lookup))
         return None if value is None else value.astype(str(call.attrs.dtype))
     return constant(call)
 
@@ -295,7 +299,7 @@ def integer_matmul(call: relax.Call, lookup, emit, pack):
     if str(call.ty.dtype) != "int32" or len(call.args[1].ty.shape) != 2:
         return None
     act, wide = _widened(call.args[0], lookup), _widened(call.args[1], lookup)
-    value = None if wide is None else constant(_bound(wide[0], lookup))
+    value = None if wide is None else constant(bound_value(wide[0], lookup))
     wz = None if wide is None or wide[1] is None else _cast_constant(wide[1], lookup)
     if act is None or value is None or (wide[1] is not None and wz is None):
         return None
@@ -304,9 +308,9 @@ def integer_matmul(call: relax.Call, lookup, emit, pack):
         return None
     (q, za), wq = act, weight.astype(np.int8)
     shifted = str(q.ty.dtype) == "int8"
-    if why_not(_normalized(relax.op.matmul(_placeholder(q), tensor_constant(wq), out_dtype="int32"))):
+    acc = _int8_matmul(q, shifted, wq, emit, pack)
+    if acc is None:
         return None
-    acc = emit(pack(_normalized(relax.op.matmul(_as_uint8(q, shifted, emit), tensor_constant(wq), out_dtype="int32"))))
     zero = relax.const(128 if shifted else 0, "int32") if za is None else \
         (emit(relax.op.add(za, relax.const(128, "int32"))) if shifted else za)
     sums = tensor_constant(wq.astype(np.int32).sum(axis=0, dtype=np.int32))
