@@ -70,7 +70,7 @@ class Symbolic:
 
 @tvm.script.ir_module
 class HalfPrecision:
-    """float16 is not lowered by jitbyoc: it must stay with TVM, with a reason."""
+    """float16 arithmetic: jitbyoc computes it in float32 and rounds the result."""
 
     @R.function
     def main(a: R.Tensor((8,), "float16"), b: R.Tensor((8,), "float16")):

@@ -25,13 +25,14 @@ HALF_ROWS = [name for name in RELAX_ROWS if F16 in OPS[name].dtypes]
 
 
 def test_the_rows_that_take_half():
-    assert set(HALF_ROWS) == {"abs", "equal", "floor_mod", "greater", "greater_equal", "isfinite", "isinf",
+    assert set(HALF_ROWS) == {"abs", "astype", "equal", "floor_mod", "greater", "greater_equal", "isfinite", "isinf",
                               "isnan", "less", "less_equal", "maximum", "minimum", "mod", "negative", "not_equal"}
 
 
 @pytest.mark.parametrize("name", HALF_ROWS)
 def test_row_matches_tvm_and_numpy(name):
-    op_tests.test_op(name, F16, {})
+    for attrs in op_tests.attrs_of(name, F16):  # astype: from half to each dtype
+        op_tests.test_op(name, F16, attrs)
 
 
 @pytest.mark.parametrize("name", HALF_ROWS)
@@ -43,9 +44,9 @@ def test_row_on_special_values(name):
 @pytest.mark.skipif(CC is None, reason="no C compiler (cc) on PATH")
 @pytest.mark.parametrize("name", HALF_ROWS)
 def test_c_rendering_matches_jit_bit_for_bit(name, tmp_path):
-    arity = OPS[name].arity
+    arity, attrs = OPS[name].arity, op_tests.attrs_of(name, F16)[0]
     mod = build_model({f"x{k}": ((5, 37) if k % 2 == 0 else (1, 37), F16) for k in range(arity)},
-                      lambda bb, *xs: bb.emit(relax_call(name, xs)))
+                      lambda bb, *xs: bb.emit(relax_call(name, xs, attrs)))
     (region,) = jitbyoc.inspect(mod)
     c_fn, jit_fn = c_and_jit(region, tmp_path)
     rng = np.random.default_rng(zlib.crc32(name.encode()))
@@ -80,10 +81,22 @@ def test_stack_and_elementwise_max_of_stacked_halves():
     assert_bits_equal(got, np.maximum(np.maximum(xs[0], xs[1]), xs[2]), "vs numpy")
 
 
-def test_half_arithmetic_stays_with_tvm():
-    mod = build_model({"x": ((4,), F16)}, lambda bb, x: bb.emit(R.add(x, x)))
-    (fallback,) = build_both(mod).report.fallbacks
-    assert "float16 not supported" in fallback.reason
+def test_half_arithmetic_runs_in_float32_rounded_per_op():
+    """Arithmetic on halves runs in float32, each op's result rounded to half
+    (:mod:`jitbyoc.tvm.widen`), as TVM's LLVM build computes it: bit for bit with TVM and
+    with numpy, which computes half ops the same way (float32 holds more than twice half's
+    precision, so rounding twice is rounding once for +, *, / and sqrt)."""
+    def chain(bb, x, y):
+        return bb.emit(R.sqrt(R.divide(R.multiply(R.add(x, y), x), y)))
+
+    mod = build_model({"x": ((3, 64), F16), "y": ((1, 64), F16)}, chain)
+    builds = build_both(mod)
+    assert builds.report.fallbacks == [], str(builds.report)
+    rng = np.random.default_rng(16)
+    x, y = rng.uniform(0.01, 100, (3, 64)).astype(F16), rng.uniform(0.01, 100, (1, 64)).astype(F16)
+    want, got = builds.run(x, y)
+    assert_bits_equal(got, want, "vs TVM")
+    assert_bits_equal(got, np.sqrt((x + y) * x / y), "vs numpy")
 
 
 @pytest.mark.parametrize("src", ["float32", "float64", "int32", "int64", "uint8", "bool"])

@@ -57,10 +57,10 @@ def test_unsupported_op_stays_with_tvm_with_reason():
     assert "relax.sort" in str(rep)
 
 
-def test_float16_stays_with_tvm_with_reason():
+def test_float16_arithmetic_runs_in_float32():
+    """An add of halves: in float32, rounded to half (jitbyoc.tvm.widen), as numpy's."""
     rep = jitbyoc.report(models.HalfPrecision)
-    assert rep.regions == []
-    assert "dtype float16 not supported" in rep.fallbacks[0].reason
+    assert rep.fallbacks == [] and [r.ops for r in rep.regions] == [["relax.astype"] * 2 + ["relax.add", "relax.astype"]]
     a, b = rand(8).astype("float16"), rand(8, seed=1).astype("float16")
     np.testing.assert_array_equal(run(build(models.HalfPrecision, True), a, b), a + b)
 

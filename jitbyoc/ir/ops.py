@@ -369,7 +369,7 @@ OPS: dict[str, OpDef] = {
     # dtype of the operands is the dtype of the branches; the condition is bool
     "where":    OpDef(3, np.where, NB, lambda b, dt, c, x, y: b.select(c, x, y), "({0} ? {1} : {2})",
                       relax="relax.where", condition=True),
-    "astype":   OpDef(1, lambda x, to: x.astype(to), NB | BF16, _cast_llvm, _cast_c, relax="relax.astype",
+    "astype":   OpDef(1, lambda x, to: x.astype(to), NB | BF16 | H, _cast_llvm, _cast_c, relax="relax.astype",
                       relax_attrs_from=(("to", "dtype"),)),
     "clip":     OpDef(1, _np_clip, N,
                       expand=lambda e, dt, x, lo, hi: e.op("maximum", dt, e.op("minimum", dt, x,

@@ -25,7 +25,7 @@ from tvm.ir.expr import Var as SizeVar
 from tvm.ir.prim import IntImm
 
 from ..ir import kir
-from ..ir.dtypes import ALL, BF16
+from ..ir.dtypes import ALL, STORED
 from ..ir.relax_types import broadcast_problem, dim, dims, same_element_count, tensor_problem
 from ..ir.rules import register
 from ..render.indexing import div_ceil, dot, product, unravel
@@ -54,7 +54,7 @@ def reshaped(fe, arg, shape):
 def _check_view(call) -> str | None:
     x = call.args[0]
     for what, ty in (("input", x.ty), ("result", call.ty)):
-        problem = tensor_problem(ty, ALL | BF16)
+        problem = tensor_problem(ty, STORED)
         if problem:
             return f"{call.op.name} {what}: {problem}"
     if any(isinstance(d, SizeVar) and dim(d) not in dims(x.ty) for d in call.ty.shape.values):
@@ -264,7 +264,7 @@ def _permute_axes(call) -> tuple:
 
 
 def _check_permute(call) -> str | None:
-    problem = tensor_problem(call.args[0].ty, ALL | BF16)
+    problem = tensor_problem(call.args[0].ty, STORED)
     if problem:
         return f"relax.permute_dims: {problem}"
     if not dims(call.args[0].ty):

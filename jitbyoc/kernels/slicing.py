@@ -24,7 +24,7 @@ from tvm import relax
 from tvm.ir.prim import IntImm
 
 from ..ir import kir
-from ..ir.dtypes import ALL, BF16, FLOATS, INTS, STORED
+from ..ir.dtypes import ALL, FLOATS, INTS, STORED
 from ..ir.relax_types import dims, tensor_problem
 from ..ir.rules import register
 from ..render.indexing import clamped, dot, unravel, where_nonempty, wrapped
@@ -110,7 +110,7 @@ def _slice_plan(call):
 
 def _check_slice(call) -> str | None:
     for ty in (call.args[0].ty, call.ty):
-        problem = tensor_problem(ty, ALL | BF16)
+        problem = tensor_problem(ty, STORED)
         if problem:
             return f"relax.strided_slice: {problem}"
     if not dims(call.ty):

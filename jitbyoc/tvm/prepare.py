@@ -40,7 +40,7 @@ from tvm.ir import Op, Range
 from tvm.ir.prim import IntImm
 from tvm.sym import Analyzer
 
-from . import constants, conv_weights, inference, linear, quantized
+from . import constants, conv_weights, inference, linear, quantized, widen
 
 log = logging.getLogger("jitbyoc")
 
@@ -200,7 +200,8 @@ def prepare(mod: tvm.IRModule, ops: frozenset | set = frozenset()) -> tvm.IRModu
     out = {}
     for gv, func in mod.functions.items():
         analyzer = _analyzer(func) if isinstance(func, relax.Function) else None
-        if not isinstance(func, relax.Function) or (analyzer is None and not TRIGGERS & set(ops)):
+        if not isinstance(func, relax.Function) or (analyzer is None and not TRIGGERS & set(ops)
+                                                    and not widen.has_narrow(func)):
             out[gv] = func
             continue
         out[gv] = _prepared(mod, gv, func, analyzer)
@@ -214,8 +215,9 @@ def _prepared(mod, gv, func: relax.Function, analyzer) -> relax.Function:
     """``func`` rewritten; as it is if a rewrite fails (they are optimizations: a model
     jitbyoc could not prepare still builds, as TVM would build it)."""
     try:
-        uses = inference.use_counts(func)
         with constants.deferred() as pending:  # packed weights: written once, if still used
+            func = widen.widened(mod, func)
+            uses = inference.use_counts(func)
             prepare = _Prepare(mod, analyzer, uses, linear.sliced_only(func, uses))
             out = _conv_weights_packed(mod, gv, relax.analysis.remove_all_unused(prepare.visit_expr(func)))
             constants.write_deferred(pending, out)

@@ -1,0 +1,136 @@
+"""Models that are float16 or bfloat16 already compute on jitbyoc's float32 kernels.
+
+An ONNX float16 model (``onnxruntime.transformers.float16``, ``onnxconverter-common``) or a
+bfloat16 one reaches jitbyoc with every tensor narrow. The CPU computes neither (Zen 4 has
+no AVX512-FP16 arithmetic; bfloat16 has only its dot product), so each op that jitbyoc
+takes in float32 but not narrow is rewritten, before partitioning, to
+
+    astype(op(astype(x, "float32"), ...), narrow)
+
+the semantics TVM's own build gives a narrow op (LLVM promotes each half operation to
+float and rounds its result; TVM's bfloat16 legalization computes in float32 and rounds
+each op's result). The casts are elementwise, so they fuse into the loops and epilogues
+around them: a chain rounds in registers, as before, with no float32 tensor between ops.
+Constant operands are widened here, once.
+
+Products are where it differs from TVM, on purpose (the issue's "fp32 accumulation"):
+
+* **bfloat16** ``matmul``/``conv2d`` become the bfloat16 product summed in float32
+  (``out_dtype="float32"``: ``vdpbf16ps``, :mod:`jitbyoc.engines.products`), its result
+  rounded once; constant weights stay bfloat16 (half the bytes) and are packed at build
+  time as :func:`jitbyoc.lower_precision`'s are.
+* **float16** products run in float32 on float16 operands made float32 exactly (constant
+  weights once, here): every product of two halves is exact in float32 and the sum runs
+  in float32, where TVM's build sums in float16.
+
+An op jitbyoc takes narrow already (moves, compares, max/min) is left as it is, and so is
+one it would not take in float32 either: TVM computes it as before.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from ..ir.rules import why_not
+from .constants import constant, tensor_constant
+
+NARROW = ("float16", "bfloat16")
+WIDE = "float32"
+ASTYPE = tvm.ir.Op.get("relax.astype")
+MATMUL = tvm.ir.Op.get("relax.matmul")
+CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
+
+
+def _dtype(expr) -> str:
+    return str(getattr(getattr(expr, "ty", None), "dtype", ""))
+
+
+def _narrow_of(call: relax.Call) -> str | None:
+    """The narrow float dtype ``call`` reads or makes, or None."""
+    for expr in (call, *call.args):
+        if _dtype(expr) in NARROW:
+            return _dtype(expr)
+    return None
+
+
+def has_narrow(func: relax.Function) -> bool:
+    """Whether ``func`` has a float16 or bfloat16 tensor anywhere."""
+    found = []
+
+    def visit(expr):
+        if not found and isinstance(expr, relax.Call) and _narrow_of(expr):
+            found.append(expr)
+
+    relax.analysis.post_order_visit(func.body, visit)
+    return bool(found)
+
+
+@relax.expr_functor.mutator
+class Widen(relax.PyExprMutator):
+    def __init__(self, mod):
+        super().__init__(mod)
+        self.widened = {}  # narrow variable -> its float32 copy (one cast, however many readers)
+
+    def visit_call_(self, call):
+        call = super().visit_call_(call)
+        narrow = _narrow_of(call)
+        if narrow is None or call.op.same_as(ASTYPE) or why_not(call) is None:
+            return call
+        if _dtype(call) != narrow:  # a compare, or a product already into float32
+            return call
+        wide = self._product(call, narrow)
+        wide = self._wide(call) if wide is None else wide
+        if wide is None:
+            return call
+        return relax.op.astype(self.builder_.emit(wide), narrow)
+
+    def _product(self, call, narrow: str):
+        """A bfloat16 product summed in float32, if jitbyoc takes it."""
+        if narrow != "bfloat16" or not (call.op.same_as(MATMUL) or call.op.same_as(CONV2D)):
+            return None
+        return self._taken(_with_out_dtype(call, call.args))
+
+    def _wide(self, call):
+        """``call`` on float32 operands into float32, if jitbyoc takes it so."""
+        args = [self._widened(arg) for arg in call.args]
+        if call.op.same_as(MATMUL) or call.op.same_as(CONV2D):
+            return self._taken(_with_out_dtype(call, args))
+        if len(call.ty_args):  # an op that declares its result type: not remade blind
+            return None
+        return self._taken(relax.Call(call.op, args, call.attrs))
+
+    def _taken(self, wide):
+        wide = self.builder_.normalize(wide)
+        return wide if _dtype(wide) == WIDE and why_not(wide) is None else None
+
+    def _widened(self, arg):
+        if _dtype(arg) not in NARROW:
+            return arg
+        value = constant(arg)
+        if value is not None:
+            return tensor_constant(np.asarray(value, dtype=np.float32))
+        key = arg if isinstance(arg, relax.Var) else None
+        if key is not None and key in self.widened:
+            return self.widened[key]
+        wide = self.builder_.emit(relax.op.astype(arg, WIDE))
+        if key is not None:
+            self.widened[key] = wide
+        return wide
+
+
+def _with_out_dtype(call, args):
+    """``call`` (matmul or conv2d) of ``args`` summed into float32."""
+    if call.op.same_as(MATMUL):
+        return relax.op.matmul(*args, out_dtype=WIDE)
+    a = call.attrs
+    return relax.op.nn.conv2d(*args, a.strides, a.padding, a.dilation, a.groups, str(a.data_layout),
+                              str(a.kernel_layout), None if a.out_layout is None else str(a.out_layout), WIDE)
+
+
+def widened(mod, func: relax.Function) -> relax.Function:
+    """``func`` with its narrow float ops computed in float32 (see the module's text)."""
+    if not has_narrow(func):
+        return func
+    return relax.analysis.remove_all_unused(Widen(mod).visit_expr(func))
