@@ -310,10 +310,11 @@ def test_integer_matmul_of_dynamic_quantization_runs_on_int8(act, wdt, wzero):
 
 
 @pytest.mark.parametrize("cpu, instruction", [("znver4", "vpdpbusd"), ("skylake-avx512", "vpmaddwd"),
-                                              ("haswell", "vpmaddwd")])
+                                              ("haswell", "vpmaddwd"), ("alderlake", "{vex}\tvpdpbusd")])
 def test_the_int8_step_is_vpdpbusd_only_where_the_target_has_vnni(cpu, instruction):
     """The product's step (the peak loop's and the microkernel's multiply_units) is
-    ``vpdpbusd`` on a VNNI target; elsewhere the widened form, with no VNNI instruction a
+    ``vpdpbusd`` on a VNNI target (AVX-VNNI's VEX form on ymm where the target has AVX2
+    and AVX-VNNI only: Alder Lake); elsewhere the widened form, with no VNNI instruction a
     CPU without it would fault on (the exported library's CPU check names the rest): LLVM
     makes the four widened multiply-adds ``vpmaddwd``. The loop's operands are its own
     accumulators, so LLVM cannot fold it (it did, with constant operands)."""
@@ -328,4 +329,4 @@ def test_the_int8_step_is_vpdpbusd_only_where_the_target_has_vnni(cpu, instructi
     with isa.compiling_for(machine):
         asm = jit.target_machine(machine).emit_assembly(llvm.parse_assembly(peak._dot_ir("uint8")))
     assert instruction in asm
-    assert ("vpdpbusd" in asm) == (cpu == "znver4")
+    assert ("vpdpbusd" in asm) == (cpu in ("znver4", "alderlake"))

@@ -159,24 +159,39 @@ def _dot_step(b, product, rows, aks, bp, bks, masks):
 
 
 DPBF16PS = "llvm.x86.avx512bf16.dpbf16ps.512"
-VPDPBUSD = "llvm.x86.avx512.vpdpbusd.512"
+# the int8 dot product per accumulator lanes: AVX512_VNNI's zmm form; on ymm, AVX-VNNI's
+# VEX form (Alder Lake and later Intel client cores, Zen 5) or AVX512_VNNI with VL
+VPDPBUSD = {16: ("llvm.x86.avx512.vpdpbusd.512", (("avx512vnni",),)),
+            8: ("llvm.x86.avx512.vpdpbusd.256", (("avxvnni",), ("avx512vnni", "avx512vl")))}
+
+
+def _dot_instruction(product, lanes: int):
+    """``(intrinsic, operand type)`` of ``product``'s dot-product instruction on ``lanes``
+    accumulator lanes, or None where the machine has none."""
+    machine = isa.current()
+    if product.a == "bfloat16":
+        return (DPBF16PS, ir.VectorType(BFLOAT, 32)) if lanes == 16 and machine.has("avx512bf16") else None
+    name, needs = VPDPBUSD.get(lanes, (None, ()))
+    if any(all(machine.has(f) for f in features) for features in needs):
+        return name, ir.VectorType(ir.IntType(8), 4 * lanes)
+    return None
 
 
 def multiply_units(b, product, a, bvec, acc):
     """``acc + sum over the group of a * b`` lane by lane (vectors of units). A float row:
     one fused multiply-add; bfloat16 pairs and int8 quads: their dot-product instruction
-    where the machine has it and the vector is one zmm, else exactly in wider lanes
+    where the machine has it for the vector's width, else exactly in wider lanes
     (:func:`_units_widened`)."""
     if product.group == 1:
         return multiply_add(b, a, bvec, acc)
     vt = acc.type
-    name, feature, operands = (DPBF16PS, "avx512bf16", ir.VectorType(BFLOAT, 32)) if product.a == "bfloat16" \
-        else (VPDPBUSD, "avx512vnni", ir.VectorType(ir.IntType(8), 64))
-    if isa.current().has(feature) and vt.count == 16:
-        fn = intrinsic(b.module, name, vt, [vt, operands, operands])
-        first, second = (bvec, a) if product.a == "int8" else (a, bvec)  # vpdpbusd: unsigned first
-        return b.call(fn, [acc, b.bitcast(first, operands), b.bitcast(second, operands)])
-    return _units_widened(b, product, a, bvec, acc)
+    instruction = _dot_instruction(product, vt.count)
+    if instruction is None:
+        return _units_widened(b, product, a, bvec, acc)
+    name, operands = instruction
+    fn = intrinsic(b.module, name, vt, [vt, operands, operands])
+    first, second = (bvec, a) if product.a == "int8" else (a, bvec)  # vpdpbusd: unsigned first
+    return b.call(fn, [acc, b.bitcast(first, operands), b.bitcast(second, operands)])
 
 
 def _units_widened(b, product, a, bvec, acc):
