@@ -161,3 +161,19 @@ def _onnx_block(torch, onnx, dtype):
         float16 = pytest.importorskip("onnxruntime.transformers.float16")
         model = float16.convert_float_to_float16(model, keep_io_types=False)
     return model, ref, [t.numpy() for t in inputs]
+
+
+@pytest.mark.parametrize("dtype, numpy", [("float16", np.float16), ("bfloat16", BF16)])
+def test_lookup_in_a_narrow_table_reads_it_narrow(dtype, numpy):
+    """An embedding lookup copies rows: the table stays in its dtype (no float32 copy of
+    it, at build time or at run time), the rows equal numpy's bit for bit."""
+    table = np.random.default_rng(3).standard_normal((50, 24)).astype(numpy)
+    mod = build_model({"ids": ((2, 7), "int64")},
+                      lambda bb, ids: bb.emit(R.multiply(R.take(relax.const(table), ids, axis=0),
+                                                         relax.const(np.array(2, numpy)))))
+    builds = build_both(mod, tvm_builds=False)
+    assert builds.report.fallbacks == [], str(builds.report)
+    (region,) = builds.report.regions
+    assert f"{dtype}[50x24]" in " ".join(region.inputs), region.inputs
+    ids = np.random.default_rng(4).integers(0, 50, (2, 7))
+    assert_bits_equal(run(builds.jit, ids), (table[ids] * numpy(2)).astype(numpy), "vs numpy")

@@ -224,8 +224,8 @@ class Take(PortableStage, kir.KernelStage):
 def _check_take(call) -> str | None:
     x, ind = call.args
     mode = str(call.attrs.mode)
-    problem = tensor_problem(x.ty, FLOATS if mode == "nan" else ALL) or \
-        tensor_problem(ind.ty, INTS) or tensor_problem(call.ty, ALL)
+    problem = tensor_problem(x.ty, FLOATS if mode == "nan" else STORED) or \
+        tensor_problem(ind.ty, INTS) or tensor_problem(call.ty, STORED)
     if problem:
         return f"relax.take: {problem}"
     if mode not in TAKE_MODES:

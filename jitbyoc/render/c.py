@@ -62,6 +62,8 @@ def c_literal(value, dt: str) -> str:
     d = lookup_dtype(dt)
     if d.is_bool:
         return "1" if value else "0"
+    if d.is_bfloat:
+        return f"((uint16_t){bfloat.bits(value):#06x})"
     v = d.held(value)
     if d.is_int:
         if d.bits < 64:

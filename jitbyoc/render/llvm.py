@@ -20,7 +20,7 @@ from functools import reduce
 
 from llvmlite import ir
 
-from ..ir import kir
+from ..ir import bfloat, kir
 from ..ir.dtypes import dtype as lookup_dtype
 from ..ir.errors import RenderError, error_context
 from ..ir.llvmtypes import I8, I32, I64, PTR, declare
@@ -41,7 +41,7 @@ class Emitter:
 
     def const(self, value, dt: str):
         d = lookup_dtype(dt)
-        scalar = ir.Constant(d.ir, d.held(value))
+        scalar = ir.Constant(d.ir, bfloat.bits(value) if d.is_bfloat else d.held(value))
         return scalar if self.lanes == 1 else SplatConstant(scalar, self.lanes)
 
     def op(self, name: str, dt: str, *args, **attrs):
