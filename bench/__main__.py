@@ -38,11 +38,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, metavar="DIR", help="where results.json/.csv and the "
                    f"plot go (default {DEFAULT_OUT}, {DEFAULT_OUT / 'zoo'} for the zoo suite)")
     p.add_argument("--no-peers", action="store_true", help="skip torch, onnxruntime and openvino")
-    p.add_argument("--precision", choices=("fp32", "bf16", "int8"), default="fp32", help="zoo "
+    p.add_argument("--precision", choices=("fp32", "bf16", "int8", "fp16"), default="fp32", help="zoo "
                    "suite: what jitbyoc's products run in; bf16 builds jitbyoc.lower_precision(mod, "
                    "'bf16'), int8 the model's int8 QDQ copy (onnxruntime's quantize_static) "
-                   "against onnxruntime and OpenVINO on that copy; both report accuracy against "
-                   "the fp32 model (default fp32)")
+                   "against onnxruntime and OpenVINO on that copy; fp16 the model's float16 copy "
+                   "(onnxruntime's convert_float_to_float16, float32 inputs and outputs) against "
+                   "onnxruntime and OpenVINO on that copy; all report accuracy against the fp32 "
+                   "model (default fp32)")
     p.add_argument("--keep-cache", action="store_true", help="use jitbyoc's own disk cache "
                    "(default: an empty temporary one, so cold builds are cold)")
     p.add_argument("--target", metavar="TARGET", help="build for this TVM target: JSON "
@@ -183,8 +185,8 @@ def bench(args: argparse.Namespace) -> int:
     zoo = bool(entries) and entries[0].suite == "zoo"
     if args.precision != "fp32" and not zoo:
         log.error("--precision %s needs --suite zoo (the default suite's weights are inputs, "
-                  "which lower_precision leaves float32, and quantize_static would quantize "
-                  "as activations)", args.precision)
+                  "which lower_precision and the float16 converter leave float32, and "
+                  "quantize_static would quantize as activations)", args.precision)
         return 2
     args.out = args.out or (DEFAULT_OUT / "zoo" if zoo else DEFAULT_OUT)
     if zoo:  # every runtime gets TVM's thread count, explicitly (its pool is not started

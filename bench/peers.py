@@ -5,8 +5,8 @@ its warm-up and the reference for its error against TVM), and the precision it r
 Anything a peer cannot do is returned as a note string, never raised: peers are optional.
 onnxruntime and OpenVINO (:mod:`bench.peer_openvino`) read the same ONNX file, written
 once per model (:class:`ModelFiles`); ``onnxruntime_int8`` and ``openvino_int8`` read its
-int8 QDQ copy (:mod:`bench.qdq`). Every peer runs with its own defaults, the thread count
-aside.
+int8 QDQ copy (:mod:`bench.qdq`), ``onnxruntime_fp16`` and ``openvino_fp16`` its float16
+copy (:mod:`bench.fp16`). Every peer runs with its own defaults, the thread count aside.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from . import qdq
+from . import fp16, qdq
 from .peer_openvino import CANDIDATES as OPENVINO, openvino_candidate
 
 log = logging.getLogger(__name__)
@@ -30,6 +30,11 @@ NAMES = ("torch", "onnxruntime")  # the default suite's peers
 ALL_NAMES = NAMES + tuple(OPENVINO)  # "openvino" (its default precision), "openvino_f32"
 # the peers that run the model's int8 QDQ copy (:mod:`bench.qdq`) instead; precision "int8"
 INT8_NAMES = ("onnxruntime_int8", "openvino_int8")
+# the peers that run its float16 copy (:mod:`bench.fp16`): onnxruntime's precision "fp16",
+# OpenVINO's what it reads back (it runs the file in its inference precision)
+FP16_NAMES = ("onnxruntime_fp16", "openvino_fp16")
+# the ModelFiles attribute of each precision's file
+FILES = {"fp32": "onnx", "int8": "qdq", "fp16": "fp16"}
 
 
 @dataclass
@@ -120,11 +125,12 @@ def session_options(threads: int | None):
 class ModelFiles:
     """The files of one model that peers read, written on first use: the ONNX file
     (:func:`onnx_file`), its int8 QDQ copy (:func:`bench.qdq.qdq_copy`, cached in
-    ``qdq_dir``, default :data:`bench.qdq.CACHE_DIR`) and its inputs as ``.npz`` (for
-    OpenVINO's probe)."""
+    ``qdq_dir``, default :data:`bench.qdq.CACHE_DIR`), its float16 copy
+    (:func:`bench.fp16.fp16_copy`, in ``fp16_dir``, default :data:`bench.fp16.CACHE_DIR`)
+    and its inputs as ``.npz`` (for OpenVINO's probe)."""
 
-    def __init__(self, case, workdir: str, name: str, qdq_dir=None):
-        self.case, self.name, self.qdq_dir = case, name, qdq_dir
+    def __init__(self, case, workdir: str, name: str, qdq_dir=None, fp16_dir=None):
+        self.case, self.name, self.qdq_dir, self.fp16_dir = case, name, qdq_dir, fp16_dir
         self.onnx_path, self.inputs_path = model_paths(workdir, name)
 
     @functools.cached_property
@@ -140,14 +146,20 @@ class ModelFiles:
     @functools.cached_property
     def qdq(self) -> tuple[str | None, str | None]:
         """``(path, None)`` of the int8 QDQ copy of :attr:`onnx`, else ``(None, why not)``."""
-        path, why = self.onnx
-        if why:
-            return None, why
-        return qdq.qdq_copy(path, self.case.inputs, self.name, self.qdq_dir)
+        return self._copy(lambda path: qdq.qdq_copy(path, self.case.inputs, self.name, self.qdq_dir))
 
-    def path(self, int8: bool) -> tuple[str | None, str | None]:
-        """:attr:`qdq` if ``int8``, else :attr:`onnx`."""
-        return self.qdq if int8 else self.onnx
+    @functools.cached_property
+    def fp16(self) -> tuple[str | None, str | None]:
+        """``(path, None)`` of the float16 copy of :attr:`onnx`, else ``(None, why not)``."""
+        return self._copy(lambda path: fp16.fp16_copy(path, self.name, self.fp16_dir))
+
+    def _copy(self, make) -> tuple[str | None, str | None]:
+        path, why = self.onnx
+        return (None, why) if why else make(path)
+
+    def path(self, precision: str = "fp32") -> tuple[str | None, str | None]:
+        """The file of ``precision`` (a key of :data:`FILES`): :attr:`onnx`, :attr:`qdq`, ..."""
+        return getattr(self, FILES[precision])
 
     @functools.cached_property
     def inputs(self) -> str:
@@ -160,13 +172,19 @@ def model_paths(workdir: str, name: str) -> tuple[str, str]:
     return os.path.join(workdir, f"{name}.onnx"), os.path.join(workdir, f"{name}.inputs.npz")
 
 
-def onnxruntime_peer(files: ModelFiles, threads: int | None, int8: bool = False) -> Peer | str:
-    """Run the model's ONNX file (``int8``: its QDQ copy) with onnxruntime's CPU provider."""
+def peer_name(name: str, precision: str) -> str:
+    """The name of peer ``name`` on the file of ``precision``: ``onnxruntime_int8``, ..."""
+    return name if precision == "fp32" else f"{name}_{precision}"
+
+
+def onnxruntime_peer(files: ModelFiles, threads: int | None, precision: str = "fp32") -> Peer | str:
+    """Run the model's file of ``precision`` (its ONNX file, QDQ or float16 copy) with
+    onnxruntime's CPU provider."""
     if version("onnxruntime") is None:
         return "onnxruntime not installed"
     import onnxruntime as ort
 
-    path, why = files.path(int8)
+    path, why = files.path(precision)
     if why:
         return why
     case = files.case
@@ -179,42 +197,43 @@ def onnxruntime_peer(files: ModelFiles, threads: int | None, int8: bool = False)
     def run():
         return sess.run(None, feed)
 
-    if int8:
-        return Peer("onnxruntime_int8", run, as_numpy(run()), "int8")
-    return Peer("onnxruntime", run, as_numpy(run()))
+    return Peer(peer_name("onnxruntime", precision), run, as_numpy(run()), precision)
 
 
 def openvino_peer(files: ModelFiles, candidate: str, threads: int | None,
-                  int8: bool = False) -> Peer | str:
-    """OpenVINO's ``candidate`` (a key of :data:`OPENVINO`) on the model's ONNX file, or
-    (``int8``) on its QDQ copy, which OpenVINO runs in int8 (``openvino_int8``)."""
+                  precision: str = "fp32") -> Peer | str:
+    """OpenVINO's ``candidate`` (a key of :data:`OPENVINO`) on the model's file of
+    ``precision``: its ONNX file, its QDQ copy, which OpenVINO runs in int8
+    (``openvino_int8``), or its float16 copy (``openvino_fp16``), which it runs in its
+    inference precision (read back: bf16 on a CPU with AVX512_BF16, else f32)."""
     if version("openvino") is None:
         return "openvino not installed"
-    path, why = files.path(int8)
+    path, why = files.path(precision)
     if why:
         return why
     got = openvino_candidate(path, files.case.inputs, files.inputs, candidate, threads)
     if isinstance(got, str):
         return got
-    run, outputs, precision = got
-    if int8:  # its products run in int8; the precision read back is its float ops'
-        return Peer(f"{candidate}_int8", run, outputs, "int8")
-    return Peer(candidate, run, outputs, precision)
+    run, outputs, ran_in = got
+    # int8: its products run in int8; the precision read back is its float ops'
+    return Peer(peer_name(candidate, precision), run, outputs, "int8" if precision == "int8" else ran_in)
 
 
 def make_peers(case, workdir: str, name: str, threads: int | None,
                names: tuple[str, ...] = NAMES,
                files: ModelFiles | None = None) -> tuple[list[Peer], list[str]]:
-    """Every peer of ``names`` (see :data:`ALL_NAMES`, :data:`INT8_NAMES`) that can run
-    ``case``, in that order, and a note for each that cannot. ``files``: the model's files,
-    if already made."""
+    """Every peer of ``names`` (see :data:`ALL_NAMES`, :data:`INT8_NAMES`,
+    :data:`FP16_NAMES`) that can run ``case``, in that order, and a note for each that
+    cannot. ``files``: the model's files, if already made."""
     peers, notes = [], []
     files = files or ModelFiles(case, workdir, name)
     makers = {"torch": lambda: torch_peer(case),
-              "onnxruntime": lambda: onnxruntime_peer(files, threads),
-              "onnxruntime_int8": lambda: onnxruntime_peer(files, threads, int8=True),
-              "openvino_int8": lambda: openvino_peer(files, "openvino", threads, int8=True),
               **{c: functools.partial(openvino_peer, files, c, threads) for c in OPENVINO}}
+    for p in FILES:  # onnxruntime on each file, OpenVINO's default on the copies
+        makers[peer_name("onnxruntime", p)] = functools.partial(onnxruntime_peer, files, threads, p)
+        if p != "fp32":
+            makers[peer_name("openvino", p)] = functools.partial(openvino_peer, files, "openvino",
+                                                                  threads, p)
     for peer in names:
         try:
             got = makers[peer]()

@@ -15,6 +15,8 @@ named by the model and a hash of the fp32 file's bytes, the recipe, the calibrat
 batches and the onnx and onnxruntime versions: a changed source file, recipe or quantizer
 makes a new copy, which replaces the model's older ones. A copy is written under a
 temporary name and renamed when complete, so an interrupted run leaves nothing to reuse.
+:func:`cached_copy` does that for any copy of a model's ONNX file (:mod:`bench.fp16`'s
+float16 copies too).
 """
 
 from __future__ import annotations
@@ -54,8 +56,9 @@ def calibration_batches(inputs: list[np.ndarray], name: str,
     return [[draw(np.asarray(x)) for x in inputs] for _ in range(count)]
 
 
-def cache_key(fp32_path: str, batches: list[list[np.ndarray]]) -> str:
-    """The hash a copy is cached under (see the module docstring)."""
+def cache_key(fp32_path: str, recipe: dict, batches: list[list[np.ndarray]] = ()) -> str:
+    """The hash a copy made by ``recipe`` (from ``batches``) is cached under (see the
+    module docstring)."""
     import onnx
     import onnxruntime
 
@@ -63,7 +66,7 @@ def cache_key(fp32_path: str, batches: list[list[np.ndarray]]) -> str:
     with open(fp32_path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
-    digest.update(json.dumps(RECIPE, sort_keys=True).encode())
+    digest.update(json.dumps(recipe, sort_keys=True).encode())
     digest.update(f"onnx {onnx.__version__} onnxruntime {onnxruntime.__version__}".encode())
     for batch in batches:
         for x in batch:
@@ -127,18 +130,48 @@ def output_softmax(model) -> list[str]:
     return [n.name for n in model.graph.node if n.op_type == "Softmax" and set(n.output) & outputs]
 
 
+def write_whole(out_path: Path, write) -> None:
+    """``write(path)`` to a temporary name beside ``out_path``, renamed to it when complete:
+    written whole or not at all."""
+    fd, partial = tempfile.mkstemp(prefix=out_path.name + ".", suffix=".partial", dir=out_path.parent)
+    os.close(fd)
+    try:
+        write(partial)
+        os.replace(partial, out_path)
+    finally:
+        Path(partial).unlink(missing_ok=True)
+
+
 def make_copy(fp32_path: str, out_path: Path, batches: list[list[np.ndarray]]) -> None:
     """Quantize the file at ``fp32_path`` into ``out_path``, written whole or not at all."""
     import onnx
 
     model = at_least_opset(onnx.load(fp32_path))
-    fd, partial = tempfile.mkstemp(prefix=out_path.name + ".", suffix=".partial", dir=out_path.parent)
-    os.close(fd)
+    write_whole(out_path, lambda partial: quantize(model, partial, batches))
+
+
+def cached_copy(fp32_path: str, name: str, kind: str, recipe: dict, make, cache_dir: Path,
+                batches: list[list[np.ndarray]] = (), *,
+                failed: str = "quantization") -> tuple[str | None, str | None]:
+    """The ``kind`` copy (``qdq``, ``fp16``) of model ``name``'s ONNX file at ``fp32_path``,
+    made by ``make(path)`` by ``recipe`` (from ``batches``), or found in ``cache_dir``:
+    ``(path, None)``, else ``(None, "<failed> failed: ...")``. A new copy replaces the
+    model's older ones."""
     try:
-        quantize(model, partial, batches)
-        os.replace(partial, out_path)
-    finally:
-        Path(partial).unlink(missing_ok=True)
+        path = cache_dir / f"{name}.{cache_key(fp32_path, recipe, batches)}.{kind}.onnx"
+        if path.exists():
+            log.debug("%s: %s copy from the cache, %s", name, kind, path)
+            return str(path), None
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        log.info("%s: making its %s copy in %s", name, kind, path)
+        make(path)
+    except Exception as err:  # the model is skipped at this precision, the bench goes on
+        log.debug("making the %s copy of %s failed", kind, fp32_path, exc_info=True)
+        return None, f"{failed} failed: {type(err).__name__}: {str(err)[:160]}"
+    for stale in cache_dir.glob(f"{name}.*.{kind}.onnx"):  # the same model's older copies
+        if stale != path:
+            stale.unlink(missing_ok=True)
+    return str(path), None
 
 
 def qdq_copy(fp32_path: str, inputs: list[np.ndarray], name: str,
@@ -157,28 +190,15 @@ def qdq_copy(fp32_path: str, inputs: list[np.ndarray], name: str,
     cache_dir : Path, optional
         Where copies are kept.
     """
-    cache_dir = Path(cache_dir or CACHE_DIR)
-    try:
-        batches = calibration_batches(inputs, name)
-        path = cache_dir / f"{name}.{cache_key(fp32_path, batches)}.qdq.onnx"
-        if path.exists():
-            log.debug("%s: int8 copy from the cache, %s", name, path)
-            return str(path), None
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        log.info("%s: quantizing to int8 (QDQ) into %s", name, path)
-        make_copy(fp32_path, path, batches)
-    except Exception as err:  # the model is skipped at int8, the bench goes on
-        log.debug("quantizing %s failed", fp32_path, exc_info=True)
-        return None, f"quantization failed: {type(err).__name__}: {str(err)[:160]}"
-    for stale in cache_dir.glob(f"{name}.*.qdq.onnx"):  # the same model's older copies
-        if stale != path:
-            stale.unlink(missing_ok=True)
-    return str(path), None
+    batches = calibration_batches(inputs, name)
+    return cached_copy(fp32_path, name, "qdq", RECIPE,
+                       lambda path: make_copy(fp32_path, path, batches),
+                       Path(cache_dir or CACHE_DIR), batches)
 
 
-def import_qdq(path: str):
-    """The QDQ file at ``path`` as a Relax module, through TVM's ONNX frontend (as the zoo
-    imports its ONNX models: weights as constants)."""
+def import_onnx(path: str):
+    """The ONNX file at ``path`` (a QDQ or float16 copy) as a Relax module, through TVM's
+    ONNX frontend (as the zoo imports its ONNX models: weights as constants)."""
     import onnx
     from tvm.relax.frontend.onnx import from_onnx
 

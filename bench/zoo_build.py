@@ -1,8 +1,9 @@
 """The zoo suite's builds of one model (:mod:`bench.zoo_run` measures them): the frontend
 import, the lowering to ``--precision`` (bf16: ``jitbyoc.lower_precision``; int8: the
-model's QDQ copy, :mod:`bench.qdq`, through TVM's ONNX frontend), jitbyoc's cold build and
-TVM's default build of the module that results, and (bf16, int8) the outputs of jitbyoc's
-fp32 build of the fp32 model, the accuracy columns' reference.
+model's QDQ copy, :mod:`bench.qdq`; fp16: its float16 copy, :mod:`bench.fp16`; both
+through TVM's ONNX frontend), jitbyoc's cold build and TVM's default build of the module
+that results, and (bf16, int8, fp16) the outputs of jitbyoc's fp32 build of the fp32
+model, the accuracy columns' reference.
 """
 
 from __future__ import annotations
@@ -15,6 +16,11 @@ from .flops import count_flops
 from .models import Entry
 from .run import failure, vm_runner
 from .timing import timed
+
+# the precisions whose module is a copy of the model's ONNX file: what the copy is called
+# and the row's fields of its making, import and path
+COPIES = {"int8": ("int8 QDQ copy", "quantize_s", "qdq_import_s", "qdq_file"),
+          "fp16": ("fp16 copy", "fp16_convert_s", "fp16_import_s", "fp16_file")}
 
 
 def build(entry: Entry, mod) -> dict | Skip:
@@ -43,21 +49,23 @@ def build(entry: Entry, mod) -> dict | Skip:
     return built
 
 
-def int8_module(entry: Entry, files: peers_mod.ModelFiles) -> tuple[object, dict] | Skip:
-    """The model's int8 QDQ copy (made, or found in the cache) as a Relax module, through
-    TVM's ONNX frontend, and the row's fields about it; a Skip if there is no copy."""
-    _, why = files.onnx  # the fp32 file first: its export is not the quantizer's time
+def copy_module(entry: Entry, files: peers_mod.ModelFiles,
+                precision: str) -> tuple[object, dict] | Skip:
+    """The model's copy at ``precision`` (a key of :data:`COPIES`; made, or found in the
+    cache) as a Relax module, through TVM's ONNX frontend, and the row's fields about it;
+    a Skip if there is no copy."""
+    what, make_key, import_key, file_key = COPIES[precision]
+    _, why = files.onnx  # the fp32 file first: its export is not the copy's time
     if why:
-        return Skip(f"no int8 QDQ copy: {why}")
-    (path, why), seconds = timed(lambda: files.qdq)
+        return Skip(f"no {what}: {why}")
+    (path, why), seconds = timed(lambda: files.path(precision))
     if why:
-        return Skip(f"no int8 QDQ copy: {why}")
+        return Skip(f"no {what}: {why}")
     try:
-        mod, import_s = timed(lambda: qdq.import_qdq(path))
+        mod, import_s = timed(lambda: qdq.import_onnx(path))
     except Exception as err:
-        return failure(entry, "importing the int8 QDQ copy", err)
-    return mod, {"precision": "int8", "quantize_s": seconds, "qdq_import_s": import_s,
-                 "qdq_file": path}
+        return failure(entry, f"importing the {what}", err)
+    return mod, {"precision": precision, make_key: seconds, import_key: import_s, file_key: path}
 
 
 def lower(entry: Entry, case, precision: str,
@@ -65,8 +73,8 @@ def lower(entry: Entry, case, precision: str,
     """The module jitbyoc builds at ``precision`` and the row's fields about it."""
     if precision == "fp32":
         return case.mod, {"precision": "fp32"}
-    if precision == "int8":
-        return int8_module(entry, files)
+    if precision in COPIES:
+        return copy_module(entry, files, precision)
     import jitbyoc
 
     try:
@@ -92,9 +100,9 @@ def prepare(entry: Entry, precision: str, workdir: str) -> tuple | Skip:
     """Import the model, lower it to ``precision``, build it both ways; a Skip if any fails.
 
     Returns ``(case, fields, built, reference, files)``: the case, the row's fields so
-    far, :func:`build`'s executables and times, (bf16, int8) the fp32 build's outputs or
-    None, and the model's files for the peers (its ONNX file and QDQ copy, written in
-    ``workdir`` and :data:`bench.qdq.CACHE_DIR` when first asked for).
+    far, :func:`build`'s executables and times, (bf16, int8, fp16) the fp32 build's
+    outputs or None, and the model's files for the peers (its ONNX file, QDQ and float16
+    copies, written in ``workdir`` and the copies' cache directories when first asked for).
     """
     try:
         case, import_s = timed(entry.make)

@@ -10,16 +10,22 @@ import logging
 import textwrap
 from pathlib import Path
 
+from .peers import FP16_NAMES, INT8_NAMES
 from .report import PEER_LABELS, fmt_ms, fmt_num, format_machine, write_csv, write_json
 from .zoo_run import PEERS, columns
 
 log = logging.getLogger(__name__)
-# onnxruntime and OpenVINO on the int8 QDQ copy (--precision int8): "ort qdq", "ov qdq"
+# onnxruntime and OpenVINO on the int8 QDQ copy (--precision int8): "ort qdq", "ov qdq";
+# on the float16 copy (--precision fp16): "ort fp16", "ov fp16"
 LABELS = {**PEER_LABELS, "openvino": "ov", "openvino_f32": "ov f32", "tvm": "tvm",
-          "onnxruntime_int8": "ort qdq", "openvino_int8": "ov qdq"}
+          "onnxruntime_int8": "ort qdq", "openvino_int8": "ov qdq",
+          "onnxruntime_fp16": "ort fp16", "openvino_fp16": "ov fp16"}
 # a jit/X column each, when X ran
-RATIO_PEERS = ("onnxruntime", "openvino", "onnxruntime_int8", "openvino_int8")
-ACCURACY = ("jitbyoc", "onnxruntime_int8", "openvino_int8", "openvino")  # 1-cos, top1 columns
+RATIO_PEERS = ("onnxruntime", "openvino", "onnxruntime_int8", "openvino_int8", "onnxruntime_fp16",
+               "openvino_fp16")
+# 1-cos, top1 columns
+ACCURACY = ("jitbyoc", "onnxruntime_int8", "openvino_int8", "onnxruntime_fp16", "openvino_fp16",
+            "openvino")
 
 
 def _ratio(row: dict, key: str) -> str:
@@ -49,10 +55,12 @@ def _run_columns(rows: list[dict]) -> list[tuple[str, object]]:
 
 def _accuracy_columns(rows: list[dict]) -> list[tuple[str, object]]:
     """1 - cos and top-1 against the fp32 model, for jitbyoc and the peers of
-    :data:`ACCURACY` where they ran in a lower precision (fp32 rows have none)."""
+    :data:`ACCURACY` where they ran in a lower precision or on a lower-precision copy
+    (OpenVINO runs the float16 copy in f32 on a CPU without bf16; fp32 rows have none)."""
     cols = []
     for who in ACCURACY:
-        if any(r.get(f"{who}_precision") not in (None, "fp32") for r in _ran(rows, who)):
+        if any(r.get(f"{who}_precision") not in (None, "fp32") or who in INT8_NAMES + FP16_NAMES
+               for r in _ran(rows, who)):
             short = "jit" if who == "jitbyoc" else LABELS[who]
             cols += [(f"1-cos {short}", lambda r, w=who: fmt_num(r.get(f"{w}_cos_err"), ".1e")),
                      (f"top1 {short}", lambda r, w=who: fmt_num(r.get(f"{w}_top1"), ".0%"))]
@@ -90,8 +98,9 @@ def _summary_lines(summary: dict, machine: dict) -> list[str]:
                  "of conv/matmul/attention (bf16 GFLOP: those lowered to bf16); "
                  + _peak_note(machine) +
                  "ref = what jitbyoc's output is checked against ('!' = rel err above "
-                 "tolerance; at int8 not judged); 1-cos, top1 = against jitbyoc's fp32 build "
-                 "of the fp32 model; ort/ov qdq = onnxruntime/OpenVINO on the int8 QDQ copy; "
+                 "tolerance; at int8 and fp16 not judged); 1-cos, top1 = against jitbyoc's "
+                 "fp32 build of the fp32 model; ort/ov qdq, ort/ov fp16 = onnxruntime/OpenVINO "
+                 "on the int8 QDQ copy, the float16 copy; "
                  "load = 1-min load average after the model")
     return lines
 
@@ -159,7 +168,8 @@ def plot_ratios(path: Path, rows: list[dict], title: str) -> bool:
         return False
     colors = {"onnxruntime": "tab:blue", "openvino": "tab:purple", "openvino_f32": "tab:green",
               "torch": "tab:orange", "tvm": "tab:gray", "onnxruntime_int8": "tab:cyan",
-              "openvino_int8": "tab:pink"}
+              "openvino_int8": "tab:pink", "onnxruntime_fp16": "tab:olive",
+              "openvino_fp16": "tab:red"}
     fig, ax = plt.subplots(figsize=(max(6.0, 0.6 * len(rows) + 2), 4.8))
     ys = [r["ratio_fastest"] for r in rows]
     # bars grow from 1.0 (parity), up when jitbyoc is slower, down when it is faster

@@ -25,6 +25,13 @@ for reference, OpenVINO at its default precision and at f32 on the fp32 file. Th
 accuracy against the fp32 model is in the row as jitbyoc's is. jitbyoc's output is
 compared with TVM's build of the same QDQ module but not judged (no tolerance): rounding
 flips of the int8 steps cascade through a deep model, and no bound has been measured.
+
+``precision="fp16"`` (``--precision fp16``): the same with the model's float16 copy
+(:mod:`bench.fp16`, float32 inputs and outputs): onnxruntime and OpenVINO (its default
+precision, read back) on that file (``onnxruntime_fp16``, ``openvino_fp16``), OpenVINO at
+its default precision and at f32 on the fp32 file for reference. jitbyoc is compared with
+TVM's build of the same module but not judged: TVM's build sums float16 products in
+float16, jitbyoc in float32, so their difference is mostly TVM's rounding.
 """
 
 from __future__ import annotations
@@ -48,23 +55,26 @@ from .zoo_build import prepare
 
 log = logging.getLogger(__name__)
 # the order of the blocks, after jitbyoc
-PEERS = ("onnxruntime", "onnxruntime_int8", "openvino_int8", "openvino", "openvino_f32",
-         "torch", "tvm")
+PEERS = ("onnxruntime", "onnxruntime_int8", "openvino_int8", "onnxruntime_fp16",
+         "openvino_fp16", "openvino", "openvino_f32", "torch", "tvm")
 # the peers of each --precision (TVM default builds the module jitbyoc builds); at int8
-# OpenVINO on the fp32 file (default precision, f32) is a reference column
+# and fp16 OpenVINO on the fp32 file (default precision, f32) is a reference column
 PEER_NAMES = {"fp32": ("onnxruntime", "openvino", "openvino_f32", "torch"),
               "bf16": ("onnxruntime", "openvino", "openvino_f32"),
-              "int8": ("onnxruntime_int8", "openvino_int8", "openvino", "openvino_f32")}
+              "int8": ("onnxruntime_int8", "openvino_int8", "openvino", "openvino_f32"),
+              "fp16": ("onnxruntime_fp16", "openvino_fp16", "openvino", "openvino_f32")}
 # what jitbyoc's output is checked against, the first that ran: only TVM's build runs the
-# same bf16 (int8) module; the peers' outputs are the accuracy columns' business
-REFERENCES = {"fp32": ("tvm", "onnxruntime", "torch"), "bf16": ("tvm",), "int8": ("tvm",)}
+# same bf16 (int8, fp16) module; the peers' outputs are the accuracy columns' business
+REFERENCES = {"fp32": ("tvm", "onnxruntime", "torch"), "bf16": ("tvm",), "int8": ("tvm",),
+              "fp16": ("tvm",)}
 # max normwise rel err against it. At bf16 the fp32 sums' tiny differences of order flip
 # some operands' rounding to bfloat16, and the flips cascade through a deep model
 # (ShuffleNet: 1.6e-3 from TVM's build of the same module, both ~4e-3 from fp32): one
 # bfloat16 ulp of the largest output is allowed. int8: None, reported but not judged
 # (a flipped int8 step cascades too, and a softmax quantized in steps of 1/255 makes one
-# step a large share of its largest output; no bound has been measured yet)
-TOLERANCES = {"fp32": TOLERANCE, "bf16": 2.0 ** -7, "int8": None}
+# step a large share of its largest output; no bound has been measured yet). fp16: None
+# too (TVM's build sums float16 products in float16, jitbyoc in float32)
+TOLERANCES = {"fp32": TOLERANCE, "bf16": 2.0 ** -7, "int8": None, "fp16": None}
 # the dot-product loop "% peak" takes narrow products at (kernels_matmul.dot_machine_peak)
 NARROW_PRODUCTS = {"bf16": "bfloat16", "int8": "uint8"}
 BLOCK_SECONDS, SETTLE_SECONDS = 0.3, 0.1
@@ -75,7 +85,8 @@ def columns() -> list[str]:
     cols = ["model", "description", "precision", "reference", "tvm_default", "gflop",
             "lowered_gflop", "model_ops", "offloaded_ops", "total_ops", "offload_share",
             "regions", "cold_cache_hits", "left_to_tvm", "import_s", "lower_s", "quantize_s",
-            "qdq_import_s", "qdq_file", "build_cold_jitbyoc_s", "build_tvm_s", "rounds", "loadavg"]
+            "qdq_import_s", "qdq_file", "fp16_convert_s", "fp16_import_s", "fp16_file",
+            "build_cold_jitbyoc_s", "build_tvm_s", "rounds", "loadavg"]
     for who in ("jitbyoc",) + PEERS:
         cols += [f"{who}_median_s", f"{who}_min_s", f"{who}_max_s", f"{who}_n", f"{who}_gflops",
                  f"{who}_precision"]
@@ -246,11 +257,12 @@ def summarize(rows: list[dict]) -> dict:
 
 def main(args, entries: list[Entry], tqdm) -> int:
     """The zoo suite end to end: peak, models, table, files (``python -m bench --suite zoo``)."""
-    from . import qdq, report, zoo_report
+    from . import fp16, qdq, report, zoo_report
     from .kernels_matmul import LOOPS, dot_machine_peak, machine_peak
     from .run import machine_info, warm_process
 
     threads = args.threads or os.cpu_count()
+    copy = {"int8": qdq, "fp16": fp16}.get(args.precision)  # the module of its copies' recipe
     machine = machine_info(threads)
     peak = machine_peak(threads)
     machine["peak_gflops"] = peak
@@ -274,7 +286,7 @@ def main(args, entries: list[Entry], tqdm) -> int:
         "threads": threads, "peers": not args.no_peers, "precision": args.precision,
         "tolerance": TOLERANCES[args.precision], "block_seconds": BLOCK_SECONDS,
         "settle_seconds": SETTLE_SECONDS, "total_seconds": seconds,
-        **({"int8": {**qdq.RECIPE, "cache": str(qdq.CACHE_DIR)}} if args.precision == "int8" else {})})
+        **({args.precision: {**copy.RECIPE, "cache": str(copy.CACHE_DIR)}} if copy else {})})
     print(f"{len(rows)} models measured, {len(skipped)} skipped in {seconds:.1f} s; "
           f"wrote {', '.join(str(p) for p in paths)}")
     return 0

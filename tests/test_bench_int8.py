@@ -32,7 +32,7 @@ def _classifier_onnx(opset: int = 11):
     return model, rng.standard_normal((4, 64)).astype("float32")
 
 
-def _entry():
+def _entry(name: str = "tiny_int8"):
     """The tiny classifier as a zoo Entry (its case carries the ONNX file, as the onnx_* do)."""
     from tvm.relax.frontend.onnx import from_onnx
 
@@ -45,7 +45,7 @@ def _entry():
         return Case(from_onnx(model, keep_params_in_input=False), [x],
                     onnx_model=model.SerializeToString())
 
-    return Entry("tiny_int8", make, "a linear classifier", 1, suite="zoo")
+    return Entry(name, make, "a linear classifier", 1, suite="zoo")
 
 
 def _fp32_file(tmp_path, opset: int = 11) -> tuple[str, np.ndarray]:
@@ -227,37 +227,45 @@ def test_int8_needs_the_zoo_suite():
 
 
 def test_int8_zoo_runs_end_to_end_on_squeezenet(tmp_path, monkeypatch, capsys):
-    """``python -m bench --suite zoo --precision int8 --model onnx_squeezenet`` in this
-    process, one round, without peers (the row test has them) and with stand-in peaks (the
-    peak loops are not what is tested): the light model is converted to opset 13,
-    quantized, imported, built, checked against TVM's build and timed."""
-    pytest.importorskip("tqdm", reason="the harness needs the bench extra")
-    from bench import kernels_matmul, qdq
-    from bench.__main__ import main
-    from bench.zoo_onnx import LIGHT_MODELS, light_path
+    """``python -m bench --suite zoo --precision int8 --model onnx_squeezenet``
+    (:func:`run_squeezenet`): the light model is converted to opset 13, quantized,
+    imported, built, checked against TVM's build and timed."""
+    from bench import qdq
 
-    if not os.path.exists(light_path(LIGHT_MODELS["squeezenet"])):
-        pytest.skip("light_squeezenet.onnx is not in this onnx wheel")
     monkeypatch.setattr(qdq, "CACHE_DIR", tmp_path / "qdq")
-    monkeypatch.setattr(kernels_matmul, "machine_peak", lambda threads: 100.0)
-    monkeypatch.setattr(kernels_matmul, "dot_machine_peak", lambda product, threads: 400.0)
-    monkeypatch.setenv("TVM_NUM_THREADS", "1")
-    out = tmp_path / "out"
-    argv = ["--suite", "zoo", "--precision", "int8", "--model", "onnx_squeezenet", "--repeat", "1",
-            "--threads", "1", "--no-peers", "--keep-cache", "--out", str(out)]
-    torch_threads = _torch_threads()
-    try:
-        assert main(argv) == 0
-    finally:  # main sets torch's thread count for the process: the later tests get it back
-        _torch_threads(torch_threads)
-    stdout = capsys.readouterr().out
-    data = json.loads((out / "results.json").read_text())
-    assert not data["skipped"] and [r["model"] for r in data["rows"]] == ["onnx_squeezenet"]
+    data, stdout = run_squeezenet("int8", tmp_path, monkeypatch, capsys)
     row = data["rows"][0]
     assert row["precision"] == "int8" and row["reference"] == "tvm" and row["jitbyoc_median_s"] > 0
     assert row["jitbyoc_cos_err"] is not None and row["qdq_file"].startswith(str(tmp_path / "qdq"))
     assert data["settings"]["int8"]["per_channel"] and data["machine"]["int8_peak_gflops"] == 400.0
     assert "jitbyoc ms [int8]" in stdout and "vpdpbusd loop 400.0" in stdout
+
+
+def run_squeezenet(precision: str, tmp_path, monkeypatch, capsys) -> tuple[dict, str]:
+    """``python -m bench --suite zoo --precision <precision> --model onnx_squeezenet`` in
+    this process, one round, without peers (the row tests have them) and with stand-in
+    peaks (the peak loops are not what is tested): results.json and what it printed."""
+    pytest.importorskip("tqdm", reason="the harness needs the bench extra")
+    from bench import kernels_matmul
+    from bench.__main__ import main
+    from bench.zoo_onnx import LIGHT_MODELS, light_path
+
+    if not os.path.exists(light_path(LIGHT_MODELS["squeezenet"])):
+        pytest.skip("light_squeezenet.onnx is not in this onnx wheel")
+    monkeypatch.setattr(kernels_matmul, "machine_peak", lambda threads: 100.0)
+    monkeypatch.setattr(kernels_matmul, "dot_machine_peak", lambda product, threads: 400.0)
+    monkeypatch.setenv("TVM_NUM_THREADS", "1")
+    out = tmp_path / "out"
+    argv = ["--suite", "zoo", "--precision", precision, "--model", "onnx_squeezenet", "--repeat",
+            "1", "--threads", "1", "--no-peers", "--keep-cache", "--out", str(out)]
+    torch_threads = _torch_threads()
+    try:
+        assert main(argv) == 0
+    finally:  # main sets torch's thread count for the process: the later tests get it back
+        _torch_threads(torch_threads)
+    data = json.loads((out / "results.json").read_text())
+    assert not data["skipped"] and [r["model"] for r in data["rows"]] == ["onnx_squeezenet"]
+    return data, capsys.readouterr().out
 
 
 def _torch_threads(count: int | None = None) -> int | None:
