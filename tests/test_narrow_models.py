@@ -177,3 +177,19 @@ def test_lookup_in_a_narrow_table_reads_it_narrow(dtype, numpy):
     assert f"{dtype}[50x24]" in " ".join(region.inputs), region.inputs
     ids = np.random.default_rng(4).integers(0, 50, (2, 7))
     assert_bits_equal(run(builds.jit, ids), (table[ids] * numpy(2)).astype(numpy), "vs numpy")
+
+
+@pytest.mark.parametrize("dtype, numpy", [("float16", np.float16), ("bfloat16", BF16)])
+def test_inference_dropout_of_a_narrow_tensor(dtype, numpy):
+    """Inference dropout (SqueezeNet's, in an ONNX float16 file) is the identity in any
+    float dtype: taken as it is, the value and the mask as numpy's."""
+    def body(bb, x):
+        out = bb.emit(R.nn.dropout(R.nn.relu(x)))
+        return [bb.emit(relax.TupleGetItem(out, 0)), bb.emit(relax.TupleGetItem(out, 1))]
+
+    builds = build_both(build_model({"x": ((3, 10), dtype)}, body), tvm_builds=False)
+    assert builds.report.fallbacks == [], str(builds.report)
+    x = np.random.default_rng(5).standard_normal((3, 10)).astype(numpy)
+    value, mask = run(builds.jit, x)
+    assert_bits_equal(value, np.maximum(x, numpy(0)), "value")
+    assert_bits_equal(mask, np.ones_like(x), "mask")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import kir
-from ..ir.dtypes import FLOATS, INTS
+from ..ir.dtypes import BF16, FLOATS, HALF, INTS
 from ..ir.relax_types import dims, tensor_problem
 from ..ir.rules import register
 from .layout import reshaped
@@ -49,7 +49,7 @@ def _build_prelu(fe, call, out):
 
 
 def _check_dropout(call) -> str | None:
-    problem = tensor_problem(call.args[0].ty, FLOATS)
+    problem = tensor_problem(call.args[0].ty, FLOATS | HALF | BF16)  # a move: any float
     return f"relax.nn.dropout: {problem}" if problem else None
 
 
