@@ -121,7 +121,9 @@ def fp16_row(tmp_path_factory):
 def test_fp16_row_builds_the_fp16_copy_and_runs_its_peers_on_it(fp16_row):
     row = fp16_row
     assert isinstance(row, dict), row
-    assert row["precision"] == row["jitbyoc_precision"] == row["tvm_precision"] == "fp16"
+    assert row["precision"] == row["jitbyoc_precision"] == "fp16"
+    # TVM's build sums float16 in float16, 1600x slower: built and timed, not run
+    assert row["build_tvm_s"] > 0 and row["tvm_median_s"] is None
     assert row["fp16_file"].endswith(".fp16.onnx") and row["fp16_convert_s"] > 0
     assert row["fp16_import_s"] > 0 and row["qdq_file"] is None and row["lowered_gflop"] is None
     assert row["offloaded_ops"] > 0
@@ -132,15 +134,15 @@ def test_fp16_row_builds_the_fp16_copy_and_runs_its_peers_on_it(fp16_row):
     assert row["openvino_fp16_precision"] in ("fp16", "bf16", "fp32")  # what OpenVINO reads back
     assert row["openvino_f32_precision"] == "fp32" and row["openvino_median_s"] > 0  # the fp32 file
     assert row["onnxruntime_median_s"] is None and row["torch_median_s"] is None
-    assert row["fastest_peer"] in ("onnxruntime_fp16", "openvino_fp16", "tvm")
+    assert row["fastest_peer"] in ("onnxruntime_fp16", "openvino_fp16")
     # no narrow-product loop: % peak of the fp32 FMA loop's 100 GFLOP/s
     assert row["jitbyoc_peak_pct"] == pytest.approx(100 * row["gflop"] / 100.0 / row["jitbyoc_median_s"])
 
 
 def test_fp16_row_has_every_fp16_candidates_accuracy_against_the_fp32_model(fp16_row):
     row = fp16_row
-    assert row["reference"] == "tvm" and row["ok"] is None  # compared, not judged
-    assert row["max_rel_err"] < 1e-2 and "MISMATCH" not in (row["notes"] or "")
+    assert row["reference"] is None and row["ok"] is None  # TVM's build not run (see above)
+    assert "MISMATCH" not in (row["notes"] or "")
     for who in ("jitbyoc", "onnxruntime_fp16", "openvino_fp16"):
         assert 0 < row[f"{who}_cos_err"] < 1e-4, who  # float16 moved the logits, a little
         assert row[f"{who}_top1"] == 1.0, who
@@ -184,7 +186,7 @@ def test_runtimes_that_cannot_run_the_fp16_file_are_notes(tmp_path, monkeypatch)
     row = measure(_entry("tiny_fp16"), rounds=1, workdir=str(tmp_path), threads=1, with_peers=True,
                   peak=100.0, precision="fp16")
     assert isinstance(row, dict), row
-    assert row["jitbyoc_median_s"] > 0 and row["tvm_median_s"] > 0 and row["fastest_peer"] == "tvm"
+    assert row["jitbyoc_median_s"] > 0 and row["tvm_median_s"] is None and row["fastest_peer"] is None
     notes = row["notes"].split("; ")
     assert "onnxruntime_fp16: failed: RuntimeError: no float16 kernels" in notes
     assert any(n.startswith("openvino_fp16: crashed: SIGSEGV in the probe") for n in notes), notes
@@ -202,14 +204,15 @@ def test_fp16_needs_the_zoo_suite():
 def test_fp16_zoo_runs_end_to_end_on_squeezenet(tmp_path, monkeypatch, capsys):
     """``python -m bench --suite zoo --precision fp16 --model onnx_squeezenet``
     (:func:`tests.test_bench_int8.run_squeezenet`): the light model is converted to
-    float16, imported, built, checked against TVM's build and timed."""
+    float16, imported, built, compared with the fp32 model and timed (TVM's build not run:
+    its float16 SqueezeNet takes seconds a call), every op offloaded (its dropout too)."""
     from bench import fp16
 
     monkeypatch.setattr(fp16, "CACHE_DIR", tmp_path / "fp16")
     data, stdout = run_squeezenet("fp16", tmp_path, monkeypatch, capsys)
     row = data["rows"][0]
-    assert row["precision"] == "fp16" and row["reference"] == "tvm" and row["jitbyoc_median_s"] > 0
+    assert row["precision"] == "fp16" and row["reference"] is None and row["jitbyoc_median_s"] > 0
     assert row["jitbyoc_cos_err"] < 1e-4 and row["jitbyoc_top1"] == 1.0
-    assert row["fp16_file"].startswith(str(tmp_path / "fp16")) and row["offload_share"] > 0.9
+    assert row["fp16_file"].startswith(str(tmp_path / "fp16")) and row["offload_share"] == 1.0
     assert data["settings"]["fp16"]["keep_io_types"] and "fp16_peak_gflops" not in data["machine"]
     assert "jitbyoc ms [fp16]" in stdout and "jitbyoc runs fp16" in stdout
