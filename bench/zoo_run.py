@@ -191,7 +191,8 @@ def measure(entry: Entry, rounds: int, workdir: str, threads: int, with_peers: b
     peers, notes = (peers_mod.make_peers(case, workdir, entry.name, threads, PEER_NAMES[precision],
                                          files) if with_peers else ([], ["peers off (--no-peers)"]))
     # an ONNX model has no torch form: every one of them would say so (the table's "-" does)
-    notes = [n for n in notes if not n.endswith("no torch form of this model")]
+    notes = [n for n in notes if not n.endswith("no torch form of this model")] + \
+        ([built["tvm_error"]] if "tvm_error" in built else [])
     try:
         outputs = {name: peers_mod.as_numpy(run()) for name, run in runners.items()}
         outputs.update({p.name: p.outputs for p in peers})

@@ -192,6 +192,24 @@ def test_runtimes_that_cannot_run_the_fp16_file_are_notes(tmp_path, monkeypatch)
     assert any(n.startswith("openvino_fp16: crashed: SIGSEGV in the probe") for n in notes), notes
 
 
+def test_a_tvm_build_failure_is_a_note_beside_jitbyocs_row(tmp_path, monkeypatch):
+    """TVM's default build fails on the float16 ResNet-50 (a float32 conv2d added to its
+    float16 bias in its own pipeline) where jitbyoc builds it: the row stays, with a note."""
+    from bench import fp16, target
+    from bench.zoo_run import measure
+
+    def tvm_fails(mod, offload):
+        raise TypeError("Binary operators must have the same datatype for both operands.")
+
+    monkeypatch.setattr(target, "build", tvm_fails)
+    monkeypatch.setattr(fp16, "CACHE_DIR", tmp_path / "fp16")
+    row = measure(_entry("tiny_fp16"), rounds=1, workdir=str(tmp_path), threads=1, with_peers=False,
+                  peak=100.0, precision="fp16")
+    assert isinstance(row, dict), row
+    assert row["jitbyoc_median_s"] > 0 and row["build_tvm_s"] is None
+    assert "TVM's default build failed: TypeError: Binary operators" in row["notes"]
+
+
 # ---- the CLI -----------------------------------------------------------------------------------
 
 

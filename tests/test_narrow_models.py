@@ -193,3 +193,26 @@ def test_inference_dropout_of_a_narrow_tensor(dtype, numpy):
     value, mask = run(builds.jit, x)
     assert_bits_equal(value, np.maximum(x, numpy(0)), "value")
     assert_bits_equal(mask, np.ones_like(x), "mask")
+
+
+def test_batch_norm_and_split_of_a_narrow_model():
+    """An ONNX float16 CNN's batch norm (rewritten to narrow arithmetic by prepare, after the
+    first widening: widened again) and a split of halves (ViT's qkv): all on jitbyoc,
+    against TVM's build of the widened module."""
+    rng = np.random.default_rng(9)
+    w = (rng.standard_normal((8, 4, 3, 3)) / 6).astype(np.float16)
+    mean, var = rng.standard_normal(8).astype(np.float16), rng.uniform(0.5, 2, 8).astype(np.float16)
+    gamma, beta = rng.uniform(0.5, 1.5, 8).astype(np.float16), rng.standard_normal(8).astype(np.float16)
+
+    def body(bb, x):
+        y = bb.emit(R.nn.conv2d(x, relax.const(w), padding=1))
+        bn = bb.emit(R.nn.batch_norm(y, *(relax.const(v) for v in (gamma, beta, mean, var)), axis=1,
+                                         training=False))
+        parts = bb.emit(R.split(bb.emit(R.nn.relu(relax.TupleGetItem(bn, 0))), 2, axis=1))
+        return bb.emit(R.add(relax.TupleGetItem(parts, 0), relax.TupleGetItem(parts, 1)))
+
+    mod = build_model({"x": ((1, 4, 9, 9), "float16")}, body)
+    builds = build_both(mod, tvm_builds=False)
+    assert builds.report.fallbacks == [], str(builds.report)
+    x = rng.standard_normal((1, 4, 9, 9)).astype(np.float16)
+    _within_steps(run(builds.jit, x), run(build_tvm(_widened(mod)), x), "float16", 4, "vs TVM, widened")

@@ -129,14 +129,14 @@ def _build_slice(fe, call, out):
 
 def _check_split(call) -> str | None:
     x = call.args[0]
-    problem = tensor_problem(x.ty, ALL)
+    problem = tensor_problem(x.ty, STORED)
     if problem:
         return f"relax.split: {problem}"
     if not isinstance(call.ty, relax.TupleType):
         return "relax.split: result is not a tuple"
     axis = int(call.attrs.axis) % max(len(dims(x.ty)), 1)
     for t in call.ty.fields:
-        problem = tensor_problem(t, ALL)
+        problem = tensor_problem(t, STORED)
         if problem:
             return f"relax.split result: {problem}"
         if not isinstance(dims(t)[axis], int) or dims(t)[axis] == 0:

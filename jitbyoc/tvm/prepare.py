@@ -219,7 +219,9 @@ def _prepared(mod, gv, func: relax.Function, analyzer) -> relax.Function:
             func = widen.widened(mod, func)
             uses = inference.use_counts(func)
             prepare = _Prepare(mod, analyzer, uses, linear.sliced_only(func, uses))
-            out = _conv_weights_packed(mod, gv, relax.analysis.remove_all_unused(prepare.visit_expr(func)))
+            # widened again: batch norm of a narrow model becomes narrow arithmetic here
+            out = widen.widened(mod, relax.analysis.remove_all_unused(prepare.visit_expr(func)))
+            out = _conv_weights_packed(mod, gv, out)
             constants.write_deferred(pending, out)
         return out
     except Exception as err:  # noqa: BLE001 - any failure leaves the function as it was
