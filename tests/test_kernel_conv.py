@@ -237,10 +237,18 @@ def test_unsupported_stays_with_tvm_with_reason(attrs, shapes, reason, runs):
     np.testing.assert_array_equal(run(build(mod, True), args)[0], run(build(mod, False), args)[0])
 
 
-def test_float16_stays_with_tvm():
+def test_float16_runs_in_float32():
+    """A float16 convolution (weight an input) runs in float32 on exactly widened operands,
+    its result rounded once (jitbyoc.tvm.widen): numpy's float32 convolution, rounded."""
     cs = cases([((1, 4, 9, 9), (8, 4, 3, 3), {})], "float16")
-    rep = jitbyoc.report(grid_model(cs, conv))
-    assert rep.regions == [] and "float16" in rep.fallbacks[0].reason
+    mod = grid_model(cs, conv)
+    rep = jitbyoc.report(mod)
+    assert rep.fallbacks == [] and len(rep.regions) == 1, str(rep)
+    x, w = (a.astype(np.float16) for a in random_inputs(cs))
+    want = Conv2d.reference(x.astype(np.float32), w.astype(np.float32)).astype(np.float16)
+    got = run(build(mod, True), [x, w])[0]
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2.0 ** -10,
+                               atol=2.0 ** -10 * float(np.abs(want).max()))
 
 
 def run_with_plan(mod, args, layout_dense: bool, lanes: int, j: int, v: int, rows: int):
