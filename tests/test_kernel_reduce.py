@@ -177,12 +177,11 @@ def test_random_shapes_and_axes(shape, data):
 
 
 def test_unsupported_reductions_stay_with_tvm_with_reasons():
-    cases = [([((4, 5), "int32")], ("mean", [1])), ([((4, 5), "float16")], ("sum", [1])),
+    cases = [([((4, 5), "int32")], ("mean", [1])),  # (a float16 sum runs in float32: widen)
              ([((4, 5), "float32")], ("sum", [])), ([((4, 0), "float32")], ("max", [1]))]
     mod = model(cases, lambda bb, vs, a: bb.emit(reduce_op(a[0], vs[0], a[1], False)))
     reasons = [f.reason for f in jitbyoc.report(mod).fallbacks]
     assert any("dtype int32 not supported" in r for r in reasons)
-    assert any("dtype float16 not supported" in r for r in reasons)
     assert any("empty axis list" in r for r in reasons)
     assert any("empty reduction" in r for r in reasons)
 

@@ -11,6 +11,8 @@ The integer form is a few vector operations per 16 values, beside a product's K 
 
 from __future__ import annotations
 
+import ml_dtypes
+import numpy as np
 from llvmlite import ir
 
 from .llvmtypes import I16, I32
@@ -31,9 +33,6 @@ static inline float jb_f32_from_bf16(uint16_t h) { uint32_t u = (uint32_t)h << 1
 def bits(value) -> int:
     """A literal's bfloat16 bits (rounded to nearest even, as ``ml_dtypes``): how a constant
     of a bfloat16 buffer is written, in LLVM (an ``i16``) and in C (a ``uint16_t``)."""
-    import ml_dtypes
-    import numpy as np
-
     return int(np.array(value, np.float32).astype(ml_dtypes.bfloat16).view(np.uint16))
 
 
