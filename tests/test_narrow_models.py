@@ -216,3 +216,18 @@ def test_batch_norm_and_split_of_a_narrow_model():
     assert builds.report.fallbacks == [], str(builds.report)
     x = rng.standard_normal((1, 4, 9, 9)).astype(np.float16)
     _within_steps(run(builds.jit, x), run(build_tvm(_widened(mod)), x), "float16", 4, "vs TVM, widened")
+
+
+def test_narrow_n_ary_sum_becomes_adds():
+    """ONNX's N-ary ``Sum`` of halves (``sum(stack(xs))``: ResNet-50's residuals in its
+    float16 file) becomes adds, as in float32, each widened: no stack, no reduction."""
+    def body(bb, a, b, c):
+        return bb.emit(R.sum(R.stack([a, b, c], axis=0), axis=[0]))
+
+    mod = build_model({k: ((2, 9), "float16") for k in "abc"}, body)
+    builds = build_both(mod, tvm_builds=False)
+    assert builds.report.fallbacks == [], str(builds.report)
+    ops = {op for region in builds.report.regions for op in region.ops}
+    assert "relax.add" in ops and not ops & {"relax.stack", "relax.sum"}, ops
+    xs = [np.random.default_rng(k).standard_normal((2, 9)).astype(np.float16) for k in range(3)]
+    assert_bits_equal(run(builds.jit, *xs), (xs[0] + xs[1]) + xs[2], "vs numpy")

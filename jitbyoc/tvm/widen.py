@@ -34,6 +34,7 @@ import tvm
 from tvm import relax
 
 from ..ir.rules import why_not
+from . import inference
 from .constants import constant, tensor_constant
 
 NARROW = ("float16", "bfloat16")
@@ -76,7 +77,7 @@ class Widen(relax.PyExprMutator):
     def visit_call_(self, call):
         call = super().visit_call_(call)
         narrow = _narrow_of(call)
-        if narrow is None or call.op.same_as(ASTYPE) or why_not(call) is None:
+        if narrow is None or call.op.same_as(ASTYPE) or why_not(call) is None or self._prepared(call):
             return call
         if _dtype(call) != narrow:  # a compare, or a product already into float32
             return call
@@ -85,6 +86,15 @@ class Widen(relax.PyExprMutator):
         if wide is None:
             return call
         return relax.op.astype(self.builder_.emit(wide), narrow)
+
+    def _prepared(self, call) -> bool:
+        """Whether ``prepare`` rewrites ``call`` into other ops (ONNX's N-ary ``Sum`` into
+        adds): left narrow here, its rewrite widened after (widening first hid the stack
+        from the rewrite, and ResNet-50's residual sums ran as reductions)."""
+        return call.op.same_as(inference.SUM) and inference.summed_stack(call, self._bound) is not None
+
+    def _bound(self, value):
+        return self.lookup_binding(value) if isinstance(value, relax.Var) else None
 
     def _product(self, call, narrow: str):
         """A bfloat16 product summed in float32, if jitbyoc takes it."""
