@@ -196,8 +196,8 @@ def test_inference_dropout_of_a_narrow_tensor(dtype, numpy):
 
 
 def test_batch_norm_and_split_of_a_narrow_model():
-    """An ONNX float16 CNN's batch norm (rewritten to narrow arithmetic by prepare, after the
-    first widening: widened again) and a split of halves (ViT's qkv): all on jitbyoc,
+    """An ONNX float16 CNN's batch norm (folded into the convolution by prepare: the
+    convolution is widened after) and a split of halves (ViT's qkv): all on jitbyoc,
     against TVM's build of the widened module."""
     rng = np.random.default_rng(9)
     w = (rng.standard_normal((8, 4, 3, 3)) / 6).astype(np.float16)
@@ -214,6 +214,8 @@ def test_batch_norm_and_split_of_a_narrow_model():
     mod = build_model({"x": ((1, 4, 9, 9), "float16")}, body)
     builds = build_both(mod, tvm_builds=False)
     assert builds.report.fallbacks == [], str(builds.report)
+    ops = {op for region in builds.report.regions for op in region.ops}
+    assert "relax.multiply" not in ops, ops  # the norm folded into the convolution's weights
     x = rng.standard_normal((1, 4, 9, 9)).astype(np.float16)
     _within_steps(run(builds.jit, x), run(build_tvm(_widened(mod)), x), "float16", 4, "vs TVM, widened")
 

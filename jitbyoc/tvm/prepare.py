@@ -216,7 +216,7 @@ def _prepared(mod, gv, func: relax.Function, analyzer) -> relax.Function:
     jitbyoc could not prepare still builds, as TVM would build it)."""
     try:
         with constants.deferred() as pending:  # packed weights: written once, if still used
-            func = widen.widened(mod, func)
+            func = widen.widened(mod, func, first=True)
             uses = inference.use_counts(func)
             prepare = _Prepare(mod, analyzer, uses, linear.sliced_only(func, uses))
             # widened again: batch norm of a narrow model becomes narrow arithmetic here

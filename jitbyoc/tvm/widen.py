@@ -70,9 +70,11 @@ def has_narrow(func: relax.Function) -> bool:
 
 @relax.expr_functor.mutator
 class Widen(relax.PyExprMutator):
-    def __init__(self, mod):
+    def __init__(self, mod, folding=(), prefix="widened"):
         super().__init__(mod)
         self.widened = {}  # narrow variable -> its float32 copy (one cast, however many readers)
+        self.folding = folding  # convolutions a batch norm folds into (left narrow: see _prepared)
+        self.emitted, self.prefix = 0, prefix
 
     def visit_call_(self, call):
         call = super().visit_call_(call)
@@ -85,12 +87,23 @@ class Widen(relax.PyExprMutator):
         wide = self._wide(call) if wide is None else wide
         if wide is None:
             return call
-        return relax.op.astype(self.builder_.emit(wide), narrow)
+        return relax.op.astype(self._emit(wide), narrow)
+
+    def _emit(self, expr):
+        """``expr`` bound to a variable of a name of its own: prepare counts uses by name,
+        and the builder's default names would add to the frontend's (a batch norm did not
+        fold into a convolution named ``lv``)."""
+        self.emitted += 1
+        return self.builder_.emit(expr, name_hint=f"{self.prefix}{self.emitted}")
 
     def _prepared(self, call) -> bool:
-        """Whether ``prepare`` rewrites ``call`` into other ops (ONNX's N-ary ``Sum`` into
-        adds): left narrow here, its rewrite widened after (widening first hid the stack
-        from the rewrite, and ResNet-50's residual sums ran as reductions)."""
+        """Whether ``prepare`` rewrites ``call`` into other ops: ONNX's N-ary ``Sum`` into
+        adds, a convolution with the batch norm after it folded into its weights. Left
+        narrow here, the rewrite widened after (widening first hid the stack and the
+        convolution from the rewrites: ResNet-50's residual sums ran as reductions, its
+        batch norms as multiply-adds)."""
+        if any(call.same_as(conv) for conv in self.folding):
+            return True
         return call.op.same_as(inference.SUM) and inference.summed_stack(call, self._bound) is not None
 
     def _bound(self, value):
@@ -124,7 +137,7 @@ class Widen(relax.PyExprMutator):
         key = arg if isinstance(arg, relax.Var) else None
         if key is not None and key in self.widened:
             return self.widened[key]
-        wide = self.builder_.emit(relax.op.astype(arg, WIDE))
+        wide = self._emit(relax.op.astype(arg, WIDE))
         if key is not None:
             self.widened[key] = wide
         return wide
@@ -139,8 +152,25 @@ def _with_out_dtype(call, args):
                               str(a.kernel_layout), None if a.out_layout is None else str(a.out_layout), WIDE)
 
 
-def widened(mod, func: relax.Function) -> relax.Function:
-    """``func`` with its narrow float ops computed in float32 (see the module's text)."""
+def _folding_convolutions(func: relax.Function) -> list:
+    """The convolutions whose only reader is a batch norm (which ``prepare`` may fold)."""
+    uses = inference.use_counts(func)
+    bound = {str(b.var.name): b.value for block in getattr(func.body, "blocks", [])
+             for b in block.bindings if isinstance(b, relax.VarBinding)}
+    convs = []
+    for value in bound.values():
+        data = value.args[0] if isinstance(value, relax.Call) and value.op.same_as(inference.BATCH_NORM) else None
+        source = bound.get(str(data.name)) if isinstance(data, relax.Var) and uses.get(str(data.name)) == 1 else None
+        if isinstance(source, relax.Call) and source.op.same_as(CONV2D):
+            convs.append(source)
+    return convs
+
+
+def widened(mod, func: relax.Function, first: bool = False) -> relax.Function:
+    """``func`` with its narrow float ops computed in float32 (see the module's text);
+    ``first``: before ``prepare``'s rewrites (the ops they rewrite are left to after)."""
     if not has_narrow(func):
         return func
-    return relax.analysis.remove_all_unused(Widen(mod).visit_expr(func))
+    folding = _folding_convolutions(func) if first else ()
+    widen = Widen(mod, folding, "widened" if first else "rewidened")
+    return relax.analysis.remove_all_unused(widen.visit_expr(func))
