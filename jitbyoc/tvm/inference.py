@@ -124,6 +124,16 @@ def folded_batch_norm(bn: relax.Call, lookup, uses: dict):
     return new_conv, tensor_constant(shift.astype(dt).reshape(1, -1, 1, 1))
 
 
+def conv2d_like(conv: relax.Call, data, weight, padding=None, out_dtype=None) -> relax.Call:
+    """``conv`` (a ``conv2d``) remade on ``data`` and ``weight``, its attributes kept but
+    ``padding`` and ``out_dtype`` where given."""
+    a = conv.attrs
+    return relax.op.nn.conv2d(data, weight, a.strides, a.padding if padding is None else padding, a.dilation,
+                              a.groups, str(a.data_layout), str(a.kernel_layout),
+                              None if a.out_layout is None else str(a.out_layout),
+                              a.out_dtype if out_dtype is None else out_dtype)
+
+
 def affine_batch_norm(bn: relax.Call):
     """``(x * s, t)`` (to be added) for an inference ``batch_norm`` with constant parameters that feeds
     no convolution it could fold into (DenseNet's and Inception's pre-activation norms):

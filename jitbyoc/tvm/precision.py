@@ -28,7 +28,7 @@ from ..engines.conv_channels import ChannelPlan
 from ..ir.rules import why_not
 from ..kernels import conv2d
 from .constants import constant, tensor_constant
-from .inference import MATMUL
+from .inference import MATMUL, conv2d_like
 from .linear import weight_value
 
 CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
@@ -77,11 +77,8 @@ class _ToBFloat16(relax.PyExprMutator):
         if value is None or str(value.dtype) != "float32" or why_not(call) is not None \
                 or str(call.ty.dtype) != "float32" or not _narrower_is_faster(conv2d.conv_geometry(call)):
             return call
-        a = call.attrs
         narrow = self.builder_.emit(relax.op.astype(x, "bfloat16"))
-        return relax.op.nn.conv2d(narrow, tensor_constant(value.astype(ml_dtypes.bfloat16)), a.strides,
-                                  a.padding, a.dilation, a.groups, str(a.data_layout), str(a.kernel_layout),
-                                  None if a.out_layout is None else str(a.out_layout), "float32")
+        return conv2d_like(call, narrow, tensor_constant(value.astype(ml_dtypes.bfloat16)), out_dtype="float32")
 
 
 def lower_precision(mod: tvm.IRModule, precision: str = "bf16") -> tvm.IRModule:

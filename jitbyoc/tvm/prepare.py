@@ -180,9 +180,7 @@ class _Prepare(relax.PyExprMutator):
         if widths is None or str(a.data_layout) != "NCHW":
             return call
         padding = [int(p) + w for p, w in zip(a.padding, widths)]
-        return relax.op.nn.conv2d(source.args[0], weight, a.strides, padding, a.dilation, a.groups,
-                                  str(a.data_layout), str(a.kernel_layout),
-                                  None if a.out_layout is None else str(a.out_layout), a.out_dtype)
+        return inference.conv2d_like(call, source.args[0], weight, padding=padding)
 
     def _inbound_slice(self, call):
         data, axes, *rest = call.args
@@ -199,29 +197,32 @@ def prepare(mod: tvm.IRModule, ops: frozenset | set = frozenset()) -> tvm.IRModu
     """``mod`` (which calls ``ops``) with the facts above made explicit."""
     out = {}
     for gv, func in mod.functions.items():
-        analyzer = _analyzer(func) if isinstance(func, relax.Function) else None
-        if not isinstance(func, relax.Function) or (analyzer is None and not TRIGGERS & set(ops)
-                                                    and not widen.has_narrow(func)):
+        relax_function = isinstance(func, relax.Function)
+        analyzer = _analyzer(func) if relax_function else None
+        narrow = relax_function and widen.has_narrow(func)
+        if not relax_function or (analyzer is None and not TRIGGERS & set(ops) and not narrow):
             out[gv] = func
             continue
-        out[gv] = _prepared(mod, gv, func, analyzer)
+        out[gv] = _prepared(mod, gv, func, analyzer, narrow)
     if all(out[gv].same_as(f) for gv, f in mod.functions.items()):
         return mod
     # a dropped broadcast_to leaves ``y = x``: such a binding is no op, so it would end a region
     return relax.transform.CanonicalizeBindings()(tvm.IRModule(out, attrs=mod.attrs))
 
 
-def _prepared(mod, gv, func: relax.Function, analyzer) -> relax.Function:
+def _prepared(mod, gv, func: relax.Function, analyzer, narrow: bool) -> relax.Function:
     """``func`` rewritten; as it is if a rewrite fails (they are optimizations: a model
-    jitbyoc could not prepare still builds, as TVM would build it)."""
+    jitbyoc could not prepare still builds, as TVM would build it). ``narrow``: it has
+    float16 or bfloat16 tensors (:mod:`.widen`)."""
     try:
         with constants.deferred() as pending:  # packed weights: written once, if still used
-            func = widen.widened(mod, func, first=True)
+            func = widen.widened(mod, func, first=True) if narrow else func
             uses = inference.use_counts(func)
             prepare = _Prepare(mod, analyzer, uses, linear.sliced_only(func, uses))
-            # widened again: batch norm of a narrow model becomes narrow arithmetic here
-            out = widen.widened(mod, relax.analysis.remove_all_unused(prepare.visit_expr(func)))
-            out = _conv_weights_packed(mod, gv, out)
+            out = relax.analysis.remove_all_unused(prepare.visit_expr(func))
+            # widened again: what _Prepare made of the ops left narrow (adds of a Sum, a
+            # convolution with its batch norm folded, a batch norm as a multiply-add)
+            out = _conv_weights_packed(mod, gv, widen.widened(mod, out) if narrow else out)
             constants.write_deferred(pending, out)
         return out
     except Exception as err:  # noqa: BLE001 - any failure leaves the function as it was

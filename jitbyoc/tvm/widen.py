@@ -36,6 +36,7 @@ from tvm import relax
 from ..ir.rules import why_not
 from . import inference
 from .constants import constant, tensor_constant
+from .linear import bound_value
 
 NARROW = ("float16", "bfloat16")
 WIDE = "float32"
@@ -104,10 +105,8 @@ class Widen(relax.PyExprMutator):
         batch norms as multiply-adds)."""
         if any(call.same_as(conv) for conv in self.folding):
             return True
-        return call.op.same_as(inference.SUM) and inference.summed_stack(call, self._bound) is not None
-
-    def _bound(self, value):
-        return self.lookup_binding(value) if isinstance(value, relax.Var) else None
+        return call.op.same_as(inference.SUM) and \
+            inference.summed_stack(call, lambda v: bound_value(v, self.lookup_binding)) is not None
 
     def _product(self, call, narrow: str):
         """A bfloat16 product summed in float32, if jitbyoc takes it."""
@@ -134,22 +133,18 @@ class Widen(relax.PyExprMutator):
         value = constant(arg)
         if value is not None:
             return tensor_constant(np.asarray(value, dtype=np.float32))
-        key = arg if isinstance(arg, relax.Var) else None
-        if key is not None and key in self.widened:
-            return self.widened[key]
-        wide = self._emit(relax.op.astype(arg, WIDE))
-        if key is not None:
-            self.widened[key] = wide
-        return wide
+        if not isinstance(arg, relax.Var):
+            return self._emit(relax.op.astype(arg, WIDE))
+        if arg not in self.widened:
+            self.widened[arg] = self._emit(relax.op.astype(arg, WIDE))
+        return self.widened[arg]
 
 
 def _with_out_dtype(call, args):
     """``call`` (matmul or conv2d) of ``args`` summed into float32."""
     if call.op.same_as(MATMUL):
         return relax.op.matmul(*args, out_dtype=WIDE)
-    a = call.attrs
-    return relax.op.nn.conv2d(*args, a.strides, a.padding, a.dilation, a.groups, str(a.data_layout),
-                              str(a.kernel_layout), None if a.out_layout is None else str(a.out_layout), WIDE)
+    return inference.conv2d_like(call, *args, out_dtype=WIDE)
 
 
 def _folding_convolutions(func: relax.Function) -> list:
@@ -168,9 +163,8 @@ def _folding_convolutions(func: relax.Function) -> list:
 
 def widened(mod, func: relax.Function, first: bool = False) -> relax.Function:
     """``func`` with its narrow float ops computed in float32 (see the module's text);
-    ``first``: before ``prepare``'s rewrites (the ops they rewrite are left to after)."""
-    if not has_narrow(func):
-        return func
+    ``first``: before ``prepare``'s rewrites (the ops they rewrite are left to after).
+    ``prepare`` calls it where :func:`has_narrow`."""
     folding = _folding_convolutions(func) if first else ()
     widen = Widen(mod, folding, "widened" if first else "rewidened")
     return relax.analysis.remove_all_unused(widen.visit_expr(func))
