@@ -6,7 +6,7 @@
 
 Public API: :func:`enable`, :func:`disable`, :func:`enabled` (context manager),
 :func:`disabled` (context manager), :func:`is_enabled`, :func:`partition_for_jitbyoc`,
-:func:`lower_precision`, :func:`report`, :func:`last_report`,
+:func:`lower_precision`, :func:`quantize_weights`, :func:`report`, :func:`last_report`,
 :func:`inspect`, :func:`profile`.
 """
 
@@ -28,6 +28,7 @@ from .profile import Profile, profile  # noqa: E402
 from .tvm import codegen, hook, patterns  # noqa: E402
 from .tvm.partition import partition_for_jitbyoc, regions  # noqa: E402
 from .tvm.precision import lower_precision  # noqa: E402
+from .tvm.weights import quantize_weights  # noqa: E402
 from .tvm.report import Report, last_report, report  # noqa: E402
 
 patterns.register()
@@ -95,4 +96,4 @@ def inspect(mod) -> list[Region]:
 
 
 __all__ = ["enable", "disable", "enabled", "disabled", "is_enabled", "partition_for_jitbyoc", "report",
-           "last_report", "inspect", "profile", "Profile", "Region", "Report", "cache", "__version__"]
+           "last_report", "quantize_weights", "lower_precision", "inspect", "profile", "Profile", "Region", "Report", "cache", "__version__"]

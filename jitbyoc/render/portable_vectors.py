@@ -88,6 +88,11 @@ class LLVMVectors:
     def vstore(self, dst, off, v, dt: str, mask=None) -> None:
         vectors.vstore(self.b, v, self._at(dst, off, dt), dt, mask)
 
+    def prefetch(self, buf, off) -> None:
+        """Ask for the cache line of element ``off`` of ``buf`` (past its end: harmless)."""
+        vectors.prefetch(self.b, self.b.gep(self.pointer(buf), [self.i(off)],
+                                            source_etype=lookup_dtype(buf.dtype).storage_ir))
+
     def lane_mask(self, count, width: int):
         """The first ``count`` of ``width`` lanes (:func:`jitbyoc.render.vectors.lane_mask`;
         an int ``count``: a constant)."""
@@ -147,7 +152,12 @@ class LLVMVectors:
             acc = b.alloca(self.vconst(identity(kind, dt), dt, width).type)
         b.store(self.vconst(identity(kind, dt), dt, width), acc)
         self.strips(0, count, width, lambda i, mask: b.store(step(b.load(acc), i, mask), acc))
-        v, op = b.load(acc), FOLDS[kind].op
+        return self.fold_vector(kind, dt, b.load(acc), width)
+
+    def fold_vector(self, kind: str, dt: str, v, width: int):
+        """The ``width`` lanes of ``v`` folded into a scalar with ``kind``'s op (halving
+        shuffles: log2(width) steps)."""
+        b, op = self.b, FOLDS[kind].op
         while width > 1:
             width //= 2
             lo = b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, width), list(range(width))))
@@ -190,6 +200,9 @@ class CVectors:
     def vstore(self, dst, off, v, dt: str, mask=None) -> None:
         self.ctx.line(f"{self._at(dst, off)} = {v};")
 
+    def prefetch(self, buf, off) -> None:
+        pass  # the C rendering leaves it to the compiler and the hardware
+
     def lane_mask(self, count, width: int):
         return None
 
@@ -222,6 +235,9 @@ class CVectors:
 
     def vconst(self, value, dt: str, width: int):
         return self.const(value, dt)
+
+    def fold_vector(self, kind: str, dt: str, v, width: int):
+        return v
 
     def fold_lanes(self, kind: str, dt: str, count, width: int, step):
         acc = self.var(dt, self.const(identity(kind, dt), dt))

@@ -1,0 +1,184 @@
+"""Weight-only quantization, opt-in: :func:`quantize_weights` stores a model's constant
+matmul weights and embedding tables as int8 (llama.cpp's Q8_0) or packed int4 (Q4_0), with
+one float32 scale per group of ``group_size`` consecutive elements along the reduction,
+as MLC-LLM's ``group_quantize`` does. Activations and sums stay float32.
+
+The rewrite is Relax: a weight ``W`` (``N x K``, read as ``permute_dims(W)`` by a
+``matmul``, torch's ``linear``) becomes its dequantization, written in elementwise ops
+over the narrow constants and a reshape:
+
+* int8: ``reshape(astype(q, "float32") * s, (N, K))``, ``q`` int8 ``(N, K/g, g)``,
+  ``s`` float32 ``(N, K/g, 1)``;
+* int4: ``reshape(astype((right_shift(astype(p, "int32"), [[0], [4]]) & 15) - 8, "float32") * s,
+  (N, K))``,
+  ``p`` uint8 ``(N, K/g, g/32, 1, 16)`` (Q4_0's layout: in each block of 32, byte ``j``
+  holds element ``j`` in its low nibble and element ``j + 16`` in its high one),
+  ``s`` float32 ``(N, K/g, 1, 1, 1)``.
+
+So the module means the same to TVM's own build (its differential reference, which makes
+the float32 weight) as to jitbyoc's, whose matmul evaluates that expression in registers
+as it reads the weight (:mod:`jitbyoc.kernels.weight_matmul`): the float32 weight is
+never written, at build time or at run time. A lookup ``take(W, ids)`` in a table becomes
+the same expression over the looked-up rows of ``q``/``p`` and ``s``, so a tied
+embedding and output layer read one storage. A ``matmul(x, W)`` of a ``K x N`` constant
+(GPT-2's ``Conv1D``) is stored transposed and read as ``permute_dims``.
+
+Error: each weight moves by at most half a step ``|s|/2`` (int8: ``s = max|w|/127`` of its
+group; int4: ``s = m/-8``, ``m`` the group's element of largest magnitude, so the range is
+-8..7 steps as in Q4_0 and an element of the other sign past 7.5 steps clips to 7: at
+most one step), so a product ``x @ W.T`` moves by at most ``|x| @ |S|.T`` (int8: half
+that), ``S`` repeating each group's scale, plus float32 summation error in some order.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from .constants import constant, tensor_constant
+from .inference import MATMUL, PERMUTE_DIMS
+from .linear import bound_value
+
+log = logging.getLogger("jitbyoc")
+
+TAKE = tvm.ir.Op.get("relax.take")
+BITS = (8, 4)
+GROUP_SIZES = (32, 64, 128)
+BLOCK = 32  # int4: elements per Q4_0 block (16 bytes)
+
+
+def quantized_int8(w: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray]:
+    """Q8_0 of ``w`` (``N x K``): int8 ``(N, K/g, g)`` and float32 scales ``(N, K/g, 1)``."""
+    groups = w.reshape(w.shape[0], -1, group).astype(np.float32)
+    scale = np.abs(groups).max(axis=2, keepdims=True) / 127
+    q = np.rint(groups / np.where(scale == 0, 1, scale))
+    return np.clip(q, -127, 127).astype(np.int8), scale.astype(np.float32)
+
+
+def quantized_int4(w: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_0 of ``w`` (``N x K``): packed uint8 ``(N, K/g, g/32, 1, 16)`` and float32
+    scales ``(N, K/g, 1, 1, 1)``; nibble ``v`` means ``(v - 8) * s``."""
+    n = w.shape[0]
+    groups = w.reshape(n, -1, group).astype(np.float32)
+    at = np.abs(groups).argmax(axis=2)[..., None]
+    scale = np.take_along_axis(groups, at, axis=2) / -8
+    q = np.clip(np.rint(groups / np.where(scale == 0, 1, scale)) + 8, 0, 15).astype(np.uint8)
+    blocks = q.reshape(n, groups.shape[1], group // BLOCK, 2, 16)
+    packed = blocks[:, :, :, 0] | (blocks[:, :, :, 1] << 4)
+    return packed[:, :, :, None, :], scale.reshape(n, -1, 1, 1, 1).astype(np.float32)
+
+
+def dequantized(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """The float32 ``N x K`` weight that :func:`quantized_int8`/:func:`quantized_int4`'s
+    storage means (numpy: the tests' and the bench's reference)."""
+    if q.dtype == np.int8:
+        return (q.astype(np.float32) * scale).reshape(q.shape[0], -1)
+    nibbles = (q >> np.array([[0], [4]], np.uint8)) & 15
+    return ((nibbles.astype(np.float32) - 8) * scale).reshape(q.shape[0], -1)
+
+
+def _dequantize(q, scale, shape) -> relax.Expr:
+    """The Relax expression of the float32 weight ``q``/``scale`` (constants, or their
+    looked-up rows) stand for, reshaped to ``shape``."""
+    if q.ty.dtype == "int8":
+        values = relax.op.astype(q, "float32")
+    else:
+        # in int32 lanes: a vector of 16 nibbles is then 5 instructions from bytes to floats
+        shifts = relax.const(np.array([[0], [4]], np.int32))
+        nibbles = relax.op.bitwise_and(relax.op.right_shift(relax.op.astype(q, "int32"), shifts),
+                                       relax.const(15, "int32"))
+        values = relax.op.astype(relax.op.subtract(nibbles, relax.const(8, "int32")), "float32")
+    return relax.op.reshape(relax.op.multiply(values, scale), shape)
+
+
+@relax.expr_functor.mutator
+class _Quantize(relax.PyExprMutator):
+    def __init__(self, mod, bits: int, group: int):
+        super().__init__(mod)
+        self.bits, self.group = bits, group
+        self.stored: dict = {}  # id of a constant's array -> (q, scale) constants
+        self.kept: dict[str, str] = {}  # why a weight stayed float32 -> how many
+
+    def _storage(self, value: np.ndarray):
+        """``(q, scale)`` constants of the ``N x K`` float32 ``value`` (made once per
+        weight, shared by a tied table and output layer), or None (it stays float32)."""
+        key = (value.ctypes.data, value.shape, value.strides)
+        if key not in self.stored:
+            why = None if value.shape[1] % self.group == 0 else \
+                f"reduction {value.shape[1]} is not a multiple of the group size {self.group}"
+            if why:
+                self.kept[why] = self.kept.get(why, 0) + 1
+                self.stored[key] = None
+            else:
+                quantize = quantized_int8 if self.bits == 8 else quantized_int4
+                q, scale = quantize(np.ascontiguousarray(value), self.group)
+                self.stored[key] = (tensor_constant(q), tensor_constant(scale))
+        return self.stored[key]
+
+    def visit_call_(self, call):
+        call = super().visit_call_(call)
+        if call.op.same_as(MATMUL):
+            return self._matmul(call)
+        if call.op.same_as(TAKE) and int(call.attrs.axis) == 0:
+            return self._take(call)
+        return call
+
+    def _weight(self, expr, transposed: bool):
+        """The float32 2-D constant ``expr`` is (``transposed``: through ``permute_dims``)."""
+        bound = bound_value(expr, self.lookup_binding)
+        if transposed:
+            if not (isinstance(bound, relax.Call) and bound.op.same_as(PERMUTE_DIMS)):
+                return None
+            axes = bound.attrs.axes
+            if axes is not None and [int(a) for a in axes] != [1, 0]:
+                return None
+            bound = bound_value(bound.args[0], self.lookup_binding)
+        value = constant(bound)
+        return value if value is not None and value.ndim == 2 and str(value.dtype) == "float32" else None
+
+    def _matmul(self, call):
+        x, weight = call.args
+        if str(x.ty.dtype) != "float32" or str(call.ty.dtype) != "float32":
+            return call
+        value = self._weight(weight, transposed=True)
+        if value is None:
+            value = self._weight(weight, transposed=False)
+            value = None if value is None else value.T
+        stored = None if value is None else self._storage(value)
+        if stored is None:
+            return call
+        w = self.builder_.emit(_dequantize(*stored, value.shape))
+        return relax.op.matmul(x, relax.op.permute_dims(w, [1, 0]), "float32")
+
+    def _take(self, call):
+        table, ids = call.args
+        value = self._weight(table, transposed=False)
+        stored = None if value is None else self._storage(value)
+        if stored is None:
+            return call
+        rows = [relax.op.take(part, ids, axis=0, mode=call.attrs.mode) for part in stored]
+        return _dequantize(*(self.builder_.emit(r) for r in rows), call.ty.shape)
+
+
+def quantize_weights(mod: tvm.IRModule, bits: int = 8, group_size: int = 32) -> tvm.IRModule:
+    """``mod`` with its float32 matmul weights and embedding tables (constants) stored as
+    ``bits``-bit integers with a float32 scale per ``group_size`` elements along the
+    reduction (see the module docstring); build the result with ``tvm.compile`` as any
+    module. ``bits``: 8 or 4; ``group_size``: 32, 64 or 128. A weight whose reduction is
+    not a multiple of ``group_size`` stays float32 (logged)."""
+    if bits not in BITS:
+        raise ValueError(f"jitbyoc.quantize_weights: bits {bits!r} is not one of {BITS}")
+    if group_size not in GROUP_SIZES:
+        raise ValueError(f"jitbyoc.quantize_weights: group_size {group_size!r} is not one of {GROUP_SIZES}")
+    out = {}
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            mutator = _Quantize(mod, bits, group_size)
+            func = relax.analysis.remove_all_unused(mutator.visit_expr(func))
+            for why, count in mutator.kept.items():
+                log.info("jitbyoc.quantize_weights: %d weight(s) of %s stay float32: %s", count, gv.name_hint, why)
+        out[gv] = func
+    return tvm.IRModule(out, attrs=mod.attrs)

@@ -1,0 +1,241 @@
+"""Weight-only quantization (:func:`jitbyoc.quantize_weights`, issue 43 item 2): the
+storage formats against their definitions, products against numpy's product with the
+dequantized weights and against TVM's build of the same quantized module, the weight
+evaluated in the product (no float32 copy), tied tables sharing storage, the C rendering,
+and a small decoder's greedy tokens against torch with the same dequantized weights."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+from tvm.ir.expr import Constant
+
+import jitbyoc
+from jitbyoc.kernels.weight_matmul import WeightMatMul
+from jitbyoc.tvm.weights import dequantized, quantized_int4, quantized_int8
+from tests.diff_util import CC, build, run, run_c
+
+QUANTIZE = {8: quantized_int8, 4: quantized_int4}
+
+
+def linear(n: int, k: int, m, bias: bool = False, seed: int = 0):
+    """``(module, W, b)``: ``x @ W.T (+ b)`` of constants (``m`` rows; a str: a symbolic
+    length; b 0 without a bias)."""
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((n, k)).astype("float32")
+    b = rng.standard_normal(n).astype("float32") if bias else np.float32(0)
+    rows = tvm.tirx.Var(m, "int64") if isinstance(m, str) else m
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((rows, k), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.matmul(x, bb.emit(relax.op.permute_dims(relax.const(w), [1, 0]))))
+            if bias:
+                y = bb.emit(relax.op.add(y, relax.const(b)))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get(), w, b
+
+
+def product_bound(x, w, k: int) -> np.ndarray:
+    """Float32 sums in any order: ``gamma_K * (|x| @ |w|.T)`` (Higham 3.1), plus slack
+    for the bias add's rounding."""
+    u = np.finfo(np.float32).eps / 2
+    return k * u / (1 - k * u) * (np.abs(x) @ np.abs(w).T) + 1e-6
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("group", [32, 128])
+def test_storage_means_each_weight_within_half_a_step(bits, group):
+    w = np.random.default_rng(1).standard_normal((6, 256)).astype("float32") * 3
+    q, scale = QUANTIZE[bits](w, group)
+    back = dequantized(q, scale)
+    steps = np.abs(np.repeat(scale.reshape(6, -1), group, axis=1))
+    err = np.abs(back - w)
+    # half a step; int4's range is -8..7 steps (Q4_0), so a value of the other sign than
+    # its group's largest magnitude, past 7.5 steps, clips to 7: at most one step
+    clipped = np.zeros_like(err, bool) if bits == 8 else w / np.repeat(scale.reshape(6, -1), group, axis=1) > 7.5
+    assert np.all(err[~clipped] <= steps[~clipped] / 2 * (1 + 1e-6))
+    assert np.all(err[clipped] <= steps[clipped] * (1 + 1e-6))
+    assert q.nbytes == w.size * bits // 8
+
+
+def test_int4_is_q4_0_layout():
+    """Byte j of a block of 32 holds element j in its low nibble, element j + 16 in its high."""
+    w = np.arange(-16, 16, dtype=np.float32)[None, :]  # one group; largest magnitude -16: step 2
+    q, scale = quantized_int4(w, 32)
+    assert scale.ravel()[0] == 2.0
+    nib = np.clip(np.rint(w[0] / 2) + 8, 0, 15)
+    want = (nib[:16] + 16 * nib[16:]).astype(np.uint8)
+    np.testing.assert_array_equal(q.ravel(), want)
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("rows,bias", [(1, False), (1, True), (7, True), ("m", False)])
+def test_product_matches_numpy_and_tvm(bits, rows, bias):
+    n, k = 37, 256  # 37 outputs: a ragged last block of weight rows
+    mod, w, b = linear(n, k, rows, bias)
+    qmod = jitbyoc.quantize_weights(mod, bits=bits, group_size=32)
+    m = 5 if isinstance(rows, str) else rows
+    x = np.random.default_rng(2).standard_normal((m, k)).astype("float32")
+    got, = run(build(qmod, True), [x])
+    tvm_got, = run(build(qmod, False), [x])
+    wq = dequantized(*QUANTIZE[bits](w, 32))
+    want = x @ wq.T.astype(np.float64) + b
+    bound = product_bound(x, wq, k) + (np.abs(want) * 2 ** -23 if bias else 0)
+    assert np.all(np.abs(got - want) <= bound), np.abs(got - want).max()
+    assert np.all(np.abs(got - tvm_got) <= 2 * bound)
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_the_float32_weight_is_never_written(bits):
+    mod, _, _ = linear(64, 256, 3)
+    (region,) = jitbyoc.inspect(jitbyoc.quantize_weights(mod, bits=bits))
+    kernel = region.kernel
+    assert [type(s) for s in kernel.stages] == [WeightMatMul]
+    assert kernel.temps == []
+    assert {b.dtype for b in kernel.inputs} >= {"float32", "int8" if bits == 8 else "uint8"}
+
+
+def test_a_float_weight_expression_stays_a_plain_matmul():
+    """Only narrow (quantized) weights are evaluated in the product: a float32 weight
+    computed elementwise is written once, as before."""
+    bb = relax.BlockBuilder()
+    x, w = relax.Var("x", relax.TensorType((2, 64), "float32")), relax.Var("w", relax.TensorType((8, 64), "float32"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            wt = bb.emit(relax.op.permute_dims(relax.op.multiply(w, relax.const(2.0, "float32")), [1, 0]))
+            out = bb.emit_output(relax.op.matmul(x, wt))
+        bb.emit_func_output(out)
+    (region,) = jitbyoc.inspect(bb.get())
+    assert not any(isinstance(s, WeightMatMul) for s in region.kernel.stages)
+
+
+def _quantized_linear_of_params(bits: int, n: int, k: int, m: int):
+    """The Relax form :func:`quantize_weights` writes, with the narrow weight and its
+    scales as parameters (so that the region's arguments are the model's)."""
+    from jitbyoc.tvm.weights import _dequantize
+    q, s = QUANTIZE[bits](np.random.default_rng(3).standard_normal((n, k)).astype("float32"), 32)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((m, k), "float32"))
+    qv, sv = relax.Var("q", relax.TensorType(q.shape, str(q.dtype))), relax.Var("s", relax.TensorType(s.shape, "float32"))
+    with bb.function("main", [x, qv, sv]):
+        with bb.dataflow():
+            wt = bb.emit(relax.op.permute_dims(bb.emit(_dequantize(qv, sv, (n, k))), [1, 0]))
+            out = bb.emit_output(relax.op.matmul(x, wt))
+        bb.emit_func_output(out)
+    return bb.get(), q, s
+
+
+@pytest.mark.skipif(CC is None, reason="no C compiler to check the C rendering")
+@pytest.mark.parametrize("bits", [8, 4])
+def test_c_rendering_matches_llvm(bits, tmp_path):
+    mod, q, s = _quantized_linear_of_params(bits, 9, 128, 6)
+    x = np.random.default_rng(4).standard_normal((6, 128)).astype("float32")
+    (region,) = jitbyoc.inspect(mod)
+    arrays = {"x": x, "q": q, "s": s}
+    if bits == 4:  # the dequantization's constants, in the order the expression reads them
+        assert region.arg_names[1:4] == ["const1", "const2", "const3"]
+        arrays.update(const1=np.array([[0], [4]], np.int32), const2=np.int32(15), const3=np.int32(8))
+    got_c, = run_c(region, arrays, tmp_path)
+    got, = run(build(mod, True), [x, q, s])
+    np.testing.assert_allclose(got_c, got, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got_c, x @ dequantized(q, s).T, rtol=1e-4, atol=1e-4)
+
+
+def constants_of(func) -> list:
+    """The distinct constants ``func``'s bindings pass to their calls."""
+    found = []
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            value = binding.value
+            for arg in value.args if isinstance(value, relax.Call) else ():
+                if isinstance(arg, Constant) and not any(arg.same_as(c) for c in found):
+                    found.append(arg)
+    return found
+
+
+def test_tied_table_and_output_layer_share_one_storage():
+    """torch.export hands a tied embedding and output layer over as one constant: its
+    lookup and its product read one quantized storage."""
+    table = np.random.default_rng(5).standard_normal((50, 64)).astype("float32")
+    tied = relax.const(table)
+    bb = relax.BlockBuilder()
+    ids = relax.Var("ids", relax.TensorType((3,), "int64"))
+    with bb.function("main", [ids]):
+        with bb.dataflow():
+            h = bb.emit(relax.op.take(tied, ids, axis=0))
+            logits = bb.emit_output(relax.op.matmul(h, bb.emit(relax.op.permute_dims(tied, [1, 0]))))
+        bb.emit_func_output(logits)
+    qmod = jitbyoc.quantize_weights(bb.get(), bits=8)
+    found = constants_of(qmod["main"])
+    assert [str(c.value.dtype) for c in found].count("int8") == 1
+    assert not any(tuple(c.value.shape) == table.shape for c in found)  # no float32 copy left
+    x = np.array([0, 7, 49])
+    got, = run(build(qmod, True), [x])
+    wq = dequantized(*quantized_int8(table, 32))
+    np.testing.assert_allclose(got, wq[x] @ wq.T, rtol=1e-4, atol=1e-4)
+
+
+def test_a_reduction_off_the_group_stays_float32():
+    mod, w, _ = linear(8, 48, 2)
+    qmod = jitbyoc.quantize_weights(mod, bits=8, group_size=32)
+    x = np.random.default_rng(6).standard_normal((2, 48)).astype("float32")
+    got, = run(build(qmod, True), [x])
+    np.testing.assert_allclose(got, x @ w.T, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("bits,group", [(3, 32), (8, 48), (4, 16)])
+def test_bad_settings_are_refused(bits, group):
+    mod, _, _ = linear(8, 64, 1)
+    with pytest.raises(ValueError, match="quantize_weights"):
+        jitbyoc.quantize_weights(mod, bits=bits, group_size=group)
+
+
+def _torch_dequantized(model, bits: int, group: int):
+    """``model`` with each linear weight and embedding table replaced by what its
+    quantized storage means (tied tensors once)."""
+    import torch
+
+    done = {}
+    for module in model.modules():
+        if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)) and module.weight.shape[1] % group == 0:
+            w = module.weight
+            if id(w) not in done:
+                done[id(w)] = torch.from_numpy(dequantized(*QUANTIZE[bits](w.detach().numpy(), group)))
+                with torch.no_grad():
+                    w.copy_(done[id(w)])
+    return model
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_decoder_greedy_tokens_equal_torch_with_the_dequantized_weights(bits):
+    """Issue 43 item 5: a small Qwen2 (tied embeddings), quantized, generates the tokens
+    the same model with its weights dequantized back to float32 generates in torch."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from tvm.relax.frontend.torch import from_exported_program
+
+    from tests.test_decoders import model_of
+
+    model = model_of("qwen2")
+    model.model.config.tie_word_embeddings = True
+    model.model.lm_head.weight = model.model.model.embed_tokens.weight
+    seq = torch.export.Dim("seq", min=1, max=64)
+    with torch.no_grad():
+        program = torch.export.export(model, (torch.zeros((1, 4), dtype=torch.int64),), dynamic_shapes={"ids": {1: seq}})
+    mod = jitbyoc.quantize_weights(from_exported_program(program, keep_params_as_input=False), bits=bits)
+    with jitbyoc.enabled():
+        ex = tvm.compile(mod, target="llvm")
+        assert jitbyoc.last_report().fallbacks == []
+    step = relax.VirtualMachine(ex, tvm.cpu())["main"]
+    reference = _torch_dequantized(model, bits, 32)
+    ours, theirs = [3, 17, 5, 99], [3, 17, 5, 99]
+    for _ in range(8):
+        got = step(tvm.runtime.tensor(np.array([ours], np.int64)))
+        ours.append(int((got[0] if not hasattr(got, "numpy") else got).numpy()[0, -1].argmax()))
+        with torch.no_grad():
+            theirs.append(int(reference(torch.tensor([theirs]))[0, -1].argmax()))
+    assert ours == theirs
