@@ -239,3 +239,17 @@ def test_decoder_greedy_tokens_equal_torch_with_the_dequantized_weights(bits):
         with torch.no_grad():
             theirs.append(int(reference(torch.tensor([theirs]))[0, -1].argmax()))
     assert ours == theirs
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_export_library_keeps_the_narrow_weights(bits, tmp_path):
+    mod, w, _ = linear(512, 1024, 2)
+    with jitbyoc.enabled():
+        ex = tvm.compile(jitbyoc.quantize_weights(mod, bits=bits), target="llvm")
+    path = tmp_path / "model.so"
+    ex.export_library(str(path))
+    assert path.stat().st_size < w.nbytes * (bits + 2) / 32  # the weight's bits, its scales, the code
+    x = np.random.default_rng(7).standard_normal((2, 1024)).astype("float32")
+    got = relax.VirtualMachine(tvm.runtime.load_module(str(path)), tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    wq = dequantized(*QUANTIZE[bits](w, 32))
+    assert np.all(np.abs(got - x @ wq.T) <= product_bound(x, wq, 1024))
