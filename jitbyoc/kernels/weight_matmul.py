@@ -36,11 +36,12 @@ from ..render.indexing import unravel
 from ..render.portable import PortableStage
 from .matmul import MatMul
 
-ROWS = 4  # weight rows (outputs) per block
+ROWS = 2  # weight rows (outputs) per block (int8 rows at one token: 2, 23-24 GB/s; 4, 20.5)
 TILE = 4  # rows of x per tile
 # how far ahead each weight row is prefetched: a decode step's weights come from memory,
-# and the hardware prefetcher alone kept 8.8-17 GB/s of int8 rows in flight where this
-# keeps 20 (the 151936 x 896 output layer of Qwen2-0.5B, Zen 4, 2 threads)
+# and the hardware prefetcher alone keeps 17 GB/s of int8 rows in flight where this keeps
+# 23-24 (1024 bytes: 15, 4096: 22; the 151936 x 896 output layer of Qwen2-0.5B, one row
+# of x, Zen 4, 2 threads, the same quiet minute; float32's GEMV reads 31 GB/s there)
 PREFETCH_BYTES = 2048
 
 
