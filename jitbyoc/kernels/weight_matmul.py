@@ -87,33 +87,75 @@ class WeightMatMul(PortableStage, kir.KernelStage):
 
         e.parallel(blocks, body, True)
 
+    def _factored(self):
+        """``(inner, factor, span)`` when the weight is ``inner * factor`` with ``factor``
+        the same over each ``span`` consecutive elements (a scale per group): the product
+        then sums ``inner * x`` over a span and multiplies by ``factor`` once, one multiply
+        a group instead of one a weight. None otherwise."""
+        w = self.weight
+        if not (isinstance(w, kir.Op) and w.op == "multiply" and w.in_dtype == "float32"):
+            return None
+        for inner, factor in (w.args, w.args[::-1]):
+            t = self._uniform_dims(factor)
+            if t and not self._uniform_dims(inner):
+                return inner, factor, prod(self.shape[len(self.shape) - t:])
+        return None
+
+    def _uniform_dims(self, node) -> int:
+        """How many trailing dims of ``shape`` ``node`` reads no load along."""
+        t = len(self.shape) - 1
+        for buf in kir.loads([node]):
+            aligned = (1,) * (len(self.shape) - buf.ndim) + tuple(buf.shape)
+            t = min(t, next((j for j, d in enumerate(reversed(aligned)) if d != 1), t))
+        return t
+
     def _tile(self, e, m0, tile: int, n0) -> None:
         """``out[m0 + i, n0 + r]`` for ``i < tile``, ``r < ROWS`` (rows past ``n`` evaluate
         the last row and are not stored)."""
         x, width = self.inputs[0], e.lanes("float32")
         rows = [e.let(e.min(e.add(n0, r), self.n - 1)) for r in range(ROWS)]
-        accs = [[e.vvar("float32", width) for _ in range(tile)] for _ in rows]
-        for slot in (s for row in accs for s in row):
-            e.set(slot, e.vconst(0, "float32", width))
         xrows = [e.let(e.mul(e.add(m0, i), self.k)) for i in range(tile)]
+        accs = self._zeros(e, tile, width)
 
-        def step(k, mask):
-            ws = [self._weight(e, row, k, width) for row in rows]
-            xs = [e.vload(x, e.add(at, k), "float32", width, mask) for at in xrows]
-            for w, row in zip(ws, accs):
+        def add(sums, node, k):
+            ws = [self._evaluate(e, node, row, k, width) for row in rows]
+            xs = [e.vload(x, e.add(at, k), "float32", width) for at in xrows]
+            for w, row in zip(ws, sums):
                 for xv, slot in zip(xs, row):
                     e.set(slot, e.vop(width, "fma", "float32", w, xv, e.get(slot)))
 
-        e.strips(0, self.k, width, step)
+        factored = self._factored()
+        if factored is None:
+            e.strips(0, self.k, width, lambda k, _mask: add(accs, self.weight, k))
+        else:
+            inner, factor, span = factored
+            with e.loop(self.k // span, 0, "span") as sp:
+                k0 = e.let(e.mul(sp, span))
+                parts = self._zeros(e, tile, width)
+                with e.loop(span // width, 0, "v") as v:
+                    add(parts, inner, e.add(k0, e.mul(v, width)))
+                for row, part, acc in zip(rows, parts, accs):
+                    f = self._evaluate(e, factor, row, k0, width)
+                    for p, a in zip(part, acc):
+                        e.set(a, e.vop(width, "fma", "float32", e.get(p), f, e.get(a)))
         for r, row in enumerate(accs):
             with e.when(e.lt(e.add(n0, r), self.n)):
                 for i, slot in enumerate(row):
                     total = e.fold_vector("sum", "float32", e.get(slot), width)
                     e.store(self.out, e.add(e.mul(e.add(m0, i), self.n), e.add(n0, r)), total)
 
-    def _weight(self, e, row, k, width: int):
-        """``W[row, k .. k + width]`` evaluated from the buffers it reads (``width``
-        divides the last dim of ``shape``: the lanes share every other coordinate)."""
+    @staticmethod
+    def _zeros(e, tile: int, width: int) -> list:
+        """``ROWS x tile`` vector accumulators, set to zero."""
+        slots = [[e.vvar("float32", width) for _ in range(tile)] for _ in range(ROWS)]
+        for slot in (s for row in slots for s in row):
+            e.set(slot, e.vconst(0, "float32", width))
+        return slots
+
+    def _evaluate(self, e, node, row, k, width: int):
+        """``node`` (the weight or a part of it) at ``[row, k .. k + width]``, from the
+        buffers it reads (``width`` divides the last dim of ``shape``: the lanes share
+        every other coordinate)."""
         pos = [row] + unravel(e, k, list(self.shape[1:]))
 
         def load(buf):
@@ -128,7 +170,7 @@ class WeightMatMul(PortableStage, kir.KernelStage):
                 return e.vload(buf, off, buf.dtype, width)
             return e.vbroadcast(buf, off, buf.dtype, width)
 
-        return e.evaluate(width, [self.weight], load)[id(self.weight)]
+        return e.evaluate(width, [node], load)[id(node)]
 
     @staticmethod
     def reference(x: np.ndarray, w: np.ndarray) -> np.ndarray:
