@@ -8,7 +8,7 @@ kernel rewrite, after :mod:`.fold_permutes`) gives the expression to the product
 instead: each vector of a weight row is evaluated in registers from the narrow buffers,
 as the seeds' fused loop nests evaluate their macros, and the float32 weight is never
 written. Decoding reads a weight once per token, so its bytes are the step's time: a
-quarter of them for int8, about a seventh for int4 with a scale per 32.
+little over a quarter of them for int8, about a sixth for int4 (scales per 32 included).
 
 Loops: tasks take blocks of :data:`ROWS` weight rows; a block runs the rows of ``x`` in
 tiles of :data:`TILE` (each weight vector evaluated once per tile, the tile's rows
@@ -19,7 +19,10 @@ scalars.
 
 Accuracy: each output sums K products of float32 values, in vector lanes and then across
 them; within ``gamma_K * (|x| @ |W|.T)`` of the exact sum (as :mod:`.matmul`), ``W`` the
-value the expression gives, bit for bit (the same ops in float32).
+value the expression gives. A weight ``inner * factor`` with the factor the same over a
+group (the scales) sums ``inner * x`` over each group of ``L`` and multiplies the group's
+sum by the factor once: ``L + K/L + 1 <= K + 1`` roundings on each path, so within
+``gamma_{K+1} * (|x| @ |W|.T)`` (times ``1 + u``: ``W``'s own rounding).
 """
 
 from __future__ import annotations
