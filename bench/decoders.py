@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 
 import numpy as np
@@ -132,21 +133,33 @@ def measure(name: str, size: str, lengths, repeat: int) -> list[dict]:
     return rows
 
 
-def main() -> None:
+def machine_line(threads: int) -> str:
+    """The CPU line printed with every figure (:func:`bench.run.machine_info`)."""
+    info = machine_info(threads)
+    return (f"CPU {info['cpu_model']} ({info['cpu']}), {threads} threads, load {info['loadavg']}, "
+            f"torch {info['torch']}, tvm {info['tvm']}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--generate" in argv:  # its own options: bench/generate.py
+        from .generate import main as generate
+
+        return generate([a for a in argv if a != "--generate"])
     ap = argparse.ArgumentParser(prog="python -m bench.decoders", description=__doc__.splitlines()[0])
+    ap.add_argument("--generate", action="store_true",
+                    help="greedy generation with a KV cache instead (python -m bench.decoders --generate --help)")
     ap.add_argument("--size", choices=sorted(SIZES), default="small")
     ap.add_argument("--model", action="append", choices=["gpt2", "llama", "qwen2"])
     ap.add_argument("--length", type=int, action="append", help="sequence lengths (default 1, 128)")
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     os.environ.setdefault("TVM_NUM_THREADS", str(args.threads))
     import torch
 
     torch.set_num_threads(args.threads)
-    info = machine_info(args.threads)
-    print(f"CPU {info['cpu_model']} ({info['cpu']}), {args.threads} threads, load {info['loadavg']}, "
-          f"torch {info['torch']}, tvm {info['tvm']}")
+    print(machine_line(args.threads))
     bandwidth = copy_bandwidth()
     print(f"copy bandwidth {bandwidth / 1e9:.1f} GB/s (numpy, read + write)")
     print(f"{'model':6} {'size':5} {'len':>4} {'jitbyoc ms':>10} {'torch ms':>9} {'torch/jit':>9} "
