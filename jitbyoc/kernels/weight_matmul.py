@@ -41,11 +41,12 @@ from .matmul import MatMul
 
 ROWS = 2  # weight rows (outputs) per block (int8 rows at one token: 2, 23-24 GB/s; 4, 20.5)
 TILE = 4  # rows of x per tile
-# how far ahead each weight row is prefetched: a decode step's weights come from memory,
-# and the hardware prefetcher alone keeps 17 GB/s of int8 rows in flight where this keeps
-# 23-24 (1024 bytes: 15, 4096: 22; the 151936 x 896 output layer of Qwen2-0.5B, one row
-# of x, Zen 4, 2 threads, the same quiet minute; float32's GEMV reads 31 GB/s there)
-PREFETCH_BYTES = 2048
+# how far ahead each weight row is prefetched, into L2 (prefetcht1): a decode step's
+# weights come from memory. The 151936 x 896 output layer of Qwen2-0.5B in int8, one row
+# of x, Zen 4, 2 threads, two rounds each: no prefetch 9.0 ms; 2048 bytes into L1 6.4,
+# into L2 7.7; 4096 into L1 6.8-7.2, into L2 4.7-4.8 (32 GB/s); 8192 into L2 4.7-5.3
+PREFETCH_BYTES = 4096
+PREFETCH_LOCALITY = 2
 
 
 @dataclass(eq=False)
@@ -169,7 +170,7 @@ class WeightMatMul(PortableStage, kir.KernelStage):
                     off = e.add(off, e.mul(pos[d], stride))
                 stride *= aligned[d]
             if aligned and aligned[-1] != 1:
-                e.prefetch(buf, e.add(off, PREFETCH_BYTES // lookup_dtype(buf.dtype).nbytes))
+                e.prefetch(buf, e.add(off, PREFETCH_BYTES // lookup_dtype(buf.dtype).nbytes), PREFETCH_LOCALITY)
                 return e.vload(buf, off, buf.dtype, width)
             return e.vbroadcast(buf, off, buf.dtype, width)
 

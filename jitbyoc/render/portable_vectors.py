@@ -88,10 +88,11 @@ class LLVMVectors:
     def vstore(self, dst, off, v, dt: str, mask=None) -> None:
         vectors.vstore(self.b, v, self._at(dst, off, dt), dt, mask)
 
-    def prefetch(self, buf, off) -> None:
-        """Ask for the cache line of element ``off`` of ``buf`` (past its end: harmless)."""
+    def prefetch(self, buf, off, locality: int = 3) -> None:
+        """Ask for the cache line of element ``off`` of ``buf`` (past its end: harmless),
+        into the caches ``locality`` names (LLVM's: 3 every level, 2 L2 and out...)."""
         vectors.prefetch(self.b, self.b.gep(self.pointer(buf), [self.i(off)],
-                                            source_etype=lookup_dtype(buf.dtype).storage_ir))
+                                            source_etype=lookup_dtype(buf.dtype).storage_ir), locality=locality)
 
     def lane_mask(self, count, width: int):
         """The first ``count`` of ``width`` lanes (:func:`jitbyoc.render.vectors.lane_mask`;
@@ -200,7 +201,7 @@ class CVectors:
     def vstore(self, dst, off, v, dt: str, mask=None) -> None:
         self.ctx.line(f"{self._at(dst, off)} = {v};")
 
-    def prefetch(self, buf, off) -> None:
+    def prefetch(self, buf, off, locality: int = 3) -> None:
         pass  # the C rendering leaves it to the compiler and the hardware
 
     def lane_mask(self, count, width: int):

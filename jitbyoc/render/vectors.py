@@ -28,13 +28,14 @@ def vtype(dt: str, n: int | None = None) -> ir.VectorType:
 intrinsic = declare  # an llvm.* intrinsic is declared like any function
 
 
-def prefetch(b: ir.IRBuilder, ptr, write: bool = False, nbytes: int = 1) -> None:
-    """Ask for the cache lines of ``nbytes`` from ``ptr`` (into every level) for reading or
-    ``write``; a prefetch never faults, so an address past a buffer's end is harmless."""
+def prefetch(b: ir.IRBuilder, ptr, write: bool = False, nbytes: int = 1, locality: int = 3) -> None:
+    """Ask for the cache lines of ``nbytes`` from ``ptr`` for reading or ``write``, into
+    the levels ``locality`` names (3: every level; 2: L2 and out, ``prefetcht1``); a
+    prefetch never faults, so an address past a buffer's end is harmless."""
     fn = intrinsic(b.module, "llvm.prefetch.p0", ir.VoidType(), [PTR, I32, I32, I32])
     for line in range(0, nbytes, 64):
         at = b.gep(ptr, [I64(line)], source_etype=I8) if line else ptr
-        b.call(fn, [at, I32(int(write)), I32(3), I32(1)])
+        b.call(fn, [at, I32(int(write)), I32(locality), I32(1)])
 
 
 def suffix(vt: ir.VectorType) -> str:
