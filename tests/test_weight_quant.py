@@ -64,12 +64,13 @@ def test_storage_means_each_weight_within_half_a_step(bits, group):
 
 
 def test_int4_is_q4_0_layout():
-    """Byte j of a block of 32 holds element j in its low nibble, element j + 16 in its high."""
+    """Byte j of a block of 32 holds element j in its low nibble, element j + 16 in its high
+    (Q4_0's values v, 0..15, as the two's complement nibbles of v - 8)."""
     w = np.arange(-16, 16, dtype=np.float32)[None, :]  # one group; largest magnitude -16: step 2
     q, scale = quantized_int4(w, 32)
     assert scale.ravel()[0] == 2.0
     nib = np.clip(np.rint(w[0] / 2) + 8, 0, 15)
-    want = (nib[:16] + 16 * nib[16:]).astype(np.uint8)
+    want = (nib[:16] + 16 * nib[16:]).astype(np.uint8) ^ 0x88  # stored as two's complement v - 8
     np.testing.assert_array_equal(q.ravel(), want)
 
 
@@ -138,8 +139,8 @@ def test_c_rendering_matches_llvm(bits, tmp_path):
     (region,) = jitbyoc.inspect(mod)
     arrays = {"x": x, "q": q, "s": s}
     if bits == 4:  # the dequantization's constants, in the order the expression reads them
-        assert region.arg_names[1:4] == ["const1", "const2", "const3"]
-        arrays.update(const1=np.array([[0], [4]], np.int32), const2=np.int32(15), const3=np.int32(8))
+        assert region.arg_names[1:3] == ["const1", "const2"]
+        arrays.update(const1=np.array([[28], [24]], np.int32), const2=np.int32(28))
     got_c, = run_c(region, arrays, tmp_path)
     got, = run(build(mod, True), [x, q, s])
     np.testing.assert_allclose(got_c, got, rtol=1e-5, atol=1e-5)

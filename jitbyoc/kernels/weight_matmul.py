@@ -41,6 +41,7 @@ from .matmul import MatMul
 
 ROWS = 2  # weight rows (outputs) per block (int8 rows at one token: 2, 23-24 GB/s; 4, 20.5)
 TILE = 4  # rows of x per tile
+UNROLL = 8  # vectors of a group written out side by side (one a lane in C: a loop there)
 # how far ahead each weight row is prefetched, into L2 (prefetcht1): a decode step's
 # weights come from memory. The 151936 x 896 output layer of Qwen2-0.5B in int8, one row
 # of x, Zen 4, 2 threads, two rounds each: no prefetch 9.0 ms; 2048 bytes into L1 6.4,
@@ -136,8 +137,12 @@ class WeightMatMul(PortableStage, kir.KernelStage):
             with e.loop(self.k // span, 0, "span") as sp:
                 k0 = e.let(e.mul(sp, span))
                 parts = self._zeros(e, tile, width)
-                with e.loop(span // width, 0, "v") as v:
-                    add(parts, inner, e.add(k0, e.mul(v, width)))
+                if span // width <= UNROLL:  # vectors of one group side by side: those that
+                    for v in range(span // width):  # load the same bytes (int4's two
+                        add(parts, inner, e.add(k0, v * width))  # nibbles) load them once
+                else:
+                    with e.loop(span // width, 0, "v") as v:
+                        add(parts, inner, e.add(k0, e.mul(v, width)))
                 for row, part, acc in zip(rows, parts, accs):
                     f = self._evaluate(e, factor, row, k0, width)
                     for p, a in zip(part, acc):

@@ -9,10 +9,10 @@ over the narrow constants and a reshape:
 
 * int8: ``reshape(astype(q, "float32") * s, (N, K))``, ``q`` int8 ``(N, K/g, g)``,
   ``s`` float32 ``(N, K/g, 1)``;
-* int4: ``reshape(astype((right_shift(astype(p, "int32"), [[0], [4]]) & 15) - 8, "float32") * s,
-  (N, K))``,
-  ``p`` uint8 ``(N, K/g, g/32, 1, 16)`` (Q4_0's layout: in each block of 32, byte ``j``
-  holds element ``j`` in its low nibble and element ``j + 16`` in its high one),
+* int4: ``reshape(astype(right_shift(left_shift(astype(p, "int32"), [[28], [24]]), 28),
+  "float32") * s, (N, K))``, ``p`` uint8 ``(N, K/g, g/32, 1, 16)`` (Q4_0's layout: in each
+  block of 32, byte ``j`` holds element ``j`` in its low nibble and element ``j + 16`` in
+  its high one, each as a 4-bit two's complement integer -8..7),
   ``s`` float32 ``(N, K/g, 1, 1, 1)``.
 
 So the module means the same to TVM's own build (its differential reference, which makes
@@ -60,14 +60,15 @@ def quantized_int8(w: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray]:
 
 def quantized_int4(w: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray]:
     """Q4_0 of ``w`` (``N x K``): packed uint8 ``(N, K/g, g/32, 1, 16)`` and float32
-    scales ``(N, K/g, 1, 1, 1)``; nibble ``v`` means ``(v - 8) * s``."""
+    scales ``(N, K/g, 1, 1, 1)``; Q4_0's value ``v`` (0..15, meaning ``(v - 8) * s``) is
+    stored as the 4-bit two's complement of ``v - 8`` (``v ^ 8``)."""
     n = w.shape[0]
     groups = w.reshape(n, -1, group).astype(np.float32)
     at = np.abs(groups).argmax(axis=2)[..., None]
     scale = np.take_along_axis(groups, at, axis=2) / -8
     q = np.clip(np.rint(groups / np.where(scale == 0, 1, scale)) + 8, 0, 15).astype(np.uint8)
     blocks = q.reshape(n, groups.shape[1], group // BLOCK, 2, 16)
-    packed = blocks[:, :, :, 0] | (blocks[:, :, :, 1] << 4)
+    packed = (blocks[:, :, :, 0] | (blocks[:, :, :, 1] << 4)) ^ 0x88  # each nibble v - 8, two's complement
     return packed[:, :, :, None, :], scale.reshape(n, -1, 1, 1, 1).astype(np.float32)
 
 
@@ -76,8 +77,8 @@ def dequantized(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
     storage means (numpy: the tests' and the bench's reference)."""
     if q.dtype == np.int8:
         return (q.astype(np.float32) * scale).reshape(q.shape[0], -1)
-    nibbles = (q >> np.array([[0], [4]], np.uint8)) & 15
-    return ((nibbles.astype(np.float32) - 8) * scale).reshape(q.shape[0], -1)
+    nibbles = (q.astype(np.uint32) << np.array([[28], [24]], np.uint32)).view(np.int32) >> 28
+    return (nibbles.astype(np.float32) * scale).reshape(q.shape[0], -1)
 
 
 def _dequantize(q, scale, shape) -> relax.Expr:
@@ -86,11 +87,13 @@ def _dequantize(q, scale, shape) -> relax.Expr:
     if q.ty.dtype == "int8":
         values = relax.op.astype(q, "float32")
     else:
-        # in int32 lanes: a vector of 16 nibbles is then 5 instructions from bytes to floats
-        shifts = relax.const(np.array([[0], [4]], np.int32))
-        nibbles = relax.op.bitwise_and(relax.op.right_shift(relax.op.astype(q, "int32"), shifts),
-                                       relax.const(15, "int32"))
-        values = relax.op.astype(relax.op.subtract(nibbles, relax.const(8, "int32")), "float32")
+        # signed nibbles in int32 lanes: a shift up and an arithmetic shift down, 4
+        # instructions from 16 bytes to 16 floats (offset nibbles took a shift, an and
+        # and a subtraction: 5)
+        shifts = relax.const(np.array([[28], [24]], np.int32))
+        nibbles = relax.op.right_shift(relax.op.left_shift(relax.op.astype(q, "int32"), shifts),
+                                       relax.const(28, "int32"))
+        values = relax.op.astype(nibbles, "float32")
     return relax.op.reshape(relax.op.multiply(values, scale), shape)
 
 
