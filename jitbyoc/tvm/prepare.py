@@ -24,6 +24,9 @@
   int32, its zero-point correction and scale applied after; a requantization of pooled,
   reshaped or concatenated dequantized tensors with the same parameters moves the
   integers themselves, and a lookup in a dequantized table reads the quantized one.
+* **Grouped-query attention reads its shared heads in place** (:mod:`.grouped`): the
+  products read each key/value head for its query heads by batch broadcasting, where
+  ``repeat_kv`` copied the cache once per query head.
 * **Constant convolution weights are packed for the engine** (:mod:`.conv_weights`), in
   blocks of the output channels its register block computes together; after the rest,
   so that batch norm has folded into them.
@@ -40,7 +43,7 @@ from tvm.ir import Op, Range
 from tvm.ir.prim import IntImm
 from tvm.sym import Analyzer
 
-from . import constants, conv_weights, inference, linear, quantized, widen
+from . import constants, conv_weights, grouped, inference, linear, quantized, widen
 
 log = logging.getLogger("jitbyoc")
 
@@ -217,6 +220,7 @@ def _prepared(mod, gv, func: relax.Function, analyzer, narrow: bool) -> relax.Fu
     try:
         with constants.deferred() as pending:  # packed weights: written once, if still used
             func = widen.widened(mod, func, first=True) if narrow else func
+            func = grouped.shared_heads(mod, func)
             uses = inference.use_counts(func)
             prepare = _Prepare(mod, analyzer, uses, linear.sliced_only(func, uses))
             out = relax.analysis.remove_all_unused(prepare.visit_expr(func))
