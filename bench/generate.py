@@ -40,7 +40,7 @@ SIZES = {  # Qwen2-0.5B's and TinyLlama-1.1B's published dimensions, and a tiny 
     "1.1b": dict(model="llama", layers=22, hidden=2048, heads=32, kv=4, ffn=5632, vocab=32000, tied=False,
                  theta=1e4, eps=1e-5),
 }
-WEIGHTS = ("fp32", "bf16", "int8", "int4")
+WEIGHTS = ("fp32", "bf16", "bf16-compute", "int8", "int4")
 MAX_NEW, MAX_PAST = 512, 4096
 
 
@@ -115,9 +115,9 @@ def narrowed(mod, weights: str, group_size: int):
 
     if weights == "fp32":
         return mod
-    if weights == "bf16":
+    if weights == "bf16-compute":
         return jitbyoc.lower_precision(mod, "bf16")
-    return jitbyoc.quantize_weights(mod, bits={"int8": 8, "int4": 4}[weights], group_size=group_size)
+    return jitbyoc.quantize_weights(mod, bits={"bf16": 16, "int8": 8, "int4": 4}[weights], group_size=group_size)
 
 
 def build(mod):
@@ -147,7 +147,7 @@ def weight_bytes(model, weights: str, group_size: int) -> int:
     of the input embedding one row, unless it is tied to the lm_head, whose product reads
     it whole). Otherwise the weight of every ``Linear`` (the products the transforms of
     :func:`narrowed` rewrite; the lm_head included, a tied table whole) is counted as
-    bf16: 2 bytes a weight; int8: 1 byte a weight + a 4-byte scale per group of
+    bf16 (stored, or its products' operands): 2 bytes a weight; int8: 1 byte a weight + a 4-byte scale per group of
     ``group_size``; int4: half a byte a weight + a 4-byte scale per group (float32 scales,
     as ``jitbyoc.quantize_weights`` stores them). Everything else (biases, norm weights) as
     stored, float32; and the input embedding's one looked-up row, tied or not, as float32
@@ -159,7 +159,7 @@ def weight_bytes(model, weights: str, group_size: int) -> int:
     total = weights_read(model, 1)
     if weights == "fp32":
         return total
-    per = {"bf16": 2.0, "int8": 1.0 + 4 / group_size, "int4": 0.5 + 4 / group_size}[weights]
+    per = {"bf16": 2.0, "bf16-compute": 2.0, "int8": 1.0 + 4 / group_size, "int4": 0.5 + 4 / group_size}[weights]
     linear = {id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)}
     for w in linear.values():
         total += int(w.numel() * per) - w.numel() * w.element_size()
@@ -261,7 +261,8 @@ def main(argv: list[str] | None = None) -> None:
                                  description=__doc__.splitlines()[0])
     ap.add_argument("--size", choices=list(SIZES), default="0.5b")
     ap.add_argument("--weights", choices=WEIGHTS, default="fp32",
-                    help="bf16: jitbyoc.lower_precision; int8/int4: jitbyoc.quantize_weights")
+                    help="bf16/int8/int4: weights stored so by jitbyoc.quantize_weights (float32 activations); "
+                         "bf16-compute: jitbyoc.lower_precision (bf16 products)")
     ap.add_argument("--group-size", type=int, default=32, help="int8/int4: weights per scale")
     ap.add_argument("--prompt", type=int, default=31, help="prompt tokens (prefilled at past 0)")
     ap.add_argument("--tokens", type=int, default=32, help="greedy tokens generated (the prefill's first)")

@@ -189,7 +189,7 @@ def test_a_reduction_off_the_group_stays_float32():
     np.testing.assert_allclose(got, x @ w.T, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("bits,group", [(3, 32), (8, 48), (4, 16)])
+@pytest.mark.parametrize("bits,group", [(3, 32), (8, 48), (4, 16), (32, 32)])
 def test_bad_settings_are_refused(bits, group):
     mod, _, _ = linear(8, 64, 1)
     with pytest.raises(ValueError, match="quantize_weights"):
@@ -255,3 +255,23 @@ def test_export_library_keeps_the_narrow_weights(bits, tmp_path):
     got = relax.VirtualMachine(tvm.runtime.load_module(str(path)), tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
     wq = dequantized(*QUANTIZE[bits](w, 32))
     assert np.all(np.abs(got - x @ wq.T) <= product_bound(x, wq, 1025) * (1 + 2 ** -24))
+
+
+@pytest.mark.parametrize("rows", [1, 6])
+def test_bfloat16_weights_are_read_as_they_are_stored(rows):
+    """``bits=16``: bfloat16 weights (half the bytes), float32 activations and sums; the
+    product widens each weight vector in registers."""
+    import ml_dtypes
+
+    mod, w, b = linear(40, 96, rows, bias=True)
+    qmod = jitbyoc.quantize_weights(mod, bits=16)
+    (region,) = jitbyoc.inspect(qmod)
+    assert [type(s) for s in region.kernel.stages] == [WeightMatMul] and region.kernel.temps == []
+    assert "bfloat16" in {buf.dtype for buf in region.kernel.inputs}
+    x = np.random.default_rng(8).standard_normal((rows, 96)).astype("float32")
+    wb = w.astype(ml_dtypes.bfloat16).astype(np.float64)
+    got, = run(build(qmod, True), [x])
+    want = x @ wb.T + b
+    assert np.all(np.abs(got - want) <= product_bound(x, wb, 96) + np.abs(want) * 2 ** -23)
+    tvm_got, = run(build(qmod, False), [x])
+    np.testing.assert_allclose(got, tvm_got, rtol=1e-4, atol=1e-4)

@@ -1,6 +1,7 @@
 """A matmul whose weight is computed as it is read: ``x @ W.T`` where ``W`` is an
 elementwise expression of narrower buffers (the dequantization
-:func:`jitbyoc.quantize_weights` writes: int8 or packed int4 times a scale per group).
+:func:`jitbyoc.quantize_weights` writes: int8 or packed int4 times a scale per group, or
+a bfloat16 weight widened).
 
 The lowering makes such a weight an elementwise stage into a temp and the matmul reads
 the temp (``permute_dims`` folded into its strides). :func:`fold_weight_prologue` (a
@@ -189,9 +190,10 @@ class WeightMatMul(PortableStage, kir.KernelStage):
 
 
 def _narrow(expr) -> bool:
-    """Whether ``expr`` reads an integer buffer of at most 8 bits (a quantized weight):
-    only then is evaluating it per tile of rows cheaper than writing it once."""
-    return any(not lookup_dtype(b.dtype).is_float and lookup_dtype(b.dtype).bits <= 8 for b in kir.loads([expr]))
+    """Whether ``expr`` reads a buffer of narrower elements than its float32 result (a
+    quantized or bfloat16 weight): only then is evaluating it per tile of rows cheaper
+    than writing it once."""
+    return any(lookup_dtype(b.dtype).bits < 32 for b in kir.loads([expr]))
 
 
 def _prologue(kernel: kir.Kernel, stage: MatMul):

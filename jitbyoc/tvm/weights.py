@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 
+import ml_dtypes
 import numpy as np
 import tvm
 from tvm import relax
@@ -45,7 +46,7 @@ from .linear import bound_value
 log = logging.getLogger("jitbyoc")
 
 TAKE = tvm.ir.Op.get("relax.take")
-BITS = (8, 4)
+BITS = (8, 4, 16)  # 16: bfloat16, no scales
 GROUP_SIZES = (32, 64, 128)
 BLOCK = 32  # int4: elements per Q4_0 block (16 bytes)
 
@@ -72,9 +73,12 @@ def quantized_int4(w: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray]:
     return packed[:, :, :, None, :], scale.reshape(n, -1, 1, 1, 1).astype(np.float32)
 
 
-def dequantized(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
+def dequantized(q: np.ndarray, scale: np.ndarray | None) -> np.ndarray:
     """The float32 ``N x K`` weight that :func:`quantized_int8`/:func:`quantized_int4`'s
-    storage means (numpy: the tests' and the bench's reference)."""
+    storage means (numpy: the tests' and the bench's reference); a bfloat16 weight has no
+    scale."""
+    if scale is None:
+        return q.astype(np.float32)
     if q.dtype == np.int8:
         return (q.astype(np.float32) * scale).reshape(q.shape[0], -1)
     nibbles = (q.astype(np.uint32) << np.array([[28], [24]], np.uint32)).view(np.int32) >> 28
@@ -83,7 +87,9 @@ def dequantized(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
 
 def _dequantize(q, scale, shape) -> relax.Expr:
     """The Relax expression of the float32 weight ``q``/``scale`` (constants, or their
-    looked-up rows) stand for, reshaped to ``shape``."""
+    looked-up rows) stand for, reshaped to ``shape`` (a bfloat16 ``q``: no scale)."""
+    if scale is None:
+        return relax.op.astype(q, "float32")
     if q.ty.dtype == "int8":
         values = relax.op.astype(q, "float32")
     else:
@@ -109,6 +115,8 @@ class _Quantize(relax.PyExprMutator):
         """``(q, scale)`` constants of the ``N x K`` float32 ``value`` (made once per
         weight, shared by a tied table and output layer), or None (it stays float32)."""
         key = (value.ctypes.data, value.shape, value.strides)
+        if key not in self.stored and self.bits == 16:
+            self.stored[key] = (tensor_constant(value.astype(ml_dtypes.bfloat16)), None)
         if key not in self.stored:
             why = None if value.shape[1] % self.group == 0 else \
                 f"reduction {value.shape[1]} is not a multiple of the group size {self.group}"
@@ -162,8 +170,9 @@ class _Quantize(relax.PyExprMutator):
         stored = None if value is None else self._storage(value)
         if stored is None:
             return call
-        rows = [relax.op.take(part, ids, axis=0, mode=call.attrs.mode) for part in stored]
-        return _dequantize(*(self.builder_.emit(r) for r in rows), call.ty.shape)
+        rows = [None if part is None else self.builder_.emit(relax.op.take(part, ids, axis=0, mode=call.attrs.mode))
+                for part in stored]
+        return _dequantize(*rows, call.ty.shape)
 
 
 def quantize_weights(mod: tvm.IRModule, bits: int = 8, group_size: int = 32) -> tvm.IRModule:
@@ -171,7 +180,10 @@ def quantize_weights(mod: tvm.IRModule, bits: int = 8, group_size: int = 32) -> 
     ``bits``-bit integers with a float32 scale per ``group_size`` elements along the
     reduction (see the module docstring); build the result with ``tvm.compile`` as any
     module. ``bits``: 8 or 4; ``group_size``: 32, 64 or 128. A weight whose reduction is
-    not a multiple of ``group_size`` stays float32 (logged)."""
+    not a multiple of ``group_size`` stays float32 (logged). ``bits=16`` stores bfloat16
+    weights instead (each rounded to nearest even; no scales, any shape): half the bytes,
+    with float32 activations and sums, where :func:`jitbyoc.lower_precision` also rounds
+    the activations."""
     if bits not in BITS:
         raise ValueError(f"jitbyoc.quantize_weights: bits {bits!r} is not one of {BITS}")
     if group_size not in GROUP_SIZES:
