@@ -275,3 +275,15 @@ def test_bfloat16_weights_are_read_as_they_are_stored(rows):
     assert np.all(np.abs(got - want) <= product_bound(x, wb, 96) + np.abs(want) * 2 ** -23)
     tvm_got, = run(build(qmod, False), [x])
     np.testing.assert_allclose(got, tvm_got, rtol=1e-4, atol=1e-4)
+
+
+def test_a_product_of_many_static_rows_writes_the_weight_once():
+    """64 rows: the GEMM engine, the weight dequantized once into a temp (still right)."""
+    mod, w, _ = linear(48, 64, 64)
+    qmod = jitbyoc.quantize_weights(mod, bits=8)
+    (region,) = jitbyoc.inspect(qmod)
+    assert not any(isinstance(s, WeightMatMul) for s in region.kernel.stages)
+    x = np.random.default_rng(9).standard_normal((64, 64)).astype("float32")
+    got, = run(build(qmod, True), [x])
+    wq = dequantized(*quantized_int8(w, 32))
+    assert np.all(np.abs(got - x @ wq.T) <= product_bound(x, wq, 65))

@@ -42,6 +42,9 @@ from .matmul import MatMul
 
 ROWS = 2  # weight rows (outputs) per block (int8 rows at one token: 2, 23-24 GB/s; 4, 20.5)
 TILE = 4  # rows of x per tile
+# rows of x up to which a product of static shape evaluates its weight in place; a
+# symbolic count (a decoder's tokens) always does: one token a step
+MAX_STATIC_ROWS = 32
 UNROLL = 8  # vectors of a group written out side by side (one a lane in C: a loop there)
 # how far ahead each weight row is prefetched, into L2 (prefetcht1): a decode step's
 # weights come from memory. The 151936 x 896 output layer of Qwen2-0.5B in int8, one row
@@ -212,6 +215,8 @@ def _prologue(kernel: kir.Kernel, stage: MatMul):
             or tuple(w.shape) != (shape[0], prod(shape[1:])) or not _narrow(expr):
         return None
     x = stage.inputs[0]
+    if all(isinstance(d, int) for d in x.shape[:-1]) and prod(x.shape[:-1]) > MAX_STATIC_ROWS:
+        return None  # a product of many rows runs faster on the GEMM engine, the weight written once
     if {x.dtype, stage.out.dtype, temp.dtype} != {"float32"} or x.shape[-1] != w.shape[1] \
             or tuple(stage.out.shape) != (*x.shape[:-1], shape[0]):
         return None
