@@ -108,12 +108,13 @@ class _Quantize(relax.PyExprMutator):
     def __init__(self, mod, bits: int, group: int):
         super().__init__(mod)
         self.bits, self.group = bits, group
-        self.stored: dict = {}  # id of a constant's array -> (q, scale) constants
-        self.kept: dict[str, str] = {}  # why a weight stayed float32 -> how many
+        self.stored: dict = {}  # a constant's array (address, shape, strides) -> (q, scale)
+        self.kept: dict[str, int] = {}  # why a weight stayed float32 -> how many
 
     def _storage(self, value: np.ndarray):
         """``(q, scale)`` constants of the ``N x K`` float32 ``value`` (made once per
-        weight, shared by a tied table and output layer), or None (it stays float32)."""
+        weight, shared by a tied table and output layer; bfloat16: ``(w, None)``), or
+        None (it stays float32)."""
         key = (value.ctypes.data, value.shape, value.strides)
         if key not in self.stored and self.bits == 16:
             self.stored[key] = (tensor_constant(value.astype(ml_dtypes.bfloat16)), None)
