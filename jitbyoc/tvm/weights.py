@@ -40,8 +40,8 @@ import tvm
 from tvm import relax
 
 from .constants import constant, tensor_constant
-from .inference import MATMUL, PERMUTE_DIMS
-from .linear import bound_value
+from .inference import MATMUL
+from .linear import bound_value, weight_value
 
 log = logging.getLogger("jitbyoc")
 
@@ -109,26 +109,31 @@ class _Quantize(relax.PyExprMutator):
         super().__init__(mod)
         self.bits, self.group = bits, group
         self.stored: dict = {}  # a constant's array (address, shape, strides) -> (q, scale)
+        self.pinned: list = []  # those arrays
         self.kept: dict[str, int] = {}  # why a weight stayed float32 -> how many
 
-    def _storage(self, value: np.ndarray):
-        """``(q, scale)`` constants of the ``N x K`` float32 ``value`` (made once per
-        weight, shared by a tied table and output layer; bfloat16: ``(w, None)``), or
-        None (it stays float32)."""
+    def _storage(self, value: np.ndarray | None):
+        """``(q, scale)`` constants of ``value``, an ``N x K`` float32 constant (made once
+        per weight, shared by a tied table and output layer; bfloat16: ``(w, None)``), or
+        None (not such a constant, or it stays float32)."""
+        if value is None or value.ndim != 2 or str(value.dtype) != "float32":
+            return None
         key = (value.ctypes.data, value.shape, value.strides)
-        if key not in self.stored and self.bits == 16:
-            self.stored[key] = (tensor_constant(value.astype(ml_dtypes.bfloat16)), None)
         if key not in self.stored:
-            why = None if value.shape[1] % self.group == 0 else \
-                f"reduction {value.shape[1]} is not a multiple of the group size {self.group}"
-            if why:
-                self.kept[why] = self.kept.get(why, 0) + 1
-                self.stored[key] = None
-            else:
-                quantize = quantized_int8 if self.bits == 8 else quantized_int4
-                q, scale = quantize(np.ascontiguousarray(value), self.group)
-                self.stored[key] = (tensor_constant(q), tensor_constant(scale))
+            self.pinned.append(value)  # its address stays its own while it is a key
+            self.stored[key] = self._stored(value)
         return self.stored[key]
+
+    def _stored(self, value: np.ndarray):
+        if self.bits == 16:
+            return tensor_constant(value.astype(ml_dtypes.bfloat16)), None
+        if value.shape[1] % self.group:
+            why = f"reduction {value.shape[1]} is not a multiple of the group size {self.group}"
+            self.kept[why] = self.kept.get(why, 0) + 1
+            return None
+        quantize = quantized_int8 if self.bits == 8 else quantized_int4
+        q, scale = quantize(np.ascontiguousarray(value), self.group)
+        return tensor_constant(q), tensor_constant(scale)
 
     def visit_call_(self, call):
         call = super().visit_call_(call)
@@ -138,37 +143,20 @@ class _Quantize(relax.PyExprMutator):
             return self._take(call)
         return call
 
-    def _weight(self, expr, transposed: bool):
-        """The float32 2-D constant ``expr`` is (``transposed``: through ``permute_dims``)."""
-        bound = bound_value(expr, self.lookup_binding)
-        if transposed:
-            if not (isinstance(bound, relax.Call) and bound.op.same_as(PERMUTE_DIMS)):
-                return None
-            axes = bound.attrs.axes
-            if axes is not None and [int(a) for a in axes] != [1, 0]:
-                return None
-            bound = bound_value(bound.args[0], self.lookup_binding)
-        value = constant(bound)
-        return value if value is not None and value.ndim == 2 and str(value.dtype) == "float32" else None
-
     def _matmul(self, call):
         x, weight = call.args
         if str(x.ty.dtype) != "float32" or str(call.ty.dtype) != "float32":
             return call
-        value = self._weight(weight, transposed=True)
-        if value is None:
-            value = self._weight(weight, transposed=False)
-            value = None if value is None else value.T
-        stored = None if value is None else self._storage(value)
+        value = weight_value(weight, self.lookup_binding)  # (K, N): torch's W.T, or W
+        stored = None if value is None else self._storage(value.T)
         if stored is None:
             return call
-        w = self.builder_.emit(_dequantize(*stored, value.shape))
+        w = self.builder_.emit(_dequantize(*stored, value.T.shape))
         return relax.op.matmul(x, relax.op.permute_dims(w, [1, 0]), "float32")
 
     def _take(self, call):
         table, ids = call.args
-        value = self._weight(table, transposed=False)
-        stored = None if value is None else self._storage(value)
+        stored = self._storage(constant(bound_value(table, self.lookup_binding)))
         if stored is None:
             return call
         rows = [None if part is None else self.builder_.emit(relax.op.take(part, ids, axis=0, mode=call.attrs.mode))
