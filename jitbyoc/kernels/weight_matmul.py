@@ -36,7 +36,7 @@ import numpy as np
 from ..ir import kir
 from ..ir.dtypes import dtype as lookup_dtype
 from ..ir.rules import rewrite
-from ..render.indexing import unravel
+from ..render.indexing import offset, unravel
 from ..render.portable import PortableStage
 from .matmul import MatMul
 
@@ -173,11 +173,7 @@ class WeightMatMul(PortableStage, kir.KernelStage):
 
         def load(buf):
             aligned = (1,) * (len(self.shape) - buf.ndim) + tuple(buf.shape)
-            off, stride = 0, 1
-            for d in range(len(self.shape) - 1, -1, -1):
-                if aligned[d] != 1:
-                    off = e.add(off, e.mul(pos[d], stride))
-                stride *= aligned[d]
+            off = offset(e, aligned, pos, broadcast=True)
             if aligned and aligned[-1] != 1:
                 e.prefetch(buf, e.add(off, PREFETCH_BYTES // lookup_dtype(buf.dtype).nbytes), PREFETCH_LOCALITY)
                 return e.vload(buf, off, buf.dtype, width)
@@ -226,9 +222,7 @@ def _prologue(kernel: kir.Kernel, stage: MatMul):
 @rewrite
 def fold_weight_prologue(kernel: kir.Kernel) -> None:
     """Make a matmul evaluate a quantized weight as it reads it (the module docstring)."""
-    for index, stage in enumerate(kernel.stages):
-        if type(stage) is not MatMul:
-            continue
+    for stage in [s for s in kernel.stages if type(s) is MatMul]:  # the list changes below
         found = _prologue(kernel, stage)
         if found is None:
             continue
@@ -238,6 +232,6 @@ def fold_weight_prologue(kernel: kir.Kernel) -> None:
                              weight=expr, shape=temp.shape)
         if hasattr(stage, "origin"):
             fused.origin = stage.origin
-        kernel.stages[index] = fused
+        kernel.stages[kernel.stages.index(stage)] = fused
         kernel.stages.remove(maker)
         kernel.temps.remove(temp)
