@@ -287,3 +287,26 @@ def test_a_product_of_many_static_rows_writes_the_weight_once():
     got, = run(build(qmod, True), [x])
     wq = dequantized(*quantized_int8(w, 32))
     assert np.all(np.abs(got - x @ wq.T) <= product_bound(x, wq, 65))
+
+
+def test_every_matmul_reads_its_weight_in_place_whatever_the_stage_order():
+    """The rewrite replaces and removes stages: both products of a kernel whose two
+    dequantizations come before them are rewritten (walking the changing list skipped
+    the second)."""
+    from jitbyoc.ir import kir
+    from jitbyoc.kernels.matmul import MatMul
+    from jitbyoc.kernels.weight_matmul import fold_weight_prologue
+
+    x = kir.Buffer("x", (1, 64), "float32")
+    stages, temps, outs = [], [], []
+    for i in range(2):
+        q, s = kir.Buffer(f"q{i}", (32, 2, 32), "int8"), kir.Buffer(f"s{i}", (32, 2, 1), "float32")
+        t = kir.Buffer(f"t{i}", (32, 2, 32), "float32")
+        wide = kir.Op("astype", (kir.Load(q),), "int8", "float32", (("to", "float32"),))
+        stages.append(kir.Elementwise(t.shape, ((t, kir.Op("multiply", (wide, kir.Load(s)), "float32", "float32")),)))
+        temps.append(t)
+        outs.append(kir.Buffer(f"o{i}", (1, 32), "float32"))
+    stages += [MatMul((x, kir.view(t, (32, 64))), o, perms=(None, (1, 0))) for t, o in zip(temps, outs)]
+    kernel = kir.Kernel("k", [x], outs, stages, list(temps))
+    fold_weight_prologue(kernel)
+    assert [type(s) for s in kernel.stages] == [WeightMatMul, WeightMatMul] and kernel.temps == []
