@@ -206,21 +206,22 @@ def prepare(mod: tvm.IRModule, ops: frozenset | set = frozenset()) -> tvm.IRModu
         if not relax_function or (analyzer is None and not TRIGGERS & set(ops) and not narrow):
             out[gv] = func
             continue
-        out[gv] = _prepared(mod, gv, func, analyzer, narrow)
+        out[gv] = _prepared(mod, gv, func, analyzer, narrow, grouped.TRIGGERS <= set(ops))
     if all(out[gv].same_as(f) for gv, f in mod.functions.items()):
         return mod
     # a dropped broadcast_to leaves ``y = x``: such a binding is no op, so it would end a region
     return relax.transform.CanonicalizeBindings()(tvm.IRModule(out, attrs=mod.attrs))
 
 
-def _prepared(mod, gv, func: relax.Function, analyzer, narrow: bool) -> relax.Function:
+def _prepared(mod, gv, func: relax.Function, analyzer, narrow: bool, repeats: bool) -> relax.Function:
     """``func`` rewritten; as it is if a rewrite fails (they are optimizations: a model
     jitbyoc could not prepare still builds, as TVM would build it). ``narrow``: it has
-    float16 or bfloat16 tensors (:mod:`.widen`)."""
+    float16 or bfloat16 tensors (:mod:`.widen`); ``repeats``: its module calls the ops of
+    a grouped-query repeat (:mod:`.grouped`)."""
     try:
         with constants.deferred() as pending:  # packed weights: written once, if still used
             func = widen.widened(mod, func, first=True) if narrow else func
-            func = grouped.shared_heads(mod, func)
+            func = grouped.shared_heads(mod, func) if repeats else func
             uses = inference.use_counts(func)
             prepare = _Prepare(mod, analyzer, uses, linear.sliced_only(func, uses))
             out = relax.analysis.remove_all_unused(prepare.visit_expr(func))
