@@ -96,4 +96,5 @@ def inspect(mod) -> list[Region]:
 
 
 __all__ = ["enable", "disable", "enabled", "disabled", "is_enabled", "partition_for_jitbyoc", "report",
-           "last_report", "quantize_weights", "lower_precision", "inspect", "profile", "Profile", "Region", "Report", "cache", "__version__"]
+           "last_report", "quantize_weights", "lower_precision", "inspect", "profile", "Profile", "Region",
+           "Report", "cache", "__version__"]

@@ -92,7 +92,8 @@ class WeightMatMul(PortableStage, kir.KernelStage):
                     lead = list(self.out.shape[:-1])
                     count = e.min(ROWS, e.sub(self.n, n0))
                     with e.loop(rows, 0, "er") as r:
-                        e.epilogue(self, unravel(e, r, [e.dim(d) for d in lead]) + [n0], [1] * len(lead) + [count])
+                        origin = unravel(e, r, [e.dim(d) for d in lead]) + [n0]
+                        e.epilogue(self, origin, [1] * len(lead) + [count])
 
         e.parallel(blocks, body, True)
 
@@ -175,7 +176,8 @@ class WeightMatMul(PortableStage, kir.KernelStage):
             aligned = (1,) * (len(self.shape) - buf.ndim) + tuple(buf.shape)
             off = offset(e, aligned, pos, broadcast=True)
             if aligned and aligned[-1] != 1:
-                e.prefetch(buf, e.add(off, PREFETCH_BYTES // lookup_dtype(buf.dtype).nbytes), PREFETCH_LOCALITY)
+                ahead = PREFETCH_BYTES // lookup_dtype(buf.dtype).nbytes
+                e.prefetch(buf, e.add(off, ahead), PREFETCH_LOCALITY)
                 return e.vload(buf, off, buf.dtype, width)
             return e.vbroadcast(buf, off, buf.dtype, width)
 

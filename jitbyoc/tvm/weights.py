@@ -159,7 +159,8 @@ class _Quantize(relax.PyExprMutator):
         stored = self._storage(constant(bound_value(table, self.lookup_binding)))
         if stored is None:
             return call
-        rows = [None if part is None else self.builder_.emit(relax.op.take(part, ids, axis=0, mode=call.attrs.mode))
+        mode = call.attrs.mode
+        rows = [None if part is None else self.builder_.emit(relax.op.take(part, ids, axis=0, mode=mode))
                 for part in stored]
         return _dequantize(*rows, call.ty.shape)
 
@@ -183,6 +184,7 @@ def quantize_weights(mod: tvm.IRModule, bits: int = 8, group_size: int = 32) -> 
             mutator = _Quantize(mod, bits, group_size)
             func = relax.analysis.remove_all_unused(mutator.visit_expr(func))
             for why, count in mutator.kept.items():
-                log.info("jitbyoc.quantize_weights: %d weight(s) of %s stay float32: %s", count, gv.name_hint, why)
+                log.info("jitbyoc.quantize_weights: %d weight(s) of %s stay float32: %s",
+                         count, gv.name_hint, why)
         out[gv] = func
     return tvm.IRModule(out, attrs=mod.attrs)
