@@ -123,9 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         if args.busy_cpu is not None:
             stack.enter_context(busy_cpu(args.busy_cpu))
-        if not args.keep_cache:
-            cache = stack.enter_context(tempfile.TemporaryDirectory(prefix="jitbyoc-bench-cache-"))
-            os.environ["JITBYOC_CACHE_DIR"] = cache  # read by jitbyoc at build time
+        from .run import cold_cache
+
+        stack.enter_context(cold_cache(args.keep_cache))
         return bench(args)
 
 

@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import tempfile
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .decoders import machine_line, weights_read
+from .run import cold_cache
 
 SIZES = {  # Qwen2-0.5B's and TinyLlama-1.1B's published dimensions, and a tiny one for tests
     "tiny": dict(model="qwen2", layers=2, hidden=64, heads=4, kv=2, ffn=128, vocab=128, tied=True,
@@ -222,11 +221,6 @@ def generate(runner, model, prompt: np.ndarray, n: int, forced: list[int] | None
     return out
 
 
-def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
-    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
-
-
 def leading_equal(a: list[int], b: list[int]) -> int:
     """How many tokens ``a`` and ``b`` share before they first differ."""
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
@@ -238,22 +232,6 @@ def describe(size: str, model) -> str:
     return (f"{s['model']} {size}: {s['layers']} layers, hidden {s['hidden']}, {s['heads']} heads, "
             f"{s['kv']} kv heads, ffn {s['ffn']}, vocab {s['vocab']}{', tied' if s['tied'] else ''}; "
             f"{params / 1e6:.1f} M parameters")
-
-
-@contextmanager
-def cold_cache(keep: bool):
-    """jitbyoc's disk cache in an empty temporary directory for the block, unless ``keep``."""
-    old = os.environ.get("JITBYOC_CACHE_DIR")
-    with tempfile.TemporaryDirectory(prefix="jitbyoc-bench-cache-") as path:
-        if not keep:
-            os.environ["JITBYOC_CACHE_DIR"] = path  # read by jitbyoc at build time
-        try:
-            yield
-        finally:
-            if not keep and old is None:
-                os.environ.pop("JITBYOC_CACHE_DIR")
-            elif not keep:
-                os.environ["JITBYOC_CACHE_DIR"] = old
 
 
 def main(argv: list[str] | None = None) -> None:

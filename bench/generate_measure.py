@@ -24,9 +24,10 @@ import time
 
 import numpy as np
 
+from .accuracy import cosine_error
 from .decoders import copy_bandwidth
-from .generate import (Generation, build, cosine, empty_cache, generate, jit_runner, leading_equal, narrowed,
-                       torch_runner, weight_bytes)
+from .generate import (Generation, build, empty_cache, generate, jit_runner, leading_equal, narrowed, torch_runner,
+                       weight_bytes)
 from .timing import Stats, time_alternating
 
 SETTLE = 0.2  # seconds of pause before each timed generation
@@ -38,7 +39,7 @@ def against(runner, model, prompt, ref: Generation, own: Generation) -> tuple[in
     equal = leading_equal(own.tokens, ref.tokens)
     if equal < len(ref.tokens):
         own = generate(runner, model, prompt, len(ref.tokens), forced=ref.tokens)
-    cos = [cosine(a, b) for a, b in zip(own.logits, ref.logits)]
+    cos = [1 - cosine_error([a], [b]) for a, b in zip(own.logits, ref.logits)]
     return equal, cos[-1], min(cos)
 
 

@@ -17,6 +17,8 @@ import logging
 import os
 import platform
 import sys
+import tempfile
+from contextlib import contextmanager
 
 import numpy as np
 import tvm
@@ -34,6 +36,22 @@ TOLERANCE = 1e-3  # max normwise relative error of jitbyoc vs TVM before a row i
 # jitbyoc_alone: jitbyoc timed in a loop of its own, as the peers are (warm caches, no
 # TVM-default run in between): the fair figure to set against torch and onnxruntime
 CANDIDATES = ("tvm", "jitbyoc", "jitbyoc_alone") + peers_mod.NAMES
+
+
+@contextmanager
+def cold_cache(keep: bool):
+    """jitbyoc's disk cache in an empty temporary directory for the block, unless ``keep``."""
+    old = os.environ.get("JITBYOC_CACHE_DIR")
+    with tempfile.TemporaryDirectory(prefix="jitbyoc-bench-cache-") as path:
+        if not keep:
+            os.environ["JITBYOC_CACHE_DIR"] = path  # read by jitbyoc at build time
+        try:
+            yield
+        finally:
+            if not keep and old is None:
+                os.environ.pop("JITBYOC_CACHE_DIR")
+            elif not keep:
+                os.environ["JITBYOC_CACHE_DIR"] = old
 
 
 def columns() -> list[str]:
