@@ -101,6 +101,20 @@ def test_the_float32_weight_is_never_written(bits):
     assert {b.dtype for b in kernel.inputs} >= {"float32", "int8" if bits == 8 else "uint8"}
 
 
+@pytest.mark.parametrize("bits, group, lines", [(4, 32, 1), (8, 32, 1), (8, 128, 2)])
+def test_a_scaled_weight_is_prefetched_once_per_line_of_a_group(bits, group, lines):
+    """One prefetch per weight row and cache line of a group, asked before the group's
+    loads (a prefetch between int4's two loads of the same bytes kept LLVM from merging
+    them; one per vector asked up to four times per line). The kernel writes its group
+    loop twice (tiles of rows, then the rows left), for :data:`ROWS` weight rows each."""
+    from jitbyoc.kernels.weight_matmul import ROWS
+
+    mod, _, _ = linear(64, 256, 1)
+    (region,) = jitbyoc.inspect(jitbyoc.quantize_weights(mod, bits=bits, group_size=group))
+    calls = [line for line in region.llvm_ir.splitlines() if line.lstrip().startswith("call") and "llvm.prefetch" in line]
+    assert len(calls) == 2 * ROWS * lines
+
+
 def test_a_float_weight_expression_stays_a_plain_matmul():
     """Only narrow (quantized) weights are evaluated in the product: a float32 weight
     computed elementwise is written once, as before."""
