@@ -14,6 +14,13 @@ onnxruntime's graph optimizer and oneDNN do before they run a model):
   add joins the producer's fused output loop (ResNet's residual connections).
 * **broadcast_to a tensor's own shape** is the tensor, and a **reshaped constant** a
   constant. (Linear layers' constant weights: :mod:`.linear`.)
+* **Weights computed from constants are constants** (:func:`constant_chain`): a
+  convolution's or a product's weight made by broadcasts, reshapes and float casts of a
+  constant (TVM's ONNX frontend gives a ``ConstantOfShape`` fill as
+  ``broadcast_to(scalar)``) is computed once here, as onnxruntime and OpenVINO fold such
+  subgraphs when they make a session, so the weight is packed once too instead of
+  broadcast on every call. A small broadcast constant (a bias: at most
+  :data:`SMALL_FOLD` elements) is folded wherever it is read.
   A bias the frontend adds between the conv and the batch norm folds with it.
 """
 
@@ -23,6 +30,7 @@ import numpy as np
 from tvm import relax
 from tvm.ir import Op
 
+from ..ir.dtypes import dtype as lookup_dtype
 from .constants import constant as _constant
 from .constants import tensor_constant
 
@@ -31,6 +39,11 @@ RESHAPE, PERMUTE_DIMS, MATMUL = (Op.get(f"relax.{n}") for n in ("reshape", "perm
 SUM, STACK, BROADCAST_TO = Op.get("relax.sum"), Op.get("relax.stack"), Op.get("relax.broadcast_to")
 TRIGGERS = frozenset({"relax.nn.batch_norm", "relax.stack", "relax.broadcast_to", "relax.reshape",
                       "relax.matmul"})
+# ops of a chain over constants that constant_chain evaluates: each keeps the elements'
+# order (a broadcast repeats them), so numpy computes exactly what TVM would
+_SHAPE_OPS = {Op.get(f"relax.{n}") for n in ("broadcast_to", "reshape", "expand_dims", "squeeze")}
+ASTYPE = Op.get("relax.astype")
+SMALL_FOLD = 1 << 16  # elements of a broadcast constant folded whatever reads it
 
 
 def _static_dims(expr) -> tuple[int, ...] | None:
@@ -39,6 +52,49 @@ def _static_dims(expr) -> tuple[int, ...] | None:
     if values is None or not all(hasattr(v, "value") for v in values):
         return None
     return tuple(int(v.value) for v in values)
+
+
+def constant_chain(expr, lookup, depth: int = 8) -> np.ndarray | None:
+    """The value of ``expr`` when it is (a variable bound to) broadcasts, reshapes,
+    ``expand_dims``/``squeeze`` and float-to-float casts of a constant, with static shapes,
+    else None (a constant itself is left to its reader: None)."""
+    call = lookup(expr) if isinstance(expr, relax.Var) else expr
+    if depth == 0 or not isinstance(call, relax.Call) or not call.args:
+        return None
+    dims = _static_dims(call)
+    source = call.args[0]
+    value = _constant(lookup(source) if isinstance(source, relax.Var) else source)
+    if value is None:
+        value = constant_chain(source, lookup, depth - 1)
+    if value is None or dims is None:
+        return None
+    if any(call.op.same_as(op) for op in _SHAPE_OPS):
+        if call.op.same_as(BROADCAST_TO):
+            return np.broadcast_to(value, dims)
+        return value.reshape(dims)
+    if call.op.same_as(ASTYPE) and value.dtype.kind == "f" and _wide_float(str(getattr(call.ty, "dtype", ""))):
+        return value.astype(str(call.ty.dtype))
+    return None
+
+
+def _wide_float(name: str) -> bool:
+    """float32 or float64: a cast numpy rounds as TVM does (no half types here)."""
+    try:
+        d = lookup_dtype(name)
+    except KeyError:  # not a dtype jitbyoc knows: no fold
+        return False
+    return d.is_float and d.bits >= 32
+
+
+def folded_constant(expr, lookup, limit: int | None = None):
+    """``expr`` (:func:`constant_chain`) as a constant of its value, or None (not such a
+    chain, or more than ``limit`` elements)."""
+    value = constant_chain(expr, lookup)
+    if value is None or limit is not None and value.size > limit:
+        return None
+    if value.size and not any(value.strides):  # one value broadcast (a fill): np.full, not a strided copy
+        return tensor_constant(np.full(value.shape, value.flat[0], value.dtype))
+    return tensor_constant(np.ascontiguousarray(value))
 
 
 def use_counts(func: relax.Function) -> dict[str, int]:

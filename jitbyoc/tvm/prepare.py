@@ -17,8 +17,9 @@
   ``conv2d(x)`` with the pad added to its own padding: no padded copy, one region.
 * **Inference rewrites on constant weights** (:mod:`jitbyoc.tvm.inference`): batch norm
   folded into the convolution before it (else ``x * s + t``), ONNX's N-ary ``Sum`` as
-  adds, identity ``broadcast_to`` and reshapes of constants dropped, a multi-row linear
-  layer's transposed weight made once.
+  adds, identity ``broadcast_to`` and reshapes of constants dropped, weights computed
+  from constants (broadcast fills) made constants, a multi-row linear layer's transposed
+  weight made once.
 * **Quantized products run on int8** (:mod:`.quantized`): a float ``matmul`` or
   ``conv2d`` of dequantized operands (QDQ graphs) becomes a uint8 x int8 product in
   int32, its zero-point correction and scale applied after; a requantization of pooled,
@@ -123,6 +124,7 @@ class _Prepare(relax.PyExprMutator):
             shape = _static_shape(call.args[0])
             return call if shape is None else relax.const(np.array(shape, "int64"), "int64")
         if call.op.same_as(CONV2D):
+            call = self._constant_weight(call)
             folded = self._fold_pad(call)  # a new call, not normalized yet: as it is
             int8 = None if not folded.same_as(call) else \
                 quantized.quantized_conv2d(call, self.lookup_binding, self.builder_.emit)
@@ -137,6 +139,7 @@ class _Prepare(relax.PyExprMutator):
             const = inference.constant_reshape(call)
             return call if const is None else const
         if call.op.same_as(inference.MATMUL):
+            call = self._constant_weight(call)
             for rewrite in (quantized.quantized_matmul, quantized.integer_matmul):
                 int8 = rewrite(call, self.lookup_binding, self.builder_.emit, self._packed)
                 if int8 is not None:
@@ -148,6 +151,8 @@ class _Prepare(relax.PyExprMutator):
             return call if split is None else split
         if call.op.same_as(inference.BROADCAST_TO):
             same = inference.unbroadcast(call)
+            if same is None:
+                same = inference.folded_constant(call, self.lookup_binding, inference.SMALL_FOLD)
             return call if same is None else same
         if call.op.same_as(inference.SUM):
             items = inference.summed_stack(call, self._bound)
@@ -159,6 +164,22 @@ class _Prepare(relax.PyExprMutator):
             if self.analyzer is not None and not call.attrs.assume_inbound:
                 return self._inbound_slice(call)
         return call
+
+    def _constant_weight(self, call):
+        """``call`` (a convolution or a product) with its weight a constant where
+        constants compute it (:func:`.inference.constant_chain`); a product's ``W.T``
+        stays a ``permute_dims`` of the constant, the form :mod:`.linear` packs."""
+        weight = call.args[1]
+        bound = self._bound(weight)
+        if isinstance(bound, relax.Call) and bound.op.same_as(inference.PERMUTE_DIMS) \
+                and call.op.same_as(inference.MATMUL):
+            const = inference.folded_constant(bound.args[0], self.lookup_binding)
+            weight = None if const is None else self.builder_.emit(relax.op.permute_dims(const, bound.attrs.axes))
+        else:
+            weight = inference.folded_constant(weight, self.lookup_binding)
+        if weight is None:
+            return call
+        return self.builder_.normalize(relax.Call(call.op, [call.args[0], weight, *call.args[2:]], call.attrs, call.ty_args))
 
     def _bound(self, value):
         return self.lookup_binding(value) if isinstance(value, relax.Var) else None
