@@ -151,49 +151,93 @@ def format_table(rows: list[dict], skipped: list[dict], machine: dict, summary: 
     return "\n".join(lines)
 
 
+COLORS = {"onnxruntime": "tab:blue", "openvino": "tab:purple", "openvino_f32": "tab:green",
+          "torch": "tab:orange", "tvm": "tab:gray", "onnxruntime_int8": "tab:cyan",
+          "openvino_int8": "tab:pink", "onnxruntime_fp16": "tab:olive", "openvino_fp16": "tab:red"}
+# log-axis ticks to choose from; at most MAX_TICKS of those in range are labelled
+TICKS = (0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1, 1.1, 1.2, 1.3, 1.5, 1.7, 2, 2.5,
+         3, 4, 5, 7, 10, 15, 20, 30, 50)
+MAX_TICKS = 9
+TITLE_PT = 8  # title font size; its lines are wrapped to the figure's width
+
+
+def _openvino_column(rows: list[dict]) -> str | None:
+    """The OpenVINO run a second bar compares with: fp32 where it ran, else its default."""
+    return next((p for p in ("openvino_f32", "openvino") if any(r.get(f"ratio_{p}") for r in rows)), None)
+
+
+def _ticks(lo: float, hi: float) -> list[float]:
+    """Labelled ticks in ``[lo, hi]``: 1 and evenly thinned :data:`TICKS`."""
+    inside = [t for t in TICKS if lo <= t <= hi]
+    step = -(-len(inside) // MAX_TICKS)
+    return sorted(set(inside[::step]) | {1})
+
+
 def plot_ratios(path: Path, rows: list[dict], title: str) -> bool:
-    """Bars of jitbyoc's time over the fastest peer's per model (log scale, a line at 1);
-    each bar is labelled with the ratio and that peer. False without matplotlib."""
+    """:func:`ratio_figure` written to ``path``; False without matplotlib or ratios."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        import matplotlib.ticker
     except ImportError:
         log.warning("matplotlib is not installed: no plot (pip install 'jitbyoc[bench]')")
         return False
-    rows = [r for r in rows if r.get("ratio_fastest")]
-    if not rows:
+    fig = ratio_figure(rows, title)
+    if fig is None:
         return False
-    colors = {"onnxruntime": "tab:blue", "openvino": "tab:purple", "openvino_f32": "tab:green",
-              "torch": "tab:orange", "tvm": "tab:gray", "onnxruntime_int8": "tab:cyan",
-              "openvino_int8": "tab:pink", "onnxruntime_fp16": "tab:olive",
-              "openvino_fp16": "tab:red"}
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.6 * len(rows) + 2), 4.8))
-    ys = [r["ratio_fastest"] for r in rows]
-    # bars grow from 1.0 (parity), up when jitbyoc is slower, down when it is faster
-    bars = ax.bar(range(len(rows)), [y - 1 for y in ys], 0.7, bottom=1.0,
-                  color=[colors[r["fastest_peer"]] for r in rows])
-    ax.bar_label(bars, labels=[f"{y:.2f} {LABELS[r['fastest_peer']]}" for y, r in zip(ys, rows)],
-                 fontsize=7, padding=2)
-    ax.set_yscale("log")
-    lo, hi = min(ys + [1.0]) / 1.25, max(ys + [1.0]) * 1.25
-    ax.set_ylim(lo, hi)
-    ticks = [t for t in (0.1, 0.2, 0.3, 0.5, 0.7, 1, 1.5, 2, 3, 5, 7, 10, 20) if lo <= t <= hi]
-    ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
-    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_xticks(range(len(rows)), [r["model"] for r in rows], rotation=35, ha="right")
-    ax.set_ylabel("jitbyoc time / fastest peer's (below 1: jitbyoc faster)")
-    shown = [p for p in colors if any(r["fastest_peer"] == p for r in rows)]
-    ax.legend([plt.Rectangle((0, 0), 1, 1, color=colors[p]) for p in shown],
-              [f"fastest peer: {LABELS[p]}" for p in shown], fontsize=8)
-    ax.set_title(textwrap.fill(title, 120), fontsize=8)
-    fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return True
+
+
+def ratio_figure(rows: list[dict], title: str):
+    """Bars of jitbyoc's time over the fastest peer's per model, and beside each over
+    OpenVINO's (fp32 where it ran; hatched), on a log scale with a line at 1; each bar is
+    labelled with its ratio (and the fastest peer). The figure grows with the models, the
+    title wraps to its width. None without ratios."""
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    rows = [r for r in rows if r.get("ratio_fastest")]
+    if not rows:
+        return None
+    ov = _openvino_column(rows)
+    width = max(6.0, (0.9 if ov else 0.6) * len(rows) + 2.5)
+    fig, ax = plt.subplots(figsize=(width, 5.2))
+    xs, bar = list(range(len(rows))), 0.38 if ov else 0.7
+    fast = [r["ratio_fastest"] for r in rows]
+    shift = -bar / 2 if ov else 0.0
+    # bars grow from 1.0 (parity), up when jitbyoc is slower, down when it is faster
+    bars = ax.bar([x + shift for x in xs], [y - 1 for y in fast], bar, bottom=1.0,
+                  color=[COLORS[r["fastest_peer"]] for r in rows])
+    ax.bar_label(bars, labels=[f"{y:.2f} {LABELS[r['fastest_peer']]}" for y, r in zip(fast, rows)],
+                 fontsize=7, padding=2)
+    shown = [ov] if ov else []
+    theirs = [r.get(f"ratio_{ov}") for r in rows] if ov else []
+    if ov:
+        ys = [y if y else 1.0 for y in theirs]
+        ob = ax.bar([x + bar / 2 for x in xs], [y - 1 for y in ys], bar, bottom=1.0, color="white",
+                    edgecolor=COLORS[ov], hatch="//")
+        ax.bar_label(ob, labels=[f"{y:.2f}" if y else "" for y in theirs], fontsize=7, padding=2)
+    ax.set_yscale("log")
+    everything = fast + [y for y in theirs if y] + [1.0]
+    lo, hi = min(everything) / 1.3, max(everything) * 1.3
+    ax.set_ylim(lo, hi)
+    ticks = _ticks(lo, hi)
+    ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(xs, [r["model"] for r in rows], rotation=35, ha="right")
+    ax.set_ylabel("jitbyoc time / peer's time\n(below 1: jitbyoc faster)")
+    peers = [p for p in COLORS if any(r["fastest_peer"] == p for r in rows)]
+    handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[p]) for p in peers] + \
+        [plt.Rectangle((0, 0), 1, 1, facecolor="white", edgecolor=COLORS[p], hatch="//") for p in shown]
+    ax.legend(handles, [f"fastest peer: {LABELS[p]}" for p in peers] + [f"against {LABELS[p]}" for p in shown],
+              fontsize=7)
+    ax.set_title(textwrap.fill(title, int(width * 72 / (0.6 * TITLE_PT))), fontsize=TITLE_PT)
+    fig.tight_layout()
+    return fig
 
 
 def write_outputs(out: Path, rows: list[dict], skipped: list[dict], machine: dict,

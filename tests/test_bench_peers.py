@@ -146,3 +146,34 @@ def test_bf16_needs_the_zoo_suite():
     from bench.__main__ import main
 
     assert main(["--precision", "bf16", "--model", "mlp", "--keep-cache"]) == 2
+
+
+def _ratio_rows(n: int) -> list[dict]:
+    return [{"model": f"onnx_model_{i}", "ratio_fastest": 1.02 + 0.05 * i, "fastest_peer": "onnxruntime",
+             "ratio_openvino_f32": 1.1 - 0.1 * i} for i in range(n)]
+
+
+@pytest.mark.parametrize("n", [1, 4, 15])
+def test_the_zoo_plot_fits_its_title_labels_its_ticks_and_has_openvino_bars(n):
+    """With a few models the title (the machine line) ran off both edges and the log axis
+    labelled only 1; the plot now wraps the title to the figure's width, labels at least
+    three ticks, and draws a bar against OpenVINO beside each against the fastest peer."""
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from bench.zoo_report import ratio_figure
+
+    title = ("zoo: jitbyoc vs peers, AMD EPYC (znver4), 2 threads, load [0.5, 0.6, 0.7], torch "
+             "2.13.0+cpu, tvm 0.27.0.post1, onnxruntime 1.32.0, openvino 2026.4.1, peak 234 GFLOP/s")
+    fig = ratio_figure(_ratio_rows(n), title)
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    box, edge = ax.title.get_window_extent(), fig.bbox
+    assert edge.x0 <= box.x0 and box.x1 <= edge.x1, (box, edge)
+    labels = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
+    assert len(labels) >= 3 and "1" in labels, labels
+    assert len(ax.containers) == 2 and all(len(c) == n for c in ax.containers)
+    plt.close(fig)
