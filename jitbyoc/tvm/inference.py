@@ -14,6 +14,7 @@ onnxruntime's graph optimizer and oneDNN do before they run a model):
   add joins the producer's fused output loop (ResNet's residual connections).
 * **broadcast_to a tensor's own shape** is the tensor, and a **reshaped constant** a
   constant. (Linear layers' constant weights: :mod:`.linear`.)
+  A bias the frontend adds between the conv and the batch norm folds with it.
 * **Weights computed from constants are constants** (:func:`constant_chain`): a
   convolution's or a product's weight made by broadcasts, reshapes and float casts of a
   constant (TVM's ONNX frontend gives a ``ConstantOfShape`` fill as
@@ -21,7 +22,6 @@ onnxruntime's graph optimizer and oneDNN do before they run a model):
   subgraphs when they make a session, so the weight is packed once too instead of
   broadcast on every call. A small broadcast constant (a bias: at most
   :data:`SMALL_FOLD` elements) is folded wherever it is read.
-  A bias the frontend adds between the conv and the batch norm folds with it.
 """
 
 from __future__ import annotations
