@@ -211,7 +211,7 @@ def ratio_figure(rows: list[dict], title: str):
     # bars grow from 1.0 (parity), up when jitbyoc is slower, down when it is faster
     bars = ax.bar([x + shift for x in xs], [y - 1 for y in fast], bar, bottom=1.0,
                   color=[COLORS[r["fastest_peer"]] for r in rows])
-    ax.bar_label(bars, labels=[f"{y:.2f} {LABELS[r['fastest_peer']]}" for y, r in zip(fast, rows)],
+    ax.bar_label(bars, labels=[f"{y:.2f}\n{LABELS[r['fastest_peer']]}" for y, r in zip(fast, rows)],
                  fontsize=7, padding=2)
     shown = [ov] if ov else []
     theirs = [r.get(f"ratio_{ov}") for r in rows] if ov else []
