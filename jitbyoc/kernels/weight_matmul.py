@@ -188,27 +188,33 @@ class WeightMatMul(PortableStage, kir.KernelStage):
         """Prefetch the weight bytes :data:`PREFETCH_BYTES` past element ``off``."""
         e.prefetch(buf, e.add(off, PREFETCH_BYTES // lookup_dtype(buf.dtype).nbytes), PREFETCH_LOCALITY)
 
+    def _position(self, e, row, k) -> list:
+        """The coordinates in ``shape`` of the weight's element ``[row, k]``."""
+        return [row] + unravel(e, k, list(self.shape[1:]))
+
+    def _offset(self, e, buf, pos):
+        """The element of ``buf`` (broadcast to ``shape``) at ``pos``."""
+        return offset(e, self._aligned(buf), pos, broadcast=True)
+
     def _prefetch(self, e, node, row, k0, span: int, width: int) -> None:
         """Prefetch the group ``[row, k0 .. k0 + span]`` of the buffers ``node`` reads
         along ``k``: once per cache line of its vectors (:data:`LINE_BYTES`)."""
         for buf in dict.fromkeys(kir.loads([node])):
-            aligned = self._aligned(buf)
-            if aligned and aligned[-1] != 1:
+            if self._aligned(buf)[-1] != 1:
                 step = max(1, LINE_BYTES // (width * lookup_dtype(buf.dtype).nbytes))
                 for v in range(0, span // width, step):
-                    pos = [row] + unravel(e, e.add(k0, v * width), list(self.shape[1:]))
-                    self._ask_ahead(e, buf, offset(e, aligned, pos, broadcast=True))
+                    pos = self._position(e, row, e.add(k0, v * width))
+                    self._ask_ahead(e, buf, self._offset(e, buf, pos))
 
     def _evaluate(self, e, node, row, k, width: int, prefetch: bool = True):
         """``node`` (the weight or a part of it) at ``[row, k .. k + width]``, from the
         buffers it reads (``width`` divides the last dim of ``shape``: the lanes share
         every other coordinate); ``prefetch``: each vector load asks for its bytes ahead."""
-        pos = [row] + unravel(e, k, list(self.shape[1:]))
+        pos = self._position(e, row, k)
 
         def load(buf):
-            aligned = self._aligned(buf)
-            off = offset(e, aligned, pos, broadcast=True)
-            if aligned and aligned[-1] != 1:
+            off = self._offset(e, buf, pos)
+            if self._aligned(buf)[-1] != 1:
                 if prefetch:
                     self._ask_ahead(e, buf, off)
                 return e.vload(buf, off, buf.dtype, width)

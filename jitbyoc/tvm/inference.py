@@ -54,16 +54,21 @@ def _static_dims(expr) -> tuple[int, ...] | None:
     return tuple(int(v.value) for v in values)
 
 
+def bound_value(expr, lookup):
+    """What ``expr`` is: the value a variable is bound to, or the expression itself."""
+    return lookup(expr) if isinstance(expr, relax.Var) else expr
+
+
 def constant_chain(expr, lookup, depth: int = 8) -> np.ndarray | None:
     """The value of ``expr`` when it is (a variable bound to) broadcasts, reshapes,
     ``expand_dims``/``squeeze`` and float-to-float casts of a constant, with static shapes,
     else None (a constant itself is left to its reader: None)."""
-    call = lookup(expr) if isinstance(expr, relax.Var) else expr
+    call = bound_value(expr, lookup)
     if depth == 0 or not isinstance(call, relax.Call) or not call.args:
         return None
     dims = _static_dims(call)
     source = call.args[0]
-    value = _constant(lookup(source) if isinstance(source, relax.Var) else source)
+    value = _constant(bound_value(source, lookup))
     if value is None:
         value = constant_chain(source, lookup, depth - 1)
     if value is None or dims is None:
@@ -72,8 +77,9 @@ def constant_chain(expr, lookup, depth: int = 8) -> np.ndarray | None:
         if call.op.same_as(BROADCAST_TO):
             return np.broadcast_to(value, dims)
         return value.reshape(dims)
-    if call.op.same_as(ASTYPE) and value.dtype.kind == "f" and _wide_float(str(getattr(call.ty, "dtype", ""))):
-        return value.astype(str(call.ty.dtype))
+    dtype = str(getattr(call.ty, "dtype", ""))
+    if call.op.same_as(ASTYPE) and value.dtype.kind == "f" and _wide_float(dtype):
+        return value.astype(dtype)
     return None
 
 

@@ -28,15 +28,9 @@ from ..engines.gemm import panel_width
 from ..engines.products import WEIGHTS
 from .constants import constant as _constant
 from .constants import tensor_constant
-from .inference import ADD, MATMUL, PERMUTE_DIMS, RESHAPE, _static_dims, single_use_call
+from .inference import ADD, MATMUL, PERMUTE_DIMS, RESHAPE, _static_dims, bound_value, single_use_call
 
 STRIDED_SLICE = Op.get("relax.strided_slice")
-
-
-
-def bound_value(expr, lookup):
-    """What ``expr`` is: the value a variable is bound to, or the expression itself."""
-    return lookup(expr) if isinstance(expr, relax.Var) else expr
 
 
 def _permuted(expr, lookup):

@@ -174,12 +174,14 @@ class _Prepare(relax.PyExprMutator):
         if isinstance(bound, relax.Call) and bound.op.same_as(inference.PERMUTE_DIMS) \
                 and call.op.same_as(inference.MATMUL):
             const = inference.folded_constant(bound.args[0], self.lookup_binding)
-            weight = None if const is None else self.builder_.emit(relax.op.permute_dims(const, bound.attrs.axes))
+            weight = None if const is None else \
+                self.builder_.emit(relax.op.permute_dims(const, bound.attrs.axes))
         else:
             weight = inference.folded_constant(weight, self.lookup_binding)
         if weight is None:
             return call
-        return self.builder_.normalize(relax.Call(call.op, [call.args[0], weight, *call.args[2:]], call.attrs, call.ty_args))
+        args = [call.args[0], weight, *call.args[2:]]
+        return self.builder_.normalize(relax.Call(call.op, args, call.attrs, call.ty_args))
 
     def _bound(self, value):
         return self.lookup_binding(value) if isinstance(value, relax.Var) else None
