@@ -94,6 +94,20 @@ class RegionLowering:
         self.materialized[node] = buf
         return buf
 
+    def table(self, expr) -> kir.Buffer:
+        """``expr`` as a buffer read whole (a :class:`~.kir.Lookup` table), its stage (if
+        it needs one) moved to the earliest point its reads allow: a kernel made before
+        the lookup may then apply it in its epilogue (:func:`fuse_epilogues`)."""
+        made = len(self.kernel.stages)
+        buf = self.buffer(expr)
+        if len(self.kernel.stages) == made + 1:
+            stage = self.kernel.stages.pop()
+            reads = {b.storage for b in kir.stage_reads(stage)}
+            at = max((k + 1 for k, s in enumerate(self.kernel.stages)
+                      if reads & {b.storage for b in kir.stage_writes(s)}), default=0)
+            self.kernel.stages.insert(at, stage)
+        return buf
+
     def _output_of(self, node, shape, dtype: str) -> kir.Buffer | None:
         """The region output whose value is ``node`` (of this shape and dtype), now
         bound to its buffer: the output is written where ``node`` is materialized."""
@@ -314,7 +328,8 @@ def _sole_kernel_input(kernel: kir.Kernel, stage: kir.Elementwise, index: int):
     read by nothing else (by ``stage`` as itself or through one view), and every other
     buffer ``stage`` reads exists before the kernel."""
     reads = kir.stage_reads(stage)
-    temps = [b for b in reads if b in kernel.temps]
+    looked_up = set(kir.tables([n for _, n in stage.stores]))  # made before: checked below
+    temps = [b for b in reads if b in kernel.temps and b not in looked_up]
     if len(temps) != 1:
         return None
     tmp = temps[0]
@@ -340,7 +355,7 @@ def _is_value(built) -> bool:
     (inference batch_norm) need no stage of their own."""
     if isinstance(built, tuple) and built:
         return all(_is_value(v) for v in built)
-    return isinstance(built, (kir.Load, kir.Const, kir.Op))
+    return isinstance(built, (kir.Load, kir.Const, kir.Op, kir.Lookup))
 
 
 @dataclass(frozen=True)

@@ -42,10 +42,10 @@ def _node_facts(expr, stage_shape: tuple) -> dict:
     for node in kir.walk([expr]):
         if isinstance(node, kir.Load):
             info[id(node)] = (_varying(node.buf.shape, stage_shape), False)
-        elif isinstance(node, kir.Op):
-            args = [info[id(a)] for a in node.args]
+        elif isinstance(node, (kir.Op, kir.Lookup)):  # a lookup varies as its index
+            args = [info[id(a)] for a in kir.operands(node)]
             vary = tuple(any(a[0][d] for a in args) for d in range(len(stage_shape)))
-            info[id(node)] = (vary, _expensive(node.op) or any(a[1] for a in args))
+            info[id(node)] = (vary, isinstance(node, kir.Op) and _expensive(node.op) or any(a[1] for a in args))
         else:
             info[id(node)] = (none, False)
     return info
@@ -67,8 +67,8 @@ def _maximal(expr, info: dict, stage_shape: tuple) -> list:
         seen.add(id(node))
         if _hoistable(node, info, stage_shape):
             found.append(node)
-        elif isinstance(node, kir.Op):
-            stack.extend(node.args)
+        else:
+            stack.extend(kir.operands(node))
     return found
 
 

@@ -88,7 +88,25 @@ class Acc:
     dtype: str
 
 
-Node = Union[Load, Const, Op, Acc]
+@dataclass(frozen=True, eq=False)
+class Lookup:
+    """``table[index]``: the element of the 1-D buffer ``table`` at ``index`` (an integer
+    node, in range: the builder clamps it). Unlike a :class:`Load`, its position is data,
+    not the current point: the table is read whole wherever the node is evaluated."""
+    table: Buffer
+    index: Any
+
+    @property
+    def dtype(self) -> str:
+        return self.table.dtype
+
+
+Node = Union[Load, Const, Op, Acc, Lookup]
+
+
+def operands(node) -> tuple:
+    """The nodes ``node`` is computed from."""
+    return node.args if isinstance(node, Op) else (node.index,) if isinstance(node, Lookup) else ()
 
 
 @dataclass(frozen=True)
@@ -112,7 +130,7 @@ class KernelStage:
     epilogue: object = None
 
     def reads(self) -> list[Buffer]:
-        extra = loads([self.epilogue]) if self.epilogue is not None else []
+        extra = loads([self.epilogue]) + tables([self.epilogue]) if self.epilogue is not None else []
         return list(self.inputs) + extra
 
     def macs(self) -> tuple[Dim, ...] | None:
@@ -178,24 +196,29 @@ def walk(roots):
         node, done = stack.pop()
         if id(node) in seen:
             continue
-        if done or not isinstance(node, Op):
+        if done or not isinstance(node, (Op, Lookup)):
             seen.add(id(node))
             order.append(node)
             continue
         stack.append((node, True))
-        stack.extend((a, False) for a in reversed(node.args) if id(a) not in seen)
+        stack.extend((a, False) for a in reversed(operands(node)) if id(a) not in seen)
     return order
 
 
-def evaluate(em, roots, load, acc=None) -> dict:
+def evaluate(em, roots, load, acc=None, lookup=None) -> dict:
     """Render every node reachable from ``roots`` once, operands first, through a
     renderer's emitter: ``load(buf)`` reads a Load's raw element, ``em.loaded(raw, dtype)``
-    turns it into a value, ``acc`` stands for :class:`Acc`. Returns ``{id(node): value}``.
-    Both renderers walk expressions through this one function, so they line up."""
+    turns it into a value, ``acc`` stands for :class:`Acc`, ``lookup(table, index)`` reads
+    a :class:`Lookup`'s raw element. Returns ``{id(node): value}``. Both renderers walk
+    expressions through this one function, so they line up."""
     values = {}
     for node in walk(roots):
         if isinstance(node, Load):
             values[id(node)] = em.loaded(load(node.buf), node.dtype)
+        elif isinstance(node, Lookup):
+            if lookup is None:
+                raise TypeError("jitbyoc: a table lookup where this kernel cannot read one")
+            values[id(node)] = em.loaded(lookup(node.table, values[id(node.index)]), node.dtype)
         elif isinstance(node, Const):
             values[id(node)] = em.const(node.value, node.dtype)
         elif isinstance(node, Acc):
@@ -208,7 +231,8 @@ def evaluate(em, roots, load, acc=None) -> dict:
 
 def stage_reads(stage) -> list[Buffer]:
     """Buffers ``stage`` reads, plus the storage behind any view among them."""
-    reads = loads([n for _, n in stage.stores]) if isinstance(stage, Elementwise) else stage.reads()
+    roots = [n for _, n in stage.stores] if isinstance(stage, Elementwise) else None
+    reads = loads(roots) + tables(roots) if roots is not None else stage.reads()
     return list(dict.fromkeys(reads + [b.base for b in reads if b.base is not None]))
 
 
@@ -228,15 +252,24 @@ def substitute(root, mapping):
             args = tuple(memo.get(id(a), a) for a in node.args)
             if any(x is not y for x, y in zip(args, node.args)):
                 memo[id(node)] = Op(node.op, args, node.in_dtype, node.dtype, node.attrs)
+        elif isinstance(node, Lookup) and id(node.index) in memo:
+            memo[id(node)] = Lookup(node.table, memo[id(node.index)])
     return memo.get(id(root), root)
 
 
 def loads(roots) -> list[Buffer]:
+    """The buffers ``roots`` read at the current point (broadcast), each once."""
     out: dict[Buffer, None] = {}
     for n in walk(roots):
         if isinstance(n, Load):
             out.setdefault(n.buf)
     return list(out)
+
+
+def tables(roots) -> list[Buffer]:
+    """The buffers ``roots`` look elements up in (:class:`Lookup`), each once: read
+    whole, not walked by the loop around them."""
+    return list(dict.fromkeys(n.table for n in walk(roots) if isinstance(n, Lookup)))
 
 
 @dataclass(frozen=True)
@@ -301,7 +334,7 @@ def canonical(kernel: Kernel) -> str:
             return repr(x)
         if isinstance(x, float):
             return x.hex()
-        if isinstance(x, (Load, Const, Op, Acc)):
+        if isinstance(x, (Load, Const, Op, Acc, Lookup)):
             return node(x)
         if isinstance(x, (tuple, list)):
             return ("[" if isinstance(x, list) else "(") + ",".join(map(value, x)) + ")"

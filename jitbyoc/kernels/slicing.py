@@ -239,9 +239,30 @@ def _check_take(call) -> str | None:
 
 @register("relax.take", 2, _check_take)
 def _build_take(fe, call, out):
+    mode, shape = str(call.attrs.mode), dims(call.args[0].ty)
+    if len(shape) == 1 and isinstance(shape[0], int) and mode in ("clip", "fast"):
+        return _looked_up(fe, call, shape[0], mode)
     x, ind = fe.buffer(call.args[0]), fe.buffer(call.args[1])
     axis = 0 if call.attrs.axis is None else int(call.attrs.axis) % x.ndim
     return Take((x, ind), out, axis=axis, mode=str(call.attrs.mode))
+
+
+def _looked_up(fe, call, n: int, mode: str):
+    """A take from a 1-D table of static length ``n``: a :class:`~jitbyoc.ir.kir.Lookup`,
+    an elementwise value that fuses into the loops and epilogues around it (a byte
+    function as a table: :mod:`jitbyoc.tvm.tables`), the index clamped as :class:`Take`
+    clamps it."""
+    index = fe.value(call.args[1])
+    dt = index.dtype
+
+    def op(name, *args, out=dt):
+        return kir.Op(name, args, dt, out)
+
+    if mode == "fast":  # from -n, an index counts from the end
+        negative = op("less", index, kir.Const(0, dt), out="bool")
+        index = kir.Op("where", (negative, op("add", index, kir.Const(n, dt)), index), dt, dt)
+    index = op("maximum", op("minimum", index, kir.Const(n - 1, dt)), kir.Const(0, dt))
+    return kir.Lookup(fe.table(call.args[0]), index)
 
 
 # ---- concat ------------------------------------------------------------------------------------

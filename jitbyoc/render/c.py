@@ -189,7 +189,7 @@ class Ctx(Indexing):
             at = self.element(out, self.offset(out.shape, pos))
             values = evaluate(self.em, [stage.epilogue],
                               lambda buf: self.element(buf, self.offset(buf.shape, pos[out.ndim - buf.ndim:], True)),
-                              at)
+                              at, self.element)
             self.line(f"{at} = {values[id(stage.epilogue)]};")
 
 
@@ -217,7 +217,7 @@ def emit_elementwise(ctx: Ctx, stage: kir.Elementwise) -> None:
                 walked = [(i, c.ints.product(s)) for i, s in zip(idx, layout.strides[buf]) if s is not None]
                 return c.element(buf, c.ints.i(dot(c.ints, [i for i, _ in walked], [s for _, s in walked])))
 
-            values = evaluate(c.em, roots, address)
+            values = evaluate(c.em, roots, address, lookup=c.element)
             for buf, node in stage.stores:
                 c.line(f"{address(buf)} = {values[id(node)]};")
 

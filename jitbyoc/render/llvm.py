@@ -28,7 +28,7 @@ from ..ir.ops import op_def, traps_on_masked_lanes
 from . import isa
 from .indexing import Indexing, LLVMInts, dot, product
 from .loops import for_range, loop_nest, threaded
-from .vectors import SplatConstant, lanes, splat, strips, vload, vstore
+from .vectors import SplatConstant, lanes, splat, strips, vload, vlookup, vstore
 
 
 class Emitter:
@@ -139,6 +139,12 @@ class Ctx(Indexing):
     def store(self, buf: kir.Buffer, offset, value) -> None:
         self.b.store(lookup_dtype(buf.dtype).stored_llvm(self.b, value), self.element(buf, offset))
 
+    def lookup(self, table: kir.Buffer, index) -> ir.Value:
+        """The raw element(s) of ``table`` at ``index``: a scalar, or every lane of a vector."""
+        if isinstance(index.type, ir.VectorType):
+            return vlookup(self.b, self.element(table, I64(0)), index, table.dtype, table.shape[0])
+        return self.load(table, index if index.type == I64 else self.b.sext(index, I64))
+
     # ---- closures ------------------------------------------------------------------------------
     def closure(self, extra=()) -> ir.Value:
         """This ctx's buffer pointers and sizes, then ``extra`` (i64 values), packed in
@@ -224,7 +230,7 @@ class Ctx(Indexing):
                 return self.em.loaded(self.load(buf, self.offset(buf.shape, sub, broadcast=True)), buf.dtype)
 
             acc = self.em.loaded(self.load(out, offset), out.dtype)
-            values = evaluate(self.em, [stage.epilogue], load, acc)
+            values = evaluate(self.em, [stage.epilogue], load, acc, self.lookup)
             self.store(out, offset, values[id(stage.epilogue)])
 
     def _vector_epilogue(self, stage: kir.KernelStage, reads, origin, extent, n: int, lead: int) -> None:
@@ -248,7 +254,7 @@ class Ctx(Indexing):
                 return vload(b, self.element(buf, b.add(off, j)), buf.dtype, mask, n)
 
             ptr = self.element(out, b.add(self.offset(out.shape, start), j))
-            values = evaluate(em, [stage.epilogue], load, vload(b, ptr, out.dtype, mask, n))
+            values = evaluate(em, [stage.epilogue], load, vload(b, ptr, out.dtype, mask, n), self.lookup)
             vstore(b, values[id(stage.epilogue)], ptr, out.dtype, mask)
 
         with loop_nest(b, [self.i64(e) for e in extent[:lead]], "e") as idx:
@@ -339,7 +345,7 @@ def _emit_point(c: Ctx, stage: kir.Elementwise, roots, n, steps, idx, mask=None)
             return splat(b, c.load(buf, address(buf)), n)
         return vload(b, c.element(buf, address(buf)), buf.dtype, mask, n)
 
-    values = evaluate(em, roots, load)
+    values = evaluate(em, roots, load, lookup=c.lookup)
     for buf, node in stage.stores:
         if n:
             vstore(b, values[id(node)], c.element(buf, address(buf)), buf.dtype, mask)

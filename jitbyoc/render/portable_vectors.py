@@ -131,7 +131,7 @@ class LLVMVectors:
     def evaluate(self, width: int, roots, load, acc=None) -> dict:
         """:func:`jitbyoc.ir.kir.evaluate` of expression trees on ``width``-lane values:
         ``load(buf)`` gives a buffer's lanes as stored, ``acc`` stands for the Acc."""
-        return kir.evaluate(Emitter(self.b, width), roots, load, acc)
+        return kir.evaluate(Emitter(self.b, width), roots, load, acc, self.ctx.lookup)
 
     def loaded(self, raw, dt: str):
         """Lanes as stored (a load of ``dt``) as values: bytes of a bool become i1."""
@@ -226,7 +226,7 @@ class CVectors:
         return self.op(name, dt, *args, **attrs)
 
     def evaluate(self, width: int, roots, load, acc=None) -> dict:
-        return kir.evaluate(self.em, roots, load, acc)
+        return kir.evaluate(self.em, roots, load, acc, self.ctx.element)
 
     def loaded(self, raw, dt: str):
         return self.em.loaded(raw, dt)

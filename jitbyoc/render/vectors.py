@@ -105,6 +105,39 @@ def vstore(b, value, ptr, dt, mask=None):
     b.call(fn, [value, ptr, I32(align), mask])
 
 
+def vlookup(b: ir.IRBuilder, table, index, dt: str, size: int):
+    """``table[index[l]]`` for every lane ``l`` of the integer vector ``index`` (in range),
+    ``table`` pointing at ``size`` elements of ``dt``: a byte table of 256 on AVX512_VBMI
+    is four registers, and a vector of lookups two ``vpermi2b`` and a blend; anything
+    else is one load per lane."""
+    n = index.type.count
+    if lookup_dtype(dt).storage_bits == 8 and size == 256 and n <= 64 and isa.current().has("avx512vbmi"):
+        return _permuted_bytes(b, table, index)
+    element = lookup_dtype(dt).storage_ir
+    out = VectorLiteral(ir.VectorType(element, n), "poison")
+    for lane in range(n):
+        at = b.extract_element(index, I32(lane))
+        at = at if at.type == I64 else b.sext(at, I64)
+        value = b.load(b.gep(table, [at], source_etype=element, inbounds=True), typ=element)
+        out = b.insert_element(out, value, I32(lane))
+    return out
+
+
+def _permuted_bytes(b: ir.IRBuilder, table, index):
+    """:func:`vlookup` of a 256-byte table with ``vpermi2b``: each picks by the low 7 bits
+    of an index from 128 table bytes; bit 7 chooses between the two halves."""
+    n, bytes64 = index.type.count, ir.VectorType(I8, 64)
+    quarters = [b.load(b.gep(table, [I64(64 * k)], source_etype=I8), typ=bytes64, align=1) for k in range(4)]
+    narrow = b.trunc(index, ir.VectorType(I8, n))
+    wide = narrow if n == 64 else b.shuffle_vector(
+        narrow, VectorLiteral(narrow.type, "poison"), ir.Constant(ir.VectorType(I32, 64), [l % n for l in range(64)]))
+    permute = intrinsic(b.module, "llvm.x86.avx512.vpermi2var.qi.512", bytes64, [bytes64] * 3)
+    low, high = (b.call(permute, [quarters[k], wide, quarters[k + 1]]) for k in (0, 2))
+    picked = b.select(b.icmp_signed("<", wide, VectorLiteral(bytes64, "zeroinitializer")), high, low)
+    return picked if n == 64 else b.shuffle_vector(
+        picked, VectorLiteral(bytes64, "poison"), ir.Constant(ir.VectorType(I32, n), list(range(n))))
+
+
 def multiply_add(b: ir.IRBuilder, x, y, acc):
     """``x * y + acc``: one fused multiply-add (one rounding) where the machine has them,
     else a multiply and an add."""

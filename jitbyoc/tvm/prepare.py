@@ -44,7 +44,7 @@ from tvm.ir import Op, Range
 from tvm.ir.prim import IntImm
 from tvm.sym import Analyzer
 
-from . import constants, conv_weights, grouped, inference, linear, quantized, widen
+from . import constants, conv_weights, grouped, inference, linear, quantized, tables, widen
 
 log = logging.getLogger("jitbyoc")
 
@@ -134,6 +134,8 @@ class _Prepare(relax.PyExprMutator):
             return call if rows is None else rows
         if call.op.same_as(quantized.QUANTIZE):
             moved = quantized.requantized(call, self.lookup_binding)
+            if moved is None:
+                moved = tables.table_lookup(call, self.lookup_binding, self.builder_.emit)
             return call if moved is None else moved
         if call.op.same_as(inference.RESHAPE):
             const = inference.constant_reshape(call)
