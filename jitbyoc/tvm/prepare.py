@@ -44,7 +44,7 @@ from tvm.ir import Op, Range
 from tvm.ir.prim import IntImm
 from tvm.sym import Analyzer
 
-from . import constants, conv_weights, grouped, inference, linear, quantized, tables, widen
+from . import constants, conv_weights, grouped, inference, linear, quantized, quantized_pairs, tables, widen
 
 log = logging.getLogger("jitbyoc")
 
@@ -146,6 +146,9 @@ class _Prepare(relax.PyExprMutator):
                 int8 = rewrite(call, self.lookup_binding, self.builder_.emit, self._packed)
                 if int8 is not None:
                     return int8
+            int8 = quantized_pairs.activation_product(call, self.lookup_binding, self.builder_.emit)
+            if int8 is not None:
+                return int8
             folded = linear.prepacked_weight(call, self.lookup_binding, self.builder_.emit)
             return call if folded is None else folded
         if call.op.same_as(inference.PERMUTE_DIMS):
