@@ -58,3 +58,28 @@ def test_a_quantized_product_of_two_activations_is_within_one_step_of_tvm(da, db
     a, b = _ints(rng, da, (2, 3, 37, 64)), _ints(rng, db, (2, 3, 64, 29))
     steps = np.abs(run(builds.jit, a, b).astype(int) - run(builds.tvm, a, b).astype(int))
     assert steps.max() <= 1 and (steps > 0).mean() < 0.01, (steps.max(), (steps > 0).mean())
+
+
+def test_a_constant_operand_is_shifted_and_summed_at_build_time():
+    """A constant weight with one nonzero zero point (``quantized_matmul`` leaves it):
+    its int8 copy and column sums are constants, only the activations' rows are summed
+    per call, and the result is still the exact integer sum scaled."""
+    rng = np.random.default_rng(3)
+    w = _ints(rng, "uint8", (64, 29))
+
+    def body(bb, a):
+        wf = bb.emit(R.dequantize(relax.const(w), relax.const(SB, F32), relax.const(131, "uint8"), axis=-1,
+                                  out_dtype=F32))
+        af = bb.emit(R.dequantize(a, relax.const(SA, F32), relax.const(120, "uint8"), axis=-1, out_dtype=F32))
+        return bb.emit(R.matmul(af, wf))
+
+    mod = build_model({"a": ((37, 64), "uint8")}, body)
+    ops = [getattr(b.value.op, "name", "") for b in prepare(mod, {"relax.dequantize"})["main"].body.blocks[0].bindings
+           if isinstance(b.value, relax.Call)]
+    assert ops.count("relax.sum") == 1 and "relax.matmul" in ops, ops
+    a = _ints(rng, "uint8", (37, 64))
+    want = np.matmul(a.astype(np.int64) - 120, w.astype(np.int64) - 131).astype(np.float32) * \
+        (np.float32(SA) * np.float32(SB))
+    builds = build_both(mod, tvm_builds=False)
+    assert not builds.report.fallbacks, builds.report
+    assert np.array_equal(run(builds.jit, a), want)

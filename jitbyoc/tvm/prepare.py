@@ -146,7 +146,8 @@ class _Prepare(relax.PyExprMutator):
                 int8 = rewrite(call, self.lookup_binding, self.builder_.emit, self._packed)
                 if int8 is not None:
                     return int8
-            int8 = quantized_pairs.activation_product(call, self.lookup_binding, self.builder_.emit)
+            int8 = quantized_pairs.activation_product(call, self.lookup_binding, self.builder_.emit,
+                                                      self._packed)
             if int8 is not None:
                 return int8
             folded = linear.prepacked_weight(call, self.lookup_binding, self.builder_.emit)

@@ -67,8 +67,8 @@ def _dequantized(expr, lookup):
 
 def _activation(expr, lookup):
     """``(activations, zero point, scale, shifted)`` of a per-tensor dequantize, or None;
-    ``shifted``: int8 activations, which :func:`_as_uint8` shifts by 128 (their zero
-    point here already shifted)."""
+    ``shifted``: int8 activations, which :func:`recentred` shifts by 128 to uint8 (their
+    zero point here already shifted)."""
     found = _dequantized(expr, lookup)
     if found is None or found[1].size != 1 or found[2].size != 1:
         return None
@@ -77,11 +77,17 @@ def _activation(expr, lookup):
     return q, int(zp[0]) + (128 if shifted else 0), float(scale[0]), shifted
 
 
-def _as_uint8(q, shifted: bool, emit):
-    """int8 activations as uint8, ``q + 128`` (exact in int16); uint8 ones as they are."""
-    if not shifted:
+def recentred(q, to: str, emit, lookup=None):
+    """``q`` (uint8 or int8) as ``to``: shifted by 128 (exact in int16) where the dtypes
+    differ, its zero point to move with it; a constant (found through ``lookup``) shifted
+    at build time, anything else in the graph."""
+    if str(q.ty.dtype) == to:
         return q
-    return emit(relax.op.astype(emit(relax.op.add(relax.op.astype(q, "int16"), relax.const(128, "int16"))), "uint8"))
+    shift = 128 if to == "uint8" else -128
+    value = None if lookup is None else constant(bound_value(q, lookup))
+    if value is not None:
+        return tensor_constant((value.astype(np.int16) + shift).astype(to))
+    return emit(relax.op.astype(emit(relax.op.add(relax.op.astype(q, "int16"), relax.const(shift, "int16"))), to))
 
 
 def _placeholder(like, dtype: str = "uint8") -> relax.Var:
@@ -151,19 +157,19 @@ def quantized_matmul(call: relax.Call, lookup, emit, pack):
     found = _operands(call, lookup, 1, 2)
     if found is None:
         return None
-    q, zx, sx, shifted, wq, sw = found
-    acc = _int8_matmul(q, shifted, wq, emit, pack)
+    q, zx, sx, _shifted, wq, sw = found
+    acc = _int8_matmul(q, wq, emit, pack)
     return None if acc is None else _rescaled(acc, zx, sx, wq, sw, 1, (wq.shape[1],))
 
 
-def _int8_matmul(q, shifted: bool, wq: np.ndarray, emit, pack):
-    """The int32 product of ``q`` (as uint8, :func:`_as_uint8`) and the int8 constant
+def _int8_matmul(q, wq: np.ndarray, emit, pack):
+    """The int32 product of ``q`` (as uint8, :func:`recentred`) and the int8 constant
     ``wq``, emitted with its weight packed (``pack``); None, with nothing emitted, where
     jitbyoc would not take it (:func:`why_not`)."""
     weight = tensor_constant(wq)
     if why_not(_normalized(relax.op.matmul(_placeholder(q), weight, out_dtype="int32"))):
         return None
-    return emit(pack(_normalized(relax.op.matmul(_as_uint8(q, shifted, emit), weight, out_dtype="int32"))))
+    return emit(pack(_normalized(relax.op.matmul(recentred(q, "uint8", emit), weight, out_dtype="int32"))))
 
 
 def quantized_conv2d(call: relax.Call, lookup, emit):
@@ -174,7 +180,7 @@ def quantized_conv2d(call: relax.Call, lookup, emit):
     if found is None or str(a.data_layout) != "NCHW" or str(a.kernel_layout) != "OIHW" \
             or (a.out_layout is not None and str(a.out_layout) != "NCHW"):
         return None
-    q, zx, sx, shifted, wq, sw = found
+    q, zx, sx, _shifted, wq, sw = found
     weight, padding = tensor_constant(wq), [int(p) for p in a.padding]
     padded = [0, 0, 0, 0, padding[0], padding[2], padding[1], padding[3]] if zx and any(padding) else None
     source = _placeholder(q)
@@ -186,7 +192,7 @@ def quantized_conv2d(call: relax.Call, lookup, emit):
                                   "int32")
     if why_not(_normalized(conv(source))):
         return None
-    data = _as_uint8(q, shifted, emit)
+    data = recentred(q, "uint8", emit)
     if padded:
         data = emit(relax.op.nn.pad(data, padded, "constant", float(zx)))
     return _rescaled(emit(conv(data)), zx, sx, wq, sw, 0, (1, wq.shape[0], 1, 1))
@@ -308,7 +314,7 @@ def integer_matmul(call: relax.Call, lookup, emit, pack):
         return None
     (q, za), wq = act, weight.astype(np.int8)
     shifted = str(q.ty.dtype) == "int8"
-    acc = _int8_matmul(q, shifted, wq, emit, pack)
+    acc = _int8_matmul(q, wq, emit, pack)
     if acc is None:
         return None
     zero = relax.const(128 if shifted else 0, "int32") if za is None else \

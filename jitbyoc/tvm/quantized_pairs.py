@@ -19,35 +19,42 @@ from tvm import relax
 
 from ..ir.relax_types import dims
 from ..ir.rules import why_not
-from .quantized import _activation, _as_uint8, _normalized, _placeholder
+from .constants import constant, tensor_constant
+from .inference import bound_value
+from .quantized import _activation, _normalized, _placeholder, recentred
 
 LARGEST_K = 2 ** 31 // (255 * 128)  # the integer sum of K products stays in int32
 
 
-def activation_product(call: relax.Call, lookup, emit):
+def activation_product(call: relax.Call, lookup, emit, pack):
     """``matmul(dequantize(a), dequantize(b))`` of two per-tensor quantized tensors of rank
     2 or more as the corrected int8 product above; None where it does not apply or
-    jitbyoc would not take the product."""
+    jitbyoc would not take the product. A constant operand (a weight with a nonzero zero
+    point) is shifted and summed at build time, and ``pack(product)`` packs it."""
     a, b = (_activation(x, lookup) for x in call.args)
     shape_a, shape_b = dims(call.args[0].ty), dims(call.args[1].ty)
     if str(call.ty.dtype) != "float32" or a is None or b is None or shape_a is None or shape_b is None \
             or min(len(shape_a), len(shape_b)) < 2 or not isinstance(shape_a[-1], int) \
             or shape_a[-1] >= LARGEST_K:
         return None
-    (qa, za, sa, shifted_a), (qb, zb, sb, shifted_b) = a, b
+    (qa, za, sa, _), (qb, zb, sb, _) = a, b
     zb -= 128  # b as int8: its zero point, which _activation gives for b as uint8, with it
     if why_not(_normalized(relax.op.matmul(_placeholder(qa), _placeholder(qb, "int8"), out_dtype="int32"))):
         return None
-    ua = _as_uint8(qa, shifted_a, emit)
-    sb8 = qb if shifted_b else emit(relax.op.astype(emit(relax.op.subtract(
-        relax.op.astype(qb, "int16"), relax.const(128, "int16"))), "int8"))
-    acc = emit(relax.op.matmul(ua, sb8, out_dtype="int32"))
+    ua, sb8 = recentred(qa, "uint8", emit, lookup), recentred(qb, "int8", emit, lookup)
+    acc = emit(pack(_normalized(relax.op.matmul(ua, sb8, out_dtype="int32"))))
     if zb:
-        rows = emit(relax.op.sum(relax.op.astype(ua, "int32"), axis=[-1], keepdims=True))
-        acc = emit(relax.op.subtract(acc, relax.op.multiply(rows, relax.const(zb, "int32"))))
+        acc = emit(relax.op.subtract(acc, relax.op.multiply(_sums(ua, -1, lookup, emit), relax.const(zb, "int32"))))
     if za:
-        columns = emit(relax.op.sum(relax.op.astype(sb8, "int32"), axis=[-2], keepdims=True))
-        acc = emit(relax.op.subtract(acc, relax.op.multiply(columns, relax.const(za, "int32"))))
+        acc = emit(relax.op.subtract(acc, relax.op.multiply(_sums(sb8, -2, lookup, emit), relax.const(za, "int32"))))
     if za and zb:
         acc = emit(relax.op.add(acc, relax.const(shape_a[-1] * za * zb, "int32")))
     return relax.op.multiply(relax.op.astype(acc, "float32"), relax.const(np.float32(sa) * np.float32(sb)))
+
+
+def _sums(q, axis: int, lookup, emit):
+    """``q``'s int32 sums along ``axis``, kept: at build time for a constant."""
+    value = constant(bound_value(q, lookup))
+    if value is not None:
+        return tensor_constant(value.astype(np.int32).sum(axis=axis, keepdims=True, dtype=np.int32))
+    return emit(relax.op.sum(relax.op.astype(q, "int32"), axis=[axis], keepdims=True))
