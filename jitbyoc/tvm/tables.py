@@ -105,7 +105,7 @@ def table_lookup(call: relax.Call, lookup, emit):
     leaf = None if shape is None else _chain(data, lookup, shape, nodes)
     if leaf is None or dims(leaf.ty) != shape or not _worth_a_table(nodes.values()):
         return None
-    first = -128 if str(leaf.ty.dtype) == "int8" else 0
+    first = int(np.iinfo(str(leaf.ty.dtype)).min)
     memo = {leaf: _every_byte(str(leaf.ty.dtype))}
     table = emit(_on_every_byte(call, nodes, memo, emit))
     index = relax.op.astype(leaf, "int32")
@@ -117,13 +117,13 @@ def table_lookup(call: relax.Call, lookup, emit):
 @functools.cache
 def _every_byte(dtype: str) -> relax.Constant:
     """The 256 values of ``dtype`` (uint8 or int8) in order: one constant, shared."""
-    first = -128 if dtype == "int8" else 0
+    first = int(np.iinfo(dtype).min)
     return relax.const(np.arange(first, first + 256).astype(dtype))
 
 
 def _worth_a_table(calls) -> bool:
     names = [c.op.name for c in calls]
-    return names.count("relax.quantize") > 0 or any(n not in CHEAP for n in names)
+    return "relax.quantize" in names or any(n not in CHEAP for n in names)
 
 
 def _on_every_byte(call: relax.Call, nodes: dict, memo: dict, emit) -> relax.Call:
