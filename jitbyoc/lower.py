@@ -287,7 +287,7 @@ def fuse_epilogues(kernel: kir.Kernel) -> None:
                 continue
             tmp = producer.out
             seen = next(n.buf for n in kir.walk([expr]) if isinstance(n, kir.Load) and n.buf.storage == tmp)
-            if seen.shape != dst.shape or tmp.dtype != dst.dtype or dst.shape != stage.shape:
+            if seen.shape != dst.shape or dst.shape != stage.shape:
                 continue
             # a plain copy through any view (same elements, same order) or an epilogue
             plain = isinstance(expr, kir.Load) and expr.buf == seen
@@ -295,6 +295,13 @@ def fuse_epilogues(kernel: kir.Kernel) -> None:
             copy = isinstance(epi, kir.Acc)
             if epi is None or producer.epilogue is not None and not copy:
                 continue  # (an epilogue already fused stays; a copy after it is free)
+            if tmp.dtype != dst.dtype:  # the sums stay in the temp, the epilogue writes dst
+                if not producer.writes_epilogue_apart:
+                    continue
+                producer.epilogue, producer.epilogue_out = epi, kir.view(dst, tmp.shape)
+                kernel.stages.remove(stage)
+                changed = True
+                break
             producer.out = kir.view(dst, tmp.shape)
             if not copy:
                 producer.epilogue = epi
@@ -326,17 +333,16 @@ def _in_producer_coordinates(expr, seen: kir.Buffer, shape):
 def _sole_kernel_input(kernel: kir.Kernel, stage: kir.Elementwise, index: int):
     """The kernel stage whose temp ``stage`` post-processes, if fusing is safe: the temp is
     read by nothing else (by ``stage`` as itself or through one view), and every other
-    buffer ``stage`` reads exists before the kernel."""
+    buffer ``stage`` reads exists before the kernel (or is made by stages that can run
+    before it: :func:`_made_first`)."""
     reads = kir.stage_reads(stage)
     looked_up = set(kir.tables([n for _, n in stage.stores]))  # made before: checked below
     temps = [b for b in reads if b in kernel.temps and b not in looked_up]
-    if len(temps) != 1:
-        return None
-    tmp = temps[0]
-    producers = [s for s in kernel.stages[:index] if isinstance(s, kir.KernelStage) and s.out == tmp]
+    producers = [s for s in kernel.stages[:index] if isinstance(s, kir.KernelStage) and s.out in temps]
     if len(producers) != 1:
         return None
     producer = producers[0]
+    tmp = producer.out
     if any(tmp in kir.stage_reads(s) for s in kernel.stages if s is not stage):
         return None
     direct = kir.loads([n for _, n in stage.stores])
@@ -344,9 +350,36 @@ def _sole_kernel_input(kernel: kir.Kernel, stage: kir.Elementwise, index: int):
         return None
     made_after = {b for s in kernel.stages[kernel.stages.index(producer):index]
                   for b in kir.stage_writes(s)}
-    if any(b in made_after and b.storage != tmp for b in reads):
+    late = [b for b in reads if b in made_after and b.storage != tmp]
+    if late and not _made_first(kernel, producer, index, late):
         return None
     return producer
+
+
+def _made_first(kernel: kir.Kernel, producer: kir.KernelStage, index: int, bufs) -> bool:
+    """Move the stages between ``producer`` and stage ``index`` that make ``bufs`` (and
+    what they read of that span) ahead of ``producer``, if none of them depends on it:
+    a batch norm's per-channel factors, computed from constants after the convolution
+    they scale, then exist before it and the normalization fuses into its epilogue.
+    False (nothing moved) when one depends on the producer."""
+    first = kernel.stages.index(producer)
+    span = kernel.stages[first + 1:index]
+    writer = {b: s for s in span for b in kir.stage_writes(s)}
+    needed, todo = [], [writer[b] for b in bufs if b in writer]
+    while todo:
+        s = todo.pop()
+        if s in needed:
+            continue
+        needed.append(s)
+        reads = kir.stage_reads(s)
+        if any(b.storage in (producer.out.storage, producer.result.storage) for b in reads):
+            return False
+        todo += [writer[b] for b in reads if b in writer]
+    moved = [s for s in span if s in needed]
+    for s in moved:
+        kernel.stages.remove(s)
+    kernel.stages[first:first] = moved
+    return True
 
 
 def _is_value(built) -> bool:

@@ -121,13 +121,24 @@ class KernelStage:
 
     ``epilogue``, when set, is an elementwise expression over :class:`Acc` (and loads
     broadcast against ``out``) that the kernel applies to each block of ``out`` while the
-    block is still in cache: ``out[p] = epilogue(Acc=out[p])``. Subclasses hold their
-    operands and attributes and implement ``emit_llvm(ctx)``, ``emit_c(ctx)`` and
-    ``reference(*arrays)``.
+    block is still in cache: ``out[p] = epilogue(Acc=out[p])``. With ``epilogue_out``
+    (``out``'s shape, any dtype) the epilogue writes there instead, ``epilogue_out[p] =
+    epilogue(Acc=out[p])``, and ``out`` is the kernel's scratch: an int8 product's int32
+    sums requantized to uint8 block by block. Subclasses hold their operands and
+    attributes and implement ``emit_llvm(ctx)``, ``emit_c(ctx)`` and ``reference(*arrays)``.
     """
     inputs: tuple
     out: Buffer
     epilogue: object = None
+    epilogue_out: Buffer | None = None
+    # whether every emit path applies the epilogue through ``ctx.epilogue`` on finished
+    # blocks only (then ``epilogue_out`` may be set): the products
+    writes_epilogue_apart = False
+
+    @property
+    def result(self) -> Buffer:
+        """The buffer the stage leaves its result in: ``epilogue_out`` or ``out``."""
+        return self.out if self.epilogue_out is None else self.epilogue_out
 
     def reads(self) -> list[Buffer]:
         extra = loads([self.epilogue]) + tables([self.epilogue]) if self.epilogue is not None else []
@@ -239,7 +250,7 @@ def stage_reads(stage) -> list[Buffer]:
 def stage_writes(stage) -> list[Buffer]:
     if isinstance(stage, Elementwise):
         return [b for b, _ in stage.stores]
-    return [stage.out]
+    return [stage.out] if stage.epilogue_out is None else [stage.out, stage.epilogue_out]
 
 
 def substitute(root, mapping):

@@ -99,7 +99,7 @@ class _Chain:
                 return False
             s = writers[0]
             if isinstance(s, MatMul):
-                if self.m1 is not None and s is not self.m1:
+                if self.m1 is not None and s is not self.m1 or s.epilogue_out is not None:
                     return False
                 self.m1 = s
                 self.blocks.add(t)
@@ -175,7 +175,7 @@ class _Chain:
 @rewrite
 def fuse_attention(kernel: kir.Kernel) -> None:
     """Replace every ``softmax(Q K^T ...) @ V`` chain by one :class:`Attention` stage."""
-    for m2 in [s for s in kernel.stages if isinstance(s, MatMul)]:
+    for m2 in [s for s in kernel.stages if isinstance(s, MatMul) and s.epilogue_out is None]:
         chain = _Chain(kernel, m2)
         if not chain.ok:
             continue

@@ -150,6 +150,7 @@ class Conv2d(kir.KernelStage):
     plan: Plan = None
     work: kir.Buffer = None
     packed: bool = False
+    writes_epilogue_apart = True  # every path calls ctx.epilogue on finished bands
 
     def emit_llvm(self, ctx) -> None:
         channels = isinstance(self.plan, ChannelPlan)
@@ -177,8 +178,11 @@ class Conv2d(kir.KernelStage):
         chans = (g.groups,) if g.groups > 1 else ()
         pixels, rows = g.oh * g.ow, g.cg * g.taps
         flat = _flat_epilogue(self.epilogue, self.out, lead, g.groups)
+        shape = lead + chans + (g.kg, pixels)
         product = MatMul((kir.view(w, chans + (g.kg, rows)), kir.view(x, lead + chans + (rows, pixels))),
-                         kir.view(self.out, lead + chans + (g.kg, pixels)), epilogue=flat)
+                         kir.view(self.out, shape), epilogue=flat,
+                         epilogue_out=None if flat is None or self.epilogue_out is None
+                         else kir.view(self.epilogue_out, shape))
         product.emit_llvm(ctx)
         if self.epilogue is not None and flat is None:
             ctx.epilogue(self, [0] * self.out.ndim, [ctx.dim(d) for d in self.out.shape])

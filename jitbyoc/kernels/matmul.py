@@ -46,6 +46,7 @@ def _strides(shape) -> list[tuple]:
 class MatMul(kir.KernelStage):
     perms: tuple = (None, None)  # operand i is permute_dims(inputs[i], perms[i]); None: as is
     panels: int = 0  # B is inputs[1] packed in panels of this many columns (..., N/w, K, w); 0: not
+    writes_epilogue_apart = True  # the GEMM engine's epilogue callbacks take finished blocks
 
     def operand(self, i: int):
         """(logical shape, stride of each logical dim) of operand ``i`` (for B in panels,

@@ -263,7 +263,7 @@ def _prologue(kernel: kir.Kernel, stage: MatMul):
 @rewrite
 def fold_weight_prologue(kernel: kir.Kernel) -> None:
     """Make a matmul evaluate a quantized weight as it reads it (the module docstring)."""
-    for stage in [s for s in kernel.stages if type(s) is MatMul]:  # the list changes below
+    for stage in [s for s in kernel.stages if type(s) is MatMul and s.epilogue_out is None]:  # changes below
         found = _prologue(kernel, stage)
         if found is None:
             continue

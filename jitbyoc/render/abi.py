@@ -143,6 +143,8 @@ class Contiguous:
 
     def emit_c(self, e) -> None:
         i, ints = self.index, CInts()
+        if all(d == 1 for d in self.shape):  # a scalar or all-unit shape: nothing to check
+            return
         e.line(f"const int64_t* st{i} = (const int64_t*)jb_ptr_at(dl{i}, {DL_STRIDES});")
         for axis, d in enumerate(self.shape):
             if d == 1:

@@ -186,11 +186,11 @@ class Ctx(Indexing):
         idx = [f"e{k}_{j}" for j in range(out.ndim)]
         with _nest(self, idx, extent):
             pos = [f"({o} + {i})" for o, i in zip(origin, idx)]
-            at = self.element(out, self.offset(out.shape, pos))
+            offset = self.offset(out.shape, pos)
             values = evaluate(self.em, [stage.epilogue],
                               lambda buf: self.element(buf, self.offset(buf.shape, pos[out.ndim - buf.ndim:], True)),
-                              at, self.element)
-            self.line(f"{at} = {values[id(stage.epilogue)]};")
+                              self.element(out, offset), self.element)
+            self.line(f"{self.element(stage.result, offset)} = {values[id(stage.epilogue)]};")
 
 
 @contextmanager

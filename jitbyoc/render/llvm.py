@@ -213,7 +213,7 @@ class Ctx(Indexing):
         # 49-long runs, vectors (not scalar loops: EfficientNet's SiLU after its 7x7
         # convs cost more than the convs)
         lead = stage.out.ndim - _run_dims(stage.out, reads, origin, extent)
-        n = vector_lanes(stage.out, reads, stage.out.shape[lead:], [stage.epilogue],
+        n = vector_lanes(stage.out, reads + [stage.result], stage.out.shape[lead:], [stage.epilogue],
                          lambda buf: _walks(stage.out, buf, stage.out.ndim - 1))
         if n:
             self._vector_epilogue(stage, reads, origin, extent, n, lead)
@@ -231,7 +231,7 @@ class Ctx(Indexing):
 
             acc = self.em.loaded(self.load(out, offset), out.dtype)
             values = evaluate(self.em, [stage.epilogue], load, acc, self.lookup)
-            self.store(out, offset, values[id(stage.epilogue)])
+            self.store(stage.result, offset, values[id(stage.epilogue)])
 
     def _vector_epilogue(self, stage: kir.KernelStage, reads, origin, extent, n: int, lead: int) -> None:
         """:meth:`epilogue` on ``n``-element vectors along runs of the box that are
@@ -253,9 +253,10 @@ class Ctx(Indexing):
                     return splat(b, self.em.loaded(self.load(buf, off), buf.dtype), n)
                 return vload(b, self.element(buf, b.add(off, j)), buf.dtype, mask, n)
 
-            ptr = self.element(out, b.add(self.offset(out.shape, start), j))
-            values = evaluate(em, [stage.epilogue], load, vload(b, ptr, out.dtype, mask, n), self.lookup)
-            vstore(b, values[id(stage.epilogue)], ptr, out.dtype, mask)
+            at = b.add(self.offset(out.shape, start), j)
+            acc = vload(b, self.element(out, at), out.dtype, mask, n)
+            values = evaluate(em, [stage.epilogue], load, acc, self.lookup)
+            vstore(b, values[id(stage.epilogue)], self.element(stage.result, at), stage.result.dtype, mask)
 
         with loop_nest(b, [self.i64(e) for e in extent[:lead]], "e") as idx:
             strips(b, I64(0), length, n, lambda j, mask: point(idx, j, mask))

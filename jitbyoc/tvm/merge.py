@@ -54,6 +54,33 @@ def _static(ty) -> bool:
     return values is not None and all(hasattr(v, "value") for v in values)
 
 
+def _nbytes(ty) -> int | None:
+    """A tensor type's bytes (a tuple's: its largest field's), or None when a shape or
+    dtype is not static."""
+    if isinstance(ty, TupleType):
+        fields = [_nbytes(f) for f in ty.fields]
+        return None if not fields or None in fields else max(fields)
+    if not _static(ty) or not getattr(ty, "dtype", None):
+        return None
+    count = 1
+    for v in ty.shape.values:
+        count *= int(v.value)
+    return count * tvm.runtime.DataType(str(ty.dtype)).bits // 8
+
+
+def _widens(var, args) -> bool:
+    """Whether ``var`` holds more bytes than the largest tensor among ``args``."""
+    ins = [_nbytes(a.ty) for a in args if isinstance(a, relax.Var)]
+    out = _nbytes(var.ty)
+    return out is not None and bool(ins) and None not in ins and out > max(ins)
+
+
+def _no_wider(var, read) -> bool:
+    """Whether ``var`` holds no more bytes than the largest of ``read``."""
+    out, ins = _nbytes(var.ty), [_nbytes(v.ty) for v in read]
+    return out is not None and None not in ins and out <= max(ins)
+
+
 class _Merger:
     def __init__(self, mod: tvm.IRModule):
         self.composites = {gv: f for gv, f in mod.functions.items()
@@ -86,7 +113,7 @@ class _Merger:
         if not isinstance(block, relax.DataflowBlock):
             return relax.BindingBlock([self.binding(b) for b in block.bindings])
         out, region = [], []
-        bindings = list(block.bindings)
+        bindings = self.widening_late(list(block.bindings))
         for k, b in enumerate(bindings):
             if b is None:  # a projection already moved into a region
                 continue
@@ -96,6 +123,7 @@ class _Merger:
                     moved = self.independent(region)
                     region = [r for r in region if r not in moved]
                     self.take_projections(region, bindings, k)
+                    self.take_tails(region, bindings, k, moved)
                     out += self.outline(region, moved + [r for r in bindings[k:] if r is not None])
                     region, apart = self.feeding(moved, b.value)
                     if apart:
@@ -111,6 +139,24 @@ class _Merger:
         if region:
             out += self.outline(region, [])
         return relax.DataflowBlock(out)
+
+    def widening_late(self, bindings: list) -> list:
+        """``bindings`` with each composite call but a kernel that writes more bytes than it
+        reads (a dequantize) moved down to just before its first user, so it joins the user's
+        region. Where it stood, right after its operand's kernel, it joined that region,
+        which then wrote the wide tensor out for a later region to read: ResNet-50's QDQ
+        graph dequantizes each block's uint8 output for the next block's residual add,
+        and the block wrote 3.2 MB of float32 beside its 0.8 MB of uint8."""
+        order = list(bindings)
+        for b in bindings:
+            if not (self.is_composite_call(b.value) and b.value.op not in self.anchors
+                    and _widens(b.var, b.value.args)):
+                continue
+            at = order.index(b)
+            user = next((j for j in range(at + 1, len(order)) if b.var in self.free_vars(order[j].value)), None)
+            if user is not None and user > at + 1:
+                order.insert(user - 1, order.pop(at))  # the user moved up by one
+        return order
 
     def closes_attention(self, region, call) -> bool:
         """Whether ``call`` (a heavy kernel) is attention's second product: the region
@@ -142,6 +188,55 @@ class _Merger:
             if bindings[j] is not None and self.is_projection(bindings[j].value, region):
                 region.append(bindings[j])
                 bindings[j] = None
+
+    def take_tails(self, region, bindings, start, moved) -> None:
+        """Move later tails of the region's kernel into it, ahead of the next kernel (up
+        to the one after it): bindings that use the region's values and nothing defined
+        after it. A frontend may order a layer's bias add, batch norm and requantization
+        after the next layer's kernel (TVM's ONNX import of a QDQ fire module or of a
+        ResNet block with its shortcut: both convolutions, then both tails); left there,
+        the float sums crossed into the next region, four bytes an element where the
+        uint8 of the requantization is one, and the tail ran as a loop of its own. A
+        tail that ends widening (a dequantize no pulled binding reads) goes back to its
+        user. What the tail reads of ``moved`` (:meth:`independent`: the bias) comes
+        back, and so do bindings of constants alone after it (a batch norm's factors)."""
+        after = {r.var for r in bindings[start:] if r is not None}
+        inside = {r.var for r in region}
+        constant = {r.var: i for i, r in enumerate(bindings) if i >= start and r is not None
+                    and self.is_composite_call(r.value) and not self.free_vars(r.value)}
+        pulled = []
+        for j in range(start, len(bindings)):
+            b = bindings[j]
+            if b is None or not (self.is_composite_call(b.value) or self.is_projection(b.value, region)):
+                continue
+            if self.is_composite_call(b.value) and b.value.op in self.anchors:
+                if j > start:
+                    break
+                continue
+            used = self.free_vars(b.value)
+            if not used & inside or used & (after - {b.var} - set(constant)):
+                continue
+            needed = set(used)
+            for r in reversed(moved):  # users before operands
+                if r.var in needed:
+                    needed.update(self.free_vars(r.value))
+            back = [r for r in moved if r.var in needed]
+            moved[:] = [r for r in moved if r.var not in needed]
+            for v in used & set(constant) & after:  # constants it reads (a batch norm's)
+                back.append(bindings[constant[v]])
+                bindings[constant[v]] = None
+                after.discard(v)
+            region += back + [b]
+            pulled.append((j, b))
+            inside.update(r.var for r in back + [b])
+            after.discard(b.var)
+            bindings[j] = None
+        for j, b in reversed(pulled):  # the widening ends of the tails go back
+            if any(b.var in self.free_vars(r.value) for r in region if r is not b) \
+                    or _no_wider(b.var, [v for v in self.free_vars(b.value) if v in inside]):
+                break
+            region.remove(b)
+            bindings[j] = b
 
     def independent(self, region) -> list:
         """Bindings of ``region`` that neither depend on its heavy kernel nor feed it or

@@ -133,7 +133,7 @@ class _Prepare(relax.PyExprMutator):
             rows = quantized.gathered_dequantize(call, self.lookup_binding, self.builder_.emit)
             return call if rows is None else rows
         if call.op.same_as(quantized.QUANTIZE):
-            moved = quantized.requantized(call, self.lookup_binding)
+            moved = quantized.requantized(call, self.lookup_binding, self._requantize)
             if moved is None:
                 moved = tables.table_lookup(call, self.lookup_binding, self.builder_.emit)
             return call if moved is None else moved
@@ -188,6 +188,12 @@ class _Prepare(relax.PyExprMutator):
             return call
         args = [call.args[0], weight, *call.args[2:]]
         return self.builder_.normalize(relax.Call(call.op, args, call.attrs, call.ty_args))
+
+    def _requantize(self, call):
+        """``call`` (a quantize) as a table lookup where it is a function of one byte
+        (:mod:`.tables`), emitted; the rewrites a quantize gets but moving integers."""
+        table = tables.table_lookup(call, self.lookup_binding, self.builder_.emit)
+        return self.builder_.emit(call if table is None else table)
 
     def _bound(self, value):
         return self.lookup_binding(value) if isinstance(value, relax.Var) else None

@@ -209,15 +209,18 @@ def _normalized(call: relax.Call) -> relax.Call:
 COMMUTING = frozenset(Op.get(name) for name in (
     "relax.nn.max_pool2d", "relax.reshape", "relax.permute_dims", "relax.squeeze", "relax.expand_dims",
     "relax.concat"))
-QUANTIZE = Op.get("relax.quantize")
+QUANTIZE, CONCAT = Op.get("relax.quantize"), Op.get("relax.concat")
 
 
-def requantized(call: relax.Call, lookup):
+def requantized(call: relax.Call, lookup, requantize=None):
     """``quantize(f(dequantize(q, s, z)), s, z)`` with the same per-tensor parameters as
     ``f(q)`` for ``f`` an op of :data:`COMMUTING` (or none), exactly: ``((q - z) * s) / s``
     rounds back to ``q - z``. A quantized graph's pooling, reshapes and concatenations
     then move uint8, not float32, and no float tensor is written between them; None when
-    the pattern does not hold."""
+    the pattern does not hold. A concatenation's items may be dequantized with other
+    per-tensor parameters (onnxruntime's QDQ SqueezeNet concatenates two branches of
+    their own scales): such an item is requantized by itself, ``requantize(quantize(
+    dequantize(q_i), s, z))`` (the caller emits it), the same arithmetic per element."""
     params = _per_tensor(call, lookup)
     inner = bound_value(call.args[0], lookup)
     if params is None or not isinstance(inner, relax.Call):
@@ -229,10 +232,15 @@ def requantized(call: relax.Call, lookup):
     data = bound_value(inner.args[0], lookup)
     items = list(data.fields) if isinstance(data, relax.Tuple) else [inner.args[0]]
     sources = [bound_value(item, lookup) for item in items]
-    if not all(isinstance(s, relax.Call) and s.op.same_as(DEQUANTIZE) and _per_tensor(s, lookup) == params
+    if not all(isinstance(s, relax.Call) and s.op.same_as(DEQUANTIZE) and _per_tensor(s, lookup) is not None
                for s in sources):
         return None
-    quantized = [s.args[0] for s in sources]
+    mixed = any(_per_tensor(s, lookup) != params for s in sources)
+    if mixed and (requantize is None or not inner.op.same_as(CONCAT)):
+        return None
+    quantized = [s.args[0] if _per_tensor(s, lookup) == params else
+                 requantize(relax.Call(call.op, [item, *call.args[1:]], call.attrs, call.ty_args))
+                 for s, item in zip(sources, items)]
     first = relax.Tuple(quantized) if isinstance(data, relax.Tuple) else quantized[0]
     return relax.Call(inner.op, [first, *inner.args[1:]], inner.attrs, inner.ty_args)
 
