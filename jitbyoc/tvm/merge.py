@@ -29,13 +29,17 @@ from tvm import relax
 from tvm.ir import TupleType
 from tvm.relax.utils import copy_with_new_vars
 
-from ..ir.rules import anchor_ops
+from ..ir.rules import RULES, anchor_ops
 
 CODEGEN = "jitbyoc"
 NAMES_ATTR = "jitbyoc_names"  # a region function's parameter names and types (JSON)
 
 
 SOFTMAX = "relax.nn.softmax"
+POINTWISE = frozenset({"relax.quantize", "relax.dequantize", "relax.nn.batch_norm"})
+# how many kernels after a region's a tail of it may stand: an Inception module imports
+# its four branches' convolutions first, then their tails
+TAIL_KERNELS = 6
 
 
 def _calls(func: relax.Function, ops) -> bool:
@@ -44,6 +48,20 @@ def _calls(func: relax.Function, ops) -> bool:
     relax.analysis.post_order_visit(func.body, lambda e: found.append(
         isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) and e.op.name in ops))
     return any(found)
+
+
+def _ops_of(func: relax.Function) -> set:
+    """The names of the operators ``func``'s body calls."""
+    found: set = set()
+    relax.analysis.post_order_visit(func.body, lambda e: found.add(e.op.name) if isinstance(
+        e, relax.Call) and isinstance(e.op, tvm.ir.Op) else None)
+    return found
+
+
+def pointwise_ops() -> frozenset:
+    """Ops that compute each element from the same element of their operands: the
+    elementwise rules, quantize, dequantize and an inference batch norm (a layer's tail)."""
+    return frozenset(name for name, rule in RULES.items() if rule.elementwise) | POINTWISE
 
 
 def _static(ty) -> bool:
@@ -88,6 +106,7 @@ class _Merger:
         self.bb = relax.BlockBuilder()  # types the new GlobalVars; collects the regions
         self.anchors = {gv for gv, f in self.composites.items() if _calls(f, anchor_ops())}
         self.softmaxes = {gv for gv, f in self.composites.items() if _calls(f, {SOFTMAX})}
+        self.pointwise = {gv for gv, f in self.composites.items() if _ops_of(f) <= pointwise_ops()}
         self._free: dict = {}  # a binding value's handle -> its free variables
         self.params: frozenset = frozenset()  # the parameters of the function being walked
 
@@ -190,9 +209,9 @@ class _Merger:
                 bindings[j] = None
 
     def take_tails(self, region, bindings, start, moved) -> None:
-        """Move later tails of the region's kernel into it, ahead of the next kernel (up
-        to the one after it): bindings that use the region's values and nothing defined
-        after it. A frontend may order a layer's bias add, batch norm and requantization
+        """Move later tails of the region's kernel into it, ahead of the next kernel (from
+        up to :data:`TAIL_KERNELS` kernels on): pointwise bindings that use the region's values and nothing
+        defined after it. A frontend may order a layer's bias add, batch norm and requantization
         after the next layer's kernel (TVM's ONNX import of a QDQ fire module or of a
         ResNet block with its shortcut: both convolutions, then both tails); left there,
         the float sums crossed into the next region, four bytes an element where the
@@ -204,15 +223,18 @@ class _Merger:
         inside = {r.var for r in region}
         constant = {r.var: i for i, r in enumerate(bindings) if i >= start and r is not None
                     and self.is_composite_call(r.value) and not self.free_vars(r.value)}
-        pulled = []
+        pulled, kernels = [], 0
         for j in range(start, len(bindings)):
             b = bindings[j]
             if b is None or not (self.is_composite_call(b.value) or self.is_projection(b.value, region)):
                 continue
             if self.is_composite_call(b.value) and b.value.op in self.anchors:
-                if j > start:
+                kernels += 1
+                if kernels > TAIL_KERNELS:
                     break
                 continue
+            if self.is_composite_call(b.value) and b.value.op not in self.pointwise:
+                continue  # layout ops stay with their users, which may read them in place
             used = self.free_vars(b.value)
             if not used & inside or used & (after - {b.var} - set(constant)):
                 continue
