@@ -223,3 +223,23 @@ def test_a_batch_norm_tail_with_its_constants_joins_its_layer():
     x = _ints(rng, (1, 4, 9, 9), "uint8")
     for ref, got in zip(*build_both(mod).run(x)):
         assert np.array_equal(ref, got)
+
+
+@pytest.mark.parametrize("dtype, zp", [("uint8", 7), ("int8", -3)])
+def test_a_dequantized_quantize_is_never_a_byte(dtype, zp):
+    """``dequantize(quantize(x))`` in one loop subtracts the zero point from the clamped
+    float: no conversion to bytes and back. Bit for bit TVM's result, for ties, values
+    beyond the range, infinities and NaN (clamped to the upper bound by both)."""
+    def body(bb, x):
+        q = bb.emit(_quantize(x, 0.25, zp, dtype))
+        return bb.emit(R.multiply(_dequantize(q, 0.25, zp, dtype), relax.const(np.float32(3.0))))
+    mod = build_model({"x": ((4, 300), "float32")}, body)
+    (region,) = jitbyoc.inspect(mod)
+    casts = [n.dtype for s in region.kernel.stages for n in kir.walk([e for _, e in s.stores])
+             if isinstance(n, kir.Op) and n.op == "astype"]
+    assert dtype not in casts
+    rng = np.random.default_rng(9)
+    x = (rng.integers(-1200, 1200, (4, 300)) * 0.125).astype(np.float32)  # ties at .5 steps
+    x[0, :4] = [np.inf, -np.inf, np.nan, 1e30]
+    ref, got = build_both(mod).run(x)
+    assert np.array_equal(ref, got, equal_nan=True)

@@ -117,6 +117,33 @@ def _build_dequantize(fe, call, out):
     q = fe.value(call.args[0])
     shape, to = dims(call.args[0].ty), str(call.attrs.out_dtype)
     scale, zp = (_param(fe, call, k, shape) for k in (1, 2))
-    diff = _op("subtract", "int32", "int32", _cast(q, "int32"), _cast(zp, "int32"))
-    value = _op("multiply", "float32", "float32", _cast(diff, "float32"), _cast(scale, "float32"))
+    clipped = _quantized_float(q)
+    if clipped is not None:  # the same integer, never converted to a byte and back
+        diff = _op("subtract", "float32", "float32", clipped, _cast(zp, "float32"))
+    else:
+        diff = _cast(_op("subtract", "int32", "int32", _cast(q, "int32"), _cast(zp, "int32")), "float32")
+    value = _op("multiply", "float32", "float32", diff, _cast(scale, "float32"))
     return value if to == "float32" else _clip_cast(value, to)
+
+
+def _quantized_float(q):
+    """The float32 value ``q`` casts, when ``q`` is the result of :func:`_build_quantize`
+    from float32 to an 8-bit integer: an integer in the byte's range (a rounded value
+    plus the zero point, clamped; the clamps' selects turn NaN into the upper bound), so
+    ``float(int(q) - zp) == clamped - float(zp)`` exactly. A QDQ graph dequantizes every
+    quantize it makes; in one loop that is a conversion to bytes and back per element
+    saved (ResNet-50's residual epilogues have three). None for any other ``q``."""
+    if not (isinstance(q, kir.Op) and q.op == "astype" and q.dtype in ("uint8", "int8")):
+        return None
+    v = q.args[0]
+    if not (isinstance(v, kir.Op) and v.op == "maximum" and v.dtype == "float32"):
+        return None
+    low, inner = v.args[1], v.args[0]
+    if not (isinstance(inner, kir.Op) and inner.op == "minimum" and isinstance(low, kir.Const)):
+        return None
+    total, high = inner.args
+    info = np.iinfo(q.dtype)
+    rounded = isinstance(total, kir.Op) and total.op == "add" and isinstance(total.args[0], kir.Op) \
+        and total.args[0].op == "round"
+    exact = isinstance(high, kir.Const) and (float(low.value), float(high.value)) == (info.min, info.max)
+    return v if rounded and exact else None
