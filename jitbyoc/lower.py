@@ -295,18 +295,17 @@ def fuse_epilogues(kernel: kir.Kernel) -> None:
             copy = isinstance(epi, kir.Acc)
             if epi is None or producer.epilogue is not None and not copy:
                 continue  # (an epilogue already fused stays; a copy after it is free)
-            if tmp.dtype != dst.dtype:  # the sums stay in the temp, the epilogue writes dst
-                if not producer.writes_epilogue_apart:
-                    continue
-                producer.epilogue, producer.epilogue_out = epi, kir.view(dst, tmp.shape)
-                kernel.stages.remove(stage)
-                changed = True
-                break
-            producer.out = kir.view(dst, tmp.shape)
+            apart = tmp.dtype != dst.dtype  # the sums stay in the temp, the epilogue writes dst
+            if apart and not producer.writes_epilogue_apart:
+                continue
+            if apart:
+                producer.epilogue_out = kir.view(dst, tmp.shape)
+            else:
+                producer.out = kir.view(dst, tmp.shape)
+                kernel.temps.remove(tmp)
             if not copy:
                 producer.epilogue = epi
             kernel.stages.remove(stage)
-            kernel.temps.remove(tmp)
             changed = True
             break
 

@@ -21,13 +21,9 @@ from jitbyoc.tvm.prepare import prepare
 from tests.conftest import build_both, build_model, call_region
 from tests.diff_util import CC
 from tests.test_c_renderer import c_and_jit
+from tests.test_int8 import _ints
 
 R = relax.op
-
-
-def _ints(rng, shape, dtype):
-    info = np.iinfo(dtype)
-    return rng.integers(info.min, info.max + 1, shape).astype(dtype)
 
 
 def _quantize(x, scale, zp, dtype="uint8"):

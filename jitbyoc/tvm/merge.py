@@ -106,7 +106,8 @@ class _Merger:
         self.bb = relax.BlockBuilder()  # types the new GlobalVars; collects the regions
         self.anchors = {gv for gv, f in self.composites.items() if _calls(f, anchor_ops())}
         self.softmaxes = {gv for gv, f in self.composites.items() if _calls(f, {SOFTMAX})}
-        self.pointwise = {gv for gv, f in self.composites.items() if _ops_of(f) <= pointwise_ops()}
+        pointwise = pointwise_ops()
+        self.pointwise = {gv for gv, f in self.composites.items() if _ops_of(f) <= pointwise}
         self._free: dict = {}  # a binding value's handle -> its free variables
         self.params: frozenset = frozenset()  # the parameters of the function being walked
 
@@ -223,6 +224,7 @@ class _Merger:
         inside = {r.var for r in region}
         constant = {r.var: i for i, r in enumerate(bindings) if i >= start and r is not None
                     and self.is_composite_call(r.value) and not self.free_vars(r.value)}
+        constants = set(constant)
         pulled, kernels = [], 0
         for j in range(start, len(bindings)):
             b = bindings[j]
@@ -236,7 +238,7 @@ class _Merger:
             if self.is_composite_call(b.value) and b.value.op not in self.pointwise:
                 continue  # layout ops stay with their users, which may read them in place
             used = self.free_vars(b.value)
-            if not used & inside or used & (after - {b.var} - set(constant)):
+            if not used & inside or (used & after) - {b.var} - constants:
                 continue
             needed = set(used)
             for r in reversed(moved):  # users before operands
@@ -244,7 +246,7 @@ class _Merger:
                     needed.update(self.free_vars(r.value))
             back = [r for r in moved if r.var in needed]
             moved[:] = [r for r in moved if r.var not in needed]
-            for v in used & set(constant) & after:  # constants it reads (a batch norm's)
+            for v in used & constants & after:  # constants it reads (a batch norm's)
                 back.append(bindings[constant[v]])
                 bindings[constant[v]] = None
                 after.discard(v)

@@ -232,15 +232,16 @@ def requantized(call: relax.Call, lookup, requantize=None):
     data = bound_value(inner.args[0], lookup)
     items = list(data.fields) if isinstance(data, relax.Tuple) else [inner.args[0]]
     sources = [bound_value(item, lookup) for item in items]
-    if not all(isinstance(s, relax.Call) and s.op.same_as(DEQUANTIZE) and _per_tensor(s, lookup) is not None
-               for s in sources):
+    if not all(isinstance(s, relax.Call) and s.op.same_as(DEQUANTIZE) for s in sources):
         return None
-    mixed = any(_per_tensor(s, lookup) != params for s in sources)
-    if mixed and (requantize is None or not inner.op.same_as(CONCAT)):
+    found = [_per_tensor(s, lookup) for s in sources]
+    if None in found:
         return None
-    quantized = [s.args[0] if _per_tensor(s, lookup) == params else
+    if any(f != params for f in found) and (requantize is None or not inner.op.same_as(CONCAT)):
+        return None
+    quantized = [s.args[0] if f == params else
                  requantize(relax.Call(call.op, [item, *call.args[1:]], call.attrs, call.ty_args))
-                 for s, item in zip(sources, items)]
+                 for s, f, item in zip(sources, found, items)]
     first = relax.Tuple(quantized) if isinstance(data, relax.Tuple) else quantized[0]
     return relax.Call(inner.op, [first, *inner.args[1:]], inner.attrs, inner.ty_args)
 
