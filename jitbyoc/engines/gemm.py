@@ -74,7 +74,7 @@ API
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import reduce
 from typing import Callable, Union
 
@@ -88,6 +88,7 @@ from ..render.isa import vector_bits, vector_registers
 from ..render.loops import THREAD_MIN, for_range
 from ..render.portable import LLVM, C
 from . import gemm_micro as mk
+from .gemm_tiles import TILE_ROWS, has_tiles
 from .products import PRODUCTS, Product
 
 Dim = Union[int, str]
@@ -112,6 +113,7 @@ class Blocking:
     mc: int
     kc: int
     nc: int
+    tiles: bool = False  # whole tiles on AMX (:mod:`.gemm_tiles`), edges on the vector kernel
 
 
 # per register file (jitbyoc.render.isa: vector bits, registers): AVX-512's 32 zmm hold a
@@ -139,8 +141,12 @@ KC = _F32["kc"]
 
 def blocking_for(dtype: str) -> Blocking:
     """The blocking of the product ``dtype`` (a key of :data:`.products.PRODUCTS`) on the
-    build's machine (:func:`jitbyoc.render.isa.current`)."""
-    return BLOCKINGS[vector_bits(), vector_registers()][dtype]
+    build's machine (:func:`jitbyoc.render.isa.current`): with AMX for the product, the
+    tile kernel's ``32 x 32`` (:mod:`.gemm_tiles`)."""
+    blocking = BLOCKINGS[vector_bits(), vector_registers()][dtype]
+    if has_tiles(dtype):
+        return replace(blocking, mr=2 * TILE_ROWS, nv=2, unroll=1, tiles=True)
+    return blocking
 
 
 SERIAL_MAX_MACS = THREAD_MIN["gemm"]  # a static problem smaller than this runs on the calling thread

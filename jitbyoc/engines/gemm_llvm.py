@@ -38,6 +38,7 @@ from ..render.loops import (
     workspace,
 )
 from . import gemm_micro as mk
+from . import gemm_tiles as tiles
 from . import gemm_units as units
 from .gemm import SERIAL_MAX_MACS, Panels, Strided, _all_dims, _dims, _is_one, static_size
 
@@ -180,7 +181,7 @@ def _columns(g, c, bidx, mblock, kblock, nrange, ap, bp) -> None:
         if bp is not None:
             pack_panels(g, c, g.b, bp, bidx, jc, nc, pc, kc, g.nr)
         # a packed A is in MR-row panels, so only an A read in place has short tiles
-        count, tile = row_tiles(b, mc, blk.mr, balanced=ap is None)
+        count, tile = row_tiles(b, mc, blk.mr, balanced=ap is None and not blk.tiles)
         with for_range(b, count, "gr") as ir_:
             i0, mv = tile(ir_)
             if ap is None:
@@ -192,8 +193,11 @@ def _columns(g, c, bidx, mblock, kblock, nrange, ap, bp) -> None:
                 out = c.element(g.c.buf, g.c.offset_llvm(c, bidx, b.add(ic, i0), b.add(jc, j0)))
                 bt = (mk.gep(b, bp, b.mul(j0, kc), dt), I64(g.nr)) if bp is not None else \
                     (mk.gep(b, bbase, b.mul(b.add(jc, j0), bxs), dt), bks)
-                micro_tile(g, c, [*a, *bt, kc, out, ldc, mv, smin(b, I64(g.nr), b.sub(nc, j0)), accumulate],
-                           bp is None, short=ap is None and short_tiles(g))
+                args = [*a, *bt, kc, out, ldc, mv, smin(b, I64(g.nr), b.sub(nc, j0)), accumulate]
+                if blk.tiles:
+                    tiled(g, c, args, bp is None, a_rows=ap is None)
+                else:
+                    micro_tile(g, c, args, bp is None, short=ap is None and short_tiles(g))
             if g.epilogue is not None:
                 with b.if_then(last):
                     g.epilogue(c, bidx, b.add(ic, i0), mv, jc, nc)
@@ -289,6 +293,32 @@ def micro_tile(g, c, args, in_place: bool, short: bool = False) -> None:
             b.branch(done)
     b.unreachable()  # the last variant is the full tile: every edge tile fits
     b.position_at_end(done)
+
+
+def tiled(g, c, args, in_place: bool, a_rows: bool) -> None:
+    """A tile of an AMX blocking (:mod:`.gemm_tiles`): a whole one's k in blocks of 16
+    units on the tile kernel when A is read where it lies (``a_rows``: its rows hold k
+    contiguous), the rest (edges, the last ``kc mod 16`` units, a packed A) on the vector
+    kernel in strips of :data:`.gemm_tiles.STRIP_ROWS` rows, adding into the same C."""
+    b, blk, dt = c.b, g.blocking, g.product.unit
+    a, axs, aks, bp, bks, kc, out, ldc, mv, nvalid, accumulate = args
+    done = I64(0)
+    if a_rows:
+        whole = b.and_(b.icmp_signed("==", mv, I64(blk.mr)), b.icmp_signed("==", nvalid, I64(g.nr)))
+        steps = b.select(whole, b.sdiv(kc, I64(tiles.TILE_BYTES // 4)), I64(0))
+        with b.if_then(b.icmp_signed(">", steps, I64(0)), likely=True):
+            b.call(tiles.tile_kernel(c.module, g.dtype), [a, axs, bp, bks, steps, out, ldc, accumulate])
+        done = b.mul(steps, I64(tiles.TILE_BYTES // 4))
+    rest = b.sub(kc, done)
+    with b.if_then(b.icmp_signed(">", rest, I64(0))):
+        a, bp = mk.gep(b, a, b.mul(done, aks), dt), mk.gep(b, bp, b.mul(done, bks), dt)
+        accumulate = b.or_(accumulate, b.icmp_signed(">", done, I64(0)))
+        strip = mk.microkernel(c.module, g.dtype, tiles.STRIP_ROWS, blk.nv, EDGE_UNROLL, in_place)
+        with for_range(b, ceil_div(b, mv, I64(tiles.STRIP_ROWS)), "ts") as t:
+            r0 = b.mul(t, I64(tiles.STRIP_ROWS))
+            b.call(strip, [mk.gep(b, a, b.mul(r0, axs), dt), axs, aks, bp, bks, rest,
+                           mk.gep(b, out, b.mul(r0, ldc), g.product.acc), ldc,
+                           smin(b, I64(tiles.STRIP_ROWS), b.sub(mv, r0)), nvalid, accumulate])
 
 
 def pack_panels(g, c, operand, dst, bidx, x0, nx, k0, kc, width) -> None:

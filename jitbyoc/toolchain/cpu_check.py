@@ -29,9 +29,13 @@ CPUID = {
     "vpclmulqdq": (7, 0, 2, 10), "avx512vnni": (7, 0, 2, 11), "avx512bitalg": (7, 0, 2, 12),
     "avx512vpopcntdq": (7, 0, 2, 14), "avx512fp16": (7, 0, 3, 23), "avxvnni": (7, 1, 0, 4),
     "avx512bf16": (7, 1, 0, 5), "lzcnt": (0x80000001, 0, 2, 5), "sse4a": (0x80000001, 0, 2, 6),
+    "amx-bf16": (7, 0, 3, 22), "amx-tile": (7, 0, 3, 24), "amx-int8": (7, 0, 3, 25),
 }
 # what the OS must enable in XCR0 for the registers those features use
-XCR0 = {"avx": 0x6, "avx512f": 0xE6}
+XCR0 = {"avx": 0x6, "avx512f": 0xE6, "amx": 0x60000}
+# Linux grants AMX's tile data to a process that asks: arch_prctl(ARCH_REQ_XCOMP_PERM,
+# XFEATURE_XTILEDATA), through syscall(2); asking again is harmless
+ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA = 158, 0x1023, 18
 CHECK, STATE = "jitbyoc_cpu_check", "jitbyoc_cpu_state"
 
 
@@ -80,11 +84,14 @@ def _os_mask(feature: str) -> int:
     """The XCR0 bits the OS must set for ``feature``'s registers (0: none beyond SSE)."""
     if feature.startswith("avx512"):
         return XCR0["avx512f"]
+    if feature.startswith("amx"):
+        return XCR0["amx"]
     return XCR0["avx"] if feature in ("avx", "avx2", "fma", "f16c", "vaes", "vpclmulqdq", "avxvnni") else 0
 
 
-def _feature_slot(i: int, feature: str) -> list[str]:
-    """Store into message part ``i + 1`` the feature's name if missing, else ""."""
+def _feature_slot(i: int, feature: str, linux: bool) -> list[str]:
+    """Store into message part ``i + 1`` the feature's name if missing, else "". On
+    Linux, AMX's tiles count as present once the OS has granted them (:data:`ARCH_PRCTL`)."""
     leaf, sub, reg, bit = CPUID[feature]
     lines = [f"  %b{i} = and i32 %r{leaf:x}_{sub}_{reg}, {1 << bit}", f"  %ok{i} = icmp ne i32 %b{i}, 0"]
     mask = _os_mask(feature)
@@ -92,6 +99,11 @@ def _feature_slot(i: int, feature: str) -> list[str]:
         lines += [f"  %x{i} = and i32 %xcr0, {mask}", f"  %os{i} = icmp eq i32 %x{i}, {mask}",
                   f"  %all{i} = and i1 %ok{i}, %os{i}"]
     good = f"%all{i}" if mask else f"%ok{i}"
+    if feature == "amx-tile" and linux:  # asking where the CPU has no tiles fails harmlessly
+        lines += [f"  %perm{i} = call i64 (i64, ...) @syscall(i64 {ARCH_PRCTL}, i64 {ARCH_REQ_XCOMP_PERM}, "
+                  f"i64 {XFEATURE_XTILEDATA})", f"  %granted{i} = icmp eq i64 %perm{i}, 0",
+                  f"  %tiles{i} = and i1 {good}, %granted{i}"]
+        good = f"%tiles{i}"
     return lines + [f"  %part{i} = select i1 {good}, ptr @jitbyoc.cpu.none, ptr @jitbyoc.cpu.f{i}",
                     f"  %slot{i} = getelementptr ptr, ptr %parts, i32 {i + 1}",
                     f"  store ptr %part{i}, ptr %slot{i}",
@@ -104,7 +116,7 @@ def module_ir(machine: Machine) -> str:
     features = required(machine)
     if not features:
         return ""
-    n = len(features)
+    n, linux = len(features), "linux" in machine.triple
     head = f"jitbyoc: this code was compiled for {machine.cpu} ({machine.triple}) but this CPU lacks: "
     tail = "(build it for this machine: target llvm, or mcpu=native)"
     lines = [_c_string("jitbyoc.cpu.head", head), _c_string("jitbyoc.cpu.tail", tail),
@@ -112,10 +124,11 @@ def module_ir(machine: Machine) -> str:
     lines += [_c_string(f"jitbyoc.cpu.f{i}", f"{f} ") for i, f in enumerate(features)]
     lines += [f"@{STATE} = internal global i32 0, align 4",
               "declare void @TVMFFIErrorSetRaisedFromCStrParts(ptr, ptr, i32)",
+              *(["declare i64 @syscall(i64, ...)"] if linux else []),
               f"define internal i32 @{CHECK}() {{", "entry:", f"  %parts = alloca [{n + 2} x ptr], align 8"]
     lines += _cpuid({CPUID[f][:2] for f in features} | {(1, 0)}) + _xcr0()
     for i, f in enumerate(features):
-        lines += _feature_slot(i, f)
+        lines += _feature_slot(i, f, linux)
     lines += ["  %missing0 = add i32 0, 0"]
     lines += [f"  %missing{i + 1} = add i32 %missing{i}, %miss{i}" for i in range(n)]
     lines += [f"  %bad = icmp ne i32 %missing{n}, 0", "  br i1 %bad, label %fail, label %pass", "pass:",

@@ -1,0 +1,136 @@
+"""The GEMM engine's tile microkernel: AMX (Sapphire Rapids and later Xeons), where the
+machine has it for the product, beside the vector microkernels of :mod:`.gemm_micro`.
+
+AMX holds eight *tiles* of 16 rows x 64 bytes and multiplies them in one instruction:
+``tdpbusd`` / ``tdpbsud`` sum int8 quads into 16x16 int32 (16x16x64 multiply-adds),
+``tdpbf16ps`` bfloat16 pairs into 16x16 float32. The right operand is read in units of
+``group`` k interleaved across its 16 columns, which is the layout the engine's B panels
+have already (:class:`.gemm.Panels`, :mod:`.gemm_units`); the left operand is 16 rows of
+64 bytes of k, which is A where it lies when A's rows hold whole units
+(:func:`.gemm_llvm.a_in_place`). So the tile kernel changes no packing: it reads what the
+vector kernels read.
+
+The register tile is ``32 x 32``: four accumulator tiles, two tiles of A (rows 0-15,
+16-31) and two of B (columns 0-15, 16-31) per 16 units of k. Only whole tiles whose k is a
+multiple of 16 units run on it; edges and the last ``kc mod 16`` units run on the vector
+kernel in strips of :data:`STRIP_ROWS` rows (:func:`.gemm_llvm.micro_tile`), adding into
+the same C. Integer sums are exact, so the split changes no int8 result; a bfloat16 sum
+is summed in another order (documented with the bf16 mode).
+
+The tile configuration is loaded at each call (``ldtilecfg``, 64 bytes) and released at
+its end (``tilerelease``): nothing is assumed of the state another library leaves on the
+thread. Linux hands AMX's 8 KB of register state to a process only when it asks
+(``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)``): every module's CPU check asks
+(:mod:`jitbyoc.toolchain.cpu_check`), so an exported library asks too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llvmlite import ir
+
+from ..ir.llvmtypes import I1, I8, I64, PTR
+from ..render import isa
+from ..render.loops import for_range
+from . import registry
+from .gemm_micro import GEMM_PIPELINE, gep
+from .products import PRODUCTS
+
+TILE_ROWS, TILE_BYTES = 16, 64  # one tile: 16 rows of 64 bytes (16 units of k)
+STRIP_ROWS = 6  # rows per vector-kernel strip at edges: its 6 x NR register block
+# the tile instruction of each product, and the machine features it needs
+INSTRUCTIONS = {"uint8": ("llvm.x86.tdpbusd", "amx-int8"),  # unsigned A (activations) x signed B
+                "int8": ("llvm.x86.tdpbsud", "amx-int8"),  # signed A (a conv's weight) x unsigned B
+                "bfloat16": ("llvm.x86.tdpbf16ps", "amx-bf16")}
+C_TILES, A_TILES, B_TILES = (0, 1, 2, 3), (4, 5), (6, 7)  # tile numbers: C[row tile][col tile] = 2*i + j
+
+
+def has_tiles(dtype: str, machine: isa.Machine | None = None) -> bool:
+    """Whether the product ``dtype`` runs on AMX tiles on ``machine`` (the build's by
+    default): x86-64 Linux (which grants the tile state on request) with AMX-TILE and the
+    product's tile instruction."""
+    machine = machine or isa.current()
+    found = INSTRUCTIONS.get(dtype)
+    return (found is not None and machine.arch == "x86_64" and "linux" in machine.triple
+            and machine.has("amx-tile") and machine.has(found[1]))
+
+
+TILE_TYPE = ir.FunctionType(ir.VoidType(), [PTR, I64, PTR, I64, I64, PTR, I64, I1])
+
+
+@registry.kind
+@dataclass(frozen=True)
+class Tiles(registry.Engine):
+    """``tiles(a, axs, b, bks, steps, c, ldc, accumulate)``: the ``32 x 32`` tile
+    ``C (+)= A B`` over ``steps`` blocks of 16 units of k. ``A[i, u]`` (units) is at ``a +
+    i*axs + u``, ``B[u, j]`` at ``b + u*bks + j`` (a panel of ``bks`` columns), C (the
+    product's accumulator dtype) at ``c + i*ldc + j``; all three strides in elements."""
+    kind = "tiles"
+    pipeline = GEMM_PIPELINE
+    dtype: str
+
+    def signature(self) -> ir.FunctionType:
+        return TILE_TYPE
+
+    def emit(self, module: ir.Module, fn: ir.Function) -> None:
+        _tile_body(module, fn, self.dtype)
+
+
+def tile_kernel(module: ir.Module, dtype: str) -> ir.Function:
+    return registry.use(module, Tiles(dtype))
+
+
+def _config(module: ir.Module) -> ir.GlobalVariable:
+    """The 64-byte tile configuration: palette 1, all eight tiles 16 rows of 64 bytes."""
+    data = bytearray(64)
+    data[0] = 1
+    for t in range(8):
+        data[16 + 2 * t] = TILE_BYTES
+        data[48 + t] = TILE_ROWS
+    config = ir.GlobalVariable(module, ir.ArrayType(I8, 64), f"{module.name}_tile_config")
+    config.initializer = ir.Constant(ir.ArrayType(I8, 64), bytearray(data))
+    config.global_constant, config.linkage, config.align = True, "internal", 64
+    return config
+
+
+def _intrinsic(module: ir.Module, name: str, args: list) -> ir.Function:
+    fn = module.globals.get(name)
+    return fn if fn is not None else ir.Function(module, ir.FunctionType(ir.VoidType(), args), name)
+
+
+def _tile_body(module: ir.Module, fn: ir.Function, dtype: str) -> None:
+    a, axs, bp, bks, steps, c, ldc, accumulate = fn.args
+    for p in (a, bp, c):
+        p.add_attribute("noalias")
+    unit, acc = PRODUCTS[dtype].unit, PRODUCTS[dtype].acc
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    load = _intrinsic(module, "llvm.x86.tileloadd64", [I8, PTR, I64])
+    store = _intrinsic(module, "llvm.x86.tilestored64", [I8, PTR, I64])
+    multiply = _intrinsic(module, INSTRUCTIONS[dtype][0], [I8, I8, I8])
+    b.call(_intrinsic(module, "llvm.x86.ldtilecfg", [PTR]), [_config(module)])
+    nbytes = 4  # one unit (and one accumulator element) is 4 bytes
+    a_stride, b_stride, c_stride = (b.mul(s, I64(nbytes)) for s in (axs, bks, ldc))
+    c_at = [gep(b, c, b.add(b.mul(I64(TILE_ROWS * (t // 2)), ldc), I64(16 * (t % 2))), acc) for t in C_TILES]
+    with b.if_else(accumulate) as (then, otherwise):
+        with then:
+            for t in C_TILES:
+                b.call(load, [I8(t), c_at[t], c_stride])
+        with otherwise:
+            zero = _intrinsic(module, "llvm.x86.tilezero", [I8])
+            for t in C_TILES:
+                b.call(zero, [I8(t)])
+    a_rows = [gep(b, a, b.mul(I64(TILE_ROWS * i), axs), unit) for i in range(2)]
+    with for_range(b, steps, "ts") as s:
+        k0 = b.mul(s, I64(TILE_BYTES // nbytes))
+        for i, t in enumerate(A_TILES):
+            b.call(load, [I8(t), gep(b, a_rows[i], k0, unit), a_stride])
+        panel_row = gep(b, bp, b.mul(k0, bks), unit)
+        for j, t in enumerate(B_TILES):
+            b.call(load, [I8(t), gep(b, panel_row, I64(16 * j), unit), b_stride])
+        for t in C_TILES:
+            b.call(multiply, [I8(t), I8(A_TILES[t // 2]), I8(B_TILES[t % 2])])
+    for t in C_TILES:
+        b.call(store, [I8(t), c_at[t], c_stride])
+    b.call(_intrinsic(module, "llvm.x86.tilerelease", []), [])
+    b.ret_void()
