@@ -22,6 +22,7 @@ from functools import lru_cache
 import llvmlite.binding as llvm
 from llvmlite import ir
 
+from .engines import gemm_tiles
 from .engines.gemm_micro import add_values, multiply_units
 from .engines.products import PRODUCTS
 from .ir.dtypes import dtype as lookup_dtype
@@ -90,12 +91,23 @@ def dot_runner(dtype: str, threads: int, seconds: float = 0.02) -> tuple[Callabl
     """:func:`fma_runner` for the product ``dtype``'s instruction (``"bfloat16"``: the
     ``vdpbf16ps`` loop), the yardstick of its kernels; one instruction is ``2 * group``
     FLOP per float32 lane."""
-    loop, engine = jit_loop(_dot_ir(dtype), "dot")
+    loop, engine = jit_loop(*_dot_loop(dtype))
     return loop_runner(loop, engine, _dot_flops(dtype), threads, seconds)
+
+
+def _dot_loop(dtype: str) -> tuple[str, str]:
+    """(IR, function) of the product ``dtype``'s loop: its tile products where the GEMM
+    engine runs it on AMX tiles (:mod:`jitbyoc.engines.gemm_tiles`), else its vector
+    instruction's."""
+    if gemm_tiles.has_tiles(dtype) and gemm_tiles.granted():
+        return gemm_tiles.loop_ir(dtype, isa.current().triple), "dot"
+    return _dot_ir(dtype), "dot"
 
 
 def _dot_flops(dtype: str) -> int:
     """FLOPs of one iteration of the product ``dtype``'s loop on one thread."""
+    if gemm_tiles.has_tiles(dtype) and gemm_tiles.granted():
+        return gemm_tiles.loop_flops(dtype)
     return CHAINS * UNROLL * 2 * PRODUCTS[dtype].group * isa.lanes(PRODUCTS[dtype].acc)
 
 
@@ -159,7 +171,7 @@ def dot_peak(dtype: str, threads: int, iters: int = 5_000_000) -> float:
     """GFLOP/s of the product ``dtype``'s instruction (:func:`dot_runner`'s loop: the
     ``vdpbf16ps`` loop for bfloat16), the better of ``threads`` threads together and
     ``threads`` times one, as :func:`machine_peak`."""
-    loop, _engine = jit_loop(_dot_ir(dtype), "dot")
+    loop, _engine = jit_loop(*_dot_loop(dtype))
     flops = _dot_flops(dtype)
     return max(_best_rate(loop, flops, threads, iters), threads * _best_rate(loop, flops, 1, iters))
 

@@ -125,6 +125,8 @@ def _task(g, c, _lo, _hi, extra, team=None) -> None:
     # neighbours in the model wrote and read (see conv_engine.Emit.banded)
     claim = (claim_each(b, extra[3], total, "chunk") if team is None
              else claim_home_first(b, team, extra[3], total, I64(1), "chunk"))
+    if blk.tiles:
+        tiles.configure(b)
     with claim as chunk:
         item = b.sdiv(chunk, per_item)
         p_lo, p_hi = chunk_parts(b, b.srem(chunk, per_item), parts, per_item)
@@ -134,6 +136,8 @@ def _task(g, c, _lo, _hi, extra, team=None) -> None:
         nrange = (b.select(split_n, cols[0], I64(0)), b.select(split_n, cols[1], n))
         bidx = c.unravel(item, g.batch) if g.batch else []
         _blocks(g, c, bidx, mrange, nrange, (kblocks, kcb), ap, bp)
+    if blk.tiles:
+        tiles.release(b)
     if bp is not None:
         free_workspace(c, bp)
     if ap is not None:
@@ -270,6 +274,9 @@ def micro_tile(g, c, args, in_place: bool, short: bool = False) -> None:
     covering it (so M=1 or N=10 does not pay for MR rows / NR columns). B read in place is
     read with masks at edges (a packed panel is zero-padded)."""
     b, blk, dt, vl = c.b, g.blocking, g.dtype, mk.lanes(g.product.acc)
+    if blk.tiles:  # a caller of its own (fused attention): vector strips, no tiles configured
+        tiled(g, c, args, in_place, a_rows=False)
+        return
     mv, nvalid = args[8], args[9]
     nvec = ceil_div(b, nvalid, I64(vl))
     rows = sorted({blk.mr, *_edges(g.m, blk.mr)})

@@ -1,0 +1,88 @@
+"""AMX tiles (jitbyoc.engines.gemm_tiles): int8 and bfloat16 products on the tile kernel
+where the machine has it, edges and k tails on the vector kernel, results equal to
+numpy's (int8: exact) and to TVM's build. Built for a Sapphire Rapids target anywhere
+(the IR is inspected, nothing runs); run on this machine when it has AMX."""
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+import jitbyoc
+from jitbyoc.engines import gemm_tiles
+from jitbyoc.render import isa
+from jitbyoc.toolchain import cpu_check
+from jitbyoc.tvm.target import machine_for
+from tests.conftest import build_model
+
+R = relax.op
+SAPPHIRE = {"kind": "llvm", "mcpu": "sapphirerapids"}
+HOST_TILES = gemm_tiles.has_tiles("int8", isa.host())
+on_tiles = pytest.mark.skipif(not HOST_TILES, reason="this CPU has no AMX")
+
+
+def _product_model(m, k, n, w):
+    return build_model({"x": ((m, k), "uint8")},
+                       lambda bb, x: bb.emit(R.matmul(x, relax.const(w), out_dtype="int32")))
+
+
+def _conv_model(x_shape, w, stride, pad):
+    return build_model({"x": (x_shape, "uint8")}, lambda bb, x: bb.emit(
+        R.nn.conv2d(x, relax.const(w), strides=stride, padding=pad, out_dtype="int32")))
+
+
+def _run(mod, x, target="llvm"):
+    with jitbyoc.enabled():
+        ex = tvm.compile(mod, target=tvm.target.Target(target))
+    return relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+
+
+def test_a_sapphire_rapids_build_calls_the_tile_kernel_and_asks_for_the_tiles():
+    """The product's region calls the tile engine; the CPU check asks Linux for the tile
+    state (arch_prctl) and checks AMX's cpuid bits. A target without AMX (Cooper Lake:
+    AVX512_BF16 and VNNI) keeps the vector kernel and asks for nothing."""
+    w = np.ones((256, 64), "int8")
+    for target, tiles in ((SAPPHIRE, True), ({"kind": "llvm", "mcpu": "cooperlake"}, False)):
+        machine = machine_for(tvm.target.Target(target))
+        with isa.compiling_for(machine):
+            (region,) = jitbyoc.inspect(_product_model(64, 256, 64, w))
+            assert ("jitbyoc_lib_tiles_uint8" in region.llvm_ir) == tiles, target
+        check = cpu_check.module_ir(machine)
+        assert ("@syscall(i64 158, i64 4131, i64 18)" in check) == tiles
+        assert ("amx-int8 " in check) == tiles
+
+
+@on_tiles
+@pytest.mark.parametrize("m, k, n", [
+    (64, 256, 64),  # whole 32x32 tiles, k a multiple of 16 units
+    (37, 100, 70),  # edges in M and N; k of 25 units: all on the vector kernel
+    (128, 1540, 96),  # 385 units: 24 tile steps and one unit on the vector kernel per k block
+    (200, 3000, 33),  # k in two blocks (the second adds into C), a one-column edge
+    (1, 64, 64),  # one row
+])
+def test_uint8_by_int8_products_on_tiles_are_exact(m, k, n):
+    rng = np.random.default_rng(m + k + n)
+    x = rng.integers(0, 256, (m, k)).astype("uint8")
+    w = rng.integers(-128, 128, (k, n)).astype("int8")
+    got = _run(_product_model(m, k, n, w), x)
+    np.testing.assert_array_equal(got, x.astype(np.int64) @ w.astype(np.int64))
+
+
+@on_tiles
+@pytest.mark.parametrize("c, size, k, kernel, stride, pad", [
+    (64, 56, 64, 3, 1, 1),  # ResNet's 3x3: gathered, whole tiles
+    (128, 29, 96, 3, 2, 1),  # strided: the gather shuffles every 2nd column
+    (8, 23, 40, 5, 3, 2),  # stride 3, 200 units: tile steps and a vector tail
+    (32, 15, 32, 3, 4, 0),  # stride 4, no padding
+    (3, 30, 16, 7, 2, 3),  # a stem: 147 values of k per channel, not whole units
+])
+def test_int8_convolutions_gathered_for_tiles_equal_tvms(c, size, k, kernel, stride, pad):
+    """Signed weights times unsigned pixels (``tdpbsud``) over im2col columns."""
+    rng = np.random.default_rng(c * size)
+    x = rng.integers(0, 256, (1, c, size, size)).astype("uint8")
+    w = rng.integers(-128, 128, (k, c, kernel, kernel)).astype("int8")
+    mod = _conv_model(x.shape, w, stride, pad)
+    got = _run(mod, x)
+    ex = tvm.compile(mod, target="llvm")
+    want = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    np.testing.assert_array_equal(got, want)
