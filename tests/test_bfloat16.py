@@ -18,6 +18,8 @@ import jitbyoc
 from jitbyoc.kernels.conv_weight_units import pack
 from jitbyoc.kernels.matmul import MatMul
 from jitbyoc.engines.gemm import panel_width
+from jitbyoc.render import isa
+from jitbyoc.tvm.target import machine_for
 from tests.conftest import build_both, build_model, call_region, jit_function
 from tests.diff_util import CC
 from tests.test_c_renderer import c_and_jit
@@ -227,18 +229,23 @@ def test_direct_convolution_in_bfloat16_pairs(target, shape, k, kernel, stride, 
 
 
 def test_lower_precision_keeps_convolutions_float32_where_bf16_is_slower():
-    """Depthwise (a pair would be half zeros) and a 7x7 map that float32 runs on channel
-    vectors stay float32; the 3-channel stem, measured faster in bf16, is lowered
-    (precision._narrower_is_faster)."""
+    """Depthwise (a pair would be half zeros) and, on a machine without AMX, a 7x7 map
+    that float32 runs on channel vectors stay float32; the 3-channel stem, measured
+    faster in bf16, is lowered (precision._narrower_is_faster). With AMX every conv of
+    one group is a product on tiles (ConvGeometry.columns): the 7x7 map is lowered too."""
     depthwise = np.ones((32, 1, 3, 3), np.float32)
     small = np.ones((512, 512, 3, 3), np.float32)
-    mod = build_model({"x": ((1, 32, 16, 16), "float32"), "y": ((1, 512, 7, 7), "float32")}, lambda bb, x, y: [
-        bb.emit(R.nn.conv2d(x, relax.const(depthwise), padding=1, groups=32)),
-        bb.emit(R.nn.conv2d(y, relax.const(small), padding=1))])
-    assert "bfloat16" not in jitbyoc.lower_precision(mod).script()
-    stem = build_model({"x": ((1, 3, 32, 32), "float32")}, lambda bb, x: bb.emit(
-        R.nn.conv2d(x, relax.const(np.ones((8, 3, 7, 7), np.float32)), strides=2, padding=3)))
-    assert "bfloat16" in jitbyoc.lower_precision(stem).script()
+    for target, tiles in ((BF16_CPU, False), ({"kind": "llvm", "mcpu": "sapphirerapids"}, True)):
+        with isa.compiling_for(machine_for(tvm.target.Target(target))):
+            mod = build_model({"x": ((1, 32, 16, 16), "float32")}, lambda bb, x: bb.emit(
+                R.nn.conv2d(x, relax.const(depthwise), padding=1, groups=32)))
+            assert "bfloat16" not in jitbyoc.lower_precision(mod).script()
+            mod = build_model({"y": ((1, 512, 7, 7), "float32")}, lambda bb, y: bb.emit(
+                R.nn.conv2d(y, relax.const(small), padding=1)))
+            assert ("bfloat16" in jitbyoc.lower_precision(mod).script()) == tiles
+            stem = build_model({"x": ((1, 3, 32, 32), "float32")}, lambda bb, x: bb.emit(
+                R.nn.conv2d(x, relax.const(np.ones((8, 3, 7, 7), np.float32)), strides=2, padding=3)))
+            assert "bfloat16" in jitbyoc.lower_precision(stem).script()
 
 
 def test_profile_measures_bf16_regions_against_the_vdpbf16ps_peak():
@@ -256,14 +263,16 @@ def test_profile_measures_bf16_regions_against_the_vdpbf16ps_peak():
 
 @pytest.mark.skipif(CC is None, reason="no C compiler (cc) on PATH")
 def test_c_rendering_of_a_bfloat16_convolution_with_packed_weights(tmp_path):
-    """The C nest reads the weight in its packed pair blocks, widening exactly."""
+    """The C nest reads the weight in its packed pair blocks, widening exactly (the pixel
+    engine's packing: a machine without AMX, where the conv is no product on tiles)."""
     rng = np.random.default_rng(9)
     w = rng.standard_normal((12, 8, 3, 3)).astype(np.float32)
-    mod = jitbyoc.lower_precision(build_model({"x": ((1, 8, 10, 10), "float32")}, lambda bb, x: bb.emit(
-        R.nn.conv2d(x, relax.const(w), padding=1))))
-    (region,) = [r for r in jitbyoc.inspect(mod) if any(getattr(s, "packed", False) for s in r.kernel.stages)]
-    (conv,) = [s for s in region.kernel.stages if getattr(s, "packed", False)]
-    c_fn, jit_fn = c_and_jit(region, tmp_path)
+    with isa.compiling_for(machine_for(tvm.target.Target(BF16_CPU))):
+        mod = jitbyoc.lower_precision(build_model({"x": ((1, 8, 10, 10), "float32")}, lambda bb, x: bb.emit(
+            R.nn.conv2d(x, relax.const(w), padding=1))))
+        (region,) = [r for r in jitbyoc.inspect(mod) if any(getattr(s, "packed", False) for s in r.kernel.stages)]
+        (conv,) = [s for s in region.kernel.stages if getattr(s, "packed", False)]
+        c_fn, jit_fn = c_and_jit(region, tmp_path)
     x = rng.standard_normal((1, 8, 10, 10)).astype(np.float32)
     packed = pack(w.astype(BF16), conv.plan.j, 2)
     args = [x if tuple(b.shape) == x.shape else packed for b in region.kernel.inputs]

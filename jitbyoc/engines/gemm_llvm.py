@@ -25,6 +25,7 @@ from llvmlite import ir
 
 from ..ir.dtypes import dtype as lookup_dtype
 from ..ir.llvmtypes import I1, I32, I64
+from ..render.vectors import lane_mask, vload, vstore
 from ..render.loops import (
     ceil_div,
     claim_each,
@@ -160,7 +161,10 @@ def _blocks(g, c, bidx, mrange, nrange, kplan, ap, bp) -> None:
             pc = b.mul(pb, kcb)
             kc = smin(b, kcb, b.sub(k, pc))
             if ap is not None:
-                pack_panels(g, c, g.a, ap, bidx, ic, mc, pc, kc, blk.mr)
+                if blk.tiles:  # rows of k, as the tile kernel reads A
+                    units.pack_unit_rows(g, g.a, c, ap, bidx, ic, mc, pc, kc)
+                else:
+                    pack_panels(g, c, g.a, ap, bidx, ic, mc, pc, kc, blk.mr)
             last = b.icmp_signed("==", pb, b.sub(kblocks, I64(1)))
             _columns(g, c, bidx, (ic, mc), (pc, kc, last), nrange, ap, bp)
 
@@ -191,7 +195,7 @@ def _columns(g, c, bidx, mblock, kblock, nrange, ap, bp) -> None:
             if ap is None:
                 a = (mk.gep(b, abase, b.mul(i0, axs), dt), axs, aks)
             else:
-                a = (mk.gep(b, ap, b.mul(i0, kc), dt), I64(1), I64(blk.mr))
+                a = (mk.gep(b, ap, b.mul(i0, kc), dt), *((kc, I64(1)) if blk.tiles else (I64(1), I64(blk.mr))))
             with for_range(b, ceil_div(b, nc, I64(g.nr)), "gc") as jr:
                 j0 = b.mul(jr, I64(g.nr))
                 out = c.element(g.c.buf, g.c.offset_llvm(c, bidx, b.add(ic, i0), b.add(jc, j0)))
@@ -199,7 +203,7 @@ def _columns(g, c, bidx, mblock, kblock, nrange, ap, bp) -> None:
                     (mk.gep(b, bbase, b.mul(b.add(jc, j0), bxs), dt), bks)
                 args = [*a, *bt, kc, out, ldc, mv, smin(b, I64(g.nr), b.sub(nc, j0)), accumulate]
                 if blk.tiles:
-                    tiled(g, c, args, bp is None, a_rows=ap is None)
+                    tiled(g, c, args, bp is None, a_rows=True)
                 else:
                     micro_tile(g, c, args, bp is None, short=ap is None and short_tiles(g))
             if g.epilogue is not None:
@@ -311,10 +315,15 @@ def tiled(g, c, args, in_place: bool, a_rows: bool) -> None:
     a, axs, aks, bp, bks, kc, out, ldc, mv, nvalid, accumulate = args
     done = I64(0)
     if a_rows:
-        whole = b.and_(b.icmp_signed("==", mv, I64(blk.mr)), b.icmp_signed("==", nvalid, I64(g.nr)))
-        steps = b.select(whole, b.sdiv(kc, I64(tiles.TILE_BYTES // 4)), I64(0))
+        steps = b.select(b.icmp_signed("==", mv, I64(blk.mr)), b.sdiv(kc, I64(tiles.TILE_BYTES // 4)), I64(0))
+        kernel = tiles.tile_kernel(c.module, g.dtype)
+        whole = b.icmp_signed("==", nvalid, I64(g.nr))
         with b.if_then(b.icmp_signed(">", steps, I64(0)), likely=True):
-            b.call(tiles.tile_kernel(c.module, g.dtype), [a, axs, bp, bks, steps, out, ldc, accumulate])
+            with b.if_else(whole, likely=True) as (then, otherwise):
+                with then:
+                    b.call(kernel, [a, axs, bp, bks, steps, out, ldc, accumulate])
+                with otherwise:  # B is packed, zeros past N: a whole tile into a scratch C
+                    _edge_columns(g, c, kernel, [a, axs, bp, bks, steps], out, ldc, nvalid, accumulate)
         done = b.mul(steps, I64(tiles.TILE_BYTES // 4))
     rest = b.sub(kc, done)
     with b.if_then(b.icmp_signed(">", rest, I64(0))):
@@ -326,6 +335,33 @@ def tiled(g, c, args, in_place: bool, a_rows: bool) -> None:
             b.call(strip, [mk.gep(b, a, b.mul(r0, axs), dt), axs, aks, bp, bks, rest,
                            mk.gep(b, out, b.mul(r0, ldc), g.product.acc), ldc,
                            smin(b, I64(tiles.STRIP_ROWS), b.sub(mv, r0)), nvalid, accumulate])
+
+
+def _edge_columns(g, c, kernel, operands, out, ldc, nvalid, accumulate) -> None:
+    """The tile kernel on a tile of ``nvalid < NR`` columns (B packed: zeros past N): C's
+    columns copied into a ``MR x NR`` scratch when accumulating, the whole tile computed
+    there, its valid columns copied back. ResNet-50's 7x7 maps (49 columns: 32 and 17)
+    ran a third of their columns on the vector kernel before."""
+    b, blk, acc = c.b, g.blocking, g.product.acc
+    entry = ir.IRBuilder(b.function.entry_basic_block)
+    entry.position_at_start(b.function.entry_basic_block)
+    scratch = entry.alloca(ir.ArrayType(lookup_dtype(acc).ir, blk.mr * g.nr))
+    scratch.align = 64
+    scratch = b.bitcast(scratch, mk.gep(b, out, I64(0), acc).type)
+    vl = mk.lanes(acc)
+    masks = [lane_mask(b, b.sub(nvalid, I64(j * vl)), vl) for j in range(blk.nv)]
+
+    def copy(src, src_ld, dst, dst_ld):
+        with for_range(b, I64(blk.mr), "er") as r:
+            for j, mask in enumerate(masks):
+                at = b.add(b.mul(r, src_ld), I64(j * vl))
+                to = b.add(b.mul(r, dst_ld), I64(j * vl))
+                vstore(b, vload(b, mk.gep(b, src, at, acc), acc, mask, vl), mk.gep(b, dst, to, acc), acc, mask)
+
+    with b.if_then(accumulate):
+        copy(out, ldc, scratch, I64(g.nr))
+    b.call(kernel, [*operands, scratch, I64(g.nr), accumulate])
+    copy(scratch, I64(g.nr), out, ldc)
 
 
 def pack_panels(g, c, operand, dst, bidx, x0, nx, k0, kc, width) -> None:

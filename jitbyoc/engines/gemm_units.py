@@ -101,6 +101,27 @@ def pack_units(g, operand, c, dst, bidx, x0, nx, k0, kc, width) -> None:
                         b.store(zero, at)
 
 
+def pack_unit_rows(g, operand, c, dst, bidx, x0, nx, k0, kc) -> None:
+    """Rows ``x0 .. x0+nx`` of ``operand`` (A), ``kc`` units of k from unit ``k0`` each, as
+    rows: ``dst[(r*kc + kk)*group + e] = X(b, x0 + r, (k0 + kk)*group + e)``, zero past
+    K; the rows up to a whole tile of the AMX blocking zero too (the tile kernel reads
+    A in rows of k: :mod:`.gemm_tiles`). Element by element: an A that is not read in
+    place is small (a stem's weight, whose k is no whole number of units)."""
+    b, group, dt, mr = c.b, g.product.group, operand.dtype, g.blocking.mr
+    zero, k = ir.Constant(lookup_dtype(dt).ir, 0), c.product(_dims(g.k))
+    rows = b.mul(ceil_div(b, nx, I64(mr)), I64(mr))
+    with for_range(b, rows, "ur") as r:
+        row = gep(b, dst, b.mul(b.mul(r, kc), I64(group)), dt)
+        with for_range(b, b.mul(kc, I64(group)), "ue") as e:
+            kel = b.add(b.mul(k0, I64(group)), e)
+            inside = b.and_(b.icmp_signed("<", r, nx), b.icmp_signed("<", kel, k))
+            with b.if_else(inside) as (then, otherwise):
+                with then:
+                    b.store(operand.element_llvm(c, bidx, b.add(x0, r), kel), gep(b, row, e, dt))
+                with otherwise:
+                    b.store(zero, gep(b, row, e, dt))
+
+
 def pack_all_units(g, operand, c, dst, bidx, x0, nx, k0, kc, width) -> bool:
     """Every panel at once with :func:`pack_row_units` when ``operand``'s rows are
     contiguous along ``x``; False (nothing emitted) otherwise."""

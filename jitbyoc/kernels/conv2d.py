@@ -80,7 +80,8 @@ class ConvGeometry:
     groups: int
     oh: int
     ow: int
-    gathered: bool = False  # every window gathered as a column, then one product (see columns)
+    gathered: bool = False  # an int8 product: small maps gathered as columns (see columns)
+    tiles: bool = False  # a product on AMX tiles: every map gathered as columns
 
     @property
     def cg(self) -> int:
@@ -119,11 +120,11 @@ class ConvGeometry:
         engine): 512->512 on 7x7 443 vs 97, 14x14/2 -> 7x7 278 vs 143; but 256 on 14x14
         527 vs 723, 320 on 13x13 419 vs 820, 64 on 56x56 580 vs 753 (the pixel engine
         wastes lanes on a 7-wide map; elsewhere its register blocks win). With AMX
-        (:mod:`jitbyoc.engines.gemm_tiles`) every map: ResNet-50's QDQ 3x3 layers ran at
-        409-930 GOP/s gathered against 271-360 on the pixel engine (Sapphire Rapids-class
-        Xeon, 2 threads, jitbyoc.profile)."""
+        (:mod:`jitbyoc.engines.gemm_tiles`; int8 and bf16, ``tiles``) every map:
+        ResNet-50's QDQ 3x3 layers ran at 409-930 GOP/s gathered against 271-360 on the
+        pixel engine (Sapphire Rapids-class Xeon, 2 threads, jitbyoc.profile)."""
         small = self.oh * self.ow <= COLUMNS_MAX_PIXELS
-        return self.gathered and self.taps > 1 and self.groups == 1 and (small or gemm_tiles.has_tiles("int8"))
+        return self.taps > 1 and self.groups == 1 and (self.gathered and small or self.tiles)
 
     @property
     def as_matmul(self) -> bool:
@@ -137,10 +138,12 @@ def conv_geometry(call) -> ConvGeometry:
         return ConvGeometry(x[0], x[1], 1, x[2], w[0], 1, w[2], (1, int(a.strides[0])),
                             (1, int(a.dilation[0])), (0, int(a.padding[0]), 0, int(a.padding[1])),
                             int(a.groups), 1, out[2])
-    gathered = PRODUCTS.get(str(call.args[0].ty.dtype), PRODUCTS["float32"]).group == 4  # int8
+    dt = str(call.args[0].ty.dtype)
+    narrow = PRODUCTS.get(dt, PRODUCTS["float32"]).group > 1  # int8 or bf16 units
     return ConvGeometry(x[0], x[1], x[2], x[3], w[0], w[2], w[3],
                         tuple(int(s) for s in a.strides), tuple(int(d) for d in a.dilation),
-                        tuple(int(p) for p in a.padding), int(a.groups), out[2], out[3], gathered)
+                        tuple(int(p) for p in a.padding), int(a.groups), out[2], out[3],
+                        PRODUCTS[dt].group == 4 if narrow else False, narrow and gemm_tiles.has_tiles(dt))
 
 
 C_COLUMNS = 64  # output columns per block of accumulators in the C rendering

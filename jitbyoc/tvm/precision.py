@@ -25,6 +25,7 @@ import tvm
 from tvm import relax
 
 from ..engines.conv_channels import ChannelPlan
+from ..engines.gemm_tiles import has_tiles
 from ..ir.rules import why_not
 from ..kernels import conv2d
 from .constants import constant, tensor_constant
@@ -47,6 +48,8 @@ def _narrower_is_faster(geo) -> bool:
     map). 1x1 and patch convolutions are products on the GEMM engine (1.8-1.9x): always."""
     if geo.as_matmul:  # a product on the GEMM engine, in units of the reduction
         return True
+    if geo.groups == 1 and geo.cg >= MIN_CHANNELS and has_tiles("bfloat16"):
+        return True  # gathered as columns, a product on AMX tiles (ConvGeometry.columns)
     return geo.cg >= MIN_CHANNELS and not (isinstance(conv2d.engine_plan(geo, "float32"), ChannelPlan)
                                            and geo.oh * geo.ow <= SMALL_MAP)
 
