@@ -70,6 +70,19 @@ def dot_machine_peak(product: str, threads: int) -> float:
         return dot_peak(product, threads)
 
 
+def loop_name(product: str) -> str:
+    """The loop ``product``'s peak is measured on, on the benchmark's target: its AMX tile
+    instruction where the GEMM engine runs it on tiles (:mod:`jitbyoc.engines.gemm_tiles`),
+    else its vector instruction (:data:`LOOPS`)."""
+    from jitbyoc.engines import gemm_tiles
+
+    from . import target as build_target
+
+    if gemm_tiles.has_tiles(product, build_target.machine()):
+        return gemm_tiles.INSTRUCTIONS[product][0].rsplit(".", 1)[-1] + " tile"
+    return LOOPS[product]
+
+
 def bf16_machine_peak(threads: int) -> float:
     return dot_machine_peak("bfloat16", threads)
 
@@ -275,7 +288,7 @@ def report_narrow(case, t: dict) -> str:
     gf = case["flops"] / t["jitbyoc"] / 1e9
     ratios = "  ".join(f"vs {k} {t[k] / t['jitbyoc']:.2f}x" for k in ("fp32", "torch") if k in t)
     return (f"{case['name']:<34} {t['jitbyoc'] * 1e3:9.3f} ms {gf:7.1f} G(FL)OP/s {100 * gf / t['dot_gflops']:5.1f}% "
-            f"of the {LOOPS[case['product']]} loop in turns ({t['dot_gflops']:.0f}) | {ratios} (fp32: jitbyoc's "
+            f"of the {loop_name(case['product'])} loop in turns ({t['dot_gflops']:.0f}) | {ratios} (fp32: jitbyoc's "
             f"float32 build{'; torch: bfloat16 linear' if 'torch' in t else ''})")
 
 

@@ -109,11 +109,12 @@ def _peak_note(machine: dict) -> str:
     """What the "% peak" column divides by."""
     fp32, bf16 = machine.get("peak_gflops", 0), machine.get("bf16_peak_gflops")
     if machine.get("int8_peak_gflops"):
-        return (f"% peak = the time the model's GOP take at the vpdpbusd loop's "
+        return (f"% peak = the time the model's GOP take at the {machine.get('int8_loop', 'vpdpbusd')} loop's "
                 f"{machine['int8_peak_gflops']:.0f} GOP/s (as if all ran in int8) over jitbyoc's; ")
     if not bf16:
         return f"% peak of {fp32:.0f} GFLOP/s measured (the fp32 FMA loop); "
-    return (f"% peak = the time the model's GFLOP take at peak (bf16 GFLOP at the vdpbf16ps loop's "
+    return (f"% peak = the time the model's GFLOP take at peak (bf16 GFLOP at the "
+            f"{machine.get('bf16_loop', 'vdpbf16ps')} loop's "
             f"{bf16:.0f} GFLOP/s, the rest at the FMA loop's {fp32:.0f}) over jitbyoc's; ")
 
 

@@ -259,7 +259,7 @@ def summarize(rows: list[dict]) -> dict:
 def main(args, entries: list[Entry], tqdm) -> int:
     """The zoo suite end to end: peak, models, table, files (``python -m bench --suite zoo``)."""
     from . import fp16, qdq, report, zoo_report
-    from .kernels_matmul import LOOPS, dot_machine_peak, machine_peak
+    from .kernels_matmul import dot_machine_peak, loop_name, machine_peak
     from .run import machine_info, warm_process
 
     threads = args.threads or os.cpu_count()
@@ -271,9 +271,10 @@ def main(args, entries: list[Entry], tqdm) -> int:
     narrow_peak = dot_machine_peak(product, threads) if product else None
     if product:
         machine[f"{args.precision}_peak_gflops"] = narrow_peak  # bf16_peak_gflops, int8_...
+        machine[f"{args.precision}_loop"] = loop_name(product)
     print(report.format_machine(machine), flush=True)
     print(f"measured FMA peak {peak:.1f} GFLOP/s on {threads} thread(s)"
-          + (f", {LOOPS[product]} loop {narrow_peak:.1f}" if product else "")
+          + (f", {machine[args.precision + '_loop']} loop {narrow_peak:.1f}" if product else "")
           + f"; jitbyoc runs {args.precision}", flush=True)
     start = time.perf_counter()
     warm_process()

@@ -295,7 +295,8 @@ def test_contention_prints_both_loops_in_turns(capsys):
 def test_the_int8_row_runs_the_quantized_layer_on_int8_against_the_vpdpbusd_loop():
     """bench.kernels_matmul's int8 row: the QDQ layer builds into an int8 product (no
     float product left), agrees with its float32 layer to the quantization's error, and
-    is reported as a share of the vpdpbusd loop timed in its turns."""
+    is reported as a share of the loop it runs on (vpdpbusd, or AMX's tdpbusd tile loop)
+    timed in its turns."""
     from bench import kernels_matmul
     from bench.kernel_common import vm_function
     from jitbyoc.tvm.prepare import prepare
@@ -308,4 +309,4 @@ def test_the_int8_row_runs_the_quantized_layer_on_int8_against_the_vpdpbusd_loop
     assert np.abs(got - want).max() < 0.2  # two quantizations of 0.05 and the inputs' of ~0.03
     out = kernels_matmul.bench_narrow_case(case, rounds=2, threads=1)
     assert out["jitbyoc"] > 0 and out["dot_gflops"] > 0
-    assert "of the vpdpbusd loop" in kernels_matmul.report_narrow(case, out)
+    assert f"of the {kernels_matmul.loop_name('uint8')} loop" in kernels_matmul.report_narrow(case, out)

@@ -230,7 +230,7 @@ def test_int8_zoo_runs_end_to_end_on_squeezenet(tmp_path, monkeypatch, capsys):
     """``python -m bench --suite zoo --precision int8 --model onnx_squeezenet``
     (:func:`run_squeezenet`): the light model is converted to opset 13, quantized,
     imported, built, checked against TVM's build and timed."""
-    from bench import qdq
+    from bench import kernels_matmul, qdq
 
     monkeypatch.setattr(qdq, "CACHE_DIR", tmp_path / "qdq")
     data, stdout = run_squeezenet("int8", tmp_path, monkeypatch, capsys)
@@ -238,7 +238,7 @@ def test_int8_zoo_runs_end_to_end_on_squeezenet(tmp_path, monkeypatch, capsys):
     assert row["precision"] == "int8" and row["reference"] == "tvm" and row["jitbyoc_median_s"] > 0
     assert row["jitbyoc_cos_err"] is not None and row["qdq_file"].startswith(str(tmp_path / "qdq"))
     assert data["settings"]["int8"]["per_channel"] and data["machine"]["int8_peak_gflops"] == 400.0
-    assert "jitbyoc ms [int8]" in stdout and "vpdpbusd loop 400.0" in stdout
+    assert "jitbyoc ms [int8]" in stdout and f"{kernels_matmul.loop_name('uint8')} loop 400.0" in stdout
 
 
 def run_squeezenet(precision: str, tmp_path, monkeypatch, capsys) -> tuple[dict, str]:

@@ -3,6 +3,10 @@ where the machine has it, edges and k tails on the vector kernel, results equal 
 numpy's (int8: exact) and to TVM's build. Built for a Sapphire Rapids target anywhere
 (the IR is inspected, nothing runs); run on this machine when it has AMX."""
 
+import shutil
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import tvm
@@ -86,3 +90,32 @@ def test_int8_convolutions_gathered_for_tiles_equal_tvms(c, size, k, kernel, str
     ex = tvm.compile(mod, target="llvm")
     want = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
     np.testing.assert_array_equal(got, want)
+
+
+CALL_EXPORTED = """
+import sys, numpy as np, tvm
+from tvm import relax
+vm = relax.VirtualMachine(tvm.runtime.load_module(sys.argv[1]), tvm.cpu())
+x = np.load(sys.argv[2])
+np.save(sys.argv[3], vm["main"](tvm.runtime.tensor(x)).numpy())
+assert "jitbyoc" not in sys.modules
+"""
+
+
+@on_tiles
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="export_library links with gcc")
+def test_an_exported_library_asks_for_the_tiles_in_a_fresh_process(tmp_path):
+    """A process that never imported jitbyoc has not asked Linux for the tile state; the
+    exported library's CPU check asks before the first region runs (without it the tile
+    kernel's first instruction kills the process)."""
+    rng = np.random.default_rng(5)
+    x = rng.integers(0, 256, (64, 256)).astype("uint8")
+    w = rng.integers(-128, 128, (256, 64)).astype("int8")
+    with jitbyoc.enabled():
+        ex = tvm.compile(_product_model(64, 256, 64, w), target="llvm")
+    ex.export_library(str(tmp_path / "model.so"))
+    np.save(tmp_path / "x.npy", x)
+    done = subprocess.run([sys.executable, "-c", CALL_EXPORTED, str(tmp_path / "model.so"), str(tmp_path / "x.npy"),
+                           str(tmp_path / "y.npy")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), x.astype(np.int64) @ w.astype(np.int64))
