@@ -76,9 +76,10 @@ def test_uint8_by_int8_products_on_tiles_are_exact(m, k, n):
 @pytest.mark.parametrize("c, size, k, kernel, stride, pad", [
     (64, 56, 64, 3, 1, 1),  # ResNet's 3x3: gathered, whole tiles
     (128, 29, 96, 3, 2, 1),  # strided: the gather shuffles every 2nd column
-    (8, 23, 40, 5, 3, 2),  # stride 3, 200 units: tile steps and a vector tail
-    (32, 15, 32, 3, 4, 0),  # stride 4, no padding
-    (3, 30, 16, 7, 2, 3),  # a stem: 147 values of k per channel, not whole units
+    (40, 23, 40, 5, 3, 2),  # stride 3, 250 units: tile steps and a vector tail
+    (64, 15, 32, 3, 4, 0),  # stride 4, no padding
+    (37, 20, 48, 3, 1, 1),  # k of 333, no whole units: the weight packed in rows of k
+    (3, 30, 16, 7, 2, 3),  # a stem (k of 147, below COLUMNS_TILES_MIN_K): the pixel engine
 ])
 def test_int8_convolutions_gathered_for_tiles_equal_tvms(c, size, k, kernel, stride, pad):
     """Signed weights times unsigned pixels (``tdpbsud``) over im2col columns."""

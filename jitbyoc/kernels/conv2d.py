@@ -62,6 +62,13 @@ from .matmul import MatMul
 MIN_POINTWISE_CG = 8  # input channels per group for a pointwise conv to run as a product
 MAX_VECTOR_STRIDE = 4  # column strides the gather reads as vectors (n * stride elements, then a shuffle)
 COLUMNS_MAX_PIXELS = 49  # output pixels up to which an int8 conv is gathered (ConvGeometry.columns)
+# the reduction (channels x taps) from which an int8 conv on AMX tiles is gathered
+# whatever its map: SqueezeNet's QDQ graph ran in 0.92x the time with its 3x3 convs of 16
+# and 32 channels (144, 288) and its stem (27) on the pixel engine, 0.94x with only 144
+# and 27 there; Inception v1 and ResNet-50 (432 and up, stems 147) level either way. A
+# bf16 conv is gathered from any reduction: ResNet-50's stem (147) took 1.16 ms on tiles
+# against 2.0 on the pixel engine
+COLUMNS_TILES_MIN_K = 320
 
 
 @dataclass(frozen=True)
@@ -122,9 +129,11 @@ class ConvGeometry:
         wastes lanes on a 7-wide map; elsewhere its register blocks win). With AMX
         (:mod:`jitbyoc.engines.gemm_tiles`; int8 and bf16, ``tiles``) every map:
         ResNet-50's QDQ 3x3 layers ran at 409-930 GOP/s gathered against 271-360 on the
-        pixel engine (Sapphire Rapids-class Xeon, 2 threads, jitbyoc.profile)."""
+        pixel engine (Sapphire Rapids-class Xeon, 2 threads, jitbyoc.profile), from a
+        reduction of :data:`COLUMNS_TILES_MIN_K` up."""
         small = self.oh * self.ow <= COLUMNS_MAX_PIXELS
-        return self.taps > 1 and self.groups == 1 and (self.gathered and small or self.tiles)
+        tiles = self.tiles and (not self.gathered or self.cg * self.taps >= COLUMNS_TILES_MIN_K)
+        return self.taps > 1 and self.groups == 1 and (self.gathered and small or tiles)
 
     @property
     def as_matmul(self) -> bool:
