@@ -120,3 +120,30 @@ def test_an_exported_library_asks_for_the_tiles_in_a_fresh_process(tmp_path):
                            str(tmp_path / "y.npy")], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), x.astype(np.int64) @ w.astype(np.int64))
+
+
+@on_tiles
+def test_a_product_with_a_symbolic_row_count_runs_on_tiles_at_every_size():
+    """One build for any number of rows (a dynamic batch): whole 32-row tiles, edges and a
+    single row, each equal to numpy's."""
+    rng = np.random.default_rng(11)
+    w = rng.integers(-128, 128, (320, 96)).astype("int8")
+    mod = build_model({"x": (("n", 320), "uint8")},
+                      lambda bb, x: bb.emit(R.matmul(x, relax.const(w), out_dtype="int32")))
+    with jitbyoc.enabled():
+        vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+    for n in (1, 31, 64, 100):
+        x = rng.integers(0, 256, (n, 320)).astype("uint8")
+        got = vm["main"](tvm.runtime.tensor(x)).numpy()
+        np.testing.assert_array_equal(got, x.astype(np.int64) @ w.astype(np.int64))
+
+
+@on_tiles
+@pytest.mark.parametrize("m, k, n, batch", [(64, 256, 64, ()), (130, 771, 200, ()), (5, 40, 17, (3,))])
+def test_bfloat16_products_on_tiles_sum_in_float32(m, k, n, batch):
+    """The bf16 product test of tests/test_bfloat16.py on this machine's tiles (whole
+    tiles, an odd k: a half-filled last pair, a k tail on the vector kernel; batches):
+    within float32's summation bound of numpy's float64 product of the rounded operands."""
+    from tests.test_bfloat16 import test_product_of_bfloat16_operands_is_summed_in_float32 as check
+
+    check({"kind": "llvm"}, m, k, n, batch)
