@@ -99,14 +99,20 @@ def _dot_loop(dtype: str) -> tuple[str, str]:
     """(IR, function) of the product ``dtype``'s loop: its tile products where the GEMM
     engine runs it on AMX tiles (:mod:`jitbyoc.engines.gemm_tiles`), else its vector
     instruction's."""
-    if gemm_tiles.has_tiles(dtype) and gemm_tiles.granted():
+    if _on_tiles(dtype):
         return gemm_tiles.loop_ir(dtype, isa.current().triple), "dot"
     return _dot_ir(dtype), "dot"
 
 
+def _on_tiles(dtype: str) -> bool:
+    """Whether the product ``dtype``'s loop is AMX's (the build's machine has it, and Linux
+    granted this process the tiles)."""
+    return gemm_tiles.has_tiles(dtype) and gemm_tiles.granted()
+
+
 def _dot_flops(dtype: str) -> int:
     """FLOPs of one iteration of the product ``dtype``'s loop on one thread."""
-    if gemm_tiles.has_tiles(dtype) and gemm_tiles.granted():
+    if _on_tiles(dtype):
         return gemm_tiles.loop_flops(dtype)
     return CHAINS * UNROLL * 2 * PRODUCTS[dtype].group * isa.lanes(PRODUCTS[dtype].acc)
 

@@ -347,7 +347,6 @@ def _edge_columns(g, c, kernel, operands, out, ldc, nvalid, accumulate) -> None:
     entry.position_at_start(b.function.entry_basic_block)
     scratch = entry.alloca(ir.ArrayType(lookup_dtype(acc).ir, blk.mr * g.nr))
     scratch.align = 64
-    scratch = b.bitcast(scratch, mk.gep(b, out, I64(0), acc).type)
     vl = mk.lanes(acc)
     masks = [lane_mask(b, b.sub(nvalid, I64(j * vl)), vl) for j in range(blk.nv)]
 

@@ -13,14 +13,16 @@ vector kernels read.
 The register tile is ``32 x 32``: four accumulator tiles, two tiles of A (rows 0-15,
 16-31) and two of B (columns 0-15, 16-31) per 16 units of k. Only whole tiles whose k is a
 multiple of 16 units run on it; edges and the last ``kc mod 16`` units run on the vector
-kernel in strips of :data:`STRIP_ROWS` rows (:func:`.gemm_llvm.micro_tile`), adding into
+kernel in strips of :data:`STRIP_ROWS` rows (:func:`.gemm_llvm.tiled`), adding into
 the same C. Integer sums are exact, so the split changes no int8 result; a bfloat16 sum
 is summed in another order (documented with the bf16 mode).
 
 The tile configuration (``ldtilecfg``, 64 bytes) is loaded by each task of a product
 before its first tile kernel call and released at its end (``tilerelease``): between the
 two only jitbyoc's code runs on the thread (vector kernels and epilogues, which leave the
-tiles alone), and nothing is assumed of the state another library leaves. Linux hands AMX's 8 KB of register state to a process only when it asks
+tiles alone), and nothing is assumed of the state another library leaves.
+
+Linux hands AMX's 8 KB of register state to a process only when it asks
 (``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)``): every module's CPU check asks
 (:mod:`jitbyoc.toolchain.cpu_check`), so an exported library asks too.
 """
@@ -47,6 +49,10 @@ INSTRUCTIONS = {"uint8": ("llvm.x86.tdpbusd", "amx-int8"),  # unsigned A (activa
                 "int8": ("llvm.x86.tdpbsud", "amx-int8"),  # signed A (a conv's weight) x unsigned B
                 "bfloat16": ("llvm.x86.tdpbf16ps", "amx-bf16")}
 C_TILES, A_TILES, B_TILES = (0, 1, 2, 3), (4, 5), (6, 7)  # tile numbers: C[row tile][col tile] = 2*i + j
+# Linux grants AMX's tile data to a process that asks: arch_prctl(ARCH_REQ_XCOMP_PERM,
+# XFEATURE_XTILEDATA), through syscall(2) (the CPU check's call, and granted()'s); asking
+# again is harmless
+ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA = 158, 0x1023, 18
 
 
 def has_tiles(dtype: str, machine: isa.Machine | None = None) -> bool:
@@ -157,7 +163,7 @@ def granted() -> bool:
     """Ask Linux for the tile state for this process (what every module's CPU check does
     before a region runs), for code called without one: the peak loop. True when granted."""
     libc = ctypes.CDLL(None, use_errno=True)
-    return libc.syscall(158, 0x1023, 18) == 0  # arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)
+    return libc.syscall(ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0
 
 
 def loop_ir(dtype: str, triple: str) -> str:
@@ -172,7 +178,7 @@ def loop_ir(dtype: str, triple: str) -> str:
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     load = _intrinsic(module, "llvm.x86.tileloadd64", [I8, PTR, I64])
     multiply = _intrinsic(module, INSTRUCTIONS[dtype][0], [I8, I8, I8])
-    b.call(_intrinsic(module, "llvm.x86.ldtilecfg", [PTR]), [_config(module)])
+    configure(b)
     for t in C_TILES + A_TILES + B_TILES:
         b.call(load, [I8(t), zeros, I64(TILE_BYTES)])
     with for_range(b, fn.args[0], "i"):
@@ -181,7 +187,7 @@ def loop_ir(dtype: str, triple: str) -> str:
     out = b.alloca(ir.ArrayType(I32, TILE_ROWS * 16))
     out.align = 64
     b.call(_intrinsic(module, "llvm.x86.tilestored64", [I8, PTR, I64]), [I8(0), out, I64(TILE_BYTES)])
-    b.call(_intrinsic(module, "llvm.x86.tilerelease", []), [])
+    release(b)
     first = b.load(b.gep(out, [I32(0), I32(0)]))
     b.ret(b.sitofp(first, ir.FloatType()))  # an int32 or float32 tile: its bits as a number suffice
     return str(module)

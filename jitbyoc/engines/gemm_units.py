@@ -87,18 +87,24 @@ def pack_units(g, operand, c, dst, bidx, x0, nx, k0, kc, width) -> None:
     docstring); ``k0`` and ``kc`` count units. The slow, general packer: for operands
     :func:`pack_row_units` does not take (k contiguous, or strided both ways)."""
     b, group, dt = c.b, g.product.group, operand.dtype
-    zero, k = ir.Constant(lookup_dtype(dt).ir, 0), c.product(_dims(g.k))
     with for_range(b, kc, "uk") as kk:
         with for_range(b, I64(width), "ur") as r:
             for e in range(group):
                 kel = b.add(b.mul(b.add(k0, kk), I64(group)), I64(e))
                 at = gep(b, dst, b.add(b.mul(b.add(b.mul(kk, I64(width)), r), I64(group)), I64(e)), dt)
-                inside = b.and_(b.icmp_signed("<", r, nx), b.icmp_signed("<", kel, k))
-                with b.if_else(inside) as (then, otherwise):
-                    with then:
-                        b.store(operand.element_llvm(c, bidx, b.add(x0, r), kel), at)
-                    with otherwise:
-                        b.store(zero, at)
+                _element_or_zero(g, operand, c, at, bidx, (x0, r, nx), kel)
+
+
+def _element_or_zero(g, operand, c, at, bidx, row, kel) -> None:
+    """``*at = X(b, x0 + r, kel)``, or 0 past the ``nx`` rows (``row = (x0, r, nx)``) or
+    past K: a padded element of an element-by-element packer."""
+    b, (x0, r, nx) = c.b, row
+    inside = b.and_(b.icmp_signed("<", r, nx), b.icmp_signed("<", kel, c.product(_dims(g.k))))
+    with b.if_else(inside) as (then, otherwise):
+        with then:
+            b.store(operand.element_llvm(c, bidx, b.add(x0, r), kel), at)
+        with otherwise:
+            b.store(ir.Constant(lookup_dtype(operand.dtype).ir, 0), at)
 
 
 def pack_unit_rows(g, operand, c, dst, bidx, x0, nx, k0, kc) -> None:
@@ -108,18 +114,12 @@ def pack_unit_rows(g, operand, c, dst, bidx, x0, nx, k0, kc) -> None:
     A in rows of k: :mod:`.gemm_tiles`). Element by element: an A that is not read in
     place is small (a stem's weight, whose k is no whole number of units)."""
     b, group, dt, mr = c.b, g.product.group, operand.dtype, g.blocking.mr
-    zero, k = ir.Constant(lookup_dtype(dt).ir, 0), c.product(_dims(g.k))
     rows = b.mul(ceil_div(b, nx, I64(mr)), I64(mr))
     with for_range(b, rows, "ur") as r:
         row = gep(b, dst, b.mul(b.mul(r, kc), I64(group)), dt)
         with for_range(b, b.mul(kc, I64(group)), "ue") as e:
             kel = b.add(b.mul(k0, I64(group)), e)
-            inside = b.and_(b.icmp_signed("<", r, nx), b.icmp_signed("<", kel, k))
-            with b.if_else(inside) as (then, otherwise):
-                with then:
-                    b.store(operand.element_llvm(c, bidx, b.add(x0, r), kel), gep(b, row, e, dt))
-                with otherwise:
-                    b.store(zero, gep(b, row, e, dt))
+            _element_or_zero(g, operand, c, gep(b, row, e, dt), bidx, (x0, r, nx), kel)
 
 
 def pack_all_units(g, operand, c, dst, bidx, x0, nx, k0, kc, width) -> bool:

@@ -148,11 +148,11 @@ def conv_geometry(call) -> ConvGeometry:
                             (1, int(a.dilation[0])), (0, int(a.padding[0]), 0, int(a.padding[1])),
                             int(a.groups), 1, out[2])
     dt = str(call.args[0].ty.dtype)
-    narrow = PRODUCTS.get(dt, PRODUCTS["float32"]).group > 1  # int8 or bf16 units
+    group = PRODUCTS.get(dt, PRODUCTS["float32"]).group  # 4: int8 quads; 2: bf16 pairs
     return ConvGeometry(x[0], x[1], x[2], x[3], w[0], w[2], w[3],
                         tuple(int(s) for s in a.strides), tuple(int(d) for d in a.dilation),
                         tuple(int(p) for p in a.padding), int(a.groups), out[2], out[3],
-                        PRODUCTS[dt].group == 4 if narrow else False, narrow and gemm_tiles.has_tiles(dt))
+                        group == 4, group > 1 and gemm_tiles.has_tiles(dt))
 
 
 C_COLUMNS = 64  # output columns per block of accumulators in the C rendering

@@ -13,6 +13,7 @@ architecture, and jitbyoc's AArch64 kernels use nothing beyond it.
 
 from __future__ import annotations
 
+from ..engines.gemm_tiles import ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
 from ..render.abi import ir_bytes
 from ..render.isa import Machine
 
@@ -33,9 +34,6 @@ CPUID = {
 }
 # what the OS must enable in XCR0 for the registers those features use
 XCR0 = {"avx": 0x6, "avx512f": 0xE6, "amx": 0x60000}
-# Linux grants AMX's tile data to a process that asks: arch_prctl(ARCH_REQ_XCOMP_PERM,
-# XFEATURE_XTILEDATA), through syscall(2); asking again is harmless
-ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA = 158, 0x1023, 18
 CHECK, STATE = "jitbyoc_cpu_check", "jitbyoc_cpu_state"
 
 
@@ -91,7 +89,8 @@ def _os_mask(feature: str) -> int:
 
 def _feature_slot(i: int, feature: str, linux: bool) -> list[str]:
     """Store into message part ``i + 1`` the feature's name if missing, else "". On
-    Linux, AMX's tiles count as present once the OS has granted them (:data:`ARCH_PRCTL`)."""
+    Linux, AMX's tiles count as present once the OS has granted them
+    (:data:`jitbyoc.engines.gemm_tiles.ARCH_PRCTL`)."""
     leaf, sub, reg, bit = CPUID[feature]
     lines = [f"  %b{i} = and i32 %r{leaf:x}_{sub}_{reg}, {1 << bit}", f"  %ok{i} = icmp ne i32 %b{i}, 0"]
     mask = _os_mask(feature)
