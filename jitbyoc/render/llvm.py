@@ -152,12 +152,30 @@ class Ctx(Indexing):
         with :meth:`reopen`."""
         return pack_slots(self.b, list(self.ptrs.values()) + list(self.syms.values()) + list(extra))
 
-    def reopen(self, b: ir.IRBuilder, data) -> "Ctx":
-        """The ctx packed by :meth:`closure` at ``data``, for a function emitted with ``b``."""
+    def reopen(self, b: ir.IRBuilder, data, extra=(), emit=None):
+        """Call ``emit(ctx, extra)`` where ``ctx`` is the ctx packed by :meth:`closure` at
+        ``data``, in a function emitted with ``b``. ``emit`` runs in an internal function
+        inlined into ``b``'s, whose buffer pointers are ``noalias`` arguments: the inliner
+        turns them into alias scopes, so a loop of a threaded body keeps its loads of
+        scalars (scales, zero points) out of the loop, as it does in the kernel's own
+        function. Pointers read back from the slots alone could alias any store (a uint8
+        zero point beside a uint8 output was read again for every vector). Returns the
+        i32 the function returns (0, or what ``emit`` returns early)."""
         vals = load_slots(b, data, len(self.ptrs) + len(self.syms))
-        ptrs = {x: b.inttoptr(v, PTR) for x, v in zip(self.ptrs, vals)}
-        syms = dict(zip(self.syms, vals[len(self.ptrs):]))
-        return Ctx(self.module, b, self.name, ptrs, syms, self.facts)
+        args = [b.inttoptr(v, PTR) for v in vals[:len(self.ptrs)]] + vals[len(self.ptrs):] + list(extra)
+        fn = ir.Function(self.module, ir.FunctionType(I32, [PTR] * len(self.ptrs) + [I64] * (len(args) - len(self.ptrs))),
+                         f"{b.function.name}_body")
+        fn.linkage = "internal"
+        fn.attributes.add("alwaysinline")
+        for arg in fn.args[:len(self.ptrs)]:
+            arg.add_attribute("noalias")
+        inner = ir.IRBuilder(fn.append_basic_block("entry"))
+        child = Ctx(self.module, inner, self.name, dict(zip(self.ptrs, fn.args)),
+                    dict(zip(self.syms, fn.args[len(self.ptrs):])), self.facts)
+        emit(child, list(fn.args[len(self.ptrs) + len(self.syms):]))
+        inner.ret(I32(0))
+        _check_own_values(fn)
+        return b.call(fn, args)
 
     def outline(self, kind: str, nargs: int, body) -> tuple[ir.Function, ir.Value]:
         """An internal ``void fn(ptr env, i64 x nargs)`` whose body is ``body(ctx, args)``
@@ -169,8 +187,7 @@ class Ctx(Indexing):
         fn.linkage = "internal"
         env = self.closure()
         cb = ir.IRBuilder(fn.append_basic_block("entry"))
-        child = self.reopen(cb, fn.args[0])
-        body(child, list(fn.args[1:]))
+        self.reopen(cb, fn.args[0], fn.args[1:], body)
         cb.ret_void()
         return fn, env
 
@@ -191,15 +208,18 @@ class Ctx(Indexing):
             b.ret(I32(-1))
         task, penv, data = fn.args
         cb = ir.IRBuilder(fn.append_basic_block("entry"))
-        child = self.reopen(cb, data)
         n, *more = load_slots(cb, data, 1 + len(extra), len(self.ptrs) + len(self.syms))
         num = cb.sext(cb.load(cb.gep(penv, [I64(8)], source_etype=I8), typ=I32), I64)
         t = cb.sext(task, I64)
         lo = cb.sdiv(cb.mul(n, t), num)
         hi = cb.sdiv(cb.mul(n, cb.add(t, I64(1))), num)
-        child.team = Team(t, num)
-        body(child, lo, hi, more)
-        cb.ret(I32(0))
+
+        def emit(child, args):
+            t, num, lo, hi, *more = args
+            child.team = Team(t, num)
+            body(child, lo, hi, more)
+
+        cb.ret(self.reopen(cb, data, [t, num, lo, hi, *more], emit))
         _check_own_values(fn)
 
     # ---- fused epilogues -------------------------------------------------------------------
