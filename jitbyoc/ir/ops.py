@@ -25,7 +25,7 @@ from typing import Callable
 import numpy as np
 from llvmlite import ir
 
-from . import bfloat, kir, vecmath
+from . import bfloat, kir, quotients, vecmath
 from .dtypes import ALL, BF16, FLOATS, HALF, INTS, NUMERIC
 from .dtypes import dtype as lookup_dtype
 from .llvmtypes import declare
@@ -434,6 +434,9 @@ OPS: dict[str, OpDef] = {
     **{name: OpDef(1, getattr(np, numpy), F, _libm_call(name), _libm(name), relax=f"relax.{name}", ulp=2)
        for name, numpy in (("asinh", "arcsinh"), ("acosh", "arccosh"), ("atanh", "arctanh"))},
     "round":    OpDef(1, np.round, F, _intrinsic("nearbyint"), _libm("nearbyint"), relax="relax.round"),
+    # round(x / s) for a divisor the loop does not change (a quantize's scale), exactly
+    "round_quotient": OpDef(2, quotients.reference, F, quotients.round_quotient_llvm,
+                            lambda dt, x, s: _libm("nearbyint")(dt, f"({x} / {s})")),
     "trunc":    OpDef(1, np.trunc, F, _intrinsic("trunc"), _libm("trunc"), relax="relax.trunc"),
     # TVM's sign: 0 for NaN (both comparisons are false), where numpy's is NaN
     "sign":     OpDef(1, lambda x: np.where(x < 0, -1, np.where(x > 0, 1, 0)).astype(x.dtype), N,

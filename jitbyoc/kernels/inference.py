@@ -9,9 +9,13 @@ made and the op disappears into the loop nest around it.
 quantize and dequantize follow TVM's legalization (``legalize_ops/qdq.py``) step for
 step, per-tensor or per-channel (``axis``): ``clip(round(x / scale) + zp)`` in float, then
 the cast; ``(int32(q) - zp) * scale`` in float32 (clipped and cast for another float).
+A float32 quantize with one scale rounds ``x / scale`` through the ``round_quotient`` row
+(:mod:`jitbyoc.ir.quotients`): the same values, by a multiply where the rounding is clear.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -108,7 +112,11 @@ def _build_quantize(fe, call, out):
     x = fe.value(call.args[0])
     shape, dt, to = dims(call.args[0].ty), x.dtype, str(call.attrs.out_dtype)
     scale, zp = (_param(fe, call, k, shape) for k in (1, 2))
-    scaled = _op("round", dt, dt, _op("divide", dt, dt, x, _cast(scale, dt)))
+    divisor = _cast(scale, dt)
+    if dt == "float32" and math.prod(dims(call.args[1].ty)) == 1:  # the same for every element
+        scaled = _op("round_quotient", dt, dt, x, divisor)
+    else:
+        scaled = _op("round", dt, dt, _op("divide", dt, dt, x, divisor))
     return _clip_cast(_op("add", dt, dt, scaled, _cast(zp, dt)), to)
 
 
@@ -144,6 +152,6 @@ def _quantized_float(q):
     total, high = inner.args
     info = np.iinfo(q.dtype)
     rounded = isinstance(total, kir.Op) and total.op == "add" and isinstance(total.args[0], kir.Op) \
-        and total.args[0].op == "round"
+        and total.args[0].op in ("round", "round_quotient")
     exact = isinstance(high, kir.Const) and (float(low.value), float(high.value)) == (info.min, info.max)
     return v if rounded and exact else None
