@@ -5,11 +5,14 @@ is correctly rounded); and which regions still ask for LLVM's loop vectorizer.""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tvm import relax
 
+import jitbyoc
 from jitbyoc import partition_for_jitbyoc
 from jitbyoc.toolchain.region import Region
 from jitbyoc.render.optimization import GLUE, GLUE_VECTORS
@@ -119,3 +122,32 @@ def test_epilogues_over_narrow_rows_run_as_vectors():
     want, got = builds.run(rng.integers(-3, 4, (1, 32, 7, 7)).astype("float32"),
                            rng.integers(-20, 20, (1, 32, 1, 1)).astype("float32"))
     np.testing.assert_array_equal(got, want)
+
+
+def test_a_threaded_loop_reads_a_scalar_of_its_output_type_once():
+    """A uint8 zero point beside a uint8 output: the threaded body's pointers are noalias
+    (render.llvm.Ctx.reopen), so the optimized loop reads the zero point before it, not
+    once per vector, nor the scale (pointers read back from the task's slots alone may
+    alias the store)."""
+    def body(bb, x, zp):
+        return bb.emit(relax.op.quantize(x, relax.const(0.02, "float32"), zp, axis=-1, out_dtype="uint8"))
+
+    mod = build_model({"x": ((64, 4096), "float32"), "zp": ((), "uint8")}, body)
+    ir = jitbyoc.inspect(mod)[0].llvm_ir_optimized
+    task = re.search(r"define[^\n]*_par0\(.*?\n\}", ir, re.S).group(0)
+    blocks = dict(re.findall(r"\n([\w.]+):[^\n]*\n(.*?)(?=\n[\w.]+:|\Z)", task, re.S))
+    succ = {name: set(re.findall(r"label %([\w.]+)", text)) for name, text in blocks.items()}
+
+    def in_a_loop(start):
+        seen, todo = set(), list(succ[start])
+        while todo:
+            b = todo.pop()
+            if b == start:
+                return True
+            if b not in seen:
+                seen.add(b)
+                todo.extend(succ.get(b, ()))
+        return False
+
+    looped = [name for name in blocks if in_a_loop(name)]
+    assert looped and not [name for name in looped if "load i8" in blocks[name] or "load float" in blocks[name]]
