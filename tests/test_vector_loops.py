@@ -150,4 +150,5 @@ def test_a_threaded_loop_reads_a_scalar_of_its_output_type_once():
         return False
 
     looped = [name for name in blocks if in_a_loop(name)]
-    assert looped and not [name for name in looped if "load i8" in blocks[name] or "load float" in blocks[name]]
+    scalar_loads = [name for name in looped if "load i8" in blocks[name] or "load float" in blocks[name]]
+    assert looped and not scalar_loads, scalar_loads

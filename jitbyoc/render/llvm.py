@@ -152,7 +152,7 @@ class Ctx(Indexing):
         with :meth:`reopen`."""
         return pack_slots(self.b, list(self.ptrs.values()) + list(self.syms.values()) + list(extra))
 
-    def reopen(self, b: ir.IRBuilder, data, extra=(), emit=None):
+    def reopen(self, b: ir.IRBuilder, data, extra, emit) -> ir.Value:
         """Call ``emit(ctx, extra)`` where ``ctx`` is the ctx packed by :meth:`closure` at
         ``data``, in a function emitted with ``b``. ``emit`` runs in an internal function
         inlined into ``b``'s, whose buffer pointers are ``noalias`` arguments: the inliner
@@ -162,17 +162,18 @@ class Ctx(Indexing):
         zero point beside a uint8 output was read again for every vector). Returns the
         i32 the function returns (0, or what ``emit`` returns early)."""
         vals = load_slots(b, data, len(self.ptrs) + len(self.syms))
-        args = [b.inttoptr(v, PTR) for v in vals[:len(self.ptrs)]] + vals[len(self.ptrs):] + list(extra)
-        fn = ir.Function(self.module, ir.FunctionType(I32, [PTR] * len(self.ptrs) + [I64] * (len(args) - len(self.ptrs))),
+        npt = len(self.ptrs)
+        args = [b.inttoptr(v, PTR) for v in vals[:npt]] + vals[npt:] + list(extra)
+        fn = ir.Function(self.module, ir.FunctionType(I32, [PTR] * npt + [I64] * (len(args) - npt)),
                          f"{b.function.name}_body")
         fn.linkage = "internal"
         fn.attributes.add("alwaysinline")
-        for arg in fn.args[:len(self.ptrs)]:
+        for arg in fn.args[:npt]:
             arg.add_attribute("noalias")
         inner = ir.IRBuilder(fn.append_basic_block("entry"))
         child = Ctx(self.module, inner, self.name, dict(zip(self.ptrs, fn.args)),
-                    dict(zip(self.syms, fn.args[len(self.ptrs):])), self.facts)
-        emit(child, list(fn.args[len(self.ptrs) + len(self.syms):]))
+                    dict(zip(self.syms, fn.args[npt:])), self.facts)
+        emit(child, list(fn.args[npt + len(self.syms):]))
         inner.ret(I32(0))
         _check_own_values(fn)
         return b.call(fn, args)
