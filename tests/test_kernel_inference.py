@@ -70,3 +70,23 @@ def test_quantize_dequantize_match_tvm(out_dtype, per_channel):
     want, got = builds.run(x, s, z)
     for w, g in zip(want, got):
         np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.parametrize("out_dtype", ["int8", "uint8"])
+def test_a_dequantized_quantize_matches_tvm_at_every_extreme(out_dtype):
+    """quantize then dequantize with one zero point: jitbyoc clamps the rounded value to
+    bounds less the zero point (kernels.inference._recentred) instead of adding it and
+    taking it off; the same values for ties, saturation at both ends, infinities and NaN."""
+    def body(bb, x, s, z):
+        q = bb.emit(relax.op.quantize(x, s, z, axis=-1, out_dtype=out_dtype))
+        return bb.emit(relax.op.dequantize(q, s, z, axis=-1, out_dtype="float32"))
+
+    mod = build_model({"x": ((4, 40), "float32"), "s": ((), "float32"), "z": ((), out_dtype)}, body)
+    builds = build_both(mod)
+    assert builds.report.fallbacks == [], str(builds.report)
+    x = np.concatenate([np.arange(-130, 130, 2.5), [np.nan, np.inf, -np.inf, 3e38, -3e38, 1e30, -1e30, 0.0, -0.0,
+                                                    2.0 ** 24 + 2, -(2.0 ** 24) - 2, 127.5, -128.5, 255.5]])
+    x = np.resize(x.astype("float32"), (4, 40))
+    z = np.asarray(-3 if out_dtype == "int8" else 9, out_dtype)
+    want, got = builds.run(x, np.float32(0.5), z)
+    np.testing.assert_array_equal(got, want)
