@@ -3,6 +3,7 @@ where the machine has it, edges and k tails on the vector kernel, results equal 
 numpy's (int8: exact) and to TVM's build. Built for a Sapphire Rapids target anywhere
 (the IR is inspected, nothing runs); run on this machine when it has AMX."""
 
+import ctypes
 import shutil
 import subprocess
 import sys
@@ -147,3 +148,30 @@ def test_bfloat16_products_on_tiles_sum_in_float32(m, k, n, batch):
     from tests.test_bfloat16 import test_product_of_bfloat16_operands_is_summed_in_float32 as check
 
     check({"kind": "llvm"}, m, k, n, batch)
+
+
+def test_k_blocks_are_whole_tile_steps():
+    """With tiles, a reduction splits into blocks of whole 16-unit steps (only the last
+    block may end in a tail for the vector kernel), at most kc plus one step, covering k.
+    Split evenly, 512 bf16 units made three blocks of 171 units, each with an 11-unit tail
+    on the vector kernel (a 1024^3 bf16 product ran at 10 % of the tile loop)."""
+    from dataclasses import replace
+
+    from llvmlite import ir
+
+    from jitbyoc import peak
+    from jitbyoc.engines import gemm, gemm_llvm
+    from jitbyoc.ir.llvmtypes import I64
+
+    blk = replace(gemm.BLOCKINGS[512, 32]["bfloat16"], mr=32, nv=2, unroll=1, tiles=True)
+    module = ir.Module(name="kplan")
+    fn = ir.Function(module, ir.FunctionType(ir.FloatType(), [I64, I64]), "plan")
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    blocks, units = gemm_llvm.k_blocks(b, fn.args[0], blk)
+    b.ret(b.sitofp(b.select(b.icmp_signed("==", fn.args[1], I64(0)), blocks, units), ir.FloatType()))
+    plan, _engine = peak.jit_loop(str(module), "plan", (ctypes.c_int64, ctypes.c_int64))
+    step = gemm_tiles.TILE_BYTES // 4
+    for k in [1, 15, 16, 100, 192, 193, 343, 512, 1024, 1536, 2304, 4000]:
+        count, each = int(plan(k, 0)), int(plan(k, 1))
+        assert each % step == 0 and each <= blk.kc + step, (k, each)
+        assert count * each >= k > (count - 1) * each, (k, count, each)

@@ -113,8 +113,7 @@ def _task(g, c, _lo, _hi, extra, team=None) -> None:
     b, blk = c.b, g.blocking
     split_n, parts, per_item = b.trunc(extra[0], I1), extra[1], extra[2]
     m, n, k = extent(c, g.m), extent(c, g.n), k_units(g, c)
-    kblocks = b.select(b.icmp_signed(">", k, I64(0)), ceil_div(b, k, I64(blk.kc)), I64(1))
-    kcb = ceil_div(b, k, kblocks)
+    kblocks, kcb = k_blocks(b, k, blk)
     direct = a_in_place(g)
     b_direct = b_in_place(g)
     mcap = smin(b, I64(blk.mc), b.mul(ceil_div(b, m, I64(blk.mr)), I64(blk.mr)))
@@ -143,6 +142,22 @@ def _task(g, c, _lo, _hi, extra, team=None) -> None:
         free_workspace(c, bp)
     if ap is not None:
         free_workspace(c, ap)
+
+
+def k_blocks(b, k, blk) -> tuple:
+    """``(blocks, units a block)`` of a reduction of ``k`` units (i64 values): blocks of at
+    most ``blk.kc``, evenly split; with tiles, each a whole number of the tile kernel's
+    steps (16 units), so only the last block's k tail runs on the vector kernel. Split
+    evenly, 512 bf16 units were 3 blocks of 171, whose 11 units each ran on vectors: a
+    1024^3 bf16 product took 3.1 ms (10 % of the tile loop), 1.8 ms in whole steps;
+    ResNet-50's 1x1 convolutions of 1024 and 2048 channels alike (bf16 model 0.92x)."""
+    kblocks = b.select(b.icmp_signed(">", k, I64(0)), ceil_div(b, k, I64(blk.kc)), I64(1))
+    kcb = ceil_div(b, k, kblocks)
+    if not blk.tiles:
+        return kblocks, kcb
+    step = I64(tiles.TILE_BYTES // 4)
+    kcb = smax(b, b.mul(ceil_div(b, kcb, step), step), step)
+    return b.select(b.icmp_signed(">", k, I64(0)), ceil_div(b, k, kcb), I64(1)), kcb
 
 
 def _blocks(g, c, bidx, mrange, nrange, kplan, ap, bp) -> None:
