@@ -25,7 +25,7 @@ from llvmlite import ir
 
 from ..ir.dtypes import dtype as lookup_dtype
 from ..ir.llvmtypes import I1, I32, I64
-from ..render.vectors import lane_mask, vload, vstore
+from ..render.vectors import lane_mask, splat, vload, vstore
 from ..render.loops import (
     ceil_div,
     claim_each,
@@ -120,6 +120,8 @@ def _task(g, c, _lo, _hi, extra, team=None) -> None:
     ncap = smin(b, I64(blk.nc), b.mul(ceil_div(b, n, I64(g.nr)), I64(g.nr)))
     ap = None if direct else workspace(c, g.product.unit, b.mul(mcap, kcb))
     bp = None if b_direct else workspace(c, g.product.unit, b.mul(ncap, kcb))
+    # an edge of fewer than MR rows of an A read in place, copied whole and zero-padded
+    edge = workspace(c, g.product.unit, b.mul(I64(blk.mr), kcb)) if blk.tiles and direct else None
     total = b.mul(c.product(g.batch), per_item)
     # a thread's own chunks first: its columns (a conv's pixels) are the rows its
     # neighbours in the model wrote and read (see conv_engine.Emit.banded)
@@ -135,9 +137,11 @@ def _task(g, c, _lo, _hi, extra, team=None) -> None:
         mrange = (b.select(split_n, I64(0), rows[0]), b.select(split_n, m, rows[1]))
         nrange = (b.select(split_n, cols[0], I64(0)), b.select(split_n, cols[1], n))
         bidx = c.unravel(item, g.batch) if g.batch else []
-        _blocks(g, c, bidx, mrange, nrange, (kblocks, kcb), ap, bp)
+        _blocks(g, c, bidx, mrange, nrange, (kblocks, kcb), ap, bp, edge)
     if blk.tiles:
         tiles.release(b)
+    if edge is not None:
+        free_workspace(c, edge)
     if bp is not None:
         free_workspace(c, bp)
     if ap is not None:
@@ -160,7 +164,7 @@ def k_blocks(b, k, blk) -> tuple:
     return b.select(b.icmp_signed(">", k, I64(0)), ceil_div(b, k, kcb), I64(1)), kcb
 
 
-def _blocks(g, c, bidx, mrange, nrange, kplan, ap, bp) -> None:
+def _blocks(g, c, bidx, mrange, nrange, kplan, ap, bp, edge=None) -> None:
     b, blk = c.b, g.blocking
     k = k_units(g, c)
     kblocks, kcb = kplan
@@ -181,10 +185,10 @@ def _blocks(g, c, bidx, mrange, nrange, kplan, ap, bp) -> None:
                 else:
                     pack_panels(g, c, g.a, ap, bidx, ic, mc, pc, kc, blk.mr)
             last = b.icmp_signed("==", pb, b.sub(kblocks, I64(1)))
-            _columns(g, c, bidx, (ic, mc), (pc, kc, last), nrange, ap, bp)
+            _columns(g, c, bidx, (ic, mc), (pc, kc, last), nrange, ap, bp, edge)
 
 
-def _columns(g, c, bidx, mblock, kblock, nrange, ap, bp) -> None:
+def _columns(g, c, bidx, mblock, kblock, nrange, ap, bp, edge=None) -> None:
     b, blk, dt = c.b, g.blocking, g.product.unit
     (ic, mc), (pc, kc, last) = mblock, kblock
     cols = b.sub(nrange[1], nrange[0])
@@ -209,6 +213,8 @@ def _columns(g, c, bidx, mblock, kblock, nrange, ap, bp) -> None:
             i0, mv = tile(ir_)
             if ap is None:
                 a = (mk.gep(b, abase, b.mul(i0, axs), dt), axs, aks)
+                if edge is not None:
+                    a = _edge_rows(g, c, a, edge, kc, mv)
             else:
                 a = (mk.gep(b, ap, b.mul(i0, kc), dt), *((kc, I64(1)) if blk.tiles else (I64(1), I64(blk.mr))))
             with for_range(b, ceil_div(b, nc, I64(g.nr)), "gc") as jr:
@@ -329,16 +335,16 @@ def tiled(g, c, args, in_place: bool, a_rows: bool) -> None:
     b, blk, dt = c.b, g.blocking, g.product.unit
     a, axs, aks, bp, bks, kc, out, ldc, mv, nvalid, accumulate = args
     done = I64(0)
-    if a_rows:
-        steps = b.select(b.icmp_signed("==", mv, I64(blk.mr)), b.sdiv(kc, I64(tiles.TILE_BYTES // 4)), I64(0))
+    if a_rows:  # A has MR readable rows: an edge's are copied and zero-padded (_edge_rows)
+        steps = b.sdiv(kc, I64(tiles.TILE_BYTES // 4))
         kernel = tiles.tile_kernel(c.module, g.dtype)
-        whole = b.icmp_signed("==", nvalid, I64(g.nr))
+        whole = b.and_(b.icmp_signed("==", nvalid, I64(g.nr)), b.icmp_signed("==", mv, I64(blk.mr)))
         with b.if_then(b.icmp_signed(">", steps, I64(0)), likely=True):
             with b.if_else(whole, likely=True) as (then, otherwise):
                 with then:
                     b.call(kernel, [a, axs, bp, bks, steps, out, ldc, accumulate])
                 with otherwise:  # B is packed, zeros past N: a whole tile into a scratch C
-                    _edge_columns(g, c, kernel, [a, axs, bp, bks, steps], out, ldc, nvalid, accumulate)
+                    _edge_tile(g, c, kernel, [a, axs, bp, bks, steps], (out, ldc), (mv, nvalid), accumulate)
         done = b.mul(steps, I64(tiles.TILE_BYTES // 4))
     rest = b.sub(kc, done)
     with b.if_then(b.icmp_signed(">", rest, I64(0))):
@@ -352,21 +358,23 @@ def tiled(g, c, args, in_place: bool, a_rows: bool) -> None:
                            smin(b, I64(tiles.STRIP_ROWS), b.sub(mv, r0)), nvalid, accumulate])
 
 
-def _edge_columns(g, c, kernel, operands, out, ldc, nvalid, accumulate) -> None:
-    """The tile kernel on a tile of ``nvalid < NR`` columns (B packed: zeros past N): C's
-    columns copied into a ``MR x NR`` scratch when accumulating, the whole tile computed
-    there, its valid columns copied back. ResNet-50's 7x7 maps (49 columns: 32 and 17)
-    ran a third of their columns on the vector kernel before."""
+def _edge_tile(g, c, kernel, operands, c_at, valid, accumulate) -> None:
+    """The tile kernel on a tile of ``rows x cols`` valid outputs, fewer than ``MR x NR``
+    (A has MR readable rows, B zeros past N): C's valid part copied into a ``MR x NR``
+    scratch when accumulating, the whole tile computed there, its valid part copied back.
+    ResNet-50's 7x7 maps (49 columns: 32 and 17) ran a third of their columns on the
+    vector kernel before, and ViT's 197 tokens (a 5-row edge) took 1.47x the time of 192."""
     b, blk, acc = c.b, g.blocking, g.product.acc
+    (out, ldc), (rows, cols) = c_at, valid
     entry = ir.IRBuilder(b.function.entry_basic_block)
     entry.position_at_start(b.function.entry_basic_block)
     scratch = entry.alloca(ir.ArrayType(lookup_dtype(acc).ir, blk.mr * g.nr))
     scratch.align = 64
     vl = mk.lanes(acc)
-    masks = [lane_mask(b, b.sub(nvalid, I64(j * vl)), vl) for j in range(blk.nv)]
+    masks = [lane_mask(b, b.sub(cols, I64(j * vl)), vl) for j in range(blk.nv)]
 
     def copy(src, src_ld, dst, dst_ld):
-        with for_range(b, I64(blk.mr), "er") as r:
+        with for_range(b, rows, "er") as r:
             for j, mask in enumerate(masks):
                 at = b.add(b.mul(r, src_ld), I64(j * vl))
                 to = b.add(b.mul(r, dst_ld), I64(j * vl))
@@ -376,6 +384,26 @@ def _edge_columns(g, c, kernel, operands, out, ldc, nvalid, accumulate) -> None:
         copy(out, ldc, scratch, I64(g.nr))
     b.call(kernel, [*operands, scratch, I64(g.nr), accumulate])
     copy(scratch, I64(g.nr), out, ldc)
+
+
+def _edge_rows(g, c, a, edge, kc, rows) -> tuple:
+    """A's operand for a row tile: as it lies, or for an edge of ``rows < MR`` rows, those
+    rows' ``kc`` units copied into ``edge`` (rows of ``kc``) and the rest of its ``MR``
+    rows zero, so the tile kernel reads whole tiles (A read in place has no rows past M)."""
+    b, blk, dt = c.b, g.blocking, g.product.unit
+    ptr, axs, aks = a
+    short = b.icmp_signed("<", rows, I64(blk.mr))
+    vl = mk.lanes(dt)
+    with b.if_then(short):
+        with for_range(b, I64(blk.mr), "ea") as r:
+            live = b.icmp_signed("<", r, rows)
+            with for_range(b, ceil_div(b, kc, I64(vl)), "ek") as v:
+                k0 = b.mul(v, I64(vl))
+                mask = b.and_(lane_mask(b, b.sub(kc, k0), vl), splat(b, live, vl))
+                src = mk.gep(b, ptr, b.add(b.mul(r, axs), b.mul(k0, aks)), dt)
+                vstore(b, vload(b, src, dt, mask, vl), mk.gep(b, edge, b.add(b.mul(r, kc), k0), dt), dt,
+                       lane_mask(b, b.sub(kc, k0), vl))
+    return b.select(short, edge, ptr), b.select(short, kc, axs), b.select(short, I64(1), aks)
 
 
 def pack_panels(g, c, operand, dst, bidx, x0, nx, k0, kc, width) -> None:
