@@ -59,7 +59,7 @@ def test_a_sapphire_rapids_build_calls_the_tile_kernel_and_asks_for_the_tiles():
 
 def test_row_edges_run_on_the_tile_kernel():
     """A product of 5 rows (fewer than a tile's 32) still calls the tile kernel, on a
-    zero-padded copy of its rows (gemm_llvm._edge_rows): the vector kernel took 2x the
+    zero-padded copy of its rows (gemm_tiled.edge_rows): the vector kernel took 2x the
     time for them (bf16 5x768x768; ViT's 197 tokens 1.27x). The optimized IR of a
     Sapphire Rapids build keeps the call (before, a static edge folded it away)."""
     machine = machine_for(tvm.target.Target(SAPPHIRE))

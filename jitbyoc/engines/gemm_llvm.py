@@ -25,7 +25,6 @@ from llvmlite import ir
 
 from ..ir.dtypes import dtype as lookup_dtype
 from ..ir.llvmtypes import I1, I32, I64
-from ..render.vectors import lane_mask, splat, vload, vstore
 from ..render.loops import (
     ceil_div,
     claim_each,
@@ -39,12 +38,13 @@ from ..render.loops import (
     workspace,
 )
 from . import gemm_micro as mk
+from .gemm_micro import EDGE_UNROLL
 from . import gemm_tiles as tiles
+from .gemm_tiled import edge_rows, tiled
 from . import gemm_units as units
 from .gemm import SERIAL_MAX_MACS, Panels, Strided, _all_dims, _dims, _is_one, static_size
 
 CHUNKS = 8  # chunks per batch item: enough to even out threads that get unequal CPU
-EDGE_UNROLL = 1  # edge tiles are few: their microkernels are not unrolled (smaller engine)
 
 
 def extent(ctx, dims) -> ir.Value:
@@ -214,7 +214,7 @@ def _columns(g, c, bidx, mblock, kblock, nrange, ap, bp, edge=None) -> None:
             if ap is None:
                 a = (mk.gep(b, abase, b.mul(i0, axs), dt), axs, aks)
                 if edge is not None:
-                    a = _edge_rows(g, c, a, edge, kc, mv)
+                    a = edge_rows(g, c, a, edge, kc, mv)
             else:
                 a = (mk.gep(b, ap, b.mul(i0, kc), dt), *((kc, I64(1)) if blk.tiles else (I64(1), I64(blk.mr))))
             with for_range(b, ceil_div(b, nc, I64(g.nr)), "gc") as jr:
@@ -325,85 +325,6 @@ def micro_tile(g, c, args, in_place: bool, short: bool = False) -> None:
             b.branch(done)
     b.unreachable()  # the last variant is the full tile: every edge tile fits
     b.position_at_end(done)
-
-
-def tiled(g, c, args, in_place: bool, a_rows: bool) -> None:
-    """A tile of an AMX blocking (:mod:`.gemm_tiles`): a whole one's k in blocks of 16
-    units on the tile kernel when A is read where it lies (``a_rows``: its rows hold k
-    contiguous), the rest (edges, the last ``kc mod 16`` units, a packed A) on the vector
-    kernel in strips of :data:`.gemm_tiles.STRIP_ROWS` rows, adding into the same C."""
-    b, blk, dt = c.b, g.blocking, g.product.unit
-    a, axs, aks, bp, bks, kc, out, ldc, mv, nvalid, accumulate = args
-    done = I64(0)
-    if a_rows:  # A has MR readable rows: an edge's are copied and zero-padded (_edge_rows)
-        steps = b.sdiv(kc, I64(tiles.TILE_BYTES // 4))
-        kernel = tiles.tile_kernel(c.module, g.dtype)
-        whole = b.and_(b.icmp_signed("==", nvalid, I64(g.nr)), b.icmp_signed("==", mv, I64(blk.mr)))
-        with b.if_then(b.icmp_signed(">", steps, I64(0)), likely=True):
-            with b.if_else(whole, likely=True) as (then, otherwise):
-                with then:
-                    b.call(kernel, [a, axs, bp, bks, steps, out, ldc, accumulate])
-                with otherwise:  # B is packed, zeros past N: a whole tile into a scratch C
-                    _edge_tile(g, c, kernel, [a, axs, bp, bks, steps], (out, ldc), (mv, nvalid), accumulate)
-        done = b.mul(steps, I64(tiles.TILE_BYTES // 4))
-    rest = b.sub(kc, done)
-    with b.if_then(b.icmp_signed(">", rest, I64(0))):
-        a, bp = mk.gep(b, a, b.mul(done, aks), dt), mk.gep(b, bp, b.mul(done, bks), dt)
-        accumulate = b.or_(accumulate, b.icmp_signed(">", done, I64(0)))
-        strip = mk.microkernel(c.module, g.dtype, tiles.STRIP_ROWS, blk.nv, EDGE_UNROLL, in_place)
-        with for_range(b, ceil_div(b, mv, I64(tiles.STRIP_ROWS)), "ts") as t:
-            r0 = b.mul(t, I64(tiles.STRIP_ROWS))
-            b.call(strip, [mk.gep(b, a, b.mul(r0, axs), dt), axs, aks, bp, bks, rest,
-                           mk.gep(b, out, b.mul(r0, ldc), g.product.acc), ldc,
-                           smin(b, I64(tiles.STRIP_ROWS), b.sub(mv, r0)), nvalid, accumulate])
-
-
-def _edge_tile(g, c, kernel, operands, c_at, valid, accumulate) -> None:
-    """The tile kernel on a tile of ``rows x cols`` valid outputs, fewer than ``MR x NR``
-    (A has MR readable rows, B zeros past N): C's valid part copied into a ``MR x NR``
-    scratch when accumulating, the whole tile computed there, its valid part copied back.
-    ResNet-50's 7x7 maps (49 columns: 32 and 17) ran a third of their columns on the
-    vector kernel before, and ViT's 197 tokens (a 5-row edge) took 1.47x the time of 192."""
-    b, blk, acc = c.b, g.blocking, g.product.acc
-    (out, ldc), (rows, cols) = c_at, valid
-    entry = ir.IRBuilder(b.function.entry_basic_block)
-    entry.position_at_start(b.function.entry_basic_block)
-    scratch = entry.alloca(ir.ArrayType(lookup_dtype(acc).ir, blk.mr * g.nr))
-    scratch.align = 64
-    vl = mk.lanes(acc)
-    masks = [lane_mask(b, b.sub(cols, I64(j * vl)), vl) for j in range(blk.nv)]
-
-    def copy(src, src_ld, dst, dst_ld):
-        with for_range(b, rows, "er") as r:
-            for j, mask in enumerate(masks):
-                at = b.add(b.mul(r, src_ld), I64(j * vl))
-                to = b.add(b.mul(r, dst_ld), I64(j * vl))
-                vstore(b, vload(b, mk.gep(b, src, at, acc), acc, mask, vl), mk.gep(b, dst, to, acc), acc, mask)
-
-    with b.if_then(accumulate):
-        copy(out, ldc, scratch, I64(g.nr))
-    b.call(kernel, [*operands, scratch, I64(g.nr), accumulate])
-    copy(scratch, I64(g.nr), out, ldc)
-
-
-def _edge_rows(g, c, a, edge, kc, rows) -> tuple:
-    """A's operand for a row tile: as it lies, or for an edge of ``rows < MR`` rows, those
-    rows' ``kc`` units copied into ``edge`` (rows of ``kc``) and the rest of its ``MR``
-    rows zero, so the tile kernel reads whole tiles (A read in place has no rows past M)."""
-    b, blk, dt = c.b, g.blocking, g.product.unit
-    ptr, axs, aks = a
-    short = b.icmp_signed("<", rows, I64(blk.mr))
-    vl = mk.lanes(dt)
-    with b.if_then(short):
-        with for_range(b, I64(blk.mr), "ea") as r:
-            live = b.icmp_signed("<", r, rows)
-            with for_range(b, ceil_div(b, kc, I64(vl)), "ek") as v:
-                k0 = b.mul(v, I64(vl))
-                mask = b.and_(lane_mask(b, b.sub(kc, k0), vl), splat(b, live, vl))
-                src = mk.gep(b, ptr, b.add(b.mul(r, axs), b.mul(k0, aks)), dt)
-                vstore(b, vload(b, src, dt, mask, vl), mk.gep(b, edge, b.add(b.mul(r, kc), k0), dt), dt,
-                       lane_mask(b, b.sub(kc, k0), vl))
-    return b.select(short, edge, ptr), b.select(short, kc, axs), b.select(short, I64(1), aks)
 
 
 def pack_panels(g, c, operand, dst, bidx, x0, nx, k0, kc, width) -> None:

@@ -31,6 +31,8 @@ from ..render.vectors import (
 from . import registry
 from .products import PRODUCTS
 
+EDGE_UNROLL = 1  # edge tiles are few: their microkernels are not unrolled (smaller engine)
+
 
 def gep(b, ptr, offset, dt):
     off = I64(offset) if isinstance(offset, int) else offset

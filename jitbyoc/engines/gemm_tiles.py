@@ -13,7 +13,7 @@ vector kernels read.
 The register tile is ``32 x 32``: four accumulator tiles, two tiles of A (rows 0-15,
 16-31) and two of B (columns 0-15, 16-31) per 16 units of k. Only whole tiles whose k is a
 multiple of 16 units run on it; edges and the last ``kc mod 16`` units run on the vector
-kernel in strips of :data:`STRIP_ROWS` rows (:func:`.gemm_llvm.tiled`), adding into
+kernel in strips of :data:`STRIP_ROWS` rows (:func:`.gemm_tiled.tiled`), adding into
 the same C. Integer sums are exact, so the split changes no int8 result; a bfloat16 sum
 is summed in another order (documented with the bf16 mode).
 
