@@ -1,5 +1,5 @@
 """AMX tiles (jitbyoc.engines.gemm_tiles): int8 and bfloat16 products on the tile kernel
-where the machine has it, edges and k tails on the vector kernel, results equal to
+where the machine has it, edges and k tails on zero-padded copies, results equal to
 numpy's (int8: exact) and to TVM's build. Built for a Sapphire Rapids target anywhere
 (the IR is inspected, nothing runs); run on this machine when it has AMX."""
 
@@ -68,12 +68,26 @@ def test_row_edges_run_on_the_tile_kernel():
     assert "jitbyoc_lib_tiles_uint8" in region.llvm_ir_optimized
 
 
+def test_a_k_tail_runs_on_the_tile_kernel():
+    """The last k mod 16 units run as one more tile step on zero-padded copies
+    (gemm_tiled._tail_copies), not on the vector kernel: a Sapphire Rapids build of a
+    product with a 5-unit tail (k = 84) calls no vector microkernel once optimized (before,
+    it did); one of less than a step (k = 40) runs on it alone."""
+    machine = machine_for(tvm.target.Target(SAPPHIRE))
+    for k, vectors in ((84, False), (40, True)):
+        with isa.compiling_for(machine):
+            (region,) = jitbyoc.inspect(_product_model(64, k, 64, np.ones((k, 64), "int8")))
+        ir_text = region.llvm_ir_optimized
+        on_tiles, on_vectors = "jitbyoc_lib_tiles_uint8" in ir_text, "jitbyoc_lib_micro_" in ir_text
+        assert on_tiles != vectors and on_vectors == vectors, k
+
+
 @on_tiles
 @pytest.mark.parametrize("m, k, n", [
     (64, 256, 64),  # whole 32x32 tiles, k a multiple of 16 units
-    (37, 100, 70),  # edges in M and N (5 rows copied for the tiles); k of 25 units on vectors
+    (37, 100, 70),  # edges in M and N (5 rows copied for the tiles); k of 25 units: a tail of 9
     (5, 1540, 40),  # only an edge of rows, k in tile steps and a tail
-    (128, 1540, 96),  # 385 units: 24 tile steps and one unit on the vector kernel per k block
+    (128, 1540, 96),  # 385 units: 24 tile steps and a one-unit tail
     (200, 3000, 33),  # k in two blocks (the second adds into C), a one-column edge
     (1, 64, 64),  # one row
 ])
@@ -89,7 +103,7 @@ def test_uint8_by_int8_products_on_tiles_are_exact(m, k, n):
 @pytest.mark.parametrize("c, size, k, kernel, stride, pad", [
     (64, 56, 64, 3, 1, 1),  # ResNet's 3x3: gathered, whole tiles
     (128, 29, 96, 3, 2, 1),  # strided: the gather shuffles every 2nd column
-    (40, 23, 40, 5, 3, 2),  # stride 3, 250 units: tile steps and a vector tail
+    (40, 23, 40, 5, 3, 2),  # stride 3, 250 units: tile steps and a tail of 10
     (64, 15, 32, 3, 4, 0),  # stride 4, no padding
     (37, 20, 48, 3, 1, 1),  # k of 333, no whole units: the weight packed in rows of k
     (3, 30, 16, 7, 2, 3),  # a stem (k of 147, below COLUMNS_TILES_MIN_K): the pixel engine

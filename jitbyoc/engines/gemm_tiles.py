@@ -65,17 +65,19 @@ def has_tiles(dtype: str, machine: isa.Machine | None = None) -> bool:
             and machine.has("amx-tile") and machine.has(found[1]))
 
 
-TILE_TYPE = ir.FunctionType(ir.VoidType(), [PTR, I64, PTR, I64, I64, PTR, I64, I1])
+TILE_TYPE = ir.FunctionType(ir.VoidType(), [PTR, I64, PTR, I64, I64, PTR, PTR, PTR, I64, I1])
 
 
 @registry.kind
 @dataclass(frozen=True)
 class Tiles(registry.Engine):
-    """``tiles(a, axs, b, bks, steps, c, ldc, accumulate)``: the ``32 x 32`` tile
-    ``C (+)= A B`` over ``steps`` blocks of 16 units of k, tiles configured by the caller
-    (:func:`configure`). ``A[i, u]`` (units) is at ``a +
-    i*axs + u``, ``B[u, j]`` at ``b + u*bks + j`` (a panel of ``bks`` columns), C (the
-    product's accumulator dtype) at ``c + i*ldc + j``; all three strides in elements."""
+    """``tiles(a, axs, b, bks, steps, a_tail, b_tail, c, ldc, accumulate)``: the ``32 x 32``
+    tile ``C (+)= A B`` over ``steps`` blocks of 16 units of k, tiles configured by the
+    caller (:func:`configure`). ``A[i, u]`` (units) is at ``a + i*axs + u``, ``B[u, j]`` at
+    ``b + u*bks + j`` (a panel of ``bks`` columns), C (the product's accumulator dtype) at
+    ``c + i*ldc + j``; all three strides in elements. Unless ``a_tail`` is null, one more
+    block follows from ``a_tail`` (32 rows of 16 units) and ``b_tail`` (16 rows of 32), C
+    still in the tiles: k's last units, zero-padded by the caller."""
     kind = "tiles"
     pipeline = GEMM_PIPELINE
     dtype: str
@@ -113,8 +115,8 @@ def _intrinsic(module: ir.Module, name: str, args: list) -> ir.Function:
 
 
 def _tile_body(module: ir.Module, fn: ir.Function, dtype: str) -> None:
-    a, axs, bp, bks, steps, c, ldc, accumulate = fn.args
-    for p in (a, bp, c):
+    a, axs, bp, bks, steps, a_tail, b_tail, c, ldc, accumulate = fn.args
+    for p in (a, bp, a_tail, b_tail, c):
         p.add_attribute("noalias")
     unit, acc = PRODUCTS[dtype].unit, PRODUCTS[dtype].acc
     b = ir.IRBuilder(fn.append_basic_block("entry"))
@@ -140,6 +142,13 @@ def _tile_body(module: ir.Module, fn: ir.Function, dtype: str) -> None:
         panel_row = gep(b, bp, b.mul(k0, bks), unit)
         for j, t in enumerate(B_TILES):
             b.call(load, [I8(t), gep(b, panel_row, I64(16 * j), unit), b_stride])
+        for t in C_TILES:
+            b.call(multiply, [I8(t), I8(A_TILES[t // 2]), I8(B_TILES[t % 2])])
+    with b.if_then(b.icmp_unsigned("!=", b.ptrtoint(a_tail, I64), I64(0))):
+        for i, t in enumerate(A_TILES):
+            b.call(load, [I8(t), gep(b, a_tail, I64(i * TILE_ROWS * 16), unit), I64(TILE_BYTES)])
+        for j, t in enumerate(B_TILES):
+            b.call(load, [I8(t), gep(b, b_tail, I64(16 * j), unit), I64(2 * TILE_BYTES)])
         for t in C_TILES:
             b.call(multiply, [I8(t), I8(A_TILES[t // 2]), I8(B_TILES[t % 2])])
     for t in C_TILES:
