@@ -164,7 +164,7 @@ def k_blocks(b, k, blk) -> tuple:
     return b.select(b.icmp_signed(">", k, I64(0)), ceil_div(b, k, kcb), I64(1)), kcb
 
 
-def _blocks(g, c, bidx, mrange, nrange, kplan, ap, bp, edge=None) -> None:
+def _blocks(g, c, bidx, mrange, nrange, kplan, ap, bp, edge) -> None:
     b, blk = c.b, g.blocking
     k = k_units(g, c)
     kblocks, kcb = kplan
@@ -188,7 +188,7 @@ def _blocks(g, c, bidx, mrange, nrange, kplan, ap, bp, edge=None) -> None:
             _columns(g, c, bidx, (ic, mc), (pc, kc, last), nrange, ap, bp, edge)
 
 
-def _columns(g, c, bidx, mblock, kblock, nrange, ap, bp, edge=None) -> None:
+def _columns(g, c, bidx, mblock, kblock, nrange, ap, bp, edge) -> None:
     b, blk, dt = c.b, g.blocking, g.product.unit
     (ic, mc), (pc, kc, last) = mblock, kblock
     cols = b.sub(nrange[1], nrange[0])

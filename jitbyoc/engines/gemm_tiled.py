@@ -1,8 +1,9 @@
-"""A block of a GEMM on AMX tiles (:mod:`.gemm_tiles`' kernel): whole 32x32 tiles in
-steps of 16 units of k, edges through a scratch C tile and a zero-padded copy of A's
-rows, and the last ``k mod 16`` units on the vector kernel in strips of
-:data:`.gemm_tiles.STRIP_ROWS` rows, adding into the same C. :mod:`.gemm_llvm` calls it
-for each tile of a blocking with ``tiles``."""
+"""A block of a GEMM on AMX tiles (:mod:`.gemm_tiles`' kernel): 32x32 tiles in steps of
+16 units of k, edges through a scratch C tile and a zero-padded copy of A's rows, the
+last ``k mod 16`` units as one more step on zero-padded copies, in the same call; a
+reduction under one step on the vector kernel in strips of
+:data:`.gemm_tiles.STRIP_ROWS` rows. :mod:`.gemm_llvm` calls it for each tile of a
+blocking with ``tiles``."""
 
 from __future__ import annotations
 
@@ -76,22 +77,39 @@ def _tail_copies(g, c, a, axs, bp, bks, rest) -> tuple:
     784x528x256 0.061 -> 0.056; Inception v1 and SqueezeNet QDQ level."""
     b, blk, dt = c.b, g.blocking, g.product.unit
     vl = mk.lanes(dt)  # 16 units: one tile row of A
+    a_tail, b_tail = _scratch(b, dt, blk.mr * vl), _scratch(b, dt, vl * g.nr)
+    with b.if_then(b.icmp_signed(">", rest, I64(0))):
+        _padded_rows(g, c, (a, axs, I64(blk.mr)), rest, (a_tail, I64(vl)), I64(blk.mr))
+        _padded_rows(g, c, (bp, bks, rest), I64(g.nr), (b_tail, I64(g.nr)), I64(vl))
+    return b.bitcast(a_tail, PTR), b.bitcast(b_tail, PTR)
+
+
+def _scratch(b, dtype: str, count: int) -> ir.Value:
+    """A 64-byte-aligned stack array of ``count`` elements of ``dtype``, made in the entry
+    block (once per call of the function, though asked for inside loops)."""
     entry = ir.IRBuilder(b.function.entry_basic_block)
     entry.position_at_start(b.function.entry_basic_block)
-    a_tail = entry.alloca(ir.ArrayType(lookup_dtype(dt).storage_ir, blk.mr * vl))
-    b_tail = entry.alloca(ir.ArrayType(lookup_dtype(dt).storage_ir, vl * g.nr))
-    a_tail.align = b_tail.align = 64
-    units, every = lane_mask(b, rest, vl), lane_mask(b, vl, vl)
-    with b.if_then(b.icmp_signed(">", rest, I64(0))), for_range(b, I64(blk.mr), "ta") as r:
-        row = vload(b, mk.gep(b, a, b.mul(r, axs), dt), dt, units, vl)
-        vstore(b, row, mk.gep(b, a_tail, b.mul(r, I64(vl)), dt), dt, every)
-    with b.if_then(b.icmp_signed(">", rest, I64(0))), for_range(b, I64(vl), "tb") as kk:
-        live = splat(b, b.icmp_signed("<", kk, rest), vl)
-        for j in range(g.nr // vl):
-            at = b.add(b.mul(kk, bks), I64(j * vl))
-            to = b.add(b.mul(kk, I64(g.nr)), I64(j * vl))
-            vstore(b, vload(b, mk.gep(b, bp, at, dt), dt, live, vl), mk.gep(b, b_tail, to, dt), dt, every)
-    return b.bitcast(a_tail, PTR), b.bitcast(b_tail, PTR)
+    array = entry.alloca(ir.ArrayType(lookup_dtype(dtype).storage_ir, count))
+    array.align = 64
+    return array
+
+
+def _padded_rows(g, c, src, units, dst, rows) -> None:
+    """``rows`` rows of ``units`` units (the product's unit) copied from ``src = (pointer,
+    row stride, live rows)`` into ``dst = (pointer, width)``, rows ``width`` apart: zero
+    past ``units`` and in the rows from ``live rows`` on (the zero padding the tile
+    kernel's whole tiles read)."""
+    b, dt = c.b, g.product.unit
+    (ptr, stride, live_rows), (out, width) = src, dst
+    vl = mk.lanes(dt)
+    with for_range(b, rows, "pr") as r:
+        live = splat(b, b.icmp_signed("<", r, live_rows), vl)
+        with for_range(b, ceil_div(b, width, I64(vl)), "pk") as v:
+            k0 = b.mul(v, I64(vl))
+            row = vload(b, mk.gep(b, ptr, b.add(b.mul(r, stride), k0), dt), dt,
+                        b.and_(lane_mask(b, b.sub(units, k0), vl), live), vl)
+            to = mk.gep(b, out, b.add(b.mul(r, width), k0), dt)
+            vstore(b, row, to, dt, lane_mask(b, b.sub(width, k0), vl))
 
 
 def _edge_tile(g, c, kernel, operands, c_at, valid, accumulate) -> None:
@@ -102,10 +120,7 @@ def _edge_tile(g, c, kernel, operands, c_at, valid, accumulate) -> None:
     vector kernel before, and ViT's 197 tokens (a 5-row edge) took 1.47x the time of 192."""
     b, blk, acc = c.b, g.blocking, g.product.acc
     (out, ldc), (rows, cols) = c_at, valid
-    entry = ir.IRBuilder(b.function.entry_basic_block)
-    entry.position_at_start(b.function.entry_basic_block)
-    scratch = entry.alloca(ir.ArrayType(lookup_dtype(acc).ir, blk.mr * g.nr))
-    scratch.align = 64
+    scratch = _scratch(b, acc, blk.mr * g.nr)
     vl = mk.lanes(acc)
     masks = [lane_mask(b, b.sub(cols, I64(j * vl)), vl) for j in range(blk.nv)]
 
@@ -125,18 +140,11 @@ def _edge_tile(g, c, kernel, operands, c_at, valid, accumulate) -> None:
 def edge_rows(g, c, a, edge, kc, rows) -> tuple:
     """A's operand for a row tile: as it lies, or for an edge of ``rows < MR`` rows, those
     rows' ``kc`` units copied into ``edge`` (rows of ``kc``) and the rest of its ``MR``
-    rows zero, so the tile kernel reads whole tiles (A read in place has no rows past M)."""
-    b, blk, dt = c.b, g.blocking, g.product.unit
+    rows zero, so the tile kernel reads whole tiles (A read in place has no rows past M;
+    on tiles its units are contiguous: ``aks`` is 1)."""
+    b, blk = c.b, g.blocking
     ptr, axs, aks = a
     short = b.icmp_signed("<", rows, I64(blk.mr))
-    vl = mk.lanes(dt)
     with b.if_then(short):
-        with for_range(b, I64(blk.mr), "ea") as r:
-            live = b.icmp_signed("<", r, rows)
-            with for_range(b, ceil_div(b, kc, I64(vl)), "ek") as v:
-                k0 = b.mul(v, I64(vl))
-                mask = b.and_(lane_mask(b, b.sub(kc, k0), vl), splat(b, live, vl))
-                src = mk.gep(b, ptr, b.add(b.mul(r, axs), b.mul(k0, aks)), dt)
-                vstore(b, vload(b, src, dt, mask, vl), mk.gep(b, edge, b.add(b.mul(r, kc), k0), dt), dt,
-                       lane_mask(b, b.sub(kc, k0), vl))
+        _padded_rows(g, c, (ptr, axs, rows), kc, (edge, kc), I64(blk.mr))
     return b.select(short, edge, ptr), b.select(short, kc, axs), b.select(short, I64(1), aks)

@@ -11,11 +11,12 @@ have already (:class:`.gemm.Panels`, :mod:`.gemm_units`); the left operand is 16
 vector kernels read.
 
 The register tile is ``32 x 32``: four accumulator tiles, two tiles of A (rows 0-15,
-16-31) and two of B (columns 0-15, 16-31) per 16 units of k. Only whole tiles whose k is a
-multiple of 16 units run on it; edges and the last ``kc mod 16`` units run on the vector
-kernel in strips of :data:`STRIP_ROWS` rows (:func:`.gemm_tiled.tiled`), adding into
-the same C. Integer sums are exact, so the split changes no int8 result; a bfloat16 sum
-is summed in another order (documented with the bf16 mode).
+16-31) and two of B (columns 0-15, 16-31) per 16 units of k, and one more step for the
+last ``kc mod 16`` units from zero-padded copies; edges reach it through scratch tiles
+(:mod:`.gemm_tiled`). A reduction under one step runs on the vector kernel in strips of
+:data:`STRIP_ROWS` rows, adding into the same C. Integer sums are exact, so the split
+changes no int8 result; a bfloat16 sum is summed in another order (documented with the
+bf16 mode).
 
 The tile configuration (``ldtilecfg``, 64 bytes) is loaded by each task of a product
 before its first tile kernel call and released at its end (``tilerelease``): between the
