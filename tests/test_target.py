@@ -116,6 +116,37 @@ def test_a_conv_plan_follows_the_register_file_of_the_build_that_asks():
         assert (plan.j + 1) * plan.v * per_vector <= isa.vector_registers() - 1, (wide, plan)
 
 
+_SCALAR_LOOP = """
+define void @scale(ptr noalias %a, ptr noalias %b, i64 %n) {
+entry:
+  br label %loop
+loop:
+  %i = phi i64 [ 0, %entry ], [ %next, %loop ]
+  %pa = getelementptr float, ptr %a, i64 %i
+  %x = load float, ptr %pa
+  %y = fmul float %x, 2.0
+  %pb = getelementptr float, ptr %b, i64 %i
+  store float %y, ptr %pb
+  %next = add i64 %i, 1
+  %more = icmp slt i64 %next, %n
+  br i1 %more, label %loop, label %done
+done:
+  ret void
+}
+"""
+
+
+@pytest.mark.parametrize("cpu", ["sapphirerapids", "icelake-server", "znver4"])
+def test_the_loop_vectorizer_fills_512_bit_registers_on_avx512_cpus(cpu):
+    """LLVM's Intel AVX-512 models prefer 256-bit vectors (ymm), which the loop vectorizer
+    then picks beside jitbyoc's 512-bit kernels; the tuning is turned off for every x86
+    build (fails with it on: ymm only for Sapphire Rapids and Ice Lake)."""
+    from jitbyoc.render.optimization import GLUE
+    from jitbyoc.toolchain import jit
+    asm = jit.compile_to_assembly(_SCALAR_LOOP, GLUE, machine_for(_target(mcpu=cpu)))
+    assert "zmm" in asm
+
+
 def _elf_machine(path) -> int:
     return int.from_bytes(path.read_bytes()[18:20], "little")
 

@@ -45,8 +45,27 @@ def make_machine(llvm, triple: str, cpu: str, features: str):
         llvm.initialize_all_targets()  # cross compiling: AArch64 from x86-64, say
         llvm.initialize_all_asmprinters()
     target = llvm.Target.from_triple(triple)
-    return target.create_target_machine(cpu=cpu, features=features, opt=3, reloc="pic",
+    return target.create_target_machine(cpu=cpu, features=tuned(triple, features), opt=3, reloc="pic",
                                         codemodel="default")
+
+
+X86 = ("x86_64", "i386", "i686")
+
+
+def tuned(triple: str, features: str) -> str:
+    """``features`` with x86's ``prefer-256-bit`` tuning off. LLVM's models of Intel's
+    AVX-512 CPUs (Ice Lake, Rocket Lake, Sapphire Rapids) prefer 256-bit vectors, for
+    Skylake-X's clock drops on 512-bit work; that width is what the loop vectorizer then
+    picks, while jitbyoc's own kernels are written in 512-bit vectors (:data:`jitbyoc.
+    render.isa.VECTOR_BITS`). A vectorized region loop ran on ymm beside zmm kernels:
+    BERT-base in bf16 0.96x the time with the tuning off, ViT-B/16 0.96x, float32 models
+    level (Sapphire Rapids, 2 threads, alternating processes). A target's feature list
+    spells the tuning out (``+prefer-256-bit`` for ``-mcpu=sapphirerapids``); it is
+    replaced. Zen 4's model never had it."""
+    if triple.split("-")[0] not in X86:
+        return features
+    kept = [f for f in features.split(",") if f and f[1:] != "prefer-256-bit"]
+    return ",".join(kept + ["-prefer-256-bit"])
 
 
 # speed_level 0: only these passes (no loop passes, no inlining, no CSE), in one half to
