@@ -146,9 +146,10 @@ def test_lower_precision_of_a_linear_layer(m, k, n):
 
 
 def test_lower_precision_leaves_what_it_does_not_lower():
-    """Products of two activations (attention) and float64 stay as they are; an unknown
-    precision is refused by name."""
-    mod = build_model({"q": ((4, 8), "float32"), "k": ((8, 4), "float32"), "d": ((4, 8), "float64")},
+    """float64 products and products of a vector stay as they are; an unknown precision
+    is refused by name. (Products of two float32 activations, attention's, are lowered:
+    tests/test_bfloat16_attention.py.)"""
+    mod = build_model({"q": ((8,), "float32"), "k": ((8, 4), "float32"), "d": ((4, 8), "float64")},
                       lambda bb, q, k, d: [bb.emit(R.matmul(q, k)),
                                            bb.emit(R.matmul(d, relax.const(np.ones((8, 2)), "float64")))])
     assert tvm_ffi.structural_equal(jitbyoc.lower_precision(mod), mod)

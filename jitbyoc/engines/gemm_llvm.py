@@ -197,7 +197,7 @@ def _columns(g, c, bidx, mblock, kblock, nrange, ap, bp, edge) -> None:
     ldc = c.product(g.c.row if isinstance(g.c.row, tuple) else (g.c.row,))
     accumulate = b.icmp_signed(">", pc, I64(0))
     if ap is None:
-        abase, axs, aks = _a_direct(g, c, bidx)
+        abase, axs, aks = a_direct(g, c, bidx)
         abase = mk.gep(b, abase, b.add(b.mul(ic, axs), b.mul(pc, aks)), dt)
     if bp is None:  # column x starts at x * bxs: 1 for a row-major B, K for Panels
         bbase, bxs, bks = g.b.direct_llvm(c, bidx)
@@ -362,7 +362,7 @@ def a_in_place(g) -> bool:
     return _is_one(g.a.k) and row is not None and k is not None and row % group == 0 and k % group == 0
 
 
-def _a_direct(g, c, bidx) -> tuple:
+def a_direct(g, c, bidx) -> tuple:
     """A's pointer and strides in units (see :func:`a_in_place`)."""
     ptr, axs, aks = g.a.direct_llvm(c, bidx)
     group = g.product.group

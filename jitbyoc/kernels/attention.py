@@ -26,7 +26,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..engines.gemm import KC
+from ..engines.gemm import Strided
 from ..engines.gemm_engine import fits
+from ..engines.gemm_llvm import a_in_place
 from ..engines.products import UNIFORM
 from ..ir import kir
 from ..ir.dtypes import dtype as lookup_dtype
@@ -157,19 +159,33 @@ class _Chain:
         return self._products_fit()
 
     def _products_fit(self) -> bool:
+        """Both products float32, or both bfloat16 operands summed in float32 (the bf16
+        mode's, :func:`jitbyoc.lower_precision`: the probabilities rounded to bfloat16 in
+        the chain, ``Q`` read in place in whole pairs)."""
         m1, m2 = self.m1, self.m2
-        if m1.out.dtype not in UNIFORM or m2.out.dtype != m1.out.dtype:
+        if m1.product != m2.product or m1.out.dtype != m2.out.dtype or m1.out.dtype not in UNIFORM:
             return False
-        if m2.inputs[0].storage.dtype != m1.out.dtype:
+        if m2.inputs[0].storage.dtype != m1.product.a:
             return False
         g1, g2 = m1.gemm(), m2.gemm()
-        if not (fits(g1) and fits(g2)) or isinstance(g1.m, tuple) or isinstance(g2.m, tuple):
+        if not (_dense(g1, True) and _dense(g2, False)) or isinstance(g1.m, tuple) or isinstance(g2.m, tuple):
             return False
         if tuple(g1.batch) != tuple(g2.batch) or g1.m != g2.m or g1.n != g2.k:
             return False
         if kir.without_leading_ones(m2.inputs[0].shape) != kir.without_leading_ones(m1.out.shape):
             return False
         return isinstance(g1.k, int) and 0 < g1.k <= KC
+
+
+def _dense(g, a_read: bool) -> bool:
+    """Whether the block's products can read ``g``'s operands: as the GEMM engine reads
+    them, or for units of several k (bfloat16 pairs) strided operands, with A in whole
+    units in place where it is read (``a_read``: ``Q``; the probabilities are the
+    kernel's own block, padded to whole units), as the block kernels call the
+    microkernels themselves."""
+    if g.product.group == 1:
+        return fits(g)
+    return isinstance(g.a, Strided) and isinstance(g.b, Strided) and (a_in_place(g) or not a_read)
 
 
 @rewrite

@@ -19,9 +19,15 @@ in order; LLVM sums in the microkernel's and the vectors' lanes.
 
 from __future__ import annotations
 
+from llvmlite import ir
+
 from ..engines import gemm_micro as mk
-from ..engines.gemm_llvm import b_in_place, micro_tile, pack_panels
+from ..engines import gemm_tiles as tiles
+from ..engines.gemm_llvm import a_direct, b_in_place, micro_tile, pack_panels
+from ..engines.gemm_tiled import edge_rows, tiled
 from ..ir import kir
+from ..ir.bfloat import widened_c
+from ..ir.dtypes import dtype as lookup_dtype
 from ..ir.folds import FOLDS, identity
 from ..ir.llvmtypes import I1, I64
 from ..render.indexing import div_ceil, offset, unravel
@@ -77,17 +83,33 @@ def _tasks(stage, e, lo, hi, chunks) -> None:
 
 
 class _Microkernel:
-    """The block's products on the GEMM microkernel (LLVM). ``K^T`` is always packed:
-    read in place, its rows are N apart, and the microkernel ran 2.4x slower on Llama's
-    attention (N = 500) than on the packed panels."""
+    """The block's products on the GEMM microkernel (LLVM), or AMX's tile kernel where the
+    product has one (bf16 mode's bfloat16 pairs, :mod:`jitbyoc.engines.gemm_tiles`: a
+    block is its ``MR = 32`` rows; a short block's rows of ``Q`` are copied zero-padded,
+    the probabilities' block has ``MR`` rows). ``K^T`` is always packed: read in place,
+    its rows are N apart, and the microkernel ran 2.4x slower on Llama's attention
+    (N = 500) than on the packed panels."""
 
     def __init__(self, e, g1, g2, sizes):
         self.e, self.c, self.g1, self.g2 = e, e.ctx, g1, g2
         n, k, dv = sizes
-        self.kp = e.workspace(g1.dtype, e.mul(div_ceil(e, n, g1.nr), g1.nr * g1.k))
-        vp = None if b_in_place(g2) else e.mul(e.mul(div_ceil(e, dv, g2.nr), g2.nr), n)
-        self.vp = None if vp is None else e.workspace(g2.dtype, vp)
-        self.n, self.k, self.dv = (e.i(x) for x in sizes)
+        group, self.unit = g1.product.group, g1.product.unit
+        # K^T and V as the engine packs them: panels of units (group consecutive k)
+        self.kp = e.workspace(self.unit, e.mul(div_ceil(e, n, g1.nr), g1.nr * -(-g1.k // group)))
+        vp = None if b_in_place(g2) else e.mul(e.mul(div_ceil(e, dv, g2.nr), g2.nr), div_ceil(e, n, group))
+        self.vp = None if vp is None else e.workspace(self.unit, vp)
+        self.n, self.dv = e.i(n), e.i(dv)
+        self.k, self.n_units = (e.i(div_ceil(e, x, group)) for x in (k, n))
+        self.tiles = g1.blocking.tiles
+        self.edge = e.workspace(self.unit, e.mul(g1.blocking.mr, -(-g1.k // group))) if self.tiles else None
+        if self.tiles:
+            tiles.configure(self.c.b)
+
+    def _product(self, g, args, in_place: bool) -> None:
+        if self.tiles:
+            tiled(g, self.c, args, in_place, a_rows=True)
+        else:
+            micro_tile(g, self.c, args, in_place)
 
     def pack(self, bidx, fresh) -> None:
         """Pack ``K^T`` (and ``V``) of batch item ``bidx`` into the task's panels when
@@ -97,26 +119,30 @@ class _Microkernel:
         with self.e.when(fresh):
             pack_panels(g1, c, g1.b, self.kp, bidx, I64(0), n, I64(0), self.k, g1.nr)
             if self.vp is not None:
-                pack_panels(g2, c, g2.b, self.vp, bidx, I64(0), self.dv, I64(0), n, g2.nr)
+                pack_panels(g2, c, g2.b, self.vp, bidx, I64(0), self.dv, I64(0), self.n_units, g2.nr)
 
     def scores(self, block, mv) -> None:
         """``S[i0:i0+mv, :] = Q K^T`` into the scores' block (no epilogue yet)."""
         e, c, g, (n, k) = self.e, self.c, self.g1, (self.n, self.k)
-        b, dt = c.b, g.dtype
-        abase, axs, aks = g.a.direct_llvm(c, [e.i(x) for x in block.bidx])
-        a = mk.gep(b, abase, b.mul(e.i(block.i0), axs), dt)
+        b, dt = c.b, self.unit
+        abase, axs, aks = a_direct(g, c, [e.i(x) for x in block.bidx])  # in units
+        a = (mk.gep(b, abase, b.mul(e.i(block.i0), axs), dt), axs, aks)
+        if self.tiles:  # a tile reads MR rows: a short block's are copied, zero-padded
+            a = edge_rows(g, c, a, self.edge, k, e.i(mv))
         out = block.rows[block.stage.steps[0].out.storage]
         with for_range(b, ceil_div(b, n, I64(g.nr)), "sj") as jr:
             j0 = b.mul(jr, I64(g.nr))
-            micro_tile(g, c, [a, axs, aks, mk.gep(b, self.kp, b.mul(j0, k), dt), I64(g.nr), k,
-                              mk.gep(b, out, j0, dt), e.i(block.ldn), e.i(mv),
+            self._product(g, [*a, mk.gep(b, self.kp, b.mul(j0, k), dt), I64(g.nr), k,
+                              mk.gep(b, out, j0, g.product.out), e.i(block.ldn), e.i(mv),
                               smin(b, I64(g.nr), b.sub(n, j0)), I1(0)], False)
 
     def values(self, block, mv) -> None:
         """``O[i0:i0+mv, :] = P V`` from the probabilities' block."""
-        e, c, g, (n, dv), vp = self.e, self.c, self.g2, (self.n, self.dv), self.vp
-        b, dt, bidx = c.b, g.dtype, [e.i(x) for x in block.bidx]
+        e, c, g, (n, dv), vp = self.e, self.c, self.g2, (self.n_units, self.dv), self.vp
+        b, dt, bidx, group = c.b, self.unit, [e.i(x) for x in block.bidx], g.product.group
         p = block.rows[block.stage.steps[-1].inputs[0].storage]
+        if group > 1:  # the last unit's k past N multiplies V's zero padding: zero, never garbage
+            _zero_past(c, p, g.product.a, (e.i(mv), e.i(block.ldn)), self.n, group)
         if vp is None:
             vbase, _, vks = g.b.direct_llvm(c, bidx)
         ldc = c.product(g.c.row if isinstance(g.c.row, tuple) else (g.c.row,))
@@ -127,13 +153,27 @@ class _Microkernel:
             else:
                 bt = (mk.gep(b, vbase, j0, dt), vks)
             out = c.element(g.c.buf, g.c.offset_llvm(c, bidx, e.i(block.i0), j0))
-            micro_tile(g, c, [p, e.i(block.ldn), I64(1), *bt, n, out, ldc, e.i(mv),
+            self._product(g, [p, b.sdiv(e.i(block.ldn), I64(group)), I64(1), *bt, n, out, ldc, e.i(mv),
                               smin(b, I64(g.nr), b.sub(dv, j0)), I1(0)], vp is None)
 
     def release(self) -> None:
-        for p in [self.vp, self.kp]:
+        if self.tiles:
+            tiles.release(self.c.b)
+        for p in [self.edge, self.vp, self.kp]:
             if p is not None:
                 self.e.free(p)
+
+
+def _zero_past(c, block, dtype: str, rows, n, group: int) -> None:
+    """Zero the elements from ``n`` to the next whole unit of ``group`` in each of the
+    block's ``rows = (count, stride)`` rows (what the last unit of a row reads past N)."""
+    b = c.b
+    count, stride = rows
+    pad = b.sub(b.mul(ceil_div(b, n, I64(group)), I64(group)), n)
+    zero = ir.Constant(lookup_dtype(dtype).storage_ir, 0)
+    with for_range(b, count, "zr") as r:
+        with for_range(b, pad, "zk") as j:
+            b.store(zero, mk.gep(b, block, b.add(b.mul(r, stride), b.add(n, j)), dtype))
 
 
 class _Loops:
@@ -154,7 +194,7 @@ class _Loops:
         out = block.rows[block.stage.steps[0].out.storage]
         self._product(mv, n, k, lambda i, kk: g.a.element_c(e.ctx, block.bidx, e.i(e.add(block.i0, i)), kk),
                       lambda j, kk: g.b.element_c(e.ctx, block.bidx, j, kk),
-                      lambda i, j, acc: e.vstore(out, block.at(i, j), acc, g.dtype))
+                      lambda i, j, acc: e.vstore(out, block.at(i, j), acc, g.product.out))
 
     def values(self, block, mv) -> None:
         e, g, (n, _, dv) = self.e, self.g2, self.sizes
@@ -168,13 +208,15 @@ class _Loops:
                       lambda j, kk: g.b.element_c(e.ctx, block.bidx, j, kk), store)
 
     def _product(self, rows, cols, depth, a, b, store) -> None:
-        """``store(i, j, sum of a(i, kk) * b(j, kk) over kk < depth)`` for each i < rows, j < cols."""
-        e, dt = self.e, self.g1.dtype
+        """``store(i, j, sum of a(i, kk) * b(j, kk) over kk < depth)`` for each i < rows,
+        j < cols, summed in the product's accumulator (bfloat16 widened exactly)."""
+        e, product = self.e, self.g1.product
+        dt, wide = product.acc, lookup_dtype(product.a)
         with e.loop(rows, 0, "pi") as i:
             with e.loop(cols, 0, "pj") as j:
                 acc = e.var(dt, e.const(0, dt))
                 with e.loop(depth, 0, "pk") as kk:
-                    e.ctx.line(f"{acc} += {a(i, kk)} * {b(j, kk)};")
+                    e.ctx.line(f"{acc} += {widened_c(wide, a(i, kk))} * {widened_c(wide, b(j, kk))};")
                 store(i, j, acc)
 
 
