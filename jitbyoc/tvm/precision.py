@@ -27,6 +27,7 @@ from __future__ import annotations
 import ml_dtypes
 import tvm
 from tvm import relax
+from tvm.ir.prim import IntImm
 
 from ..engines.conv_channels import ChannelPlan
 from ..engines.gemm_tiles import has_tiles
@@ -62,9 +63,18 @@ PRECISIONS = ("bf16",)
 
 def _pairs(call) -> bool:
     """Whether a float32 ``matmul`` of two computed operands runs in bfloat16: both
-    operands matrices or stacks of them (a vector times a matrix stays a float32 GEMV)."""
+    operands matrices or stacks of them of static sizes (an encoder's attention, a
+    prompt's). A vector times a matrix stays a float32 GEMV, and so does a decoder's step
+    with symbolic lengths: its ``K`` and ``V`` are the whole cache, which would be
+    rounded again, a pass over the cache, for each token."""
     x, y = call.args
-    return all(str(v.ty.dtype) == "float32" and v.ty.ndim >= 2 for v in (x, y)) and str(call.ty.dtype) == "float32"
+    return all(str(v.ty.dtype) == "float32" and v.ty.ndim >= 2 and _static(v) for v in (x, y)) \
+        and str(call.ty.dtype) == "float32"
+
+
+def _static(value) -> bool:
+    shape = value.ty.shape
+    return isinstance(shape, relax.ShapeExpr) and all(isinstance(d, IntImm) for d in shape.values)
 
 
 @relax.expr_functor.mutator
