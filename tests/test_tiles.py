@@ -68,6 +68,18 @@ def test_row_edges_run_on_the_tile_kernel():
     assert "jitbyoc_lib_tiles_uint8" in region.llvm_ir_optimized
 
 
+def test_edges_of_at_most_16_rows_or_columns_take_half_the_tile_products():
+    """An edge's tile kernel computes only the tiles of 16 that hold outputs: a 5-row
+    product calls the one-row-tile kernel alone once optimized (before: the 32 x 32 one,
+    two of its four tile products wasted; bf16 5x768x768 0.032 -> 0.023 ms)."""
+    machine = machine_for(tvm.target.Target(SAPPHIRE))
+    for (m, n), used in {(5, 64): "1_2", (40, 8): "2_1", (7, 12): "1_1"}.items():
+        with isa.compiling_for(machine):
+            (region,) = jitbyoc.inspect(_product_model(m, 256, n, np.ones((256, n), "int8")))
+        called = {v for v in ("1_1", "1_2", "2_1", "2_2") if f"jitbyoc_lib_tiles_uint8_{v}" in region.llvm_ir_optimized}
+        assert used in called and "2_2" not in called, (m, n, called)
+
+
 def test_a_k_tail_runs_on_the_tile_kernel():
     """The last k mod 16 units run as one more tile step on zero-padded copies
     (gemm_tiled._tail_copies), not on the vector kernel: a Sapphire Rapids build of a
@@ -90,6 +102,9 @@ def test_a_k_tail_runs_on_the_tile_kernel():
     (128, 1540, 96),  # 385 units: 24 tile steps and a one-unit tail
     (200, 3000, 33),  # k in two blocks (the second adds into C), a one-column edge
     (1, 64, 64),  # one row
+    (16, 100, 16),  # a 16 x 16 edge: one tile product a step (Tiles rows=1, cols=1)
+    (20, 64, 10),  # 20 rows and 10 columns: two row tiles, one column tile
+    (33, 64, 49),  # a one-row edge (one row tile) and a 17-column edge (two column tiles)
 ])
 def test_uint8_by_int8_products_on_tiles_are_exact(m, k, n):
     rng = np.random.default_rng(m + k + n)

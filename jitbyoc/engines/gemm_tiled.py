@@ -40,7 +40,7 @@ def tiled(g, c, args, in_place: bool, a_rows: bool) -> None:
                 with then:
                     b.call(kernel, [*operands, out, ldc, acc])
                 with otherwise:  # B is packed, zeros past N: a whole tile into a scratch C
-                    _edge_tile(g, c, kernel, operands, (out, ldc), (mv, nvalid), acc)
+                    _edge_tile(g, c, operands, (out, ldc), (mv, nvalid), acc)
 
         tail, null = b.icmp_signed(">", rest, I64(0)), ir.Constant(PTR, None)
         with b.if_else(b.icmp_signed(">", steps, I64(0)), likely=True) as (then, otherwise):
@@ -112,10 +112,11 @@ def _padded_rows(g, c, src, units, dst, rows) -> None:
             vstore(b, row, to, dt, lane_mask(b, b.sub(width, k0), vl))
 
 
-def _edge_tile(g, c, kernel, operands, c_at, valid, accumulate) -> None:
+def _edge_tile(g, c, operands, c_at, valid, accumulate) -> None:
     """The tile kernel on a tile of ``rows x cols`` valid outputs, fewer than ``MR x NR``
     (A has MR readable rows, B zeros past N): C's valid part copied into a ``MR x NR``
-    scratch when accumulating, the whole tile computed there, its valid part copied back.
+    scratch when accumulating, the tiles of 16 that hold valid outputs computed there
+    (:class:`.gemm_tiles.Tiles`' ``rows``, ``cols``), its valid part copied back.
     ResNet-50's 7x7 maps (49 columns: 32 and 17) ran a third of their columns on the
     vector kernel before, and ViT's 197 tokens (a 5-row edge) took 1.47x the time of 192."""
     b, blk, acc = c.b, g.blocking, g.product.acc
@@ -133,7 +134,16 @@ def _edge_tile(g, c, kernel, operands, c_at, valid, accumulate) -> None:
 
     with b.if_then(accumulate):
         copy(out, ldc, scratch, I64(g.nr))
-    b.call(kernel, [*operands, scratch, I64(g.nr), accumulate])
+    half = tiles.TILE_ROWS
+    one_row, one_col = b.icmp_signed("<=", rows, I64(half)), b.icmp_signed("<=", cols, I64(half))
+    with b.if_else(one_row) as (then, otherwise):
+        for tall, branch in ((1, then), (2, otherwise)):
+            with branch:
+                with b.if_else(one_col) as (narrow, wide):
+                    for across, side in ((1, narrow), (2, wide)):
+                        with side:
+                            kernel = tiles.tile_kernel(c.module, g.dtype, tall, across)
+                            b.call(kernel, [*operands, scratch, I64(g.nr), accumulate])
     copy(scratch, I64(g.nr), out, ldc)
 
 

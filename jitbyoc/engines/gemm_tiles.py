@@ -78,20 +78,25 @@ class Tiles(registry.Engine):
     ``b + u*bks + j`` (a panel of ``bks`` columns), C (the product's accumulator dtype) at
     ``c + i*ldc + j``; all three strides in elements. Unless ``a_tail`` is null, one more
     block follows from ``a_tail`` (32 rows of 16 units) and ``b_tail`` (16 rows of 32), C
-    still in the tiles: k's last units, zero-padded by the caller."""
+    still in the tiles: k's last units, zero-padded by the caller. ``rows`` and ``cols``
+    (1 or 2) are the tiles of 16 it computes along each side: an edge of at most 16 rows
+    or columns takes half the tile products (a tile product costs the same whatever part
+    of its 16 x 16 is wanted: ViT's 197 tokens end in a 5-row edge)."""
     kind = "tiles"
     pipeline = GEMM_PIPELINE
     dtype: str
+    rows: int = 2
+    cols: int = 2
 
     def signature(self) -> ir.FunctionType:
         return TILE_TYPE
 
     def emit(self, module: ir.Module, fn: ir.Function) -> None:
-        _tile_body(module, fn, self.dtype)
+        _tile_body(module, fn, self.dtype, self.rows, self.cols)
 
 
-def tile_kernel(module: ir.Module, dtype: str) -> ir.Function:
-    return registry.use(module, Tiles(dtype))
+def tile_kernel(module: ir.Module, dtype: str, rows: int = 2, cols: int = 2) -> ir.Function:
+    return registry.use(module, Tiles(dtype, rows, cols))
 
 
 def _config(module: ir.Module) -> ir.GlobalVariable:
@@ -115,7 +120,7 @@ def _intrinsic(module: ir.Module, name: str, args: list) -> ir.Function:
     return fn if fn is not None else ir.Function(module, ir.FunctionType(ir.VoidType(), args), name)
 
 
-def _tile_body(module: ir.Module, fn: ir.Function, dtype: str) -> None:
+def _tile_body(module: ir.Module, fn: ir.Function, dtype: str, rows: int, cols: int) -> None:
     a, axs, bp, bks, steps, a_tail, b_tail, c, ldc, accumulate = fn.args
     for p in (a, bp, a_tail, b_tail, c):
         p.add_attribute("noalias")
@@ -126,33 +131,33 @@ def _tile_body(module: ir.Module, fn: ir.Function, dtype: str) -> None:
     multiply = _intrinsic(module, INSTRUCTIONS[dtype][0], [I8, I8, I8])
     nbytes = 4  # one unit (and one accumulator element) is 4 bytes
     a_stride, b_stride, c_stride = (b.mul(s, I64(nbytes)) for s in (axs, bks, ldc))
-    c_at = [gep(b, c, b.add(b.mul(I64(TILE_ROWS * (t // 2)), ldc), I64(16 * (t % 2))), acc) for t in C_TILES]
+    used = [t for t in C_TILES if t // 2 < rows and t % 2 < cols]
+    c_at = {t: gep(b, c, b.add(b.mul(I64(TILE_ROWS * (t // 2)), ldc), I64(16 * (t % 2))), acc) for t in used}
     with b.if_else(accumulate) as (then, otherwise):
         with then:
-            for t in C_TILES:
+            for t in used:
                 b.call(load, [I8(t), c_at[t], c_stride])
         with otherwise:
             zero = _intrinsic(module, "llvm.x86.tilezero", [I8])
-            for t in C_TILES:
+            for t in used:
                 b.call(zero, [I8(t)])
-    a_rows = [gep(b, a, b.mul(I64(TILE_ROWS * i), axs), unit) for i in range(2)]
+
+    def step(a_rows, a_ld, b_row, b_ld):
+        for i, t in enumerate(A_TILES[:rows]):
+            b.call(load, [I8(t), a_rows[i], a_ld])
+        for j, t in enumerate(B_TILES[:cols]):
+            b.call(load, [I8(t), gep(b, b_row, I64(16 * j), unit), b_ld])
+        for t in used:
+            b.call(multiply, [I8(t), I8(A_TILES[t // 2]), I8(B_TILES[t % 2])])
+
+    a_rows = [gep(b, a, b.mul(I64(TILE_ROWS * i), axs), unit) for i in range(rows)]
     with for_range(b, steps, "ts") as s:
         k0 = b.mul(s, I64(TILE_BYTES // nbytes))
-        for i, t in enumerate(A_TILES):
-            b.call(load, [I8(t), gep(b, a_rows[i], k0, unit), a_stride])
-        panel_row = gep(b, bp, b.mul(k0, bks), unit)
-        for j, t in enumerate(B_TILES):
-            b.call(load, [I8(t), gep(b, panel_row, I64(16 * j), unit), b_stride])
-        for t in C_TILES:
-            b.call(multiply, [I8(t), I8(A_TILES[t // 2]), I8(B_TILES[t % 2])])
+        step([gep(b, r, k0, unit) for r in a_rows], a_stride, gep(b, bp, b.mul(k0, bks), unit), b_stride)
     with b.if_then(b.icmp_unsigned("!=", b.ptrtoint(a_tail, I64), I64(0))):
-        for i, t in enumerate(A_TILES):
-            b.call(load, [I8(t), gep(b, a_tail, I64(i * TILE_ROWS * 16), unit), I64(TILE_BYTES)])
-        for j, t in enumerate(B_TILES):
-            b.call(load, [I8(t), gep(b, b_tail, I64(16 * j), unit), I64(2 * TILE_BYTES)])
-        for t in C_TILES:
-            b.call(multiply, [I8(t), I8(A_TILES[t // 2]), I8(B_TILES[t % 2])])
-    for t in C_TILES:
+        step([gep(b, a_tail, I64(i * TILE_ROWS * 16), unit) for i in range(rows)], I64(TILE_BYTES),
+             b_tail, I64(2 * TILE_BYTES))
+    for t in used:
         b.call(store, [I8(t), c_at[t], c_stride])
     b.ret_void()
 
