@@ -25,8 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..engines.gemm import KC
-from ..engines.gemm import Strided
+from ..engines.gemm import KC, Strided
 from ..engines.gemm_engine import fits
 from ..engines.gemm_llvm import a_in_place
 from ..engines.products import UNIFORM
