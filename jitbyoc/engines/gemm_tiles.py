@@ -14,10 +14,10 @@ The register tile is ``32 x 32``: four accumulator tiles, two tiles of A (rows 0
 16-31) and two of B (columns 0-15, 16-31) per 16 units of k, and one more step for the
 last ``kc mod 16`` units from zero-padded copies; edges reach it through scratch tiles
 (:mod:`.gemm_tiled`), an edge of at most 16 rows or columns on a kernel of one row or
-column of tiles (:class:`Tiles`' ``rows``, ``cols``). A reduction under one step runs on the vector kernel in strips of
-:data:`STRIP_ROWS` rows, adding into the same C. Integer sums are exact, so the split
-changes no int8 result; a bfloat16 sum is summed in another order (documented with the
-bf16 mode).
+column of tiles (:class:`Tiles`' ``rows``, ``cols``). A reduction under one step runs on
+the vector kernel in strips of :data:`STRIP_ROWS` rows, adding into the same C. Integer
+sums are exact, so the split changes no int8 result; a bfloat16 sum is summed in another
+order (documented with the bf16 mode).
 
 The tile configuration (``ldtilecfg``, 64 bytes) is loaded by each task of a product
 before its first tile kernel call and released at its end (``tilerelease``): between the
