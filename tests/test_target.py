@@ -23,7 +23,8 @@ import tvm
 from tvm import relax
 
 import jitbyoc
-from jitbyoc.toolchain import cache, cpu_check
+from jitbyoc.render.optimization import GLUE
+from jitbyoc.toolchain import cache, cpu_check, jit
 from jitbyoc.render import isa
 from jitbyoc.tvm.target import machine_for
 from tests.conftest import build_model, build_tvm, run
@@ -141,8 +142,6 @@ def test_the_loop_vectorizer_fills_512_bit_registers_on_avx512_cpus(cpu):
     """LLVM's Intel AVX-512 models prefer 256-bit vectors (ymm), which the loop vectorizer
     then picks beside jitbyoc's 512-bit kernels; the tuning is turned off for every x86
     build (fails with it on: ymm only for Sapphire Rapids and Ice Lake)."""
-    from jitbyoc.render.optimization import GLUE
-    from jitbyoc.toolchain import jit
     asm = jit.compile_to_assembly(_SCALAR_LOOP, GLUE, machine_for(_target(mcpu=cpu)))
     assert "zmm" in asm
 

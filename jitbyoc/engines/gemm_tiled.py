@@ -134,16 +134,14 @@ def _edge_tile(g, c, operands, c_at, valid, accumulate) -> None:
 
     with b.if_then(accumulate):
         copy(out, ldc, scratch, I64(g.nr))
-    half = tiles.TILE_ROWS
-    one_row, one_col = b.icmp_signed("<=", rows, I64(half)), b.icmp_signed("<=", cols, I64(half))
-    with b.if_else(one_row) as (then, otherwise):
-        for tall, branch in ((1, then), (2, otherwise)):
-            with branch:
-                with b.if_else(one_col) as (narrow, wide):
-                    for across, side in ((1, narrow), (2, wide)):
-                        with side:
-                            kernel = tiles.tile_kernel(c.module, g.dtype, tall, across)
-                            b.call(kernel, [*operands, scratch, I64(g.nr), accumulate])
+    # tiles of 16 along each side: one where the valid part fits in 16, else two
+    one_row, one_col = (b.icmp_signed("<=", x, I64(tiles.TILE_ROWS)) for x in (rows, cols))
+    row_tiles, col_tiles = {1: one_row, 2: b.not_(one_row)}, {1: one_col, 2: b.not_(one_col)}
+    for tall in (1, 2):
+        for across in (1, 2):
+            with b.if_then(b.and_(row_tiles[tall], col_tiles[across])):
+                kernel = tiles.tile_kernel(c.module, g.dtype, tall, across)
+                b.call(kernel, [*operands, scratch, I64(g.nr), accumulate])
     copy(scratch, I64(g.nr), out, ldc)
 
 

@@ -94,14 +94,15 @@ class _Microkernel:
         self.e, self.c, self.g1, self.g2 = e, e.ctx, g1, g2
         n, k, dv = sizes
         group, self.unit = g1.product.group, g1.product.unit
+        k_units = -(-g1.k // group)  # Q's row (g1.k is static: _products_fit) in units
         # K^T and V as the engine packs them: panels of units (group consecutive k)
-        self.kp = e.workspace(self.unit, e.mul(div_ceil(e, n, g1.nr), g1.nr * -(-g1.k // group)))
+        self.kp = e.workspace(self.unit, e.mul(div_ceil(e, n, g1.nr), g1.nr * k_units))
         vp = None if b_in_place(g2) else e.mul(e.mul(div_ceil(e, dv, g2.nr), g2.nr), div_ceil(e, n, group))
         self.vp = None if vp is None else e.workspace(self.unit, vp)
         self.n, self.dv = e.i(n), e.i(dv)
         self.k, self.n_units = (e.i(div_ceil(e, x, group)) for x in (k, n))
         self.tiles = g1.blocking.tiles
-        self.edge = e.workspace(self.unit, e.mul(g1.blocking.mr, -(-g1.k // group))) if self.tiles else None
+        self.edge = e.workspace(self.unit, e.mul(g1.blocking.mr, k_units)) if self.tiles else None
         if self.tiles:
             tiles.configure(self.c.b)
 
