@@ -106,16 +106,21 @@ def test_fma_runner_keeps_every_thread_on_the_loop_and_counts_its_flops(monkeypa
     for the calibrated count, and its FLOPs are what those runs compute."""
     import threading
     import time as _time
+    import types
 
     from jitbyoc import peak
 
     calls, barrier = [], threading.Barrier(2, timeout=5)
+    # the fake loop takes 2 ms of a fake clock: a real sleep overshoots on a busy machine
+    # (3.7 ms once in a full test run, which calibrated 5.4e6 iterations, not 1e7)
+    clock = [_time.perf_counter()]
+    monkeypatch.setattr(peak, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
 
     def fake_loop(n):
         if n != 1_000_000:  # the calibration run is alone; a call's runs must overlap
             barrier.wait()
         calls.append((threading.get_ident(), n))
-        _time.sleep(0.002)
+        clock[0] += 0.002
         return 0.0
 
     monkeypatch.setattr(peak, "peak_loop", lambda: (fake_loop, object()))
