@@ -293,8 +293,10 @@ def fuse_epilogues(kernel: kir.Kernel) -> None:
             plain = isinstance(expr, kir.Load) and expr.buf == seen
             epi = kir.Acc(seen.dtype) if plain else _in_producer_coordinates(expr, seen, tmp.shape)
             copy = isinstance(epi, kir.Acc)
-            if epi is None or producer.epilogue is not None and not copy:
-                continue  # (an epilogue already fused stays; a copy after it is free)
+            if epi is not None and producer.epilogue is not None and not copy:
+                epi = _composed(producer, epi)  # (a copy after an epilogue is free)
+            if epi is None:
+                continue
             apart = tmp.dtype != dst.dtype  # the sums stay in the temp, the epilogue writes dst
             if apart and not producer.writes_epilogue_apart:
                 continue
@@ -308,6 +310,18 @@ def fuse_epilogues(kernel: kir.Kernel) -> None:
             kernel.stages.remove(stage)
             changed = True
             break
+
+
+def _composed(producer: kir.KernelStage, epi):
+    """``epi`` applied after the epilogue ``producer`` already has, as one epilogue: a
+    bias add fused first, then a GELU that a reshape had kept apart (BERT's and ViT's
+    ``linear + add -> reshape -> gelu``), runs on the product's blocks in cache instead
+    of a pass of its own. None where the producer's result is not that epilogue's value
+    as computed (it writes elsewhere, or stores it in another dtype)."""
+    first = producer.epilogue
+    if producer.epilogue_out is not None or first.dtype != producer.out.dtype:
+        return None
+    return kir.substitute(epi, {n: first for n in kir.walk([epi]) if isinstance(n, kir.Acc)})
 
 
 def _in_producer_coordinates(expr, seen: kir.Buffer, shape):

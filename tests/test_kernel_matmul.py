@@ -375,3 +375,38 @@ def test_a_transpose_read_through_a_reshape_dropping_unit_dims_is_read_in_place(
     want, got = build_both(mod).run(q, k)
     np.testing.assert_allclose(got, q[0] @ np.swapaxes(k[0], -1, -2), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("low", [False, True], ids=["float32", "bf16"])
+def test_an_activation_after_a_reshape_joins_the_bias_add_in_the_epilogue(low):
+    """BERT's and ViT's FFN as torch.export gives it: ``linear + add``, a reshape, then
+    GELU (and, in the bf16 mode, the cast of its result to the next product's bfloat16).
+    The bias add fused into the product first; the GELU then stayed a pass of its own over
+    the float32 result, since a fused epilogue was final. Now the product applies both on
+    its blocks (one stage), with TVM's results: the same ops in the same order. A second
+    case keeps an epilogue that writes another dtype (a cast to float16 before the
+    reshape) apart from what follows, and stays right."""
+    from tests.conftest import build_both, build_model
+
+    m, k, n = 37, 64, 96
+
+    def body(bb, x, w, b, v):
+        y = bb.emit(relax.op.add(bb.emit(relax.op.matmul(x, w)), b))
+        g = bb.emit(relax.op.nn.gelu(bb.emit(relax.op.reshape(y, (m, n)))))
+        h = bb.emit(relax.op.astype(bb.emit(relax.op.add(bb.emit(relax.op.matmul(x, v)), b)), "float16"))
+        r = bb.emit(relax.op.nn.relu(bb.emit(relax.op.reshape(h, (m, n)))))
+        return [bb.emit(relax.op.reshape(g, (1, m, n))), r]
+
+    shapes = {"x": (1, m, k), "w": (k, n), "b": (n,), "v": (k, n)}
+    mod = build_model({name: (s, "float32") for name, s in shapes.items()}, body)
+    rng = np.random.default_rng(5)
+    x, w, b, v = (rng.standard_normal(s).astype("float32") for s in shapes.values())
+    mod = relax.transform.BindParams("main", {"w": w, "b": b, "v": v})(mod)
+    if low:
+        mod = jitbyoc.lower_precision(mod, "bf16")
+    gelus = [s for s in stages(mod) if "gelu" in repr(getattr(s, "epilogue", None))]
+    assert len(gelus) == 1 and isinstance(gelus[0], MatMul), [type(s).__name__ for s in stages(mod)]
+    assert "'add'" in repr(gelus[0].epilogue)
+    (want_g, want_r), (got_g, got_r) = build_both(mod).run(x)
+    np.testing.assert_allclose(got_g, want_g, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got_r.astype("float32"), want_r.astype("float32"), rtol=1e-3, atol=1e-3)
