@@ -40,10 +40,11 @@ def fold_permutes(kernel: kir.Kernel) -> None:
 
 
 def _permute_making(kernel: kir.Kernel, temp: kir.Buffer) -> Permute | None:
-    """The permute (without an epilogue) that writes the kernel temp ``temp``, if any."""
+    """The permute (without an epilogue or a window) that writes the kernel temp ``temp``, if any."""
     if temp not in kernel.temps:
         return None
-    return next((s for s in kernel.stages if isinstance(s, Permute) and s.out == temp and s.epilogue is None), None)
+    return next((s for s in kernel.stages if isinstance(s, Permute) and s.out == temp and s.epilogue is None
+                 and not any(s.begin)), None)
 
 
 def _drop_if_unread(kernel: kir.Kernel, producer: kir.KernelStage) -> None:

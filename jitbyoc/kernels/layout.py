@@ -125,33 +125,52 @@ register("relax.ones_like", 1, _check_broadcast)(_build_fill)
 
 @dataclass(eq=False)
 class Permute(PortableStage, kir.KernelStage):
-    """``out = permute_dims(inputs[0], axes)``: output dim ``j`` is input dim ``axes[j]``.
+    """``out = permute_dims(x, axes)`` of the window of ``x = inputs[0]`` that starts at
+    ``begin`` (one int per input dim; empty: at 0) and spans ``out``'s sizes: output dim
+    ``j`` is input dim ``axes[j]``, ``out[i] = x[begin + scatter(i, axes)]``. The window's
+    innermost input dim of more than one element is read whole (:mod:`.fold_slices`
+    makes windows so: a slice of a permute's result).
 
     Kernel passes may recognise this stage by its class and fields (``inputs == (x,)``,
-    ``axes``) and fold it into a consumer's indexing."""
+    ``axes``, no ``begin``) and fold it into a consumer's indexing."""
     axes: tuple = ()
+    begin: tuple = ()
+
+    def extents(self) -> list:
+        """Per input dim, how many of its elements the window spans."""
+        ext = [1] * self.inputs[0].ndim
+        for j, a in enumerate(self.axes):
+            ext[a] = self.out.shape[j]
+        return ext
 
     def groups(self) -> list[list[int]]:
         """Output dims in runs that are also adjacent, in order, in the input. Without an
-        epilogue unit dims drop out and runs are merged (bigger rows and tiles); with one
-        every dim stands alone, so each row or tile is a box of ``out`` for ``ctx.epilogue``."""
+        epilogue dims of one element drop out and runs are merged (bigger rows and tiles);
+        with one every dim stands alone, so each row or tile is a box of ``out`` for
+        ``ctx.epilogue``. A dim joins a run only where the window spans it whole."""
         merge = self.epilogue is None
-        unit = [merge and d == 1 for d in self.inputs[0].shape]
-        real = [j for j, a in enumerate(self.axes) if not unit[a]] or [len(self.axes) - 1]
+        shape, ext = self.inputs[0].shape, self.extents()
+        real = [j for j, a in enumerate(self.axes) if not (merge and ext[a] == 1)] or [len(self.axes) - 1]
 
-        def after(a):  # the input dim that follows a in memory, unit dims skipped
+        def after(a):  # the input dim that follows a in memory, dims of size 1 skipped
             a += 1
-            while a < len(unit) and unit[a]:
+            while a < len(shape) and merge and shape[a] == 1:
                 a += 1
             return a
 
         out: list[list[int]] = []
         for j in real:
-            if merge and out and after(self.axes[out[-1][-1]]) == self.axes[j]:
+            a = self.axes[j]
+            if merge and out and after(self.axes[out[-1][-1]]) == a and ext[a] == shape[a]:
                 out[-1].append(j)
             else:
                 out.append([j])
         return out
+
+    def start(self, e):
+        """The window's first element, a flat index of the input (facade value)."""
+        x = self.inputs[0]
+        return dot(e, list(self.begin), [_stride(e, x.shape, a) for a in range(x.ndim)]) if any(self.begin) else 0
 
     def plan(self, e, groups):
         """Extent, input stride and output stride of each group (facade values)."""
@@ -183,7 +202,7 @@ class Permute(PortableStage, kir.KernelStage):
             n, outer = ext[-1], ext[:-1]
             with e.loop(hi, lo, "row") as r:
                 idx = unravel(e, r, outer)
-                src, dst = e.let(dot(e, idx, ins)), e.let(e.mul(r, n))
+                src, dst = e.let(e.add(self.start(e), dot(e, idx, ins))), e.let(e.mul(r, n))
                 with e.loop(n, 0, "k") as k:
                     e.copy(out, e.add(dst, k), x, e.add(src, k))
                 if self.epilogue is not None:  # groups are single dims here
@@ -210,7 +229,7 @@ class Permute(PortableStage, kir.KernelStage):
                 ia, rest = e.let(e.rem(t, na)), e.let(e.div(t, na))
                 ib, bi = e.let(e.rem(rest, nb)), e.let(e.div(rest, nb))
                 bidx = unravel(e, bi, [ext[k] for k in batch])
-                src0 = e.let(dot(e, bidx, [ins[k] for k in batch]))
+                src0 = e.let(e.add(self.start(e), dot(e, bidx, [ins[k] for k in batch])))
                 dst0 = e.let(dot(e, bidx, [outs[k] for k in batch]))
                 a0, b0 = e.let(e.mul(ia, TILE)), e.let(e.mul(ib, TILE))
                 a1, b1 = e.let(e.min(e.add(a0, TILE), ext[a])), e.let(e.min(e.add(b0, TILE), ext[b]))
@@ -253,7 +272,13 @@ class Permute(PortableStage, kir.KernelStage):
                              x, e.add(src0, e.add(e.mul(ja, in_a), jb)), in_a)
 
     @staticmethod
-    def reference(x: np.ndarray, axes) -> np.ndarray:
+    def reference(x: np.ndarray, axes, begin=(), shape=None) -> np.ndarray:
+        """numpy's transpose of the window at ``begin`` spanning ``shape`` (the result's)."""
+        if begin:
+            span = [1] * x.ndim
+            for j, a in enumerate(axes):
+                span[a] = shape[j]
+            x = x[tuple(slice(b, b + n) for b, n in zip(begin, span))]
         return np.ascontiguousarray(np.transpose(x, axes))
 
 
