@@ -19,7 +19,8 @@ import logging
 import sys
 
 KERNEL_MODULES = ("matmul", "conv2d", "pool2d", "softmax", "norm", "reduce", "layout", "slicing",
-                  "fold_permutes", "fold_slices", "weight_matmul", "generate", "scan", "gather", "inference", "argreduce", "scatter", "pad",
+                  "fold_permutes", "fold_slices", "weight_matmul", "generate", "scan", "gather", "inference",
+                  "argreduce", "scatter", "pad",
                   "conv_transpose", "pool3d", "grid_sample", "roi_align", "attention", "resize")
 FAILED: dict[str, str] = {}  # kernel module -> why it could not be imported
 

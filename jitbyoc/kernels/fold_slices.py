@@ -46,7 +46,8 @@ def _fold_one(kernel: kir.Kernel) -> bool:
 def _maker(kernel: kir.Kernel, temp: kir.Buffer) -> Permute | None:
     if temp not in kernel.temps:
         return None
-    return next((s for s in kernel.stages if isinstance(s, Permute) and s.out == temp and s.epilogue is None), None)
+    return next((s for s in kernel.stages
+                 if isinstance(s, Permute) and s.out == temp and s.epilogue is None), None)
 
 
 def _composed(producer: Permute, stage) -> Permute | None:

@@ -170,7 +170,9 @@ class Permute(PortableStage, kir.KernelStage):
     def start(self, e):
         """The window's first element, a flat index of the input (facade value)."""
         x = self.inputs[0]
-        return dot(e, list(self.begin), [_stride(e, x.shape, a) for a in range(x.ndim)]) if any(self.begin) else 0
+        if not any(self.begin):
+            return 0
+        return dot(e, list(self.begin), [_stride(e, x.shape, a) for a in range(x.ndim)])
 
     def plan(self, e, groups):
         """Extent, input stride and output stride of each group (facade values)."""
