@@ -44,6 +44,22 @@ class Emitter:
         scalar = ir.Constant(d.ir, bfloat.bits(value) if d.is_bfloat else d.held(value))
         return scalar if self.lanes == 1 else SplatConstant(scalar, self.lanes)
 
+    def ldexp(self, dt: str, y, n):
+        """``y * 2**n`` (``n`` an integer of ``y``'s width, in the normal exponent range) as
+        ``llvm.ldexp``, which LLVM lowers to AVX-512's ``vscalefps``/``vscalefpd`` (with
+        the integer's conversion: two instructions where the split of
+        :func:`jitbyoc.ir.vecmath._ldexp` takes nine), or None without AVX-512 (there it
+        becomes a call of libm's ldexp). Either way one rounding: the same result."""
+        d = lookup_dtype(dt)
+        if not isa.current().has("avx512f") or d.bits not in (32, 64):
+            return None
+        wide = ir.VectorType(I32, self.lanes) if self.lanes > 1 else I32
+        if d.bits == 64:
+            n = self.b.trunc(n, wide)
+        shape = f"v{self.lanes}" if self.lanes > 1 else ""
+        fn = declare(self.b.module, f"llvm.ldexp.{shape}f{d.bits}.{shape}i32", y.type, [y.type, wide])
+        return self.b.call(fn, [y, n])
+
     def op(self, name: str, dt: str, *args, **attrs):
         row = op_def(name, dt)
         if row.expand is not None:
