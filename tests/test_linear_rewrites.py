@@ -175,6 +175,33 @@ def test_a_fused_qkv_sliced_into_q_k_v_is_one_product_per_piece():
         np.testing.assert_allclose(got[i], ref[i], rtol=1e-5, atol=1e-5)
 
 
+def test_a_fused_qkv_in_the_bf16_mode_is_one_product_per_piece_too():
+    """The same in :func:`jitbyoc.lower_precision`'s bf16 mode, whose weights are packed
+    in panels of bfloat16 pairs (``..., N/w, K/2, w, 2``): the head split and the slices
+    did not recognize that packing, so ViT's bf16 product wrote the whole fused QKV and
+    copied it into heads (a permute, then slices). Within the bf16 bound of numpy's
+    product of the rounded operands, and near TVM's build of the same lowered model."""
+    import ml_dtypes
+
+    k, heads, d, m = 48, 2, 32, 11
+    mod, w, bias = fused_qkv(k, heads, d, m)
+    mod = jitbyoc.lower_precision(mod, "bf16")
+    with isa.compiling_for(isa.host()):
+        stages = [type(s).__name__ for r in jitbyoc.inspect(mod) for s in r.kernel.stages]
+    assert "Permute" not in stages and "Slice" not in stages and "MatMul" in stages, stages
+    x = RNG.standard_normal((1, m, k)).astype("float32")
+    with jitbyoc.enabled():
+        got = run(relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu()), x)
+    bf = ml_dtypes.bfloat16
+    xr, wr = (a.astype(bf).astype(np.float64) for a in (x, w))
+    want = np.transpose((xr @ wr.T + bias).reshape(1, m, 3, heads, d), (2, 0, 3, 1, 4))
+    bound = np.transpose((np.abs(xr) @ np.abs(wr.T)).reshape(1, m, 3, heads, d), (2, 0, 3, 1, 4)) * k * 2.0 ** -23
+    ref = run(build_tvm(mod), x)
+    for i in range(3):
+        assert (np.abs(got[i] - want[i]) <= bound[i] + 1e-6).all()
+        np.testing.assert_allclose(got[i], ref[i], rtol=1e-4, atol=1e-4)
+
+
 def test_a_slice_of_a_product_used_elsewhere_too_is_left_to_the_slice():
     """The split product also feeds another op: slicing its weights would compute the
     pieces twice, so the slice stays a slice."""

@@ -54,9 +54,15 @@ def weight_value(weight, lookup) -> np.ndarray | None:
     if isinstance(bound, relax.Call) and bound.op.same_as(RESHAPE):  # panels (..., N/w, K, w)
         packed = _permuted(bound.args[0], lookup)
         value = None if packed is None else _constant(bound_value(packed[0], lookup))
-        r = -1 if value is None else value.ndim - 3
-        if r >= 0 and packed[1] == [*range(r), r + 1, r, r + 2]:
+        if value is None:
+            return None
+        r = value.ndim - 3
+        if packed[1] == [*range(r), r + 1, r, r + 2]:
             return value.swapaxes(r, r + 1).reshape(*value.shape[:r], value.shape[r + 1], -1)
+        r -= 1  # in units of g k (bfloat16 pairs): (..., N/w, K/g, w, g)
+        if r >= 0 and packed[1] == [*range(r), r + 1, r + 3, r, r + 2]:
+            units = value.transpose(*range(r), r + 1, r + 3, r, r + 2)
+            return units.reshape(*value.shape[:r], value.shape[r + 1] * value.shape[r + 3], -1)
         return None
     transposed = _permuted(bound, lookup)
     value = None if transposed is None else _constant(bound_value(transposed[0], lookup))
