@@ -29,7 +29,7 @@ def fold_slices(kernel: kir.Kernel) -> None:
 
 def _fold_one(kernel: kir.Kernel) -> bool:
     for k, stage in enumerate(kernel.stages):
-        if stage.epilogue is not None if isinstance(stage, (Slice, Permute)) else True:
+        if not isinstance(stage, (Slice, Permute)) or stage.epilogue is not None:
             continue
         producer = _maker(kernel, stage.inputs[0].storage)
         folded = None if producer is None else _composed(producer, stage)

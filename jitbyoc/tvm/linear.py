@@ -57,7 +57,7 @@ def weight_value(weight, lookup) -> np.ndarray | None:
         if value is None:
             return None
         r = value.ndim - 3
-        if packed[1] == [*range(r), r + 1, r, r + 2]:
+        if r >= 0 and packed[1] == [*range(r), r + 1, r, r + 2]:
             return value.swapaxes(r, r + 1).reshape(*value.shape[:r], value.shape[r + 1], -1)
         r -= 1  # in units of g k (bfloat16 pairs): (..., N/w, K/g, w, g)
         if r >= 0 and packed[1] == [*range(r), r + 1, r + 3, r, r + 2]:
