@@ -97,3 +97,44 @@ def test_random_windows_of_permutes(shape, rnd, again):
     for permute in [s for s in _stages(mod) if isinstance(s, Permute) and any(s.begin)]:
         window = Permute.reference(arrays[0], permute.axes, permute.begin, permute.out.shape)
         np.testing.assert_array_equal(window.reshape(got[0].shape), got[0])
+
+
+PERMUTE_CASTS = [((3, 70, 64), (1, 0, 2)), ((2, 12, 64, 40), (0, 1, 3, 2)), ((5, 33, 17), (2, 1, 0))]
+
+
+def _permute_then_cast(bb, vs, axes):
+    return bb.emit(R.astype(R.permute_dims(vs[0], list(axes)), "bfloat16"))
+
+
+def test_a_permute_then_a_cast_to_bfloat16_is_one_converting_copy():
+    """The bf16 mode's heads merged after attention, and Q and K^T before it: a float32
+    permute whose result only a cast to bfloat16 reads writes the cast's output itself,
+    rounding as it copies, in its row copies (innermost dim kept) and its tile transposes:
+    the bits of TVM's build and of ml_dtypes."""
+    import ml_dtypes
+
+    cases = [([(shape, "float32")], axes) for shape, axes in PERMUTE_CASTS]
+    mod = model(cases, _permute_then_cast)
+    one_region(mod)
+    kinds = [type(st).__name__ for st in _stages(mod)]
+    assert kinds == ["Permute"] * len(cases), kinds
+    arrays = inputs(cases)
+    got, ref = both(mod, arrays)
+    for g, r, a, (_, axes) in zip(got, ref, arrays, cases):
+        want = np.transpose(a, axes).astype(ml_dtypes.bfloat16)
+        np.testing.assert_array_equal(g.view(np.uint16), want.view(np.uint16))
+        np.testing.assert_array_equal(g.view(np.uint16), r.view(np.uint16))
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler to build the C rendering")
+def test_a_converting_permute_renders_alike_in_c(tmp_path):
+    import ml_dtypes
+
+    for k, (shape, axes) in enumerate(PERMUTE_CASTS):
+        cases = [([(shape, "float32")], axes)]
+        mod = model(cases, _permute_then_cast)
+        (region,) = jitbyoc.inspect(mod)
+        x = inputs(cases, seed=k)[0]
+        (got,) = run_c(region, {mod["main"].params[0].name: x}, tmp_path)
+        want = np.transpose(x, axes).astype(ml_dtypes.bfloat16)
+        np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))

@@ -43,6 +43,26 @@ def _fold_one(kernel: kir.Kernel) -> bool:
     return False
 
 
+@rewrite
+def cast_while_permuting(kernel: kir.Kernel) -> None:
+    """A float32 permute's fresh temp that only a cast to bfloat16 reads (the bf16 mode's
+    Q and K^T for attention, attention's heads merged for the next product): the permute
+    writes the cast's output, converting as it copies, and the cast's pass is gone."""
+    for stage in [s for s in kernel.stages if isinstance(s, kir.Elementwise) and len(s.stores) == 1]:
+        (dst, expr), = stage.stores
+        if not (isinstance(expr, kir.Op) and expr.op == "astype" and isinstance(expr.args[0], kir.Load)
+                and (expr.in_dtype, dst.dtype) == ("float32", "bfloat16")):
+            continue
+        seen = expr.args[0].buf
+        producer = _maker(kernel, seen.storage)
+        if producer is None or tuple(seen.shape) != tuple(dst.shape) \
+                or any(seen.storage in kir.stage_reads(s) for s in kernel.stages if s is not stage):
+            continue
+        producer.out = kir.view(dst, producer.out.shape)
+        kernel.temps.remove(seen.storage)
+        kernel.stages.remove(stage)
+
+
 def _maker(kernel: kir.Kernel, temp: kir.Buffer) -> Permute | None:
     if temp not in kernel.temps:
         return None

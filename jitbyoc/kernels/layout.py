@@ -183,8 +183,8 @@ class Permute(PortableStage, kir.KernelStage):
 
     def needs_loop_vectorizer(self) -> bool:
         # tiles are transposed as vectors; row copies become memcpy (LLVM's loop idioms),
-        # edge tiles gather
-        return False
+        # edge tiles gather; rows that also cast (:mod:`.fold_slices`) are loops to vectorize
+        return self.out.dtype != self.inputs[0].dtype
 
     def emit(self, e) -> None:
         groups = self.groups()

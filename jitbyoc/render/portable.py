@@ -21,6 +21,7 @@ from ..ir.folds import FOLDS
 from ..ir.llvmtypes import I32, I64
 from . import c as c_render
 from .indexing import CInts, LLVMInts
+from .llvm import Emitter
 from .loops import for_range, free_workspace, workspace
 from .portable_vectors import CVectors, LLVMVectors
 
@@ -84,7 +85,11 @@ class LLVM(LLVMVectors, LLVMInts):
         self.ctx.store(buf, self.i(off), v)
 
     def copy(self, dst, doff, src, soff) -> None:
-        """Move one element's storage (any dtype, bool included) from ``src`` to ``dst``."""
+        """Move one element's storage (any dtype, bool included) from ``src`` to ``dst``;
+        where ``dst`` holds another dtype, its ``astype`` (a permute that also casts)."""
+        if dst.dtype != src.dtype:
+            self.store(dst, doff, self.op("astype", src.dtype, self.load(src, soff), to=dst.dtype))
+            return
         self.b.store(self.ctx.load(src, self.i(soff)), self.ctx.element(dst, self.i(doff)))
 
     @contextmanager
@@ -127,9 +132,12 @@ class LLVM(LLVMVectors, LLVMInts):
         for shuffles in TRANSPOSE8:
             rows = [self.b.shuffle_vector(rows[a], rows[b], ir.Constant(
                         ir.VectorType(I32, 8), mask)) for a, b, mask in shuffles]
+        cast = Emitter(self.b, 8) if dst.dtype != src.dtype else None  # as copy()
         for row, k in zip(rows, TRANSPOSE8_ORDER):
+            if cast is not None:
+                row = cast.op("astype", src.dtype, row, to=dst.dtype)
             self.b.store(row, self.ctx.element(dst, self.add(doff, self.mul(k, dstride))),
-                         align=align)
+                         align=lookup_dtype(dst.dtype).nbytes)
 
     # ---- values ------------------------------------------------------------------------------
     def op(self, name: str, dt: str, *args, **attrs):
@@ -208,7 +216,10 @@ class C(CVectors, CInts):
         self.ctx.line(f"{self.ctx.element(buf, self.i(off))} = {v};")
 
     def copy(self, dst, doff, src, soff) -> None:
-        self.ctx.line(f"{self.ctx.element(dst, self.i(doff))} = {self.ctx.element(src, self.i(soff))};")
+        value = self.ctx.element(src, self.i(soff))
+        if dst.dtype != src.dtype:
+            value = self.op("astype", src.dtype, self.load(src, soff), to=dst.dtype)
+        self.ctx.line(f"{self.ctx.element(dst, self.i(doff))} = {value};")
 
     @contextmanager
     def loop(self, count, start=0, name="i"):
