@@ -25,7 +25,7 @@ def fold_permutes(kernel: kir.Kernel) -> None:
     for stage in [s for s in kernel.stages if isinstance(s, MatMul)]:
         for i, buf in enumerate(stage.inputs):
             temp = buf.storage
-            producer = _permute_making(kernel, temp)
+            producer = permute_making(kernel, temp)
             source = None if producer is None else _unit_free(producer, buf)
             if source is None:
                 continue
@@ -36,18 +36,19 @@ def fold_permutes(kernel: kir.Kernel) -> None:
             inputs = list(stage.inputs)
             inputs[i] = src
             stage.inputs, stage.perms = tuple(inputs), tuple(perms)
-            _drop_if_unread(kernel, producer)
+            drop_if_unread(kernel, producer)
 
 
-def _permute_making(kernel: kir.Kernel, temp: kir.Buffer) -> Permute | None:
-    """The permute (without an epilogue or a window) that writes the kernel temp ``temp``, if any."""
+def permute_making(kernel: kir.Kernel, temp: kir.Buffer, windowed: bool = False) -> Permute | None:
+    """The permute (without an epilogue; with a window only if ``windowed``) that writes
+    the kernel temp ``temp``, if any."""
     if temp not in kernel.temps:
         return None
     return next((s for s in kernel.stages if isinstance(s, Permute) and s.out == temp and s.epilogue is None
-                 and not any(s.begin)), None)
+                 and (windowed or not any(s.begin))), None)
 
 
-def _drop_if_unread(kernel: kir.Kernel, producer: kir.KernelStage) -> None:
+def drop_if_unread(kernel: kir.Kernel, producer: kir.KernelStage) -> None:
     """Remove ``producer`` and its temp once no stage reads the temp any more."""
     if not any(producer.out in kir.stage_reads(s) for s in kernel.stages):
         kernel.stages.remove(producer)
@@ -81,7 +82,7 @@ def fold_panels(kernel: kir.Kernel) -> None:
     product is still right, only slower."""
     for stage in [s for s in kernel.stages if isinstance(s, MatMul) and not s.panels]:
         view, g = stage.inputs[1], stage.product.group
-        producer = None if stage.perms[1] is not None or view.base is None else _permute_making(kernel, view.base)
+        producer = None if stage.perms[1] is not None or view.base is None else permute_making(kernel, view.base)
         r = view.ndim - 2
         axes = (*range(r), r + 1, r, r + 2) if g == 1 else (*range(r), r + 1, r + 3, r, r + 2)
         if producer is None or tuple(producer.axes) != axes:
@@ -92,7 +93,7 @@ def fold_panels(kernel: kir.Kernel) -> None:
                 or g > 1 and panels.shape[-1] != g:
             continue
         stage.inputs, stage.panels = (stage.inputs[0], panels), width
-        _drop_if_unread(kernel, producer)
+        drop_if_unread(kernel, producer)
 
 
 @rewrite
@@ -107,7 +108,7 @@ def fold_conv_weights(kernel: kir.Kernel) -> None:
     only slower."""
     for stage in [s for s in kernel.stages if isinstance(s, Conv2d) and s.plan is not None and not s.packed]:
         view, cut = _padding_cut(kernel, stage.inputs[1])
-        producer = None if view.base is None else _permute_making(kernel, view.base)
+        producer = None if view.base is None else permute_making(kernel, view.base)
         d, group = view.ndim, PRODUCTS[stage.inputs[0].dtype].group
         if producer is None or tuple(producer.axes) != tuple(unpacking_axes(d, group)):
             continue
@@ -120,8 +121,8 @@ def fold_conv_weights(kernel: kir.Kernel) -> None:
             continue
         stage.inputs, stage.packed = (stage.inputs[0], packed), True
         if cut is not None:
-            _drop_if_unread(kernel, cut)
-        _drop_if_unread(kernel, producer)
+            drop_if_unread(kernel, cut)
+        drop_if_unread(kernel, producer)
 
 
 def _padding_cut(kernel: kir.Kernel, weight: kir.Buffer):

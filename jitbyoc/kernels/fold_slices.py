@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from ..ir import kir
 from ..ir.rules import rewrite
+from .fold_permutes import drop_if_unread, permute_making
 from .layout import Permute
 from .slicing import Slice
 
@@ -31,14 +32,12 @@ def _fold_one(kernel: kir.Kernel) -> bool:
     for k, stage in enumerate(kernel.stages):
         if not isinstance(stage, (Slice, Permute)) or stage.epilogue is not None:
             continue
-        producer = _maker(kernel, stage.inputs[0].storage)
+        producer = permute_making(kernel, stage.inputs[0].storage, windowed=True)
         folded = None if producer is None else _composed(producer, stage)
         if folded is None:
             continue
         kernel.stages[k] = folded
-        if not any(producer.out in kir.stage_reads(s) for s in kernel.stages):
-            kernel.stages.remove(producer)
-            kernel.temps.remove(producer.out)
+        drop_if_unread(kernel, producer)
         return True
     return False
 
@@ -54,20 +53,13 @@ def cast_while_permuting(kernel: kir.Kernel) -> None:
                 and (expr.in_dtype, dst.dtype) == ("float32", "bfloat16")):
             continue
         seen = expr.args[0].buf
-        producer = _maker(kernel, seen.storage)
+        producer = permute_making(kernel, seen.storage, windowed=True)
         if producer is None or tuple(seen.shape) != tuple(dst.shape) \
                 or any(seen.storage in kir.stage_reads(s) for s in kernel.stages if s is not stage):
             continue
         producer.out = kir.view(dst, producer.out.shape)
         kernel.temps.remove(seen.storage)
         kernel.stages.remove(stage)
-
-
-def _maker(kernel: kir.Kernel, temp: kir.Buffer) -> Permute | None:
-    if temp not in kernel.temps:
-        return None
-    return next((s for s in kernel.stages
-                 if isinstance(s, Permute) and s.out == temp and s.epilogue is None), None)
 
 
 def _composed(producer: Permute, stage) -> Permute | None:
