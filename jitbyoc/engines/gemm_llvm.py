@@ -332,6 +332,9 @@ def pack_panels(g, c, operand, dst, bidx, x0, nx, k0, kc, width) -> None:
     once where the operand packs them so (:meth:`.gemm.Strided.pack_all_llvm`), else
     one panel at a time."""
     b, grouped = c.b, g.product.group > 1
+    if hasattr(operand, "pack_panels_llvm"):  # it packs itself (a conv's windows: kernels.conv_panels)
+        operand.pack_panels_llvm(g, c, dst, bidx, x0, nx, k0, kc, width)
+        return
     packs_all = units.pack_all_units(g, operand, c, dst, bidx, x0, nx, k0, kc, width) if grouped \
         else operand.pack_all_llvm(c, dst, bidx, x0, nx, k0, kc, width)
     if packs_all:

@@ -40,12 +40,12 @@ tolerance (plus one rounding per epilogue op). Padding zeros take part in the su
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from llvmlite import ir
 
-from ..engines import conv_channels, conv_engine, gemm_tiles
+from ..engines import conv_channels, conv_engine, gemm_engine, gemm_llvm, gemm_tiles
 from ..engines.conv_channels import ChannelPlan
 from ..engines.conv_plan import Plan, choose_plan
 from ..engines.products import OPERANDS, PRODUCTS, RESULTS, product_of
@@ -56,7 +56,7 @@ from ..ir.relax_types import dims, operands_problem
 from ..ir.rules import register
 from ..render.loops import for_range, smax, smin, threaded
 from ..render.vectors import lane_mask, lanes, strips, vload, vstore, vtype
-from . import conv_weight_units, depthwise_llvm
+from . import conv_panels, conv_weight_units, depthwise_llvm
 from .matmul import MatMul
 
 MIN_POINTWISE_CG = 8  # input channels per group for a pointwise conv to run as a product
@@ -167,6 +167,9 @@ class Conv2d(kir.KernelStage):
     plan: Plan = None
     work: kir.Buffer = None
     packed: bool = False
+    # w is the weight tap-major, (K, KH, KW, Cin) (jitbyoc.tvm.conv_weights.tap_major_conv), and
+    # the product gathers its columns into panels (kernels.conv_panels; ``work``: whole panels or None)
+    tap_major: bool = False
     writes_epilogue_apart = True  # every path calls ctx.epilogue on finished bands
 
     def emit_llvm(self, ctx) -> None:
@@ -188,7 +191,10 @@ class Conv2d(kir.KernelStage):
         views of the operands: no copy unless strided. The epilogue runs in the engine's blocks when every
         buffer it reads has a view shaped like the product's output, else once after it."""
         g, (x, w) = self.geo, self.inputs
-        if self.work is not None:  # strided or patches: the pixels the product reads, as columns
+        if self.tap_major:  # the product's panels gathered from x: whole first, or by its blocks
+            if self.work is not None:
+                conv_panels.gather(self, ctx)
+        elif self.work is not None:  # strided or patches: the pixels the product reads, as columns
             _gather_columns(self, ctx)
             x = self.work
         lead = () if g.n == 1 else (g.n,)
@@ -200,7 +206,12 @@ class Conv2d(kir.KernelStage):
                          kir.view(self.out, shape), epilogue=flat,
                          epilogue_out=None if flat is None or self.epilogue_out is None
                          else kir.view(self.epilogue_out, shape))
-        product.emit_llvm(ctx)
+        if self.tap_major:
+            b = conv_panels.operand(self.work, lead) if self.work is not None else conv_panels.Windows(x, g)
+            gemm = replace(product.gemm(), b=b)
+            (gemm_engine.call if gemm_engine.fits(gemm) else gemm_llvm.emit)(gemm, ctx)
+        else:
+            product.emit_llvm(ctx)
         if self.epilogue is not None and flat is None:
             ctx.epilogue(self, [0] * self.out.ndim, [ctx.dim(d) for d in self.out.shape])
 
@@ -248,6 +259,8 @@ class Conv2d(kir.KernelStage):
         """The C index of output channel ``oc``'s weight at (``ic``, ``i``, ``j``) in ``w``
         (packed in units of ``u`` channels: ``(K/J, Cin/u, KH, KW, J, u)``)."""
         g = self.geo
+        if self.tap_major:
+            return f"((oc * {g.kh} + i) * {g.kw} + j) * {g.cg} + ic"
         if not self.packed:
             return f"((oc * {g.cg} + ic) * {g.kh} + i) * {g.kw} + j"
         jb, u = self.plan.j, PRODUCTS[self.inputs[0].dtype].group

@@ -10,6 +10,7 @@ from ..engines.gemm import panel_width
 from ..ir import kir
 from ..ir.rules import rewrite
 from ..engines.products import PRODUCTS
+from . import conv_panels
 from .conv2d import Conv2d
 from .conv_weight_units import unpacking_axes
 from .layout import Permute
@@ -135,3 +136,31 @@ def _padding_cut(kernel: kir.Kernel, weight: kir.Buffer):
             or sum(weight in kir.stage_reads(s) for s in kernel.stages) != 1:
         return weight, None
     return cut.inputs[0], cut
+
+
+@rewrite
+def fold_tap_major_weights(kernel: kir.Kernel) -> None:
+    """Make a convolution that runs gathered on AMX tiles read its weight packed
+    tap-major at build time (:func:`jitbyoc.tvm.conv_weights.tap_major_conv`): its
+    weight is then ``permute_dims(P, [0, 3, 1, 2])`` of a constant ``P`` (``K, KH, KW,
+    Cin``), which the product reads as its A in place, k = (ky, kx, c), while it gathers
+    its columns in that order (:mod:`.conv_panels`). Its ``work`` becomes the whole panels
+    (:func:`.conv_panels.whole`) or goes. Otherwise the conv gathers and packs as before."""
+    for stage in [s for s in kernel.stages if isinstance(s, Conv2d) and s.work is not None and not s.tap_major]:
+        producer = permute_making(kernel, stage.inputs[1])
+        g = stage.geo
+        if not conv_panels.tap_major(g, stage.inputs[1].dtype):
+            continue
+        if g.taps > 1 and (producer is None or tuple(producer.axes) != (0, 3, 1, 2)
+                           or tuple(producer.inputs[0].shape) != (g.k, g.kh, g.kw, g.cg)):
+            continue  # (a strided 1x1's weight is tap-major as it lies)
+        columns, stage.work = stage.work, None
+        kernel.temps.remove(columns)
+        if conv_panels.whole(g):
+            stage.work = kir.Buffer(f"{columns.name}_panels", conv_panels.shape(g, stage.inputs[1].dtype),
+                                    stage.inputs[0].dtype)
+            kernel.temps.append(stage.work)
+        stage.tap_major = True
+        if g.taps > 1:
+            stage.inputs = (stage.inputs[0], producer.inputs[0])
+            drop_if_unread(kernel, producer)

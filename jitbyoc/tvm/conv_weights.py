@@ -18,11 +18,13 @@ of :mod:`.prepare` (batch norm folds into a convolution's weight first).
 
 from __future__ import annotations
 
+import numpy as np
 from tvm import relax
 from tvm.ir import Op
 
 from ..engines.products import PRODUCTS
 from ..ir.rules import why_not
+from ..kernels import conv_panels
 from ..kernels.conv2d import conv_geometry, engine_plan
 from ..kernels.conv_weight_units import pack, unpacking_axes
 from .constants import constant, tensor_constant
@@ -63,6 +65,21 @@ def packed_conv(call: relax.Call, lookup, emit) -> relax.Call | None:
     return relax.Call(call.op, [call.args[0], weight], call.attrs)
 
 
+def tap_major_conv(call: relax.Call, lookup, emit) -> relax.Call | None:
+    """``call`` (a normalized conv whose weight is a constant) reading its weight as
+    ``permute_dims(P, [0, 3, 1, 2])`` of ``P`` packed tap-major (``O, KH, KW, I``) when
+    jitbyoc runs it gathered on AMX tiles (:func:`jitbyoc.kernels.conv_panels.tap_major`:
+    the product's k is then (ky, kx, c)); else None."""
+    weight = call.args[1]
+    value = constant(lookup(weight) if isinstance(weight, relax.Var) else weight)
+    dt = str(call.args[1].ty.dtype)
+    if value is None or value.ndim != 4 or dt not in PRODUCTS or why_not(call) is not None \
+            or not conv_panels.tap_major(conv_geometry(call), dt) or value.shape[2:] == (1, 1):
+        return None  # (a 1x1's weight is tap-major as it lies)
+    packed = tensor_constant(np.ascontiguousarray(value.transpose(0, 2, 3, 1)))
+    return relax.Call(call.op, [call.args[0], emit(relax.op.permute_dims(packed, [0, 3, 1, 2]))], call.attrs)
+
+
 @relax.expr_functor.mutator
 class PackConvWeights(relax.PyExprMutator):
     """Every convolution with a constant weight that jitbyoc's engine runs, reading it
@@ -73,5 +90,8 @@ class PackConvWeights(relax.PyExprMutator):
         if not any(call.op.same_as(op) for op in CONVS):
             return call
         call = self.builder_.normalize(call)
-        packed = packed_conv(call, self.lookup_binding, self.builder_.emit)
-        return call if packed is None else packed
+        for pack in (packed_conv, tap_major_conv):
+            packed = pack(call, self.lookup_binding, self.builder_.emit)
+            if packed is not None:
+                return packed
+        return call

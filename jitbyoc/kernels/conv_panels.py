@@ -1,0 +1,256 @@
+"""A convolution on AMX tiles as a product on its windows, gathered straight into the
+product's B panels (implicit im2col).
+
+On AMX tiles (:mod:`jitbyoc.engines.gemm_tiles`) a convolution with overlapping windows,
+or a strided 1x1, runs as one matrix product on its windows
+(:attr:`.conv2d.ConvGeometry.columns`): ``out (K x OH*OW) = W (K x KH*KW*C) @ cols``.
+The product reads B in panels of ``NR`` columns whose rows are units of ``group`` k
+interleaved (:class:`jitbyoc.engines.gemm.Panels`: bfloat16 pairs, int8 quads). Before,
+the windows were gathered as a matrix (nine times a 3x3 conv's input) and the product
+then packed that matrix into panels: two passes over it besides the product's own read.
+
+Here k runs *tap-major*, ``k = (ky, kx, c)`` (the weight packed ``O, KH, KW, I`` at build
+time, :func:`jitbyoc.tvm.conv_weights.tap_major_conv`), so a unit is ``group``
+consecutive channels of one tap: every unit of a tap shares the tap's shift and its
+zero-padding masks. Per output row, 16 pixels at a time and per tap, each unit's
+``group`` channel rows are loaded as vectors (zero where the window leaves the input),
+interleaved in registers and stored as one 64-byte run of its panel row (split where it
+crosses into the next panel). The columns past the map in the last panel are zero.
+
+Where the product is split along its pixels (at least as many pixels as output channels)
+each block of the product gathers its own ``KC x NC`` panels as it would pack them
+(:class:`Windows`), in cache for the tiles that read them; split along the output
+channels, every chunk would gather the same columns again, so they are gathered into
+whole panels once first (:func:`gather`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llvmlite import ir
+
+from ..engines.gemm import Operand, Panels, panel_width
+from ..engines.products import PRODUCTS
+from ..ir import kir
+from ..ir.dtypes import dtype as lookup_dtype
+from ..ir.llvmtypes import I32, I64
+from ..render.loops import ceil_div, for_range, smax, smin, threaded
+from ..render.vectors import splat, strips, vload, vstore, vtype
+
+PIXELS = 16  # pixels per vector: 16 units of 4 bytes, one 64-byte row of a tile
+MAX_VECTOR_STRIDE = 4  # column strides read as one wide vector then a shuffle; larger: lane by lane
+
+
+def tap_major(geo, weight_dtype: str) -> bool:
+    """Whether ``geo`` runs gathered on tiles, its weight read tap-major: a product in
+    units of several k on AMX tiles, windows gathered (overlapping, or a strided 1x1),
+    one group, and whole units of channels."""
+    group = PRODUCTS[weight_dtype].group if weight_dtype in PRODUCTS else 1
+    gathers = geo.as_matmul and not geo.patches and (geo.stride != (1, 1) or geo.columns)
+    return gathers and geo.tiles and group > 1 and geo.groups == 1 and geo.cg % group == 0
+
+
+def whole(geo) -> bool:
+    """Whether the panels are gathered whole before the product (it is split along its
+    output channels: more of them than pixels), else block by block inside it."""
+    return geo.kg > geo.oh * geo.ow
+
+
+def shape(geo, weight_dtype: str) -> tuple:
+    """The whole panels' buffer: ``(N, panels, units, NR, group)``."""
+    group, width = PRODUCTS[weight_dtype].group, panel_width(weight_dtype)
+    return (geo.n, -(-(geo.oh * geo.ow) // width), geo.cg * geo.taps // group, width, group)
+
+
+def operand(work: kir.Buffer, batch: tuple) -> Panels:
+    """The product's B: ``work`` read as panels (``batch``: one image's stride, or none)."""
+    _, count, units, width, group = work.shape
+    return Panels(work, (count * units * width * group,) if batch else (), units * group, width, group)
+
+
+def gather(stage, ctx) -> None:
+    """Fill ``stage.work`` (:func:`shape`), threads over (image, output row)."""
+    g, work = stage.geo, stage.work
+    _, count, units, width, group = work.shape
+    image = count * units * width * group
+
+    def rows(c, lo, hi, _extra=()):
+        b = c.b
+        with for_range(b, hi, "po", start=lo) as at:
+            img, oy = b.sdiv(at, I64(g.oh)), b.srem(at, I64(g.oh))
+            base = b.mul(img, I64(image))
+
+            def place(pixel, u):
+                panel, col = b.sdiv(pixel, I64(width)), b.srem(pixel, I64(width))
+                return b.add(base, b.add(b.mul(panel, I64(units * width * group)),
+                                         b.mul(b.add(b.mul(u, I64(width)), col), I64(group))))
+
+            window = (b.mul(oy, I64(g.ow)), b.mul(b.add(oy, I64(1)), I64(g.ow)))
+            _gather(g, c, stage.inputs[0], img, (window, (I64(0), I64(units))), place,
+                    lambda offset: _at(c, work, offset), width)
+            if (g.oh * g.ow) % width:
+                with b.if_then(b.icmp_signed("==", oy, I64(g.oh - 1))):
+                    last = b.add(base, I64((count - 1) * units * width * group))
+                    _zero_columns(c, work.dtype, lambda offset: _at(c, work, offset), last, I64(units),
+                                  I64((g.oh * g.ow) % width), width, group)
+
+    n = ctx.product((g.n, g.oh))
+    if threaded(work.shape, "copy"):
+        ctx.parallel_for(n, rows)
+    else:
+        rows(ctx, I64(0), n)
+
+
+@dataclass(frozen=True)
+class Windows(Operand):
+    """B of a tap-major convolution's product read through its windows: ``X(b, pixel, k)
+    = x[b, c, oy*sh + ky*dh - pt, ox*sw + kx*dw - pl]`` (k = (ky, kx, c), pixel = (oy,
+    ox); zero outside), gathered into the product's panels as it packs them
+    (:meth:`pack_panels_llvm`): no gathered matrix."""
+    buf: kir.Buffer
+    geo: object
+
+    @property
+    def dtype(self) -> str:
+        return self.buf.dtype
+
+    def element_llvm(self, ctx, b, x, k) -> ir.Value:
+        g, e = self.geo, ctx.b
+        tap, channel = e.sdiv(k, I64(g.cg)), e.srem(k, I64(g.cg))
+        (sh, sw), (dh, dw), (pt, pl, _, _) = g.stride, g.dilation, g.pad
+        iy = e.sub(e.add(e.mul(e.sdiv(x, I64(g.ow)), I64(sh)), e.mul(e.sdiv(tap, I64(g.kw)), I64(dh))), I64(pt))
+        ix = e.sub(e.add(e.mul(e.srem(x, I64(g.ow)), I64(sw)), e.mul(e.srem(tap, I64(g.kw)), I64(dw))), I64(pl))
+        live = e.icmp_signed("<", k, I64(g.cg * g.taps))
+        for v, size in ((iy, g.h), (ix, g.w)):
+            live = e.and_(live, e.and_(e.icmp_signed(">=", v, I64(0)), e.icmp_signed("<", v, I64(size))))
+        plane = e.add(e.mul(b[0] if b else I64(0), I64(g.c)), channel)
+        value = ctx.load(self.buf, e.select(live, e.add(e.mul(e.add(e.mul(plane, I64(g.h)), iy), I64(g.w)), ix),
+                                            I64(0)))
+        return e.select(live, value, ir.Constant(value.type, None))
+
+    def pack_panels_llvm(self, g, c, dst, bidx, x0, nx, k0, kc, width: int) -> None:
+        """Columns ``x0 .. x0 + nx`` (``x0`` a whole number of panels in) and units ``k0 ..
+        k0 + kc`` as panels of ``width`` at ``dst``, zero past ``nx``."""
+        b, group = c.b, g.product.group
+        etype = lookup_dtype(self.buf.dtype).storage_ir
+
+        def pointer(offset):  # no inbounds: see _at
+            return b.gep(dst, [offset], source_etype=etype)
+
+        def place(pixel, u):
+            rel = b.sub(pixel, x0)
+            return b.add(b.mul(b.add(b.mul(b.sdiv(rel, I64(width)), kc), b.sub(u, k0)), I64(width * group)),
+                         b.mul(b.srem(rel, I64(width)), I64(group)))
+
+        _gather(self.geo, c, self.buf, bidx[0] if bidx else I64(0), ((x0, b.add(x0, nx)), (k0, b.add(k0, kc))),
+                place, pointer, width)
+        rest = b.srem(nx, I64(width))
+        with b.if_then(b.icmp_signed(">", rest, I64(0))):
+            last = b.mul(b.sdiv(nx, I64(width)), b.mul(kc, I64(width * group)))
+            _zero_columns(c, self.buf.dtype, pointer, last, kc, rest, width, group)
+
+
+def _gather(g, c, x, img, window, place, pointer, width: int) -> None:
+    """Pixels ``[p0, p1)`` and units ``[u0, u1)`` (``window``) of image ``img``'s gathered
+    columns, unit ``u`` of pixel ``p`` stored at ``pointer(place(p, u))``: per output row
+    the window crosses, 16 pixels at a time, per tap, every unit of the tap in the range."""
+    b, group = c.b, PRODUCTS[x.dtype].group
+    (p0, p1), (u0, u1) = window
+    per_tap = g.cg // group
+    with for_range(b, b.add(b.sub(b.sdiv(b.sub(p1, I64(1)), I64(g.ow)), b.sdiv(p0, I64(g.ow))), I64(1)), "gy") as r:
+        oy = b.add(b.sdiv(p0, I64(g.ow)), r)
+        lo = smax(b, b.sub(p0, b.mul(oy, I64(g.ow))), I64(0))  # the row's columns in the window
+        hi = smin(b, b.sub(p1, b.mul(oy, I64(g.ow))), I64(g.ow))
+        with for_range(b, ceil_div(b, smax(b, b.sub(hi, lo), I64(0)), I64(PIXELS)), "gs") as strip:
+            ox0 = b.add(lo, b.mul(strip, I64(PIXELS)))
+            pixel, valid = b.add(b.mul(oy, I64(g.ow)), ox0), smin(b, I64(PIXELS), b.sub(hi, ox0))
+            here = smin(b, b.sub(I64(width), b.srem(pixel, I64(width))), valid)  # pixels in this panel
+            n = PIXELS * group
+            masks = (_between(b, I64(0), b.mul(here, I64(group)), n),
+                     _between(b, b.mul(here, I64(group)), b.mul(valid, I64(group)), n))
+            split = b.icmp_signed("<", here, valid)
+            with for_range(b, b.add(b.sub(b.sdiv(b.sub(u1, I64(1)), I64(per_tap)), b.sdiv(u0, I64(per_tap))),
+                                    I64(1)), "gt") as t:
+                tap = b.add(b.sdiv(u0, I64(per_tap)), t)
+                load = _tap_loader(g, c, x, img, tap, oy, ox0)
+                first = smax(b, u0, b.mul(tap, I64(per_tap)))
+                with for_range(b, b.sub(smin(b, u1, b.mul(b.add(tap, I64(1)), I64(per_tap))), first), "gu") as i:
+                    u = b.add(first, i)
+                    channel = b.mul(b.sub(u, b.mul(tap, I64(per_tap))), I64(group))
+                    value = _interleave(b, [load(b.add(channel, I64(e))) for e in range(group)])
+                    vstore(b, value, pointer(place(pixel, u)), x.dtype, masks[0])
+                    with b.if_then(split, likely=False):
+                        start = b.sub(place(b.add(pixel, here), u), b.mul(here, I64(group)))
+                        vstore(b, value, pointer(start), x.dtype, masks[1])
+
+
+def _tap_loader(g, c, x, img, tap, oy, ox0):
+    """``load(channel)``: the 16 pixels of output row ``oy`` from column ``ox0`` that the
+    tap ``tap`` reads in ``channel`` of image ``img`` (zero outside the input); the
+    shift and masks are the tap's, computed once."""
+    b = c.b
+    (sh, sw), (dh, dw), (pt, pl, _, _) = g.stride, g.dilation, g.pad
+    ky, kx = b.sdiv(tap, I64(g.kw)), b.srem(tap, I64(g.kw))
+    iy = b.sub(b.add(b.mul(oy, I64(sh)), b.mul(ky, I64(dh))), I64(pt))
+    live = b.and_(b.icmp_signed(">=", iy, I64(0)), b.icmp_signed("<", iy, I64(g.h)))
+    start = b.add(b.sub(b.mul(kx, I64(dw)), I64(pl)), b.mul(ox0, I64(sw)))  # column of lane 0
+    row = b.add(b.mul(b.add(b.mul(img, I64(g.c * g.h)), smax(b, smin(b, iy, I64(g.h - 1)), I64(0))), I64(g.w)), start)
+    first, past = b.neg(start), b.select(live, b.sub(I64(g.w), start), I64(-1))  # the lanes' valid columns
+    dt, n = x.dtype, PIXELS
+    plane = g.h * g.w
+    if sw <= MAX_VECTOR_STRIDE:
+        mask = _between(b, first, past, n * sw)
+
+        def load(channel):
+            wide = vload(b, _at(c, x, b.add(row, b.mul(channel, I64(plane)))), dt, mask, n * sw)
+            if sw == 1:
+                return wide
+            return b.shuffle_vector(wide, ir.Constant(wide.type, None),
+                                    ir.Constant(ir.VectorType(I32, n), [lane * sw for lane in range(n)]))
+        return load
+
+    def load_lanes(channel):  # one element a lane
+        vector, at = ir.Constant(vtype(dt, n), None), b.add(row, b.mul(channel, I64(plane)))
+        for lane in range(n):
+            col = I64(lane * sw)
+            ok = b.and_(b.icmp_signed(">=", col, first), b.icmp_signed("<", col, past))
+            value = c.load(x, b.select(ok, b.add(at, col), I64(0)))
+            vector = b.insert_element(vector, b.select(ok, value, ir.Constant(value.type, None)), I32(lane))
+        return vector
+    return load_lanes
+
+
+def _interleave(b, vectors: list) -> ir.Value:
+    """``out[l * group + e] = vectors[e][l]``: the units of 16 pixels, one 64-byte run."""
+    group, n = len(vectors), PIXELS
+    while len(vectors) > 2:  # pairs concatenated first (int8 quads)
+        wide = 2 * vectors[0].type.count
+        vectors = [b.shuffle_vector(vectors[i], vectors[i + 1], ir.Constant(ir.VectorType(I32, wide), list(range(wide))))
+                   for i in range(0, len(vectors), 2)]
+    order = [(r % group) * n + r // group for r in range(n * group)]
+    return b.shuffle_vector(vectors[0], vectors[1], ir.Constant(ir.VectorType(I32, n * group), order))
+
+
+def _zero_columns(c, dt: str, pointer, start, units, rest, width: int, group: int) -> None:
+    """Zero columns ``rest ..`` of the panel at element ``start`` in each of its
+    ``units`` rows."""
+    b, n = c.b, PIXELS * group
+    zero = ir.Constant(vtype(dt, n), None)
+    with for_range(b, units, "gz") as u:
+        row = b.add(start, b.mul(b.add(b.mul(u, I64(width)), rest), I64(group)))
+        strips(b, I64(0), b.mul(b.sub(I64(width), rest), I64(group)), n,
+               lambda j, mask: vstore(b, zero, pointer(b.add(row, j)), dt, mask))
+
+
+def _between(b, lo, hi, n: int) -> ir.Value:
+    """``<n x i1>``: lane ``l`` set when ``lo <= l < hi`` (i64 values)."""
+    iota = ir.Constant(ir.VectorType(I32, n), list(range(n)))
+    lo32, hi32 = (b.trunc(smax(b, smin(b, v, I64(n)), I64(0)), I32) for v in (lo, hi))
+    return b.and_(b.icmp_signed(">=", iota, splat(b, lo32, n)), b.icmp_signed("<", iota, splat(b, hi32, n)))
+
+
+def _at(c, buf: kir.Buffer, offset) -> ir.Value:
+    """Pointer to element ``offset`` of ``buf`` without ``inbounds``: a masked access may
+    start before the row it reads (its unset lanes touch no memory)."""
+    return c.b.gep(c.ptrs[buf.storage], [offset], source_etype=lookup_dtype(buf.dtype).storage_ir)
