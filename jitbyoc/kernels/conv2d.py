@@ -63,11 +63,13 @@ MIN_POINTWISE_CG = 8  # input channels per group for a pointwise conv to run as 
 MAX_VECTOR_STRIDE = 4  # column strides the gather reads as vectors (n * stride elements, then a shuffle)
 COLUMNS_MAX_PIXELS = 49  # output pixels up to which an int8 conv is gathered (ConvGeometry.columns)
 # the reduction (channels x taps) from which an int8 conv on AMX tiles is gathered
-# whatever its map: SqueezeNet's QDQ graph ran in 0.92x the time with its 3x3 convs of 16
-# and 32 channels (144, 288) and its stem (27) on the pixel engine, 0.94x with only 144
-# and 27 there; Inception v1 and ResNet-50 (432 and up, stems 147) level either way. A
-# bf16 conv is gathered from any reduction: ResNet-50's stem (147) took 1.16 ms on tiles
-# against 2.0 on the pixel engine
+# whatever its map, unless its channels are whole quads (gathered tap-major straight into
+# the product's panels, kernels.conv_panels: SqueezeNet's QDQ graph 0.934x with its 3x3
+# convs of 16 and 32 channels on tiles, alternating processes). Gathered as a matrix and
+# packed, SqueezeNet ran in 0.92x the time with those convs (144, 288) and its stem (27)
+# on the pixel engine, 0.94x with only 144 and 27 there; Inception v1 and ResNet-50 (432
+# and up, stems 147) level either way. A bf16 conv is gathered from any reduction:
+# ResNet-50's stem (147) took 1.16 ms on tiles against 2.0 on the pixel engine
 COLUMNS_TILES_MIN_K = 320
 
 
@@ -132,7 +134,8 @@ class ConvGeometry:
         pixel engine (Sapphire Rapids-class Xeon, 2 threads, jitbyoc.profile), from a
         reduction of :data:`COLUMNS_TILES_MIN_K` up."""
         small = self.oh * self.ow <= COLUMNS_MAX_PIXELS
-        tiles = self.tiles and (not self.gathered or self.cg * self.taps >= COLUMNS_TILES_MIN_K)
+        quads = self.groups == 1 and self.cg % 4 == 0  # tap-major (kernels.conv_panels)
+        tiles = self.tiles and (not self.gathered or quads or self.cg * self.taps >= COLUMNS_TILES_MIN_K)
         return self.taps > 1 and self.groups == 1 and (self.gathered and small or tiles)
 
     @property
