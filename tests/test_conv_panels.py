@@ -27,11 +27,12 @@ BF16 = ml_dtypes.bfloat16
 U = 2.0 ** -24
 # (input shape, output channels, kernel, stride, padding, dilation): both ways of gathering
 # (more pixels than channels: inside the product's blocks; fewer: whole panels first),
-# strides, dilation, a 5x5, an odd map, a batch, a strided 1x1
+# strides, dilation, a 5x5, an odd map, a batch, a strided 1x1, channels padded to whole
+# units (a stem's 3)
 GEOMETRIES = [((1, 64, 20, 20), 64, 3, 1, 1, 1), ((1, 32, 6, 6), 96, 3, 1, 1, 1),
               ((2, 16, 15, 13), 24, 3, 2, 1, 1), ((1, 24, 12, 12), 40, 3, 1, 2, 2),
               ((1, 8, 17, 17), 16, 5, 1, 2, 1), ((2, 64, 7, 7), 128, 3, 1, 1, 1),
-              ((1, 32, 14, 14), 48, 1, 2, 0, 1)]
+              ((1, 32, 14, 14), 48, 1, 2, 0, 1), ((1, 3, 29, 29), 16, 7, 2, 3, 1), ((1, 5, 9, 9), 70, 3, 1, 1, 1)]
 
 
 def _bf16_model(shape, w, stride, pad, dilation):
@@ -66,7 +67,9 @@ def test_a_bfloat16_convolution_reads_its_weight_tap_major(shape, k, kernel, str
     rng = np.random.default_rng(shape[1] * k)
     w = rng.standard_normal((k, shape[1], kernel, kernel)).astype(np.float32)
     region, conv = _conv_stage(_bf16_model(shape, w, stride, pad, dilation))
-    assert tuple(conv.inputs[1].shape) == ((k, kernel, kernel, shape[1]) if kernel > 1 else (k, shape[1], 1, 1))
+    units = -(-shape[1] // 2) * 2  # channels padded to whole bfloat16 pairs
+    want = (k, shape[1], 1, 1) if kernel == 1 and units == shape[1] else (k, kernel, kernel, units)
+    assert tuple(conv.inputs[1].shape) == want
     pixels = conv.geo.oh * conv.geo.ow
     assert (conv.work is not None) == (k > pixels)  # whole panels only where split along channels
     assert "jitbyoc_lib_tiles_bfloat16" in region.llvm_ir
@@ -103,10 +106,11 @@ def test_int8_convolutions_gathered_into_panels_are_exact(shape, k, kernel, stri
 
 @on_tiles
 @settings(max_examples=12, deadline=None)
-@given(c=st.sampled_from([2, 4, 6, 32]), k=st.integers(1, 70), size=st.integers(1, 19), kernel=st.sampled_from([2, 3]),
+@given(c=st.sampled_from([2, 3, 4, 5, 6, 32]), k=st.integers(1, 70), size=st.integers(1, 19), kernel=st.sampled_from([2, 3]),
        stride=st.integers(1, 3), pad=st.integers(0, 2), batch=st.integers(1, 2))
 def test_random_bfloat16_convolutions_on_panels(c, k, size, kernel, stride, pad, batch):
-    """Maps of one pixel to a few panels, channel counts of one unit up, any stride."""
+    """Maps of one pixel to a few panels, channel counts from one unit up (whole or
+    padded; one channel stays float32: precision.MIN_CHANNELS), any stride."""
     if size + 2 * pad < kernel:
         return
     rng = np.random.default_rng(c * k + size)

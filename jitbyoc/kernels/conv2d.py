@@ -202,7 +202,8 @@ class Conv2d(kir.KernelStage):
             x = self.work
         lead = () if g.n == 1 else (g.n,)
         chans = (g.groups,) if g.groups > 1 else ()
-        pixels, rows = g.oh * g.ow, g.cg * g.taps
+        pixels = g.oh * g.ow
+        rows = (conv_panels.channels(g, w.dtype) if self.tap_major else g.cg) * g.taps
         flat = _flat_epilogue(self.epilogue, self.out, lead, g.groups)
         shape = lead + chans + (g.kg, pixels)
         product = MatMul((kir.view(w, chans + (g.kg, rows)), kir.view(x, lead + chans + (rows, pixels))),
@@ -262,8 +263,8 @@ class Conv2d(kir.KernelStage):
         """The C index of output channel ``oc``'s weight at (``ic``, ``i``, ``j``) in ``w``
         (packed in units of ``u`` channels: ``(K/J, Cin/u, KH, KW, J, u)``)."""
         g = self.geo
-        if self.tap_major:
-            return f"((oc * {g.kh} + i) * {g.kw} + j) * {g.cg} + ic"
+        if self.tap_major:  # (K, KH, KW, Cin in whole units)
+            return f"((oc * {g.kh} + i) * {g.kw} + j) * {self.inputs[1].shape[-1]} + ic"
         if not self.packed:
             return f"((oc * {g.cg} + ic) * {g.kh} + i) * {g.kw} + j"
         jb, u = self.plan.j, PRODUCTS[self.inputs[0].dtype].group

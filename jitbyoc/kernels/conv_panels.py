@@ -45,10 +45,18 @@ MAX_VECTOR_STRIDE = 4  # column strides read as one wide vector then a shuffle; 
 def tap_major(geo, weight_dtype: str) -> bool:
     """Whether ``geo`` runs gathered on tiles, its weight read tap-major: a product in
     units of several k on AMX tiles, windows gathered (overlapping, or a strided 1x1),
-    one group, and whole units of channels."""
+    one group."""
     group = PRODUCTS[weight_dtype].group if weight_dtype in PRODUCTS else 1
     gathers = geo.as_matmul and not geo.patches and (geo.stride != (1, 1) or geo.columns)
-    return gathers and geo.tiles and group > 1 and geo.groups == 1 and geo.cg % group == 0
+    return gathers and geo.tiles and group > 1 and geo.groups == 1
+
+
+def channels(geo, weight_dtype: str) -> int:
+    """The input channels of each tap in k: whole units, the ones past ``geo.cg`` zero (a
+    stem's 3 channels as 4: the weight packed with zero channels, the gather's loads of
+    them masked off)."""
+    group = PRODUCTS[weight_dtype].group
+    return -(-geo.cg // group) * group
 
 
 def whole(geo) -> bool:
@@ -60,7 +68,7 @@ def whole(geo) -> bool:
 def shape(geo, weight_dtype: str) -> tuple:
     """The whole panels' buffer: ``(N, panels, units, NR, group)``."""
     group, width = PRODUCTS[weight_dtype].group, panel_width(weight_dtype)
-    return (geo.n, -(-(geo.oh * geo.ow) // width), geo.cg * geo.taps // group, width, group)
+    return (geo.n, -(-(geo.oh * geo.ow) // width), channels(geo, weight_dtype) * geo.taps // group, width, group)
 
 
 def operand(work: kir.Buffer, batch: tuple) -> Panels:
@@ -117,11 +125,12 @@ class Windows(Operand):
 
     def element_llvm(self, ctx, b, x, k) -> ir.Value:
         g, e = self.geo, ctx.b
-        tap, channel = e.sdiv(k, I64(g.cg)), e.srem(k, I64(g.cg))
+        cp = -(-g.cg // PRODUCTS[self.buf.dtype].group) * PRODUCTS[self.buf.dtype].group  # see channels
+        tap, channel = e.sdiv(k, I64(cp)), e.srem(k, I64(cp))
         (sh, sw), (dh, dw), (pt, pl, _, _) = g.stride, g.dilation, g.pad
         iy = e.sub(e.add(e.mul(e.sdiv(x, I64(g.ow)), I64(sh)), e.mul(e.sdiv(tap, I64(g.kw)), I64(dh))), I64(pt))
         ix = e.sub(e.add(e.mul(e.srem(x, I64(g.ow)), I64(sw)), e.mul(e.srem(tap, I64(g.kw)), I64(dw))), I64(pl))
-        live = e.icmp_signed("<", k, I64(g.cg * g.taps))
+        live = e.and_(e.icmp_signed("<", k, I64(cp * g.taps)), e.icmp_signed("<", channel, I64(g.cg)))
         for v, size in ((iy, g.h), (ix, g.w)):
             live = e.and_(live, e.and_(e.icmp_signed(">=", v, I64(0)), e.icmp_signed("<", v, I64(size))))
         plane = e.add(e.mul(b[0] if b else I64(0), I64(g.c)), channel)
@@ -157,7 +166,7 @@ def _gather(g, c, x, img, window, place, pointer, width: int) -> None:
     the window crosses, 16 pixels at a time, per tap, every unit of the tap in the range."""
     b, group = c.b, PRODUCTS[x.dtype].group
     (p0, p1), (u0, u1) = window
-    per_tap = g.cg // group
+    per_tap = -(-g.cg // group)
     with for_range(b, b.add(b.sub(b.sdiv(b.sub(p1, I64(1)), I64(g.ow)), b.sdiv(p0, I64(g.ow))), I64(1)), "gy") as r:
         oy = b.add(b.sdiv(p0, I64(g.ow)), r)
         lo = smax(b, b.sub(p0, b.mul(oy, I64(g.ow))), I64(0))  # the row's columns in the window
@@ -198,12 +207,17 @@ def _tap_loader(g, c, x, img, tap, oy, ox0):
     row = b.add(b.mul(b.add(b.mul(img, I64(g.c * g.h)), smax(b, smin(b, iy, I64(g.h - 1)), I64(0))), I64(g.w)), start)
     first, past = b.neg(start), b.select(live, b.sub(I64(g.w), start), I64(-1))  # the lanes' valid columns
     dt, n = x.dtype, PIXELS
-    plane = g.h * g.w
+    plane, padded = g.h * g.w, g.cg % PRODUCTS[x.dtype].group != 0
+
+    def real(channel):  # a padding channel (see channels) reads nothing
+        return b.icmp_signed("<", channel, I64(g.cg))
+
     if sw <= MAX_VECTOR_STRIDE:
         mask = _between(b, first, past, n * sw)
 
         def load(channel):
-            wide = vload(b, _at(c, x, b.add(row, b.mul(channel, I64(plane)))), dt, mask, n * sw)
+            where = b.and_(mask, splat(b, real(channel), n * sw)) if padded else mask
+            wide = vload(b, _at(c, x, b.add(row, b.mul(channel, I64(plane)))), dt, where, n * sw)
             if sw == 1:
                 return wide
             return b.shuffle_vector(wide, ir.Constant(wide.type, None),
@@ -214,7 +228,7 @@ def _tap_loader(g, c, x, img, tap, oy, ox0):
         vector, at = ir.Constant(vtype(dt, n), None), b.add(row, b.mul(channel, I64(plane)))
         for lane in range(n):
             col = I64(lane * sw)
-            ok = b.and_(b.icmp_signed(">=", col, first), b.icmp_signed("<", col, past))
+            ok = b.and_(real(channel), b.and_(b.icmp_signed(">=", col, first), b.icmp_signed("<", col, past)))
             value = c.load(x, b.select(ok, b.add(at, col), I64(0)))
             vector = b.insert_element(vector, b.select(ok, value, ir.Constant(value.type, None)), I32(lane))
         return vector

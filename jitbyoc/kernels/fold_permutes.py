@@ -126,13 +126,14 @@ def fold_conv_weights(kernel: kir.Kernel) -> None:
         drop_if_unread(kernel, producer)
 
 
-def _padding_cut(kernel: kir.Kernel, weight: kir.Buffer):
-    """``(source, slice)`` when the temp ``weight`` is only a leading-channels slice of
-    ``source`` (a packed weight's padding channels cut off) that nothing else reads; else
-    ``(weight, None)``."""
+def _padding_cut(kernel: kir.Kernel, weight: kir.Buffer, axis: int = 0):
+    """``(source, slice)`` when the temp ``weight`` is only a leading slice of ``source``
+    along ``axis`` (a packed weight's padding channels cut off: output channels, or a
+    tap-major weight's input channels) that nothing else reads; else ``(weight, None)``."""
     cut = next((s for s in kernel.stages if isinstance(s, Slice) and s.out == weight and s.epilogue is None), None)
+    others = lambda shape: tuple(d for i, d in enumerate(shape) if i != axis)  # noqa: E731
     if cut is None or weight not in kernel.temps or any(cut.begin) or any(st != 1 for st in cut.step) \
-            or tuple(cut.inputs[0].shape[1:]) != tuple(weight.shape[1:]) \
+            or others(cut.inputs[0].shape) != others(weight.shape) \
             or sum(weight in kir.stage_reads(s) for s in kernel.stages) != 1:
         return weight, None
     return cut.inputs[0], cut
@@ -147,13 +148,15 @@ def fold_tap_major_weights(kernel: kir.Kernel) -> None:
     its columns in that order (:mod:`.conv_panels`). Its ``work`` becomes the whole panels
     (:func:`.conv_panels.whole`) or goes. Otherwise the conv gathers and packs as before."""
     for stage in [s for s in kernel.stages if isinstance(s, Conv2d) and s.work is not None and not s.tap_major]:
-        producer = permute_making(kernel, stage.inputs[1])
-        g = stage.geo
-        if not conv_panels.tap_major(g, stage.inputs[1].dtype):
+        g, dt = stage.geo, stage.inputs[1].dtype
+        if not conv_panels.tap_major(g, dt):
             continue
-        if g.taps > 1 and (producer is None or tuple(producer.axes) != (0, 3, 1, 2)
-                           or tuple(producer.inputs[0].shape) != (g.k, g.kh, g.kw, g.cg)):
-            continue  # (a strided 1x1's weight is tap-major as it lies)
+        view, cut = _padding_cut(kernel, stage.inputs[1], axis=1)
+        producer = permute_making(kernel, view)
+        lies = g.taps == 1 and conv_panels.channels(g, dt) == g.cg  # a strided 1x1's weight is tap-major as it lies
+        if not lies and (producer is None or tuple(producer.axes) != (0, 3, 1, 2)
+                         or tuple(producer.inputs[0].shape) != (g.k, g.kh, g.kw, conv_panels.channels(g, dt))):
+            continue
         columns, stage.work = stage.work, None
         kernel.temps.remove(columns)
         if conv_panels.whole(g):
@@ -161,6 +164,8 @@ def fold_tap_major_weights(kernel: kir.Kernel) -> None:
                                     stage.inputs[0].dtype)
             kernel.temps.append(stage.work)
         stage.tap_major = True
-        if g.taps > 1:
+        if not lies:
             stage.inputs = (stage.inputs[0], producer.inputs[0])
+            if cut is not None:
+                drop_if_unread(kernel, cut)
             drop_if_unread(kernel, producer)

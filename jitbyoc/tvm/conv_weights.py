@@ -67,17 +67,24 @@ def packed_conv(call: relax.Call, lookup, emit) -> relax.Call | None:
 
 def tap_major_conv(call: relax.Call, lookup, emit) -> relax.Call | None:
     """``call`` (a normalized conv whose weight is a constant) reading its weight as
-    ``permute_dims(P, [0, 3, 1, 2])`` of ``P`` packed tap-major (``O, KH, KW, I``) when
+    ``permute_dims(P, [0, 3, 1, 2])`` of ``P`` packed tap-major (``O, KH, KW, I``; ``I``
+    padded with zero channels to whole units, sliced off again after the permute) when
     jitbyoc runs it gathered on AMX tiles (:func:`jitbyoc.kernels.conv_panels.tap_major`:
     the product's k is then (ky, kx, c)); else None."""
     weight = call.args[1]
     value = constant(lookup(weight) if isinstance(weight, relax.Var) else weight)
     dt = str(call.args[1].ty.dtype)
-    if value is None or value.ndim != 4 or dt not in PRODUCTS or why_not(call) is not None \
-            or not conv_panels.tap_major(conv_geometry(call), dt) or value.shape[2:] == (1, 1):
-        return None  # (a 1x1's weight is tap-major as it lies)
-    packed = tensor_constant(np.ascontiguousarray(value.transpose(0, 2, 3, 1)))
-    return relax.Call(call.op, [call.args[0], emit(relax.op.permute_dims(packed, [0, 3, 1, 2]))], call.attrs)
+    geo = None if value is None or value.ndim != 4 or dt not in PRODUCTS or why_not(call) is not None \
+        else conv_geometry(call)
+    cp = 0 if geo is None else conv_panels.channels(geo, dt)
+    if geo is None or not conv_panels.tap_major(geo, dt) or value.shape[2:] == (1, 1) and cp == geo.cg:
+        return None  # (a 1x1's weight in whole units is tap-major as it lies)
+    packed = np.zeros((value.shape[0], *value.shape[2:], cp), value.dtype)
+    packed[..., :geo.cg] = value.transpose(0, 2, 3, 1)
+    weight = emit(relax.op.permute_dims(tensor_constant(packed), [0, 3, 1, 2]))
+    if cp != geo.cg:  # the zero channels of the last unit sliced off
+        weight = emit(relax.op.strided_slice(weight, [1], [0], [geo.cg], assume_inbound=True))
+    return relax.Call(call.op, [call.args[0], weight], call.attrs)
 
 
 @relax.expr_functor.mutator
