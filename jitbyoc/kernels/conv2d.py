@@ -14,6 +14,9 @@ LLVM rendering, by geometry:
 * *patches* (non-overlapping windows: stride = kernel, no padding or dilation, one group;
   ViT's 16x16/16 patch embedding, ConvNeXt's and Swin's 4x4/4 and 2x2/2): each window
   gathered once as a column of a workspace, then one matrix product on the GEMM engine;
+* *on AMX tiles* (bf16 and int8 products, one group): overlapping windows or a strided
+  1x1 as one matrix product whose B is gathered straight into the tile kernel's panels,
+  the weight read tap-major (:mod:`.conv_panels`);
 * *depthwise* (one filter per channel, column stride up to 4): straight from the input,
   vectors of output columns, one masked load per tap (:mod:`.depthwise_llvm`);
 * otherwise a call of the direct-convolution library engine (:mod:`jitbyoc.engines.conv_engine`,
