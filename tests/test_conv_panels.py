@@ -133,3 +133,27 @@ def test_c_rendering_of_a_tap_major_convolution(tmp_path):
     args = [x if tuple(b.shape) == x.shape else packed for b in region.kernel.inputs]
     (got,), (want,) = call_region(c_fn, region.kernel, args), call_region(jit_fn, region.kernel, args)
     assert np.abs(got - want).max() <= _bound(x, w)
+
+
+@on_tiles
+@pytest.mark.parametrize("c, size, k", [(16, 12, 16), (32, 5, 96)])
+def test_a_symbolic_batch_of_tap_major_convolutions(c, size, k):
+    """One build for every batch size, gathered in the product's blocks (16 channels on
+    12x12) or as whole panels per image (96 on 5x5)."""
+    n = tvm.tirx.Var("n", "int64")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([n, c, size, size], "float32"))
+    rng = np.random.default_rng(c)
+    w = rng.standard_normal((k, c, 3, 3)).astype(np.float32)
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(R.nn.conv2d(x, relax.const(w), padding=1)))
+        bb.emit_func_output(out)
+    mod = jitbyoc.lower_precision(bb.get())
+    _conv_stage(mod)
+    with jitbyoc.enabled():
+        f = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())["main"]
+    for batch in (1, 3):
+        xs = rng.standard_normal((batch, c, size, size)).astype(np.float32)
+        got = f(tvm.runtime.tensor(xs)).numpy()
+        np.testing.assert_allclose(got, _reference(xs, w, 1, 1, 1), rtol=0, atol=_bound(xs, w))
