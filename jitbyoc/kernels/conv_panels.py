@@ -115,28 +115,14 @@ class Windows(Operand):
     """B of a tap-major convolution's product read through its windows: ``X(b, pixel, k)
     = x[b, c, oy*sh + ky*dh - pt, ox*sw + kx*dw - pl]`` (k = (ky, kx, c), pixel = (oy,
     ox); zero outside), gathered into the product's panels as it packs them
-    (:meth:`pack_panels_llvm`): no gathered matrix."""
+    (:meth:`pack_panels_llvm`, the only way the GEMM driver reads it): no gathered
+    matrix."""
     buf: kir.Buffer
     geo: object
 
     @property
     def dtype(self) -> str:
         return self.buf.dtype
-
-    def element_llvm(self, ctx, b, x, k) -> ir.Value:
-        g, e = self.geo, ctx.b
-        cp = -(-g.cg // PRODUCTS[self.buf.dtype].group) * PRODUCTS[self.buf.dtype].group  # see channels
-        tap, channel = e.sdiv(k, I64(cp)), e.srem(k, I64(cp))
-        (sh, sw), (dh, dw), (pt, pl, _, _) = g.stride, g.dilation, g.pad
-        iy = e.sub(e.add(e.mul(e.sdiv(x, I64(g.ow)), I64(sh)), e.mul(e.sdiv(tap, I64(g.kw)), I64(dh))), I64(pt))
-        ix = e.sub(e.add(e.mul(e.srem(x, I64(g.ow)), I64(sw)), e.mul(e.srem(tap, I64(g.kw)), I64(dw))), I64(pl))
-        live = e.and_(e.icmp_signed("<", k, I64(cp * g.taps)), e.icmp_signed("<", channel, I64(g.cg)))
-        for v, size in ((iy, g.h), (ix, g.w)):
-            live = e.and_(live, e.and_(e.icmp_signed(">=", v, I64(0)), e.icmp_signed("<", v, I64(size))))
-        plane = e.add(e.mul(b[0] if b else I64(0), I64(g.c)), channel)
-        value = ctx.load(self.buf, e.select(live, e.add(e.mul(e.add(e.mul(plane, I64(g.h)), iy), I64(g.w)), ix),
-                                            I64(0)))
-        return e.select(live, value, ir.Constant(value.type, None))
 
     def pack_panels_llvm(self, g, c, dst, bidx, x0, nx, k0, kc, width: int) -> None:
         """Columns ``x0 .. x0 + nx`` (``x0`` a whole number of panels in) and units ``k0 ..
