@@ -12,10 +12,11 @@ then packed that matrix into panels: two passes over it besides the product's ow
 Here k runs *tap-major*, ``k = (ky, kx, c)`` (the weight packed ``O, KH, KW, I`` at build
 time, :func:`jitbyoc.tvm.conv_weights.tap_major_conv`), so a unit is ``group``
 consecutive channels of one tap: every unit of a tap shares the tap's shift and its
-zero-padding masks. Per output row, 16 pixels at a time and per tap, each unit's
-``group`` channel rows are loaded as vectors (zero where the window leaves the input),
-interleaved in registers and stored as one 64-byte run of its panel row (split where it
-crosses into the next panel). The columns past the map in the last panel are zero.
+zero-padding masks. Per output row, 16 pixels at a time (from a multiple of 16: half a
+panel's row) and per tap, each unit's ``group`` channel rows are loaded as vectors (zero
+where the window leaves the input), interleaved in registers and stored as one aligned
+64-byte run of its panel row, masked where the output row starts or ends inside it. The
+columns past the map in the last panel are zero.
 
 Where the product is split along its pixels (at least as many pixels as output channels)
 each block of the product gathers its own ``KC x NC`` panels as it would pack them
