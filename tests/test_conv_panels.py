@@ -122,15 +122,17 @@ def test_random_bfloat16_convolutions_on_panels(c, k, size, kernel, stride, pad,
 
 @on_tiles
 @pytest.mark.skipif(CC is None, reason="no C compiler (cc) on PATH")
-def test_c_rendering_of_a_tap_major_convolution(tmp_path):
-    """The C nest reads the tap-major weight: the same sums as the tiles, within the bound."""
+@pytest.mark.parametrize("kernel, stride, pad", [(3, 1, 1), (1, 2, 0)])
+def test_c_rendering_of_a_tap_major_convolution(tmp_path, kernel, stride, pad):
+    """The C nest reads the tap-major weight (a strided 1x1's as it lies): the same sums
+    as the tiles, within the bound."""
     rng = np.random.default_rng(3)
-    w = rng.standard_normal((32, 16, 3, 3)).astype(np.float32)
-    region, conv = _conv_stage(_bf16_model((1, 16, 9, 9), w, 1, 1, 1))
+    w = rng.standard_normal((32, 16, kernel, kernel)).astype(np.float32)
+    region, conv = _conv_stage(_bf16_model((1, 16, 9, 9), w, stride, pad, 1))
     c_fn, jit_fn = c_and_jit(region, tmp_path)
     x = rng.standard_normal((1, 16, 9, 9)).astype(np.float32)
-    packed = w.transpose(0, 2, 3, 1).astype(BF16)
-    args = [x if tuple(b.shape) == x.shape else packed for b in region.kernel.inputs]
+    packed = w.transpose(0, 2, 3, 1).astype(BF16)  # for a 1x1 the same elements as OIHW
+    args = [x if tuple(b.shape) == x.shape else packed.reshape(b.shape) for b in region.kernel.inputs]
     (got,), (want,) = call_region(c_fn, region.kernel, args), call_region(jit_fn, region.kernel, args)
     assert np.abs(got - want).max() <= _bound(x, w)
 

@@ -266,8 +266,8 @@ class Conv2d(kir.KernelStage):
         """The C index of output channel ``oc``'s weight at (``ic``, ``i``, ``j``) in ``w``
         (packed in units of ``u`` channels: ``(K/J, Cin/u, KH, KW, J, u)``)."""
         g = self.geo
-        if self.tap_major:  # (K, KH, KW, Cin in whole units)
-            return f"((oc * {g.kh} + i) * {g.kw} + j) * {self.inputs[1].shape[-1]} + ic"
+        if self.tap_major:  # (K, KH, KW, Cin in whole units); a 1x1 in whole units: OIHW as it lies
+            return f"((oc * {g.kh} + i) * {g.kw} + j) * {conv_panels.channels(g, self.inputs[1].dtype)} + ic"
         if not self.packed:
             return f"((oc * {g.cg} + ic) * {g.kh} + i) * {g.kw} + j"
         jb, u = self.plan.j, PRODUCTS[self.inputs[0].dtype].group
