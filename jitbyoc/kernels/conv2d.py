@@ -43,12 +43,12 @@ tolerance (plus one rounding per epilogue op). Padding zeros take part in the su
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 from llvmlite import ir
 
-from ..engines import conv_channels, conv_engine, gemm_engine, gemm_llvm, gemm_tiles
+from ..engines import conv_channels, conv_engine, gemm_tiles
 from ..engines.conv_channels import ChannelPlan
 from ..engines.conv_plan import Plan, choose_plan
 from ..engines.products import OPERANDS, PRODUCTS, RESULTS, product_of
@@ -145,6 +145,12 @@ class ConvGeometry:
     def as_matmul(self) -> bool:
         return self.pointwise or self.patches or self.columns
 
+    @property
+    def gathers(self) -> bool:
+        """A matrix product on pixels gathered first (strided, patches, columns), not on
+        the input where it lies."""
+        return self.as_matmul and (self.stride != (1, 1) or self.columns)
+
 
 def conv_geometry(call) -> ConvGeometry:
     x, w, out = (dims(a.ty) for a in (call.args[0], call.args[1], call))
@@ -213,12 +219,10 @@ class Conv2d(kir.KernelStage):
                          kir.view(self.out, shape), epilogue=flat,
                          epilogue_out=None if flat is None or self.epilogue_out is None
                          else kir.view(self.epilogue_out, shape))
-        if self.tap_major:
-            b = conv_panels.operand(self.work, lead) if self.work is not None else conv_panels.Windows(x, g)
-            gemm = replace(product.gemm(), b=b)
-            (gemm_engine.call if gemm_engine.fits(gemm) else gemm_llvm.emit)(gemm, ctx)
-        else:
-            product.emit_llvm(ctx)
+        panels = None
+        if self.tap_major:  # B is the panels, not the view of x above (which gives the product's shape)
+            panels = conv_panels.operand(self.work, lead) if self.work is not None else conv_panels.Windows(x, g)
+        product.emit_llvm(ctx, panels)
         if self.epilogue is not None and flat is None:
             ctx.epilogue(self, [0] * self.out.ndim, [ctx.dim(d) for d in self.out.shape])
 
@@ -449,8 +453,7 @@ def _build(fe, call, out):
     geo = conv_geometry(call)
     plan = engine_plan(geo, x.dtype)
     if geo.as_matmul:  # a matrix product or channel vectors: a workspace to gather columns
-        gather = geo.stride != (1, 1) or geo.columns
-        work = fe.temp((geo.n, geo.c * geo.taps, geo.oh, geo.ow), x.dtype) if gather else None
+        work = fe.temp((geo.n, geo.c * geo.taps, geo.oh, geo.ow), x.dtype) if geo.gathers else None
         return Conv2d((x, w), out, geo=geo, plan=plan, work=work)
     # the depthwise kernel has no plan; the engines pack into workspaces of each thread's own
     return Conv2d((x, w), out, geo=geo, plan=plan)

@@ -48,8 +48,7 @@ def tap_major(geo, weight_dtype: str) -> bool:
     units of several k on AMX tiles, windows gathered (overlapping, or a strided 1x1),
     one group."""
     group = PRODUCTS[weight_dtype].group if weight_dtype in PRODUCTS else 1
-    gathers = geo.as_matmul and not geo.patches and (geo.stride != (1, 1) or geo.columns)
-    return gathers and geo.tiles and group > 1 and geo.groups == 1
+    return geo.gathers and not geo.patches and geo.tiles and group > 1 and geo.groups == 1
 
 
 def channels(geo, weight_dtype: str) -> int:
@@ -86,23 +85,20 @@ def gather(stage, ctx) -> None:
 
     def rows(c, lo, hi, _extra=()):
         b = c.b
+
+        def pointer(offset):
+            return _at(c, work, offset)
+
         with for_range(b, hi, "po", start=lo) as at:
             img, oy = b.sdiv(at, I64(g.oh)), b.srem(at, I64(g.oh))
             base = b.mul(img, I64(image))
-
-            def place(pixel, u):
-                panel, col = b.sdiv(pixel, I64(width)), b.srem(pixel, I64(width))
-                return b.add(base, b.add(b.mul(panel, I64(units * width * group)),
-                                         b.mul(b.add(b.mul(u, I64(width)), col), I64(group))))
-
             window = (b.mul(oy, I64(g.ow)), b.mul(b.add(oy, I64(1)), I64(g.ow)))
-            _gather(g, c, stage.inputs[0], img, (window, (I64(0), I64(units))), place,
-                    lambda offset: _at(c, work, offset), width)
+            _gather(g, c, stage.inputs[0], img, (window, (I64(0), I64(units))),
+                    _placer(b, base, (I64(0), I64(0)), I64(units), width, group), pointer, width)
             if (g.oh * g.ow) % width:
                 with b.if_then(b.icmp_signed("==", oy, I64(g.oh - 1))):
                     last = b.add(base, I64((count - 1) * units * width * group))
-                    _zero_columns(c, work.dtype, lambda offset: _at(c, work, offset), last, I64(units),
-                                  I64((g.oh * g.ow) % width), width, group)
+                    _zero_columns(c, work.dtype, pointer, last, I64(units), I64((g.oh * g.ow) % width), width, group)
 
     n = ctx.product((g.n, g.oh))
     if threaded(work.shape, "copy"):
@@ -134,13 +130,8 @@ class Windows(Operand):
         def pointer(offset):  # no inbounds: see _at
             return b.gep(dst, [offset], source_etype=etype)
 
-        def place(pixel, u):
-            rel = b.sub(pixel, x0)
-            return b.add(b.mul(b.add(b.mul(b.sdiv(rel, I64(width)), kc), b.sub(u, k0)), I64(width * group)),
-                         b.mul(b.srem(rel, I64(width)), I64(group)))
-
         _gather(self.geo, c, self.buf, bidx[0] if bidx else I64(0), ((x0, b.add(x0, nx)), (k0, b.add(k0, kc))),
-                place, pointer, width)
+                _placer(b, I64(0), (x0, k0), kc, width, group), pointer, width)
         rest = b.srem(nx, I64(width))
         with b.if_then(b.icmp_signed(">", rest, I64(0))):
             last = b.mul(b.sdiv(nx, I64(width)), b.mul(kc, I64(width * group)))
@@ -179,6 +170,18 @@ def _gather(g, c, x, img, window, place, pointer, width: int) -> None:
                     channel = b.mul(b.sub(u, b.mul(tap, I64(per_tap))), I64(group))
                     value = _interleave(b, [load(b.add(channel, I64(e))) for e in range(group)])
                     vstore(b, value, pointer(place(chunk, u)), x.dtype, mask)
+
+
+def _placer(b, base, origin, height, width: int, group: int):
+    """``place(pixel, u)``: the element of unit ``u`` of column ``pixel`` in panels of
+    ``height`` unit rows from ``base``, whose first column and unit are ``origin``."""
+    x0, k0 = origin
+
+    def place(pixel, u):
+        rel = b.sub(pixel, x0)
+        row = b.add(b.mul(b.sdiv(rel, I64(width)), height), b.sub(u, k0))  # the panel's, then the unit's
+        return b.add(base, b.mul(b.add(b.mul(row, I64(width)), b.srem(rel, I64(width))), I64(group)))
+    return place
 
 
 def _tap_loader(g, c, x, img, tap, oy, ox0):

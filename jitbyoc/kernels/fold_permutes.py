@@ -153,15 +153,15 @@ def fold_tap_major_weights(kernel: kir.Kernel) -> None:
             continue
         view, cut = _padding_cut(kernel, stage.inputs[1], axis=1)
         producer = permute_making(kernel, view)
-        lies = g.taps == 1 and conv_panels.channels(g, dt) == g.cg  # a strided 1x1's weight is tap-major as it lies
+        cp = conv_panels.channels(g, dt)
+        lies = g.taps == 1 and cp == g.cg  # a strided 1x1's weight is tap-major as it lies
         if not lies and (producer is None or tuple(producer.axes) != (0, 3, 1, 2)
-                         or tuple(producer.inputs[0].shape) != (g.k, g.kh, g.kw, conv_panels.channels(g, dt))):
+                         or tuple(producer.inputs[0].shape) != (g.k, g.kh, g.kw, cp)):
             continue
         columns, stage.work = stage.work, None
         kernel.temps.remove(columns)
         if conv_panels.whole(g):
-            stage.work = kir.Buffer(f"{columns.name}_panels", conv_panels.shape(g, stage.inputs[1].dtype),
-                                    stage.inputs[0].dtype)
+            stage.work = kir.Buffer(f"{columns.name}_panels", conv_panels.shape(g, dt), stage.inputs[0].dtype)
             kernel.temps.append(stage.work)
         stage.tap_major = True
         if not lies:

@@ -24,7 +24,7 @@ activation, propagated through its Lipschitz constant). In practice errors are n
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -99,11 +99,12 @@ class MatMul(kir.KernelStage):
         return Gemm(m, n, k, a, b, c, dt, tuple(batch),
                     box_epilogue(self, has_m, has_n))
 
-    def emit_llvm(self, ctx) -> None:
+    def emit_llvm(self, ctx, b=None) -> None:
         """The product at ``ctx``'s insertion point (it runs its own ``parallel_for``): a
         call of the shared library engine when the operands are dense, else the GEMM
-        driver inline."""
-        g = self.gemm()
+        driver inline. ``b``: a B operand of the engine's (:mod:`jitbyoc.engines.gemm`) to
+        read instead of ``inputs[1]`` (a convolution's panels, :mod:`.conv_panels`)."""
+        g = self.gemm() if b is None else replace(self.gemm(), b=b)
         (gemm_engine.call if gemm_engine.fits(g) else gemm_llvm.emit)(g, ctx)
 
     def macs(self) -> tuple:

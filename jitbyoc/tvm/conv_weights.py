@@ -74,10 +74,11 @@ def tap_major_conv(call: relax.Call, lookup, emit) -> relax.Call | None:
     weight = call.args[1]
     value = constant(lookup(weight) if isinstance(weight, relax.Var) else weight)
     dt = str(call.args[1].ty.dtype)
-    geo = None if value is None or value.ndim != 4 or dt not in PRODUCTS or why_not(call) is not None \
-        else conv_geometry(call)
-    cp = 0 if geo is None else conv_panels.channels(geo, dt)
-    if geo is None or not conv_panels.tap_major(geo, dt) or value.shape[2:] == (1, 1) and cp == geo.cg:
+    if value is None or value.ndim != 4 or dt not in PRODUCTS or why_not(call) is not None:
+        return None
+    geo = conv_geometry(call)
+    cp = conv_panels.channels(geo, dt)
+    if not conv_panels.tap_major(geo, dt) or value.shape[2:] == (1, 1) and cp == geo.cg:
         return None  # (a 1x1's weight in whole units is tap-major as it lies)
     packed = np.zeros((value.shape[0], *value.shape[2:], cp), value.dtype)
     packed[..., :geo.cg] = value.transpose(0, 2, 3, 1)
