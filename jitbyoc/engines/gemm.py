@@ -58,6 +58,9 @@ API
   block to the ``ctx.epilogue(stage, origin, extent)`` box of a ``(*batch, M, N)`` output
   (dims of size 1 dropped, as in a 1-D matmul operand, are skipped); :func:`rows_epilogue`
   does it row by row when ``m`` is several output dims folded. ``None``: no epilogue.
+  With ``private_c`` (C is a temp nothing but a box epilogue reads: a product whose
+  epilogue writes another dtype) the LLVM rendering may keep C in a scratch of its own
+  and pass the epilogue ``acc=(pointer, row stride)``, where the block's sums are.
 * **Threads.** the LLVM emitters and ``emit_c`` run ``ctx.parallel_for`` themselves (so never
   call them from inside one). The LLVM rendering splits the larger of M and N into
   chunks that tasks take from atomic counters, their own range first (:mod:`.gemm_llvm`); the C rendering
@@ -325,10 +328,13 @@ class Output:
 def box_epilogue(stage, has_m: bool = True, has_n: bool = True) -> Callable:
     """An engine epilogue applying ``stage.epilogue`` to the block's box of ``stage.out``,
     an output shaped ``(*batch, [M], [N])`` (``has_m``/``has_n`` False: that dim dropped)."""
-    def apply(ctx, b, m0, mc, n0, nc):
+    def apply(ctx, b, m0, mc, n0, nc, acc=None):
         origin = list(b) + ([m0] if has_m else []) + ([n0] if has_n else [])
         extent = [1] * len(b) + ([mc] if has_m else []) + ([nc] if has_n else [])
-        ctx.epilogue(stage, origin, extent)
+        if acc is None:
+            ctx.epilogue(stage, origin, extent)
+        else:  # only where has_m and has_n (Gemm.private_c): the scratch's rows are M's
+            ctx.epilogue(stage, origin, extent, acc=acc)
     return apply if stage.epilogue is not None else None
 
 
@@ -358,6 +364,7 @@ class Gemm:
     batch: tuple = ()
     epilogue: Callable | None = None
     blocking: Blocking = field(default=None)
+    private_c: bool = False  # C is read by the (box) epilogue only: see the module docstring
 
     def __post_init__(self):
         self.blocking = self.blocking or blocking_for(self.dtype)

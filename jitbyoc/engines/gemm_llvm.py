@@ -122,6 +122,8 @@ def _task(g, c, _lo, _hi, extra, team=None) -> None:
     bp = None if b_direct else workspace(c, g.product.unit, b.mul(ncap, kcb))
     # an edge of fewer than MR rows of an A read in place, copied whole and zero-padded
     edge = workspace(c, g.product.unit, b.mul(I64(blk.mr), kcb)) if blk.tiles and direct else None
+    sums = scratch_c(g)
+    scratch = workspace(c, g.product.acc, I64(sums[0] * sums[1])) if sums else None
     total = b.mul(c.product(g.batch), per_item)
     # a thread's own chunks first: its columns (a conv's pixels) are the rows its
     # neighbours in the model wrote and read (see conv_engine.Emit.banded)
@@ -137,15 +139,42 @@ def _task(g, c, _lo, _hi, extra, team=None) -> None:
         mrange = (b.select(split_n, I64(0), rows[0]), b.select(split_n, m, rows[1]))
         nrange = (b.select(split_n, cols[0], I64(0)), b.select(split_n, cols[1], n))
         bidx = c.unravel(item, g.batch) if g.batch else []
-        _blocks(g, c, bidx, mrange, nrange, (kblocks, kcb), ap, bp, edge)
+        c_at = None if scratch is None else (scratch, I64(sums[1]), mrange[0], nrange[0])
+        _blocks(g, c, bidx, mrange, nrange, (kblocks, kcb), ap, bp, edge, c_at)
     if blk.tiles:
         tiles.release(b)
+    if scratch is not None:
+        free_workspace(c, scratch)
     if edge is not None:
         free_workspace(c, edge)
     if bp is not None:
         free_workspace(c, bp)
     if ap is not None:
         free_workspace(c, ap)
+
+
+SCRATCH_C_MAX_BYTES = 1 << 20  # see scratch_c
+
+
+def scratch_c(g) -> tuple | None:
+    """``(rows, row stride)`` of a task's scratch for a chunk's C, where ``g``'s C is a
+    temp only its epilogue reads (:attr:`.gemm.Gemm.private_c`, static M and N) and a
+    chunk's block of it takes at most :data:`SCRATCH_C_MAX_BYTES`; else None. The tiles
+    store their sums there and the epilogue reads them back while they are in cache,
+    where a temp of the whole C took fresh lines from memory and wrote them back: a
+    bf16 or int8 product whose epilogue writes its own dtype passed its float32 / int32
+    sums through memory once more. Rows are 64 bytes apart at least (whole lines: AMX
+    tile rows 16 bytes off a line cost several times as much)."""
+    m, n = static_size(g.m), static_size(g.n)
+    if not g.private_c or g.epilogue is None or m is None or n is None:
+        return None
+    split_n = n >= m  # as _emit splits: a chunk is whole columns or whole rows
+    parts = -(-n // g.nr) if split_n else -(-m // g.blocking.mr)
+    most = -(-parts // chunks_of(parts))  # parts of the largest chunk (chunk_parts)
+    rows, cols = (m, most * g.nr) if split_n else (most * g.blocking.mr, n)
+    line = 64 // lookup_dtype(g.product.acc).nbytes
+    stride = -(-cols // line) * line
+    return (rows, stride) if rows * stride * lookup_dtype(g.product.acc).nbytes <= SCRATCH_C_MAX_BYTES else None
 
 
 def k_blocks(b, k, blk) -> tuple:
@@ -164,7 +193,7 @@ def k_blocks(b, k, blk) -> tuple:
     return b.select(b.icmp_signed(">", k, I64(0)), ceil_div(b, k, kcb), I64(1)), kcb
 
 
-def _blocks(g, c, bidx, mrange, nrange, kplan, ap, bp, edge) -> None:
+def _blocks(g, c, bidx, mrange, nrange, kplan, ap, bp, edge, c_at) -> None:
     b, blk = c.b, g.blocking
     k = k_units(g, c)
     kblocks, kcb = kplan
@@ -185,16 +214,25 @@ def _blocks(g, c, bidx, mrange, nrange, kplan, ap, bp, edge) -> None:
                 else:
                     pack_panels(g, c, g.a, ap, bidx, ic, mc, pc, kc, blk.mr)
             last = b.icmp_signed("==", pb, b.sub(kblocks, I64(1)))
-            _columns(g, c, bidx, (ic, mc), (pc, kc, last), nrange, ap, bp, edge)
+            _columns(g, c, bidx, (ic, mc), (pc, kc, last), nrange, ap, bp, edge, c_at)
 
 
-def _columns(g, c, bidx, mblock, kblock, nrange, ap, bp, edge) -> None:
+def _columns(g, c, bidx, mblock, kblock, nrange, ap, bp, edge, c_at) -> None:
+    """The NC blocks of columns of a KC x MC block; C at ``g.c``, or with ``c_at =
+    (scratch, row stride, first row, first column)`` in the chunk's scratch
+    (:func:`scratch_c`)."""
     b, blk, dt = c.b, g.blocking, g.product.unit
     (ic, mc), (pc, kc, last) = mblock, kblock
     cols = b.sub(nrange[1], nrange[0])
     nb = ceil_div(b, cols, I64(blk.nc))
     ncb = b.mul(ceil_div(b, ceil_div(b, cols, smax(b, nb, I64(1))), I64(g.nr)), I64(g.nr))
-    ldc = c.product(g.c.row if isinstance(g.c.row, tuple) else (g.c.row,))
+    ldc = c.product(g.c.row if isinstance(g.c.row, tuple) else (g.c.row,)) if c_at is None else c_at[1]
+
+    def sums(row, col):  # C's element (row, col): in the output, or in the scratch
+        if c_at is None:
+            return c.element(g.c.buf, g.c.offset_llvm(c, bidx, row, col))
+        scratch, stride, row0, col0 = c_at
+        return mk.gep(b, scratch, b.add(b.mul(b.sub(row, row0), stride), b.sub(col, col0)), g.product.acc)
     accumulate = b.icmp_signed(">", pc, I64(0))
     if ap is None:
         abase, axs, aks = a_direct(g, c, bidx)
@@ -219,7 +257,7 @@ def _columns(g, c, bidx, mblock, kblock, nrange, ap, bp, edge) -> None:
                 a = (mk.gep(b, ap, b.mul(i0, kc), dt), *((kc, I64(1)) if blk.tiles else (I64(1), I64(blk.mr))))
             with for_range(b, ceil_div(b, nc, I64(g.nr)), "gc") as jr:
                 j0 = b.mul(jr, I64(g.nr))
-                out = c.element(g.c.buf, g.c.offset_llvm(c, bidx, b.add(ic, i0), b.add(jc, j0)))
+                out = sums(b.add(ic, i0), b.add(jc, j0))
                 bt = (mk.gep(b, bp, b.mul(j0, kc), dt), I64(g.nr)) if bp is not None else \
                     (mk.gep(b, bbase, b.mul(b.add(jc, j0), bxs), dt), bks)
                 args = [*a, *bt, kc, out, ldc, mv, smin(b, I64(g.nr), b.sub(nc, j0)), accumulate]
@@ -229,7 +267,8 @@ def _columns(g, c, bidx, mblock, kblock, nrange, ap, bp, edge) -> None:
                     micro_tile(g, c, args, bp is None, short=ap is None and short_tiles(g))
             if g.epilogue is not None:
                 with b.if_then(last):
-                    g.epilogue(c, bidx, b.add(ic, i0), mv, jc, nc)
+                    acc = None if c_at is None else {"acc": (sums(b.add(ic, i0), jc), ldc)}
+                    g.epilogue(c, bidx, b.add(ic, i0), mv, jc, nc, **(acc or {}))
 
 
 def row_tiles(b, rows, mr: int, balanced: bool):

@@ -124,13 +124,17 @@ class KernelStage:
     block is still in cache: ``out[p] = epilogue(Acc=out[p])``. With ``epilogue_out``
     (``out``'s shape, any dtype) the epilogue writes there instead, ``epilogue_out[p] =
     epilogue(Acc=out[p])``, and ``out`` is the kernel's scratch: an int8 product's int32
-    sums requantized to uint8 block by block. Subclasses hold their operands and
+    sums requantized to uint8 block by block. ``epilogue_also`` (with ``epilogue_out``
+    only) are more ``(buffer, expression)`` stores of the same blocks, each buffer of
+    ``out``'s shape: a residual sum kept in float32 and cast to bfloat16 for the next
+    product, both written while the block is in cache. Subclasses hold their operands and
     attributes and implement ``emit_llvm(ctx)``, ``emit_c(ctx)`` and ``reference(*arrays)``.
     """
     inputs: tuple
     out: Buffer
     epilogue: object = None
     epilogue_out: Buffer | None = None
+    epilogue_also: tuple = ()
     # whether every emit path applies the epilogue through ``ctx.epilogue`` on finished
     # blocks only (then ``epilogue_out`` may be set): the products
     writes_epilogue_apart = False
@@ -140,9 +144,15 @@ class KernelStage:
         """The buffer the stage leaves its result in: ``epilogue_out`` or ``out``."""
         return self.out if self.epilogue_out is None else self.epilogue_out
 
+    def epilogue_stores(self) -> list[tuple]:
+        """``(buffer, expression)`` of every store the epilogue makes (none without one)."""
+        if self.epilogue is None:
+            return []
+        return [(self.result, self.epilogue)] + list(self.epilogue_also)
+
     def reads(self) -> list[Buffer]:
-        extra = loads([self.epilogue]) + tables([self.epilogue]) if self.epilogue is not None else []
-        return list(self.inputs) + extra
+        roots = [self.epilogue] + [e for _, e in self.epilogue_also] if self.epilogue is not None else []
+        return list(self.inputs) + loads(roots) + tables(roots)
 
     def macs(self) -> tuple[Dim, ...] | None:
         """Multiply-adds this stage makes, as a product of dims (the profiler's FLOP count
@@ -250,13 +260,20 @@ def stage_reads(stage) -> list[Buffer]:
 def stage_writes(stage) -> list[Buffer]:
     if isinstance(stage, Elementwise):
         return [b for b, _ in stage.stores]
-    return [stage.out] if stage.epilogue_out is None else [stage.out, stage.epilogue_out]
+    if stage.epilogue_out is None:
+        return [stage.out]
+    return [stage.out, stage.epilogue_out] + [buf for buf, _ in stage.epilogue_also]
 
 
 def substitute(root, mapping):
     """``root`` with every node in ``mapping`` (by identity) replaced; shares the rest."""
+    return substitute_all([root], mapping)[0]
+
+
+def substitute_all(roots, mapping) -> list:
+    """:func:`substitute` on several roots at once: a node they share stays one node."""
     memo = {id(k): v for k, v in mapping.items()}
-    for node in walk([root]):
+    for node in walk(roots):
         if id(node) in memo:
             continue
         if isinstance(node, Op):
@@ -265,7 +282,7 @@ def substitute(root, mapping):
                 memo[id(node)] = Op(node.op, args, node.in_dtype, node.dtype, node.attrs)
         elif isinstance(node, Lookup) and id(node.index) in memo:
             memo[id(node)] = Lookup(node.table, memo[id(node.index)])
-    return memo.get(id(root), root)
+    return [memo.get(id(root), root) for root in roots]
 
 
 def loads(roots) -> list[Buffer]:

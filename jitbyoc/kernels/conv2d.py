@@ -213,12 +213,15 @@ class Conv2d(kir.KernelStage):
         chans = (g.groups,) if g.groups > 1 else ()
         pixels = g.oh * g.ow
         rows = (conv_panels.channels(g, w.dtype) if self.tap_major else g.cg) * g.taps
-        flat = _flat_epilogue(self.epilogue, self.out, lead, g.groups)
+        stores = self.epilogue_stores()
+        flat = _flat_epilogue([e for _, e in stores], self.out, lead, g.groups) if stores else None
         shape = lead + chans + (g.kg, pixels)
         product = MatMul((kir.view(w, chans + (g.kg, rows)), kir.view(x, lead + chans + (rows, pixels))),
-                         kir.view(self.out, shape), epilogue=flat,
+                         kir.view(self.out, shape), epilogue=flat and flat[0],
                          epilogue_out=None if flat is None or self.epilogue_out is None
-                         else kir.view(self.epilogue_out, shape))
+                         else kir.view(self.epilogue_out, shape),
+                         epilogue_also=tuple((kir.view(buf, shape), e) for (buf, _), e in zip(stores[1:], flat[1:]))
+                         if flat else ())
         panels = None
         if self.tap_major:  # B is the panels, not the view of x above (which gives the product's shape)
             panels = conv_panels.operand(self.work, lead) if self.work is not None else conv_panels.Windows(x, g)
@@ -370,23 +373,21 @@ def _strided_load(b, c, x, row_in, x0, j, mask, g):
     return b.shuffle_vector(wide, ir.Constant(wide.type, None), keep)
 
 
-def _flat_epilogue(epilogue, out: kir.Buffer, lead: tuple, groups: int):
-    """``epilogue`` (over ``out``: N, K, spatial...) over the view the product writes,
+def _flat_epilogue(roots: list, out: kir.Buffer, lead: tuple, groups: int):
+    """The epilogue's ``roots`` (over ``out``: N, K, spatial...) over the view the product writes,
     ``lead + [groups,] (K / groups, pixels)``, each load viewed alike (a per-channel bias
     ``(1, K, 1, 1)`` as ``(K, 1)``); None when a load has no such view (it broadcasts
     along some spatial dims but not all, or along the batch of a single image)."""
-    if epilogue is None:
-        return None
     spatial, k = tuple(out.shape[2:]), out.shape[1]
     mapping = {}
-    for load in (n for n in kir.walk([epilogue]) if isinstance(n, kir.Load)):
+    for load in (n for n in kir.walk(roots) if isinstance(n, kir.Load)):
         n, c, *where = (1,) * (out.ndim - load.buf.ndim) + tuple(load.buf.shape)
         if (not lead and n != 1) or tuple(where) not in ((1,) * len(spatial), spatial):
             return None
         chans = ((groups, k // groups) if c == k else (1, 1)) if groups > 1 else (c,)
         pixels = 1 if all(d == 1 for d in where) else int(np.prod(spatial))
         mapping[load] = kir.Load(kir.view(load.buf, (n,) * len(lead) + chans + (pixels,)))
-    return kir.substitute(epilogue, mapping)
+    return kir.substitute_all(roots, mapping)
 
 
 def _layout_problem(call) -> str | None:

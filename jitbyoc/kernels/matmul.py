@@ -96,8 +96,11 @@ class MatMul(kir.KernelStage):
         a = Strided(self.inputs[0], batch_strides(ashape, astr), astr[-2] if has_m else 0, astr[-1])
         ostr = _strides(out)
         c = Output(self.out, tuple(ostr[:len(batch)]), out[-1:] if has_n else 1)
+        # the sums are a temp only the epilogue reads when it writes elsewhere (its dtype)
+        private = (has_m and has_n and self.epilogue is not None and self.epilogue_out is not None
+                   and self.out.dtype == self.product.acc)
         return Gemm(m, n, k, a, b, c, dt, tuple(batch),
-                    box_epilogue(self, has_m, has_n))
+                    box_epilogue(self, has_m, has_n), private_c=private)
 
     def emit_llvm(self, ctx, b=None) -> None:
         """The product at ``ctx``'s insertion point (it runs its own ``parallel_for``): a

@@ -179,7 +179,8 @@ class Ctx(Indexing):
 
     def epilogue(self, stage: kir.KernelStage, origin, extent) -> None:
         """Mirror of :meth:`jitbyoc.render.llvm.Ctx.epilogue`."""
-        if stage.epilogue is None:
+        stores = stage.epilogue_stores()
+        if not stores:
             return
         out = stage.out
         k = len(self.lines)
@@ -187,10 +188,11 @@ class Ctx(Indexing):
         with _nest(self, idx, extent):
             pos = [f"({o} + {i})" for o, i in zip(origin, idx)]
             offset = self.offset(out.shape, pos)
-            values = evaluate(self.em, [stage.epilogue],
+            values = evaluate(self.em, [e for _, e in stores],
                               lambda buf: self.element(buf, self.offset(buf.shape, pos[out.ndim - buf.ndim:], True)),
                               self.element(out, offset), self.element)
-            self.line(f"{self.element(stage.result, offset)} = {values[id(stage.epilogue)]};")
+            for buf, expr in stores:
+                self.line(f"{self.element(buf, offset)} = {values[id(expr)]};")
 
 
 @contextmanager

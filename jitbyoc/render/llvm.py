@@ -240,20 +240,26 @@ class Ctx(Indexing):
         _check_own_values(fn)
 
     # ---- fused epilogues -------------------------------------------------------------------
-    def epilogue(self, stage: kir.KernelStage, origin, extent) -> None:
+    def epilogue(self, stage: kir.KernelStage, origin, extent, acc=None) -> None:
         """Apply ``stage.epilogue`` in place to the box ``origin + [0, extent)`` of
-        ``stage.out`` (one origin/extent per dim of ``out``; ints or i64 values)."""
-        if stage.epilogue is None:
+        ``stage.out`` (one origin/extent per dim of ``out``; ints or i64 values). ``acc``:
+        ``(pointer, row stride)``, the box's sums are there instead of in ``out`` (a
+        product's scratch, :mod:`jitbyoc.engines.gemm_llvm`), rows along ``out``'s
+        second-last dim."""
+        stores = stage.epilogue_stores()
+        if not stores:
             return
-        reads = kir.loads([stage.epilogue])
+        roots = [e for _, e in stores]
+        reads = kir.loads(roots)
         # a run is the trailing dims the box spans whole: 7-wide rows of a 7x7 map are
         # 49-long runs, vectors (not scalar loops: EfficientNet's SiLU after its 7x7
-        # convs cost more than the convs)
-        lead = stage.out.ndim - _run_dims(stage.out, reads, origin, extent)
-        n = vector_lanes(stage.out, reads + [stage.result], stage.out.shape[lead:], [stage.epilogue],
+        # convs cost more than the convs); a scratch's rows are runs of their own
+        runs = 1 if acc is not None else _run_dims(stage.out, reads, origin, extent)
+        lead = stage.out.ndim - runs
+        n = vector_lanes(stage.out, reads + [buf for buf, _ in stores], stage.out.shape[lead:], roots,
                          lambda buf: _walks(stage.out, buf, stage.out.ndim - 1))
         if n:
-            self._vector_epilogue(stage, reads, origin, extent, n, lead)
+            self._vector_epilogue(stage, reads, origin, extent, n, lead, acc)
             return
         self.scalar_loops()
         out, b = stage.out, self.b
@@ -266,18 +272,21 @@ class Ctx(Indexing):
                 sub = pos[nd - buf.ndim:]
                 return self.em.loaded(self.load(buf, self.offset(buf.shape, sub, broadcast=True)), buf.dtype)
 
-            acc = self.em.loaded(self.load(out, offset), out.dtype)
-            values = evaluate(self.em, [stage.epilogue], load, acc, self.lookup)
-            self.store(stage.result, offset, values[id(stage.epilogue)])
+            at = self.element(out, offset) if acc is None else _scratch_at(b, acc, idx[-2], idx[-1], out.dtype)
+            value = self.em.loaded(b.load(at, typ=lookup_dtype(out.dtype).storage_ir), out.dtype)
+            values = evaluate(self.em, roots, load, value, self.lookup)
+            for buf, expr in stores:
+                self.store(buf, offset, values[id(expr)])
 
-    def _vector_epilogue(self, stage: kir.KernelStage, reads, origin, extent, n: int, lead: int) -> None:
+    def _vector_epilogue(self, stage: kir.KernelStage, reads, origin, extent, n: int, lead: int,
+                         acc=None) -> None:
         """:meth:`epilogue` on ``n``-element vectors along runs of the box that are
         contiguous in ``out`` (the dims from ``lead`` on, :func:`_run_dims`: the last dim,
         and the dims before it while the box spans the dims after them whole: a 4-row band
         of 56-wide image rows is one run of 14 vectors, not 4 runs of 3.5), the last
         vector of each run masked."""
         out, b, em = stage.out, self.b, Emitter(self.b, n)
-        nd = out.ndim
+        nd, stores = out.ndim, stage.epilogue_stores()
         sizes = [_static(e) if _static(e) is not None else e for e in extent[lead:]]
         length = self.i64(product(self.ints, sizes))
 
@@ -291,9 +300,10 @@ class Ctx(Indexing):
                 return vload(b, self.element(buf, b.add(off, j)), buf.dtype, mask, n)
 
             at = b.add(self.offset(out.shape, start), j)
-            acc = vload(b, self.element(out, at), out.dtype, mask, n)
-            values = evaluate(em, [stage.epilogue], load, acc, self.lookup)
-            vstore(b, values[id(stage.epilogue)], self.element(stage.result, at), stage.result.dtype, mask)
+            sums = self.element(out, at) if acc is None else _scratch_at(b, acc, idx[-1], j, out.dtype)
+            values = evaluate(em, [e for _, e in stores], load, vload(b, sums, out.dtype, mask, n), self.lookup)
+            for buf, expr in stores:
+                vstore(b, values[id(expr)], self.element(buf, at), buf.dtype, mask)
 
         with loop_nest(b, [self.i64(e) for e in extent[:lead]], "e") as idx:
             strips(b, I64(0), length, n, lambda j, mask: point(idx, j, mask))
@@ -349,6 +359,13 @@ def _walks(out: kir.Buffer, buf: kir.Buffer, d: int) -> bool:
 def _static(v):
     """``v`` (an int or i64 value) as an int if it is a constant, else None."""
     return v if isinstance(v, int) else v.constant if isinstance(v, ir.Constant) else None
+
+
+def _scratch_at(b: ir.IRBuilder, acc, row, col, dt: str) -> ir.Value:
+    """The element at ``(row, col)`` of a box's sums kept in a scratch: ``acc = (pointer,
+    row stride)`` (see :meth:`Ctx.epilogue`)."""
+    pointer, stride = acc
+    return b.gep(pointer, [b.add(b.mul(row, stride), col)], source_etype=lookup_dtype(dt).storage_ir)
 
 
 def _run_dims(out: kir.Buffer, reads, origin, extent) -> int:
