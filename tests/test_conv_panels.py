@@ -88,10 +88,12 @@ def test_bfloat16_convolutions_gathered_into_panels_sum_in_float32(shape, k, ker
 @on_tiles
 @pytest.mark.parametrize("shape, k, kernel, stride, pad", [
     ((1, 64, 20, 20), 64, 3, 1, 1), ((1, 32, 7, 7), 96, 3, 1, 1), ((2, 48, 15, 13), 24, 3, 2, 1),
-    ((1, 16, 17, 17), 16, 5, 1, 2), ((1, 64, 14, 14), 48, 1, 2, 0), ((1, 16, 13, 13), 32, 3, 1, 1)])
+    ((1, 16, 17, 17), 16, 5, 1, 2), ((1, 64, 14, 14), 48, 1, 2, 0), ((1, 16, 13, 13), 32, 3, 1, 1),
+    ((1, 3, 29, 29), 64, 3, 2, 0), ((1, 3, 23, 23), 64, 7, 2, 3), ((2, 1, 12, 12), 8, 3, 1, 1), ((1, 2, 9, 9), 40, 3, 1, 1)])
 def test_int8_convolutions_gathered_into_panels_are_exact(shape, k, kernel, stride, pad):
     """uint8 pixels times int8 weights (on tiles with whole quads of channels, SqueezeNet's
-    16 by 3x3 among them): equal to TVM's build and to numpy's integer sum."""
+    16 by 3x3 among them, or fewer than a quad padded to one: the stems of SqueezeNet and
+    ResNet-50): equal to TVM's build and to numpy's integer sum."""
     rng = np.random.default_rng(k * kernel)
     x = rng.integers(0, 256, shape).astype("uint8")
     w = rng.integers(-128, 128, (k, shape[1], kernel, kernel)).astype("int8")

@@ -72,7 +72,10 @@ COLUMNS_MAX_PIXELS = 49  # output pixels up to which an int8 conv is gathered (C
 # packed, SqueezeNet ran in 0.92x the time with those convs (144, 288) and its stem (27)
 # on the pixel engine, 0.94x with only 144 and 27 there; Inception v1 and ResNet-50 (432
 # and up, stems 147) level either way. A bf16 conv is gathered from any reduction:
-# ResNet-50's stem (147) took 1.16 ms on tiles against 2.0 on the pixel engine
+# ResNet-50's stem (147) took 1.16 ms on tiles against 2.0 on the pixel engine. Stems of
+# fewer than a quad of channels (padded to one) run tap-major on tiles too, since their
+# int32 sums stay in the product's scratch (gemm_llvm.scratch_c) where the pixel engine
+# wrote them all to memory first: SqueezeNet QDQ 0.893x, ResNet-50 level (alternating)
 COLUMNS_TILES_MIN_K = 320
 
 
@@ -137,7 +140,7 @@ class ConvGeometry:
         pixel engine (Sapphire Rapids-class Xeon, 2 threads, jitbyoc.profile), from a
         reduction of :data:`COLUMNS_TILES_MIN_K` up."""
         small = self.oh * self.ow <= COLUMNS_MAX_PIXELS
-        quads = self.groups == 1 and self.cg % 4 == 0  # tap-major (kernels.conv_panels)
+        quads = self.groups == 1 and (self.cg % 4 == 0 or self.cg < 4)  # tap-major (kernels.conv_panels), a stem padded
         tiles = self.tiles and (not self.gathered or quads or self.cg * self.taps >= COLUMNS_TILES_MIN_K)
         return self.taps > 1 and self.groups == 1 and (self.gathered and small or tiles)
 
