@@ -56,15 +56,19 @@ def test_int8_product_is_exact(target, a, b, m, k, n, batch):
     assert np.array_equal(got, MatMul.reference(x, w))
 
 
-def test_constant_int8_weight_is_packed_in_quads():
-    """A constant weight is packed at build time, four k interleaved per column."""
-    w = _ints(np.random.default_rng(0), (256, 128), "int8")
-    mod = build_model({"x": ((32, 256), "uint8")},
+@pytest.mark.parametrize("m, n", [(32, 128), (1, 1000), (5, 70)])
+def test_constant_int8_weight_is_packed_in_quads(m, n):
+    """A constant weight is packed at build time, four k interleaved per column: for one
+    row too (a classifier), and with N not a whole number of panels (the last padded with
+    zero columns, read and dropped)."""
+    w = _ints(np.random.default_rng(0), (256, n), "int8")
+    mod = build_model({"x": ((m, 256), "uint8")},
                       lambda bb, x: bb.emit(R.matmul(x, relax.const(w), out_dtype="int32")))
     (region,) = jitbyoc.inspect(mod)
     (product,) = [s for s in region.kernel.stages if isinstance(s, MatMul)]
     assert product.panels and product.inputs[1].shape[-1] == PRODUCTS["uint8"].group
-    x = _ints(np.random.default_rng(1), (32, 256), "uint8")
+    assert product.inputs[1].shape[0] * product.panels >= n and len(region.kernel.stages) == 1
+    x = _ints(np.random.default_rng(1), (m, 256), "uint8")
     builds = build_both(mod)
     assert np.array_equal(builds.run(x)[1], MatMul.reference(x, w))
 

@@ -79,10 +79,12 @@ def fold_panels(kernel: kir.Kernel) -> None:
     r + 1, r, r + 2]), (..., K, N))`` of a constant ``P`` (``..., N/w, K, w``; a product in
     units of ``g`` k: ``..., N/w, K/g, w, g`` permuted by ``[..., r + 1, r + 3, r, r + 2]``); when ``w`` is
     the GEMM engine's panel width here, the product reads ``P``'s panels as they are and
-    the permute (a copy of the whole weight) is dropped. Otherwise the permute stays: the
-    product is still right, only slower."""
+    the permute (a copy of the whole weight) is dropped; a slice cutting the last panel's
+    zero columns off goes too (the product reads N off its output). Otherwise the permute
+    stays: the product is still right, only slower."""
     for stage in [s for s in kernel.stages if isinstance(s, MatMul) and not s.panels]:
-        view, g = stage.inputs[1], stage.product.group
+        g = stage.product.group
+        view, cut = _padding_cut(kernel, stage.inputs[1], axis=stage.inputs[1].ndim - 1)  # N padded to whole panels
         producer = None if stage.perms[1] is not None or view.base is None else permute_making(kernel, view.base)
         r = view.ndim - 2
         axes = (*range(r), r + 1, r, r + 2) if g == 1 else (*range(r), r + 1, r + 3, r, r + 2)
@@ -94,6 +96,8 @@ def fold_panels(kernel: kir.Kernel) -> None:
                 or g > 1 and panels.shape[-1] != g:
             continue
         stage.inputs, stage.panels = (stage.inputs[0], panels), width
+        if cut is not None:
+            drop_if_unread(kernel, cut)
         drop_if_unread(kernel, producer)
 
 

@@ -69,6 +69,8 @@ class MatMul(kir.KernelStage):
         has_m, has_n = len(ashape) > 1, len(bshape) > 1
         k = ashape[-1]
         m, n = (ashape[-2] if has_m else 1), (bshape[-1] if has_n else 1)
+        if self.panels and has_n:  # the last panel may hold zero columns past N
+            n = self.out.shape[-1]
         out = self.out.shape
         batch = out[:len(out) - has_m - has_n]
 
