@@ -151,6 +151,23 @@ def test_lower_precision_of_a_linear_layer(m, k, n):
         assert not [s for s in region.kernel.stages if isinstance(s, (Permute, Slice))], region.kernel.stages
 
 
+def test_lower_precision_casts_an_operand_once():
+    """Three products of one input (attention's Q, K and V; an Inception module's
+    branches) read one bfloat16 copy of it, not three."""
+    rng = np.random.default_rng(11)
+    ws = [rng.standard_normal((64, 48)).astype(np.float32) for _ in range(3)]
+    mod = build_model({"x": ((16, 64), "float32")},
+                      lambda bb, x: [bb.emit(R.matmul(x, relax.const(w))) for w in ws])
+    low = jitbyoc.lower_precision(mod, "bf16")
+    assert low.script().count("R.astype(x,") == 1
+    x = rng.standard_normal((16, 64)).astype(np.float32)
+    builds = build_both(low)
+    for got, want in zip(*reversed(builds.run(x))):
+        k = 64
+        bound = 2 * k * U / (1 - k * U) * k * np.abs(x).max() * max(np.abs(w).max() for w in ws)
+        assert np.abs(got - want).max() <= bound
+
+
 def test_lower_precision_leaves_what_it_does_not_lower():
     """float64 products and products of a vector stay as they are; an unknown precision
     is refused by name. (Products of two float32 activations, attention's, are lowered:

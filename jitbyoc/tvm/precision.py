@@ -79,6 +79,27 @@ def _static(value) -> bool:
 
 @relax.expr_functor.mutator
 class _ToBFloat16(relax.PyExprMutator):
+    def __init__(self, mod):
+        super().__init__(mod)
+        self.narrowed: dict = {}
+
+    def visit_dataflow_block_(self, block):
+        self.narrowed = {}  # a dataflow var lives in its block
+        return super().visit_dataflow_block_(block)
+
+    def visit_binding_block_(self, block):
+        self.narrowed = {}
+        return super().visit_binding_block_(block)
+
+    def narrow(self, x):
+        """``astype(x, "bfloat16")``, emitted once per ``x``: an Inception module's input
+        feeds three convolutions, which each cast it (three passes, three buffers)."""
+        if not isinstance(x, relax.Var):
+            return self.builder_.emit(relax.op.astype(x, "bfloat16"))
+        if x not in self.narrowed:
+            self.narrowed[x] = self.builder_.emit(relax.op.astype(x, "bfloat16"))
+        return self.narrowed[x]
+
     def visit_call_(self, call):
         call = super().visit_call_(call)
         if call.op.same_as(CONV2D):
@@ -92,8 +113,7 @@ class _ToBFloat16(relax.PyExprMutator):
         if value.ndim != 2 or str(value.dtype) != "float32" \
                 or str(x.ty.dtype) != "float32" or str(call.ty.dtype) != "float32":
             return call
-        narrow = self.builder_.emit(relax.op.astype(x, "bfloat16"))
-        return relax.op.matmul(narrow, tensor_constant(value.astype(ml_dtypes.bfloat16)), "float32")
+        return relax.op.matmul(self.narrow(x), tensor_constant(value.astype(ml_dtypes.bfloat16)), "float32")
 
     def _activations(self, call):
         """A float32 product of two computed operands (attention's ``Q K^T`` and ``P V``)
@@ -101,8 +121,7 @@ class _ToBFloat16(relax.PyExprMutator):
         x, y = call.args
         if not _pairs(call):
             return call
-        narrow = [self.builder_.emit(relax.op.astype(v, "bfloat16")) for v in (x, y)]
-        return relax.op.matmul(*narrow, "float32")
+        return relax.op.matmul(self.narrow(x), self.narrow(y), "float32")
 
     def _conv(self, call):
         """A float32 convolution of a constant weight, in bf16 where that runs faster
@@ -112,8 +131,7 @@ class _ToBFloat16(relax.PyExprMutator):
         if value is None or str(value.dtype) != "float32" or why_not(call) is not None \
                 or str(call.ty.dtype) != "float32" or not _narrower_is_faster(conv2d.conv_geometry(call)):
             return call
-        narrow = self.builder_.emit(relax.op.astype(x, "bfloat16"))
-        return conv2d_like(call, narrow, tensor_constant(value.astype(ml_dtypes.bfloat16)), out_dtype="float32")
+        return conv2d_like(call, self.narrow(x), tensor_constant(value.astype(ml_dtypes.bfloat16)), out_dtype="float32")
 
 
 def lower_precision(mod: tvm.IRModule, precision: str = "bf16") -> tvm.IRModule:
