@@ -267,8 +267,11 @@ def _columns(g, c, bidx, mblock, kblock, nrange, ap, bp, edge, c_at) -> None:
                     micro_tile(g, c, args, bp is None, short=ap is None and short_tiles(g))
             if g.epilogue is not None:
                 with b.if_then(last):
-                    acc = None if c_at is None else {"acc": (sums(b.add(ic, i0), jc), ldc)}
-                    g.epilogue(c, bidx, b.add(ic, i0), mv, jc, nc, **(acc or {}))
+                    row = b.add(ic, i0)
+                    if c_at is None:
+                        g.epilogue(c, bidx, row, mv, jc, nc)
+                    else:  # the block's sums are in the scratch
+                        g.epilogue(c, bidx, row, mv, jc, nc, acc=(sums(row, jc), ldc))
 
 
 def row_tiles(b, rows, mr: int, balanced: bool):
