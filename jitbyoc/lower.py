@@ -292,15 +292,17 @@ def fuse_epilogues(kernel: kir.Kernel) -> None:
                 continue
             (dst, expr), = stage.stores
             tmp = producer.out
-            seen = next(n.buf for n in kir.walk([expr]) if isinstance(n, kir.Load) and n.buf.storage == tmp)
+            seen = _temp_read([expr], tmp)
             if seen.shape != dst.shape or dst.shape != stage.shape:
                 continue
             # a plain copy through any view (same elements, same order) or an epilogue
             plain = isinstance(expr, kir.Load) and expr.buf == seen
-            epi = kir.Acc(seen.dtype) if plain else _in_producer_coordinates(expr, seen, tmp.shape)
+            found = None if plain else _in_producer_coordinates([expr], seen, tmp.shape)
+            epi = kir.Acc(seen.dtype) if plain else found and found[0]
             copy = isinstance(epi, kir.Acc)
             if epi is not None and producer.epilogue is not None and not copy:
-                epi = _composed(producer, epi)  # (a copy after an epilogue is free)
+                found = _composed(producer, [epi])  # (a copy after an epilogue is free)
+                epi = found and found[0]
             if epi is None:
                 continue
             apart = tmp.dtype != dst.dtype  # the sums stay in the temp, the epilogue writes dst
@@ -328,8 +330,7 @@ def _fuse_stores(stage: kir.Elementwise, producer: kir.KernelStage) -> bool:
     if not producer.writes_epilogue_apart or producer.epilogue_out is not None:
         return False
     tmp = producer.out
-    seen = next(n.buf for n in kir.walk([e for _, e in stage.stores])
-                if isinstance(n, kir.Load) and n.buf.storage == tmp)
+    seen = _temp_read([e for _, e in stage.stores], tmp)
     if any(dst.shape != seen.shape or dst.shape != stage.shape for dst, _ in stage.stores):
         return False
     exprs = _in_producer_coordinates([e for _, e in stage.stores], seen, tmp.shape)
@@ -343,8 +344,14 @@ def _fuse_stores(stage: kir.Elementwise, producer: kir.KernelStage) -> bool:
     return True
 
 
-def _composed(producer: kir.KernelStage, epi):
-    """``epi`` (or a list of them) applied after the epilogue ``producer`` already has, as one epilogue: a
+def _temp_read(roots: list, tmp: kir.Buffer) -> kir.Buffer:
+    """The view of the producer's temp ``tmp`` that ``roots`` load (there is one:
+    :func:`_sole_kernel_input`)."""
+    return next(n.buf for n in kir.walk(roots) if isinstance(n, kir.Load) and n.buf.storage == tmp)
+
+
+def _composed(producer: kir.KernelStage, roots: list) -> list | None:
+    """``roots`` (epilogues) each applied after the epilogue ``producer`` already has, as one epilogue: a
     bias add fused first, then a GELU that a reshape had kept apart (BERT's and ViT's
     ``linear + add -> reshape -> gelu``), runs on the product's blocks in cache instead
     of a pass of its own. None where the producer's result is not that epilogue's value
@@ -352,19 +359,15 @@ def _composed(producer: kir.KernelStage, epi):
     first = producer.epilogue
     if producer.epilogue_out is not None or first.dtype != producer.out.dtype:
         return None
-    roots = epi if isinstance(epi, list) else [epi]
-    done = kir.substitute_all(roots, {n: first for n in kir.walk(roots) if isinstance(n, kir.Acc)})
-    return done if isinstance(epi, list) else done[0]
+    return kir.substitute_all(roots, {n: first for n in kir.walk(roots) if isinstance(n, kir.Acc)})
 
 
-def _in_producer_coordinates(expr, seen: kir.Buffer, shape):
-    """``expr`` (over ``seen``'s shape, reading the producer's result as ``seen``; or a
-    list of such) as an epilogue over the producer's ``shape``: ``seen`` becomes the
-    accumulator, every other load is realigned; None unless the two shapes differ only
-    in leading unit dims."""
+def _in_producer_coordinates(roots: list, seen: kir.Buffer, shape) -> list | None:
+    """``roots`` (over ``seen``'s shape, reading the producer's result as ``seen``) as
+    epilogues over the producer's ``shape``: ``seen`` becomes the accumulator, every other
+    load is realigned; None unless the two shapes differ only in leading unit dims."""
     if kir.without_leading_ones(seen.shape) != kir.without_leading_ones(shape):
         return None
-    roots = expr if isinstance(expr, list) else [expr]
     mapping: dict = {}
     for n in (n for n in kir.walk(roots) if isinstance(n, kir.Load)):
         if n.buf == seen:
@@ -375,8 +378,7 @@ def _in_producer_coordinates(expr, seen: kir.Buffer, shape):
             if any(d != 1 for d in n.buf.shape[:extra]):
                 return None
             mapping[n] = kir.Load(kir.view(n.buf, n.buf.shape[extra:]))
-    done = kir.substitute_all(roots, mapping)
-    return done if isinstance(expr, list) else done[0]
+    return kir.substitute_all(roots, mapping)
 
 
 def _sole_kernel_input(kernel: kir.Kernel, stage: kir.Elementwise, index: int):

@@ -172,9 +172,10 @@ def scratch_c(g) -> tuple | None:
     parts = -(-n // g.nr) if split_n else -(-m // g.blocking.mr)
     most = -(-parts // chunks_of(parts))  # parts of the largest chunk (chunk_parts)
     rows, cols = (m, most * g.nr) if split_n else (most * g.blocking.mr, n)
-    line = 64 // lookup_dtype(g.product.acc).nbytes
+    nbytes = lookup_dtype(g.product.acc).nbytes
+    line = 64 // nbytes  # elements a cache line
     stride = -(-cols // line) * line
-    return (rows, stride) if rows * stride * lookup_dtype(g.product.acc).nbytes <= SCRATCH_C_MAX_BYTES else None
+    return (rows, stride) if rows * stride * nbytes <= SCRATCH_C_MAX_BYTES else None
 
 
 def k_blocks(b, k, blk) -> tuple:

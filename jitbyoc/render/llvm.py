@@ -259,7 +259,7 @@ class Ctx(Indexing):
         n = vector_lanes(stage.out, reads + [buf for buf, _ in stores], stage.out.shape[lead:], roots,
                          lambda buf: _walks(stage.out, buf, stage.out.ndim - 1))
         if n:
-            self._vector_epilogue(stage, reads, origin, extent, n, lead, acc)
+            self._vector_epilogue(stage, stores, origin, extent, n, lead, acc)
             return
         self.scalar_loops()
         out, b = stage.out, self.b
@@ -278,15 +278,15 @@ class Ctx(Indexing):
             for buf, expr in stores:
                 self.store(buf, offset, values[id(expr)])
 
-    def _vector_epilogue(self, stage: kir.KernelStage, reads, origin, extent, n: int, lead: int,
+    def _vector_epilogue(self, stage: kir.KernelStage, stores, origin, extent, n: int, lead: int,
                          acc=None) -> None:
         """:meth:`epilogue` on ``n``-element vectors along runs of the box that are
         contiguous in ``out`` (the dims from ``lead`` on, :func:`_run_dims`: the last dim,
         and the dims before it while the box spans the dims after them whole: a 4-row band
         of 56-wide image rows is one run of 14 vectors, not 4 runs of 3.5), the last
-        vector of each run masked."""
+        vector of each run masked. ``stores``: the epilogue's (:meth:`epilogue`)."""
         out, b, em = stage.out, self.b, Emitter(self.b, n)
-        nd, stores = out.ndim, stage.epilogue_stores()
+        nd = out.ndim
         sizes = [_static(e) if _static(e) is not None else e for e in extent[lead:]]
         length = self.i64(product(self.ints, sizes))
 

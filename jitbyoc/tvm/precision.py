@@ -94,8 +94,6 @@ class _ToBFloat16(relax.PyExprMutator):
     def narrow(self, x):
         """``astype(x, "bfloat16")``, emitted once per ``x``: an Inception module's input
         feeds three convolutions, which each cast it (three passes, three buffers)."""
-        if not isinstance(x, relax.Var):
-            return self.builder_.emit(relax.op.astype(x, "bfloat16"))
         if x not in self.narrowed:
             self.narrowed[x] = self.builder_.emit(relax.op.astype(x, "bfloat16"))
         return self.narrowed[x]
