@@ -28,10 +28,10 @@ U = 2.0 ** -24
 # (input shape, output channels, kernel, stride, padding, dilation): both ways of gathering
 # (more pixels than channels: inside the product's blocks; fewer: whole panels first),
 # strides, dilation, a 5x5, an odd map, a batch, a strided 1x1, channels padded to whole
-# units (a stem's 3)
-GEOMETRIES = [((1, 64, 20, 20), 64, 3, 1, 1, 1), ((1, 32, 6, 6), 96, 3, 1, 1, 1),
+# units (a stem's 3); channel counts the direct engine leaves here (tests/test_conv_tiles.py)
+GEOMETRIES = [((1, 48, 20, 20), 64, 3, 1, 1, 1), ((1, 32, 6, 6), 96, 3, 1, 1, 1),
               ((2, 16, 15, 13), 24, 3, 2, 1, 1), ((1, 24, 12, 12), 40, 3, 1, 2, 2),
-              ((1, 8, 17, 17), 16, 5, 1, 2, 1), ((2, 64, 7, 7), 128, 3, 1, 1, 1),
+              ((1, 8, 17, 17), 16, 5, 1, 2, 1), ((2, 48, 7, 7), 128, 3, 1, 1, 1),
               ((1, 32, 14, 14), 48, 1, 2, 0, 1), ((1, 3, 29, 29), 16, 7, 2, 3, 1), ((1, 5, 9, 9), 70, 3, 1, 1, 1)]
 
 

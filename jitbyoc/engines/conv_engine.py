@@ -232,28 +232,40 @@ class Emit:
     def pack_rows(self, c, n, ch, r0, r1) -> None:
         """Rows ``r0 .. r1`` of every plane of input channel ``ch`` of image ``n``: the
         input's pixels where the plane table says they are valid, zeros elsewhere."""
+        with for_range(c.b, c.syms["planes"], "p") as p:
+            self.pack_plane(c, n, ch, p, r0, r1)
+
+    def plane_fields(self, c, p) -> tuple:
+        """Plane ``p``'s row of the plane table (:data:`PLANE_FIELDS`)."""
+        b = c.b
+        table = b.inttoptr(c.syms["planetab"], PTR)
+        return tuple(b.load(b.gep(table, [b.add(b.mul(p, I64(PLANE_FIELDS)), I64(f))], source_etype=I64), typ=I64)
+                     for f in range(PLANE_FIELDS))
+
+    def plane_at(self, c, n, ch, p) -> ir.Value:
+        """The workspace offset of plane ``p`` of channel ``ch`` of image ``n``."""
         b, s = c.b, c.syms
-        table = b.inttoptr(s["planetab"], PTR)
+        return b.add(b.add(b.mul(n, s["img"]), b.mul(ch, s["chan"])), b.mul(p, s["plane"]))
+
+    def pack_plane(self, c, n, ch, p, r0, r1) -> None:
+        """Rows ``r0 .. r1`` of plane ``p`` of input channel ``ch`` of image ``n``."""
+        b, s = c.b, c.syms
         srcs = self.sources(c, n, ch)
-        dst0 = b.add(b.mul(n, s["img"]), b.mul(ch, s["chan"]))
-        with for_range(b, s["planes"], "p") as p:
-            rshift, cshift, r_lo, r_hi, q_lo, q_hi = (
-                b.load(b.gep(table, [b.add(b.mul(p, I64(PLANE_FIELDS)), I64(f))], source_etype=I64), typ=I64)
-                for f in range(PLANE_FIELDS))
-            plane = b.add(dst0, b.mul(p, s["plane"]))
-            lo, hi = smax(b, r0, r_lo), smin(b, r1, r_hi)  # the valid rows of the range
-            for z0, z1 in ((r0, smin(b, r1, r_lo)), (smax(b, r0, r_hi), r1)):  # zero rows above, below
-                self.memset0(c, b.add(plane, b.mul(z0, s["wq"])), b.mul(smax(b, I64(0), b.sub(z1, z0)), s["wq"]))
-            with for_range(b, hi, "r", start=lo) as r:
-                row = b.add(plane, b.mul(r, s["wq"]))
-                self.row_zeros(c, row, I64(0), q_lo)
-                self.row_zeros(c, row, q_hi, s["wq"])
-                firsts = [(b.add(b.add(src, b.mul(b.add(b.mul(r, s["sh"]), rshift), s["wd"])),
-                                 b.add(b.mul(q_lo, s["sw"]), cshift)), valid) for src, valid in srcs]
-                if self.product.group > 1:
-                    conv_units.row_copy(self, c, b.add(row, q_lo), firsts, b.sub(q_hi, q_lo), s["sw"])
-                else:
-                    self.row_copy(c, b.add(row, q_lo), firsts[0][0], b.sub(q_hi, q_lo), s["sw"])
+        rshift, cshift, r_lo, r_hi, q_lo, q_hi = self.plane_fields(c, p)
+        plane = self.plane_at(c, n, ch, p)
+        lo, hi = smax(b, r0, r_lo), smin(b, r1, r_hi)  # the valid rows of the range
+        for z0, z1 in ((r0, smin(b, r1, r_lo)), (smax(b, r0, r_hi), r1)):  # zero rows above, below
+            self.memset0(c, b.add(plane, b.mul(z0, s["wq"])), b.mul(smax(b, I64(0), b.sub(z1, z0)), s["wq"]))
+        with for_range(b, hi, "r", start=lo) as r:
+            row = b.add(plane, b.mul(r, s["wq"]))
+            self.row_zeros(c, row, I64(0), q_lo)
+            self.row_zeros(c, row, q_hi, s["wq"])
+            firsts = [(b.add(b.add(src, b.mul(b.add(b.mul(r, s["sh"]), rshift), s["wd"])),
+                             b.add(b.mul(q_lo, s["sw"]), cshift)), valid) for src, valid in srcs]
+            if self.product.group > 1:
+                conv_units.row_copy(self, c, b.add(row, q_lo), firsts, b.sub(q_hi, q_lo), s["sw"])
+            else:
+                self.row_copy(c, b.add(row, q_lo), firsts[0][0], b.sub(q_hi, q_lo), s["sw"])
 
     # ---- 2. compute ----------------------------------------------------------------------------
     def task(self, c, t) -> None:
@@ -421,12 +433,14 @@ def _table(ctx, kind: str, values: list[int]) -> ir.Value:
     return ctx.b.ptrtoint(g, I64)
 
 
-def call(stage, ctx, plan=None, engine=None, img: int | None = None, weight=None) -> None:
+def call(stage, ctx, plan=None, engine=None, img: int | None = None, weight=None, callback=None) -> None:
     """Emit the call of ``stage``'s (a :class:`~.conv2d.Conv2d`) engine, with its epilogue
     outlined into a callback: ``plan`` (default ``stage.plan``) on ``engine`` (default
     its :class:`ConvEngine`); ``img`` overrides the elements of one image in the
     workspace (:mod:`.conv_channels`: no slack); ``weight``, a pointer to the weight
-    packed in blocks (default: the stage's weight, packed as ``stage.packed`` says)."""
+    packed in blocks (default: the stage's weight, packed as ``stage.packed`` says);
+    ``callback``, ``(nargs, body(ctx, args))`` of an engine that calls back with other
+    arguments than a finished band's (:mod:`.conv_tiles`)."""
     g, out = stage.geo, stage.out
     plan = plan or stage.plan
     dt = stage.inputs[0].dtype  # the product
@@ -440,7 +454,7 @@ def call(stage, ctx, plan=None, engine=None, img: int | None = None, weight=None
         else:
             c.epilogue(stage, [n, oc0, r0, I64(0)], [1, jn, rows, g.ow])
 
-    epi, env = ctx.outline("epi", 5, epilogue)  # empty without an epilogue: the engine calls it
+    epi, env = ctx.outline("epi", *(callback or (5, epilogue)))  # empty without an epilogue: the engine calls it
     lay = plan.layout
     x, w = stage.inputs
     img = workspace_size(plan, dt) if img is None else img

@@ -9,7 +9,9 @@ Layouts of one input channel in the workspace (``planes`` planes of ``hq x wq``)
   window's reach, so ``(wq - OW) / wq`` of the lanes compute thrown-away halo columns.
 * *dense*: one plane per (row phase, kernel column j), holding the padded input shifted
   by column j, exactly OW wide: no halo lanes, at ``KW`` times the packing. It wins on
-  small images (7x7: 49 pixels fill 56 of 8-lane vectors, but 64 of the grid's).
+  small images (7x7: 49 pixels fill 56 of 8-lane vectors, but 64 of the grid's). Wider
+  (``width``), every tap's shift is a whole number of rows: AMX tiles read 64-byte rows
+  of it on whole cache lines (:mod:`.conv_tiles`).
 
 Either way every tap reads a contiguous run, whatever the stride, dilation or padding.
 """
@@ -63,6 +65,7 @@ MENU_SLACK = 1.02
 class Layout:
     geo: object  # ConvGeometry
     dense: bool
+    width: int = 0  # dense planes this wide (at least OW; past OW, columns nobody stores)
 
     @property
     def hq(self) -> int:
@@ -72,7 +75,9 @@ class Layout:
     @property
     def wq(self) -> int:
         g = self.geo
-        return g.ow if self.dense else g.ow + (g.kw - 1) * g.dilation[1] // g.stride[1]
+        if self.dense:
+            return max(self.width, g.ow)
+        return g.ow + (g.kw - 1) * g.dilation[1] // g.stride[1]
 
     @property
     def row_phases(self) -> tuple:

@@ -45,6 +45,8 @@ from .gemm_micro import GEMM_PIPELINE, gep
 from .products import PRODUCTS
 
 TILE_ROWS, TILE_BYTES = 16, 64  # one tile: 16 rows of 64 bytes (16 units of k)
+UNIT_BYTES = 4  # one unit (and one accumulator element)
+TILE_UNITS = TILE_ROWS * TILE_BYTES // UNIT_BYTES  # units of one tile (1 KB)
 STRIP_ROWS = 6  # rows per vector-kernel strip at edges: its 6 x NR register block
 # the tile instruction of each product, and the machine features it needs
 INSTRUCTIONS = {"uint8": ("llvm.x86.tdpbusd", "amx-int8"),  # unsigned A (activations) x signed B
@@ -100,6 +102,10 @@ def tile_kernel(module: ir.Module, dtype: str, rows: int = 2, cols: int = 2) -> 
     return registry.use(module, Tiles(dtype, rows, cols))
 
 
+def tap_tile_kernel(module: ir.Module, dtype: str, rows: int = 2, cols: int = 2) -> ir.Function:
+    return registry.use(module, TapTiles(dtype, rows, cols))
+
+
 def _config(module: ir.Module) -> ir.GlobalVariable:
     """The 64-byte tile configuration: palette 1, all eight tiles 16 rows of 64 bytes."""
     name = f"{module.name}_tile_config"
@@ -125,42 +131,118 @@ def _tile_body(module: ir.Module, fn: ir.Function, dtype: str, rows: int, cols: 
     a, axs, bp, bks, steps, a_tail, b_tail, c, ldc, accumulate = fn.args
     for p in (a, bp, a_tail, b_tail, c):
         p.add_attribute("noalias")
-    unit, acc = PRODUCTS[dtype].unit, PRODUCTS[dtype].acc
     b = ir.IRBuilder(fn.append_basic_block("entry"))
-    load = _intrinsic(module, "llvm.x86.tileloadd64", [I8, PTR, I64])
-    store = _intrinsic(module, "llvm.x86.tilestored64", [I8, PTR, I64])
-    multiply = _intrinsic(module, INSTRUCTIONS[dtype][0], [I8, I8, I8])
-    nbytes = 4  # one unit (and one accumulator element) is 4 bytes
-    a_stride, b_stride, c_stride = (b.mul(s, I64(nbytes)) for s in (axs, bks, ldc))
-    used = [t for t in C_TILES if t // 2 < rows and t % 2 < cols]
-    c_at = {t: gep(b, c, b.add(b.mul(I64(TILE_ROWS * (t // 2)), ldc), I64(16 * (t % 2))), acc) for t in used}
+    k = _Kernel(module, b, dtype, rows, cols, c, ldc)
     with b.if_else(accumulate) as (then, otherwise):
         with then:
-            for t in used:
-                b.call(load, [I8(t), c_at[t], c_stride])
+            k.load_c()
         with otherwise:
-            zero = _intrinsic(module, "llvm.x86.tilezero", [I8])
-            for t in used:
-                b.call(zero, [I8(t)])
-
-    def step(a_rows, a_ld, b_row, b_ld):
-        for i, t in enumerate(A_TILES[:rows]):
-            b.call(load, [I8(t), a_rows[i], a_ld])
-        for j, t in enumerate(B_TILES[:cols]):
-            b.call(load, [I8(t), gep(b, b_row, I64(16 * j), unit), b_ld])
-        for t in used:
-            b.call(multiply, [I8(t), I8(A_TILES[t // 2]), I8(B_TILES[t % 2])])
-
-    a_rows = [gep(b, a, b.mul(I64(TILE_ROWS * i), axs), unit) for i in range(rows)]
-    with for_range(b, steps, "ts") as s:
-        k0 = b.mul(s, I64(TILE_BYTES // nbytes))
-        step([gep(b, r, k0, unit) for r in a_rows], a_stride, gep(b, bp, b.mul(k0, bks), unit), b_stride)
+            k.zero_c()
+    k.steps(a, axs, bp, bks, steps)
     with b.if_then(b.icmp_unsigned("!=", b.ptrtoint(a_tail, I64), I64(0))):
-        step([gep(b, a_tail, I64(i * TILE_ROWS * 16), unit) for i in range(rows)], I64(TILE_BYTES),
-             b_tail, I64(2 * TILE_BYTES))
-    for t in used:
-        b.call(store, [I8(t), c_at[t], c_stride])
+        k.step([gep(b, a_tail, I64(i * TILE_ROWS * 16), k.unit) for i in range(rows)], I64(TILE_BYTES),
+               b_tail, I64(2 * TILE_BYTES))
+    k.store_c()
     b.ret_void()
+
+
+class _Kernel:
+    """A tile kernel's body on ``rows x cols`` tiles of C (at ``c``, ``ldc`` elements a
+    row): C's tiles loaded, zeroed or stored, and steps of 16 units of k."""
+
+    def __init__(self, module, b, dtype: str, rows: int, cols: int, c, ldc):
+        self.b, self.rows, self.cols = b, rows, cols
+        self.unit, acc = PRODUCTS[dtype].unit, PRODUCTS[dtype].acc
+        self.load = _intrinsic(module, "llvm.x86.tileloadd64", [I8, PTR, I64])
+        self.store = _intrinsic(module, "llvm.x86.tilestored64", [I8, PTR, I64])
+        self.zero = _intrinsic(module, "llvm.x86.tilezero", [I8])
+        self.multiply = _intrinsic(module, INSTRUCTIONS[dtype][0], [I8, I8, I8])
+        self.used = [t for t in C_TILES if t // 2 < rows and t % 2 < cols]
+        self.c_stride = b.mul(ldc, I64(UNIT_BYTES))
+        self.c_at = {t: gep(b, c, b.add(b.mul(I64(TILE_ROWS * (t // 2)), ldc), I64(16 * (t % 2))), acc)
+                     for t in self.used}
+
+    def load_c(self) -> None:
+        for t in self.used:
+            self.b.call(self.load, [I8(t), self.c_at[t], self.c_stride])
+
+    def zero_c(self) -> None:
+        for t in self.used:
+            self.b.call(self.zero, [I8(t)])
+
+    def store_c(self) -> None:
+        for t in self.used:
+            self.b.call(self.store, [I8(t), self.c_at[t], self.c_stride])
+
+    def step(self, a_rows, a_ld, b_row, b_ld) -> None:
+        """One block of 16 units: A's tiles at ``a_rows`` (``a_ld`` bytes a row), B's at
+        ``b_row`` and 16 columns on (``b_ld`` bytes a row), multiplied into C's."""
+        b = self.b
+        for i, t in enumerate(A_TILES[:self.rows]):
+            b.call(self.load, [I8(t), a_rows[i], a_ld])
+        for j, t in enumerate(B_TILES[:self.cols]):
+            b.call(self.load, [I8(t), gep(b, b_row, I64(16 * j), self.unit), b_ld])
+        for t in self.used:
+            b.call(self.multiply, [I8(t), I8(A_TILES[t // 2]), I8(B_TILES[t % 2])])
+
+    def steps(self, a, axs, bp, bks, count) -> None:
+        """``count`` blocks of 16 units: ``A[i, u]`` at ``a + i*axs + u``, ``B[u, j]`` at
+        ``bp + u*bks + j`` (units)."""
+        b, unit = self.b, self.unit
+        a_rows = [gep(b, a, b.mul(I64(TILE_ROWS * i), axs), unit) for i in range(self.rows)]
+        a_ld, b_ld = b.mul(axs, I64(UNIT_BYTES)), b.mul(bks, I64(UNIT_BYTES))
+        with for_range(b, count, "ts") as s:
+            k0 = b.mul(s, I64(TILE_BYTES // UNIT_BYTES))
+            self.step([gep(b, r, k0, unit) for r in a_rows], a_ld, gep(b, bp, b.mul(k0, bks), unit), b_ld)
+
+    def packed_steps(self, tiles: list, bp, bks, count) -> None:
+        """``count`` blocks of 16 units, A's tiles packed: row tile ``i`` of block ``s`` is
+        the 1 KB at ``tiles[i] + s*256`` (units), B as for :meth:`steps`."""
+        b, unit = self.b, self.unit
+        b_ld = b.mul(bks, I64(UNIT_BYTES))
+        with for_range(b, count, "ts") as s:
+            k0 = b.mul(s, I64(TILE_BYTES // UNIT_BYTES))
+            self.step([gep(b, t, b.mul(s, I64(TILE_UNITS)), unit) for t in tiles], I64(TILE_BYTES),
+                      gep(b, bp, b.mul(k0, bks), unit), b_ld)
+
+
+TAP_TILE_TYPE = ir.FunctionType(ir.VoidType(), [PTR, I64, I64, PTR, I64, I64, I64, PTR, PTR, I64])
+
+
+@registry.kind
+@dataclass(frozen=True)
+class TapTiles(registry.Engine):
+    """``taptiles(a, a_rows, a_tap, b, bks, steps, taps, offsets, c, ldc)``: the ``32 x
+    32`` tile ``C = sum over taps t of A_t B_t``, each over ``steps`` blocks of 16 units
+    of k, C in the tiles throughout and stored once (tiles configured by the caller): a
+    direct convolution's window (:mod:`.conv_tiles`). A is packed tile by tile: row tile
+    ``i`` of block ``s`` of tap ``t`` is the 1 KB (16 rows of 16 units) at ``a + i*a_rows
+    + t*a_tap + s*256``; ``B_t[u, j]`` is at ``b + offsets[t] + u*bks + j`` (the packed
+    input at the tap's shift; ``offsets``: i64), C at ``c + i*ldc + j``; strides in
+    elements. ``rows`` and ``cols`` as for :class:`Tiles`."""
+    kind = "taptiles"
+    pipeline = GEMM_PIPELINE
+    dtype: str
+    rows: int = 2
+    cols: int = 2
+
+    def signature(self) -> ir.FunctionType:
+        return TAP_TILE_TYPE
+
+    def emit(self, module: ir.Module, fn: ir.Function) -> None:
+        a, a_rows, a_tap, bp, bks, steps, taps, offsets, c, ldc = fn.args
+        for p in (a, bp, c):
+            p.add_attribute("noalias")
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        k = _Kernel(module, b, self.dtype, self.rows, self.cols, c, ldc)
+        k.zero_c()
+        with for_range(b, taps, "tap") as t:
+            shift = b.load(b.gep(offsets, [t], source_etype=I64), typ=I64)
+            first = b.mul(t, a_tap)
+            tiles = [gep(b, a, b.add(first, b.mul(I64(i), a_rows)), k.unit) for i in range(self.rows)]
+            k.packed_steps(tiles, gep(b, bp, shift, k.unit), bks, steps)
+        k.store_c()
+        b.ret_void()
 
 
 def configure(b: ir.IRBuilder) -> None:

@@ -88,12 +88,11 @@ def open_params(engine: Engine, module: ir.Module, fn: ir.Function, names, buffe
     return ctx, bufs
 
 
-CALLBACK = ir.FunctionType(ir.VoidType(), [PTR] + [I64] * 5)  # made by Ctx.outline("...", 5, body)
-
-
 def call_back(b: ir.IRBuilder, fn, env, args: list) -> None:
-    """Call a region's callback ``fn`` (an i64 address) with its ``env`` and five i64 ``args``."""
-    b.call(b.inttoptr(fn, ir.PointerType(CALLBACK)), [b.inttoptr(env, PTR)] + list(args))
+    """Call a region's callback ``fn`` (an i64 address, made by ``Ctx.outline(kind,
+    len(args), body)``) with its ``env`` and the i64 ``args``."""
+    callback = ir.FunctionType(ir.VoidType(), [PTR] + [I64] * len(args))
+    b.call(b.inttoptr(fn, ir.PointerType(callback)), [b.inttoptr(env, PTR)] + list(args))
 
 
 def emitted(engine: Engine, triple: str, data_layout: str) -> tuple[str, set[str]]:

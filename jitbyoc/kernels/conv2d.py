@@ -48,7 +48,7 @@ from dataclasses import dataclass
 import numpy as np
 from llvmlite import ir
 
-from ..engines import conv_channels, conv_engine, gemm_tiles
+from ..engines import conv_channels, conv_engine, conv_tiles, gemm_tiles
 from ..engines.conv_channels import ChannelPlan
 from ..engines.conv_plan import Plan, choose_plan
 from ..engines.products import OPERANDS, PRODUCTS, RESULTS, product_of
@@ -191,6 +191,8 @@ class Conv2d(kir.KernelStage):
         channels = isinstance(self.plan, ChannelPlan)
         if channels and self.packed:
             conv_channels.call(self, ctx)
+        elif self.tap_major and conv_panels.direct(self.geo, self.inputs[1].dtype):
+            conv_tiles.call(self, ctx)  # on AMX tiles, the input read where it lies
         elif self.geo.as_matmul:  # the GEMM engine, also for a weight that is an input
             self._emit_as_matmul(ctx)
         elif depthwise_llvm.fits(self.geo, self.inputs[0].dtype):
@@ -276,6 +278,9 @@ class Conv2d(kir.KernelStage):
         """The C index of output channel ``oc``'s weight at (``ic``, ``i``, ``j``) in ``w``
         (packed in units of ``u`` channels: ``(K/J, Cin/u, KH, KW, J, u)``)."""
         g = self.geo
+        if self.tap_major and conv_panels.direct(g, self.inputs[1].dtype):  # tile by tile
+            *_, cs, _, c = conv_panels.tile_shape(g, self.inputs[1].dtype)
+            return f"((((oc / 16) * {g.kh} + i) * {g.kw} + j) * {cs} + ic / {c}) * {16 * c} + oc % 16 * {c} + ic % {c}"
         if self.tap_major:  # (K, KH, KW, Cin in whole units); a 1x1 in whole units: OIHW as it lies
             return f"((oc * {g.kh} + i) * {g.kw} + j) * {conv_panels.channels(g, self.inputs[1].dtype)} + ic"
         if not self.packed:

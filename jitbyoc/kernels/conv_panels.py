@@ -29,8 +29,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 from llvmlite import ir
 
+from ..engines import conv_tiles
 from ..engines.gemm import Operand, Panels, panel_width
 from ..engines.products import PRODUCTS
 from ..ir import kir
@@ -51,11 +53,40 @@ def tap_major(geo, weight_dtype: str) -> bool:
     return geo.gathers and not geo.patches and geo.tiles and group > 1 and geo.groups == 1
 
 
+def direct(geo, weight_dtype: str) -> bool:
+    """Whether ``geo`` runs tap-major on the direct tile engine
+    (:mod:`jitbyoc.engines.conv_tiles`), which reads the input where it lies, not
+    gathered into panels."""
+    return tap_major(geo, weight_dtype) and conv_tiles.fits(geo, weight_dtype)
+
+
+# the weight packed tile by tile, T[K/16, KH, KW, Cp/(16 units), 16, 16 units], as OIHW:
+# reshape(permute_dims(T, TILE_AXES), (K, Cp, KH, KW))
+TILE_AXES = (0, 4, 3, 5, 1, 2)
+
+
+def tile_shape(geo, weight_dtype: str) -> tuple:
+    """The shape of the weight packed tile by tile (:func:`tile_packed`)."""
+    c = conv_tiles.ROW_BYTES // lookup_dtype(weight_dtype).nbytes
+    return (geo.k // 16, geo.kh, geo.kw, channels(geo, weight_dtype) // c, 16, c)
+
+
+def tile_packed(taps: np.ndarray) -> np.ndarray:
+    """The weight packed tap-major ``(K, KH, KW, Cp)`` as the direct tile engine reads it:
+    ``(K/16, KH, KW, Cp/c, 16, c)`` with ``c`` the channels of 16 units, each tile of A
+    (16 output channels x 16 units of one tap) 1 KB in one piece."""
+    k, kh, kw, cp = taps.shape
+    c = conv_tiles.ROW_BYTES // taps.dtype.itemsize
+    return np.ascontiguousarray(taps.reshape(k // 16, 16, kh, kw, cp // c, c).transpose(0, 2, 3, 4, 1, 5))
+
+
 def channels(geo, weight_dtype: str) -> int:
     """The input channels of each tap in k: whole units, the ones past ``geo.cg`` zero (a
     stem's 3 channels as 4: the weight packed with zero channels, the gather's loads of
-    them masked off)."""
+    them masked off); on the direct engine, whole blocks of 16 units."""
     group = PRODUCTS[weight_dtype].group
+    if direct(geo, weight_dtype):
+        return conv_tiles.units(geo, weight_dtype) * group
     return -(-geo.cg // group) * group
 
 

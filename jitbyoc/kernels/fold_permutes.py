@@ -150,21 +150,26 @@ def fold_tap_major_weights(kernel: kir.Kernel) -> None:
     weight is then ``permute_dims(P, [0, 3, 1, 2])`` of a constant ``P`` (``K, KH, KW,
     Cin``), which the product reads as its A in place, k = (ky, kx, c), while it gathers
     its columns in that order (:mod:`.conv_panels`). Its ``work`` becomes the whole panels
-    (:func:`.conv_panels.whole`) or goes. Otherwise the conv gathers and packs as before."""
+    (:func:`.conv_panels.whole`) or goes. On the direct tile engine
+    (:func:`.conv_panels.direct`) the weight is ``reshape(permute_dims(T,
+    conv_panels.TILE_AXES))`` of ``T`` packed tile by tile, read in place. Otherwise the
+    conv gathers and packs as before."""
     for stage in [s for s in kernel.stages if isinstance(s, Conv2d) and s.work is not None and not s.tap_major]:
         g, dt = stage.geo, stage.inputs[1].dtype
         if not conv_panels.tap_major(g, dt):
             continue
         view, cut = _padding_cut(kernel, stage.inputs[1], axis=1)
-        producer = permute_making(kernel, view)
+        producer = permute_making(kernel, view.storage)
         cp = conv_panels.channels(g, dt)
         lies = g.taps == 1 and cp == g.cg  # a strided 1x1's weight is tap-major as it lies
-        if not lies and (producer is None or tuple(producer.axes) != (0, 3, 1, 2)
-                         or tuple(producer.inputs[0].shape) != (g.k, g.kh, g.kw, cp)):
+        axes, shape = ((conv_panels.TILE_AXES, conv_panels.tile_shape(g, dt)) if conv_panels.direct(g, dt)
+                       else ((0, 3, 1, 2), (g.k, g.kh, g.kw, cp)))
+        if not lies and (producer is None or tuple(producer.axes) != axes
+                         or tuple(producer.inputs[0].shape) != shape):
             continue
         columns, stage.work = stage.work, None
         kernel.temps.remove(columns)
-        if conv_panels.whole(g):
+        if conv_panels.whole(g) and not conv_panels.direct(g, dt):
             stage.work = kir.Buffer(f"{columns.name}_panels", conv_panels.shape(g, dt), stage.inputs[0].dtype)
             kernel.temps.append(stage.work)
         stage.tap_major = True

@@ -245,7 +245,8 @@ class Ctx(Indexing):
         ``stage.out`` (one origin/extent per dim of ``out``; ints or i64 values). ``acc``:
         ``(pointer, row stride)``, the box's sums are there instead of in ``out`` (a
         product's scratch, :mod:`jitbyoc.engines.gemm_llvm`), rows along ``out``'s
-        second-last dim."""
+        second-last dim; ``(pointer, row stride, dim)``: rows along ``dim`` (a direct
+        convolution's output channels, :mod:`jitbyoc.engines.conv_tiles`)."""
         stores = stage.epilogue_stores()
         if not stores:
             return
@@ -272,7 +273,7 @@ class Ctx(Indexing):
                 sub = pos[nd - buf.ndim:]
                 return self.em.loaded(self.load(buf, self.offset(buf.shape, sub, broadcast=True)), buf.dtype)
 
-            at = self.element(out, offset) if acc is None else _scratch_at(b, acc, idx[-2], idx[-1], out.dtype)
+            at = self.element(out, offset) if acc is None else _scratch_at(b, acc, idx, out.dtype)
             value = self.em.loaded(b.load(at, typ=lookup_dtype(out.dtype).storage_ir), out.dtype)
             values = evaluate(self.em, roots, load, value, self.lookup)
             for buf, expr in stores:
@@ -300,7 +301,7 @@ class Ctx(Indexing):
                 return vload(b, self.element(buf, b.add(off, j)), buf.dtype, mask, n)
 
             at = b.add(self.offset(out.shape, start), j)
-            sums = self.element(out, at) if acc is None else _scratch_at(b, acc, idx[-1], j, out.dtype)
+            sums = self.element(out, at) if acc is None else _scratch_at(b, acc, list(idx) + [j], out.dtype)
             values = evaluate(em, [e for _, e in stores], load, vload(b, sums, out.dtype, mask, n), self.lookup)
             for buf, expr in stores:
                 vstore(b, values[id(expr)], self.element(buf, at), buf.dtype, mask)
@@ -361,11 +362,12 @@ def _static(v):
     return v if isinstance(v, int) else v.constant if isinstance(v, ir.Constant) else None
 
 
-def _scratch_at(b: ir.IRBuilder, acc, row, col, dt: str) -> ir.Value:
-    """The element at ``(row, col)`` of a box's sums kept in a scratch: ``acc = (pointer,
-    row stride)`` (see :meth:`Ctx.epilogue`)."""
-    pointer, stride = acc
-    return b.gep(pointer, [b.add(b.mul(row, stride), col)], source_etype=lookup_dtype(dt).storage_ir)
+def _scratch_at(b: ir.IRBuilder, acc, idx: list, dt: str) -> ir.Value:
+    """The element at the box index ``idx`` (one per dim of ``out``) of its sums kept in a
+    scratch: ``acc = (pointer, row stride[, row dim])`` (see :meth:`Ctx.epilogue`)."""
+    pointer, stride, *dim = acc
+    row = idx[dim[0] if dim else len(idx) - 2]
+    return b.gep(pointer, [b.add(b.mul(row, stride), idx[-1])], source_etype=lookup_dtype(dt).storage_ir)
 
 
 def _run_dims(out: kir.Buffer, reads, origin, extent) -> int:

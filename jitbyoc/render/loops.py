@@ -107,6 +107,12 @@ def zero_bytes(b: ir.IRBuilder, ptr, nbytes) -> None:
     b.call(memset, [ptr, I8(0), nbytes, I1(0)])
 
 
+def copy_bytes(b: ir.IRBuilder, dst, src, nbytes) -> None:
+    """``memcpy(dst, src, nbytes)`` (``llvm.memcpy``; ``nbytes`` an i64 value)."""
+    memcpy = declare(b.module, "llvm.memcpy.p0.p0.i64", ir.VoidType(), [PTR, PTR, I64, I1])
+    b.call(memcpy, [dst, src, nbytes, I1(0)])
+
+
 @contextmanager
 def claim_home_first(b: ir.IRBuilder, team, counters, units, per_unit, name: str = "task"):
     """Every task ``t`` of ``units * per_unit`` (unit ``t // per_unit``), each once, on a

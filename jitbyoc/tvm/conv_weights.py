@@ -82,7 +82,12 @@ def tap_major_conv(call: relax.Call, lookup, emit) -> relax.Call | None:
         return None  # (a 1x1's weight in whole units is tap-major as it lies)
     packed = np.zeros((value.shape[0], *value.shape[2:], cp), value.dtype)
     packed[..., :geo.cg] = value.transpose(0, 2, 3, 1)
-    weight = emit(relax.op.permute_dims(tensor_constant(packed), [0, 3, 1, 2]))
+    if conv_panels.direct(geo, dt):  # tile by tile: (K/16, KH, KW, Cp/16 units, 16, 16 units)
+        tiles = conv_panels.tile_packed(packed)
+        weight = emit(relax.op.reshape(emit(relax.op.permute_dims(tensor_constant(tiles), conv_panels.TILE_AXES)),
+                                       (value.shape[0], cp, *value.shape[2:])))
+    else:
+        weight = emit(relax.op.permute_dims(tensor_constant(packed), [0, 3, 1, 2]))
     if cp != geo.cg:  # the zero channels of the last unit sliced off
         weight = emit(relax.op.strided_slice(weight, [1], [0], [geo.cg], assume_inbound=True))
     return relax.Call(call.op, [call.args[0], weight], call.attrs)
