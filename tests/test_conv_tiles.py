@@ -33,10 +33,10 @@ BF16 = ml_dtypes.bfloat16
 # block of one pixel on half the tiles; 9x9, 8x8: 16 columns would waste more than 1.25x
 # the grid's 11 and 9), 48 and 16 output channels (a last block on half the tiles), 112
 # channels padded to 128, stride 2, dilation 2, a 5x5 window, an odd map
-GEOMETRIES = [((1, 64, 14, 14), 64, 3, 1, 1, 1, True), ((2, 64, 28, 28), 32, 3, 1, 1, 1, True),
-              ((1, 128, 7, 7), 48, 3, 1, 1, 1, False), ((1, 64, 5, 5), 32, 3, 1, 1, 1, False),
-              ((1, 112, 9, 9), 16, 3, 1, 1, 1, False), ((1, 64, 16, 16), 32, 3, 2, 1, 1, False),
-              ((1, 64, 12, 12), 32, 3, 1, 2, 2, True), ((1, 64, 10, 10), 32, 5, 1, 2, 1, True),
+GEOMETRIES = [((1, 128, 14, 14), 64, 3, 1, 1, 1, True), ((2, 96, 28, 28), 32, 3, 1, 1, 1, True),
+              ((1, 128, 7, 7), 48, 3, 1, 1, 1, False), ((1, 96, 5, 5), 32, 3, 1, 1, 1, False),
+              ((1, 112, 9, 9), 16, 3, 1, 1, 1, False), ((1, 128, 16, 16), 32, 3, 2, 1, 1, False),
+              ((1, 96, 12, 12), 32, 3, 1, 2, 2, True), ((1, 96, 10, 10), 32, 5, 1, 2, 1, True),
               ((1, 96, 11, 13), 80, 3, 1, 0, 1, True)]
 
 
@@ -67,12 +67,13 @@ def test_bfloat16_convolutions_run_on_the_direct_engine(shape, k, kernel, stride
 
 
 @pytest.mark.parametrize("shape, k, stride, dt", [
-    ((1, 128, 14, 14), 64, 1, "int8"), ((1, 512, 7, 7), 64, 1, "int8"), ((1, 64, 40, 40), 32, 2, "bfloat16"),
-    ((1, 48, 14, 14), 32, 1, "bfloat16"), ((1, 64, 14, 14), 40, 1, "bfloat16")])
+    ((1, 128, 14, 14), 64, 1, "int8"), ((1, 512, 7, 7), 64, 1, "int8"), ((1, 128, 40, 40), 32, 2, "bfloat16"),
+    ((1, 64, 14, 14), 32, 1, "bfloat16"), ((1, 128, 14, 14), 40, 1, "bfloat16")])
 def test_what_stays_on_the_gathered_product(shape, k, stride, dt):
     """int8 with two blocks of 16 quads a tap, or on the grid (a 7x7 map); a strided conv
-    on a large map; 48 channels (24 units padded to 32: 1.33x); 40 output channels (not
-    whole tiles of 16): gathered into panels as before, the weight tap-major."""
+    on a large map; bf16 with two blocks of 16 pairs a tap (64 channels); 40 output
+    channels (not whole tiles of 16): gathered into panels as before, the weight
+    tap-major."""
     rng = np.random.default_rng(0)
     if dt == "int8":
         mod = _conv_model(shape, rng.integers(-128, 128, (k, shape[1], 3, 3)).astype("int8"), stride, 1)
@@ -98,8 +99,8 @@ def test_the_epilogue_runs_on_each_blocks_sums():
     block's tail: two stores), straight from the blocks' scratch: equal to TVM's build of
     the same module within the bound, the bfloat16 store the float32 one's cast."""
     rng = np.random.default_rng(5)
-    shape, k = (2, 64, 14, 14), 64
-    w = rng.standard_normal((k, 64, 3, 3)).astype(np.float32)
+    shape, k = (2, 128, 14, 14), 128
+    w = rng.standard_normal((k, 128, 3, 3)).astype(np.float32)
     bias = rng.standard_normal((1, k, 1, 1)).astype(np.float32)
     x = rng.standard_normal(shape).astype(np.float32)
 
@@ -138,9 +139,9 @@ def test_int8_direct_convolutions_are_exact(shape, k):
 def test_a_symbolic_batch_of_direct_convolutions():
     n = tvm.tirx.Var("n", "int64")
     bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType([n, 64, 14, 14], "float32"))
+    x = relax.Var("x", relax.TensorType([n, 96, 14, 14], "float32"))
     rng = np.random.default_rng(2)
-    w = rng.standard_normal((32, 64, 3, 3)).astype(np.float32)
+    w = rng.standard_normal((32, 96, 3, 3)).astype(np.float32)
     with bb.function("main", [x]):
         with bb.dataflow():
             out = bb.emit_output(bb.emit(R.nn.conv2d(x, relax.const(w), padding=1)))
@@ -150,14 +151,14 @@ def test_a_symbolic_batch_of_direct_convolutions():
     with jitbyoc.enabled():
         f = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())["main"]
     for batch in (1, 3):
-        xs = rng.standard_normal((batch, 64, 14, 14)).astype(np.float32)
+        xs = rng.standard_normal((batch, 96, 14, 14)).astype(np.float32)
         got = f(tvm.runtime.tensor(xs)).numpy()
         np.testing.assert_allclose(got, _reference(xs, w, 1, 1, 1), rtol=0, atol=_bound(xs, w))
 
 
 @on_tiles
 @settings(max_examples=12, deadline=None)
-@given(c=st.sampled_from([32, 64, 96, 128]), k=st.sampled_from([16, 32, 48, 64]), size=st.integers(2, 21),
+@given(c=st.sampled_from([32, 64, 96, 128, 160]), k=st.sampled_from([16, 32, 48, 64]), size=st.integers(2, 21),
        kernel=st.sampled_from([2, 3, 5]), stride=st.integers(1, 2), pad=st.integers(0, 2),
        dilation=st.integers(1, 2), batch=st.integers(1, 2))
 def test_random_bfloat16_convolutions_on_the_direct_engine(c, k, size, kernel, stride, pad, dilation, batch):
@@ -176,10 +177,10 @@ def test_random_bfloat16_convolutions_on_the_direct_engine(c, k, size, kernel, s
 @pytest.mark.skipif(CC is None, reason="no C compiler (cc) on PATH")
 def test_c_rendering_reads_the_tile_packed_weight(tmp_path):
     rng = np.random.default_rng(3)
-    w = rng.standard_normal((32, 64, 3, 3)).astype(np.float32)
-    region, _ = _direct_stage(_bf16_model((1, 64, 9, 9), w, 1, 1, 1))
+    w = rng.standard_normal((32, 96, 3, 3)).astype(np.float32)
+    region, _ = _direct_stage(_bf16_model((1, 96, 9, 9), w, 1, 1, 1))
     c_fn, jit_fn = c_and_jit(region, tmp_path)
-    x = rng.standard_normal((1, 64, 9, 9)).astype(np.float32)
+    x = rng.standard_normal((1, 96, 9, 9)).astype(np.float32)
     packed = conv_panels.tile_packed(w.transpose(0, 2, 3, 1).astype(BF16))
     args = [x if tuple(b.shape) == x.shape else packed for b in region.kernel.inputs]
     (got,), (want,) = call_region(c_fn, region.kernel, args), call_region(jit_fn, region.kernel, args)

@@ -72,13 +72,15 @@ MAX_PADDING = 1.25
 # the epilogue per block, as the gathered product's long reductions do not). Measured on
 # ResNet-50's 3x3 convs (isolated, ms, gathered -> here, two runs each): bf16 256 on
 # 14x14 0.27-0.30 -> 0.15, 512 on 7x7 0.32-0.35 -> 0.23-0.24, 128 on 28x28 0.20 -> 0.17,
-# 64 on 56x56 0.21-0.22 -> 0.19-0.21; strided 512 14x14 -> 7x7 0.38 -> 0.30, 256 28x28 ->
-# 14x14 0.33 -> 0.28, 128 56x56 -> 28x28 0.26 -> 0.29. int8 in the QDQ model
-# (jitbyoc.profile, 5/2/3/3 calls): 256 on 14x14 0.848 -> 0.615 ms, but 512 on 7x7 0.470
-# -> 0.500, 128 on 28x28 (2 steps a tap) 0.389 -> 0.428, 64 on 56x56 0.456 -> 0.578.
+# 64 on 56x56 0.21-0.22 -> 0.19-0.21 (in the model level, 0.49-0.51 -> 0.52 ms for its 3
+# calls, and Inception v1's region of 64 -> 192 on 55x55 with its LRN 1.46 -> 1.66 ms);
+# strided 512 14x14 -> 7x7 0.38 -> 0.30, 256 28x28 -> 14x14 0.33 -> 0.28, 128 56x56 ->
+# 28x28 0.26 -> 0.29. int8 in the QDQ model (jitbyoc.profile, 5/2/3/3 calls): 256 on
+# 14x14 0.848 -> 0.615 ms, but 512 on 7x7 0.470 -> 0.500, 128 on 28x28 (2 steps a tap)
+# 0.389 -> 0.428, 64 on 56x56 0.456 -> 0.578.
 STRIDED_PIXELS = 256
 GRID = {"bfloat16": True, "int8": False}
-MIN_STEPS = {"bfloat16": 2, "int8": 4}
+MIN_STEPS = {"bfloat16": 3, "int8": 4}
 ALIGNED_WASTE = 1.25  # columns of the aligned layout, at most this many times the grid's
 # the input's product (A: the packed input) -> the tile product, whose A is the weight
 INPUTS = {"bfloat16": "bfloat16", "uint8": "int8"}
