@@ -144,6 +144,12 @@ def test_c_rendering_of_a_tap_major_convolution(tmp_path, kernel, stride, pad):
 def test_a_symbolic_batch_of_tap_major_convolutions(c, size, k):
     """One build for every batch size, gathered in the product's blocks (16 channels on
     12x12) or as whole panels per image (96 on 5x5)."""
+    symbolic_batch(c, size, k, _conv_stage)
+
+
+def symbolic_batch(c, size, k, check):
+    """A conv of ``c`` channels on ``size x size`` to ``k`` built once for a symbolic batch
+    (its region's conv checked by ``check``), run on batches of 1 and 3."""
     n = tvm.tirx.Var("n", "int64")
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType([n, c, size, size], "float32"))
@@ -154,7 +160,7 @@ def test_a_symbolic_batch_of_tap_major_convolutions(c, size, k):
             out = bb.emit_output(bb.emit(R.nn.conv2d(x, relax.const(w), padding=1)))
         bb.emit_func_output(out)
     mod = jitbyoc.lower_precision(bb.get())
-    _conv_stage(mod)
+    check(mod)
     with jitbyoc.enabled():
         f = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())["main"]
     for batch in (1, 3):

@@ -23,7 +23,7 @@ from jitbyoc.tvm.target import machine_for
 from tests.conftest import build_model, call_region
 from tests.diff_util import CC
 from tests.test_c_renderer import c_and_jit
-from tests.test_conv_panels import _bound, _conv_stage, _reference
+from tests.test_conv_panels import _bound, _conv_stage, _reference, symbolic_batch
 from tests.test_tiles import SAPPHIRE, _conv_model, _run, on_tiles
 
 R = relax.op
@@ -137,23 +137,7 @@ def test_int8_direct_convolutions_are_exact(shape, k):
 
 @on_tiles
 def test_a_symbolic_batch_of_direct_convolutions():
-    n = tvm.tirx.Var("n", "int64")
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType([n, 96, 14, 14], "float32"))
-    rng = np.random.default_rng(2)
-    w = rng.standard_normal((32, 96, 3, 3)).astype(np.float32)
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            out = bb.emit_output(bb.emit(R.nn.conv2d(x, relax.const(w), padding=1)))
-        bb.emit_func_output(out)
-    mod = jitbyoc.lower_precision(bb.get())
-    _direct_stage(mod)
-    with jitbyoc.enabled():
-        f = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())["main"]
-    for batch in (1, 3):
-        xs = rng.standard_normal((batch, 96, 14, 14)).astype(np.float32)
-        got = f(tvm.runtime.tensor(xs)).numpy()
-        np.testing.assert_allclose(got, _reference(xs, w, 1, 1, 1), rtol=0, atol=_bound(xs, w))
+    symbolic_batch(96, 14, 32, _direct_stage)
 
 
 @on_tiles

@@ -211,7 +211,7 @@ TAP_TILE_TYPE = ir.FunctionType(ir.VoidType(), [PTR, I64, I64, PTR, I64, I64, I6
 
 @registry.kind
 @dataclass(frozen=True)
-class TapTiles(registry.Engine):
+class TapTiles(Tiles):
     """``taptiles(a, a_rows, a_tap, b, bks, steps, taps, offsets, c, ldc)``: the ``32 x
     32`` tile ``C = sum over taps t of A_t B_t``, each over ``steps`` blocks of 16 units
     of k, C in the tiles throughout and stored once (tiles configured by the caller): a
@@ -221,10 +221,6 @@ class TapTiles(registry.Engine):
     input at the tap's shift; ``offsets``: i64), C at ``c + i*ldc + j``; strides in
     elements. ``rows`` and ``cols`` as for :class:`Tiles`."""
     kind = "taptiles"
-    pipeline = GEMM_PIPELINE
-    dtype: str
-    rows: int = 2
-    cols: int = 2
 
     def signature(self) -> ir.FunctionType:
         return TAP_TILE_TYPE
