@@ -13,6 +13,7 @@ from tvm import relax
 
 import jitbyoc
 from jitbyoc.kernels.pool2d import Pool2d
+from jitbyoc.kernels.pool_planes import row_bands
 from tests.diff_util import check_c_matches_llvm
 from tests.spatial_util import CC, build, grid_model, random_inputs, run, run_c
 
@@ -335,3 +336,30 @@ def test_lrn_over_large_maps_is_a_loop_not_unrolled():
     xs = np.random.default_rng(5).standard_normal(shape).astype(F32)
     got, want = run(build(mod, True), [xs]), run(build(mod, False), [xs])
     np.testing.assert_array_equal(got[0], want[0])
+
+
+@pytest.mark.parametrize("op, attrs", [
+    ("avg_pool2d", {"pool_size": (5, 1), "padding": (2, 0, 2, 0), "count_include_pad": True}),
+    ("max_pool2d", {"pool_size": (3, 6), "strides": (2, 5), "padding": (1, 2, 1, 1)})])
+def test_few_planes_split_into_row_bands(op, attrs, tmp_path):
+    """One plane (LRN's average over channels as TVM's frontend views it: C rows of H*W
+    columns; a window pool with column stride 5) runs as (plane, row band) tasks, each
+    band with its share of the fused epilogue: equal to TVM's build and to the C
+    rendering. On one plane Inception v1's LRN ran on one thread."""
+    shape = (1, 1, 37, 270)
+    x = relax.Var("x", relax.TensorType(shape, F32))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(getattr(relax.op.nn, op)(x, **attrs))
+            out = bb.emit_output(bb.emit(relax.op.negative(relax.op.nn.relu(y))))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    (region,) = jitbyoc.inspect(mod)
+    (stage,) = region.kernel.stages
+    assert isinstance(stage, Pool2d) and stage.epilogue is not None and row_bands(stage) == 8
+    xs = np.random.default_rng(7).standard_normal(shape).astype(F32)
+    got, want = run(build(mod, True), [xs]), run(build(mod, False), [xs])
+    np.testing.assert_array_equal(got[0], want[0])
+    if CC is not None:
+        check_c_matches_llvm(mod, [xs], tmp_path)

@@ -5,6 +5,8 @@ one element wide, so the column vectors of float pools are single output columns
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import numpy as np
 
 from ..ir.dtypes import dtype as lookup_dtype
@@ -12,6 +14,7 @@ from ..render.indexing import unravel
 from ..render.loops import threaded
 
 MAX_VECTOR_STRIDE = 4  # column strides whose rows take explicit vectors (a load spans stride x lanes)
+MIN_TASKS = 8  # (plane, row band) tasks at least, where there are fewer planes
 
 
 def lowest(dt) -> float | int:
@@ -22,13 +25,38 @@ def lowest(dt) -> float | int:
 
 def emit_pool(stage, e) -> None:
     if stage.row.adaptive:
-        body = _adaptive_planes
-    elif _vectors(stage) and stage.stride[1] <= MAX_VECTOR_STRIDE:
-        body = _vector_planes
+        body, bands = _adaptive_planes, 1
     else:
-        body = _window_planes
-    e.parallel(e.product(stage.planes), lambda e, lo, hi: body(stage, e, lo, hi),
+        body = _vector_planes if _vectors(stage) and stage.stride[1] <= MAX_VECTOR_STRIDE else _window_planes
+        bands = row_bands(stage)
+    e.parallel(e.mul(e.product(stage.planes), bands), lambda e, lo, hi: body(stage, e, lo, hi),
                threaded(stage.out.shape, "rows"))
+
+
+def row_bands(stage) -> int:
+    """Bands of output rows each plane is split into, the tasks being (plane, band): one,
+    unless there are fewer than :data:`MIN_TASKS` planes (counting a symbolic batch as
+    one image). ONNX's LRN is an average over channels, viewed as one plane of C rows of
+    H*W columns: Inception v1's over 192 x 55 x 55 ran on one thread."""
+    planes = 1
+    for d in stage.planes:
+        planes *= d if isinstance(d, int) else 1
+    return 1 if planes >= MIN_TASKS else min(stage.out.shape[2], -(-MIN_TASKS // planes))
+
+
+@contextmanager
+def _units(stage, e, lo, hi):
+    """The tasks ``lo .. hi`` of :func:`row_bands`' split, as ``(plane, first row, end
+    row)`` in a loop."""
+    bands, oh_n = row_bands(stage), stage.out.shape[2]
+    with e.loop(hi, lo, "pl") as unit:
+        if bands == 1:
+            yield unit, 0, oh_n
+            return
+        rows = -(-oh_n // bands)
+        pl = e.let(e.div(unit, bands))
+        r0 = e.let(e.mul(e.sub(unit, e.mul(pl, bands)), rows))
+        yield pl, r0, e.let(e.min(e.add(r0, rows), oh_n))
 
 
 def _vectors(stage) -> bool:
@@ -70,9 +98,9 @@ def _window_planes(stage, e, lo, hi) -> None:
     _, _, h, w = x.shape
     _, _, oh_n, ow_n = out.shape
     init = e.const(_identity(stage), dt)
-    with e.loop(hi, lo, "pl") as pl:
+    with _units(stage, e, lo, hi) as (pl, r0, r1):
         src, dst = e.let(e.mul(pl, h * w)), e.let(e.mul(pl, oh_n * ow_n))
-        with e.loop(oh_n, 0, "oh") as oh:
+        with e.loop(r1, r0, "oh") as oh:
             row = e.let(e.add(dst, e.mul(oh, ow_n)))
             with e.loop(ow_n, 0, "ow") as ow:
                 e.store(out, e.add(row, ow), init)
@@ -88,7 +116,7 @@ def _window_planes(stage, e, lo, hi) -> None:
                     cnt = e.max(e.mul(ch, stage.counts(1, ow, e)), 1)
                     at = e.let(e.add(row, ow))
                     e.store(out, at, e.op("divide", dt, e.load(out, at), e.as_float(cnt, dt)))
-        _plane_epilogue(stage, e, pl)
+        _plane_epilogue(stage, e, pl, r0, r1)
 
 
 def _combine_row(stage, e, row, xrow, kw: int) -> None:
@@ -122,9 +150,9 @@ def _vector_planes(stage, e, lo, hi) -> None:
     width = e.lanes(dt)
     head, run, tail = _column_runs(stage, width)
     acc = e.vvar(dt, width)
-    with e.loop(hi, lo, "pl") as pl:
+    with _units(stage, e, lo, hi) as (pl, r0, r1):
         src, dst = e.let(e.mul(pl, h * w)), e.let(e.mul(pl, oh_n * ow_n))
-        with e.loop(oh_n, 0, "oh") as oh:
+        with e.loop(r1, r0, "oh") as oh:
             hs = e.let(e.sub(e.mul(oh, stage.stride[0]), stage.pad[0]))
             window = (src, hs, _kernel_rows(stage, e, hs), e.let(e.add(dst, e.mul(oh, ow_n))),
                       e.let(stage.counts(0, oh, e)) if stage.row.average else None)
@@ -135,7 +163,7 @@ def _vector_planes(stage, e, lo, hi) -> None:
                     _column_vector(stage, e, acc, window, e.mul(q, width))
             for start in tail:
                 _column_vector(stage, e, acc, window, start)
-        _plane_epilogue(stage, e, pl)
+        _plane_epilogue(stage, e, pl, r0, r1)
 
 
 def _column_runs(stage, width: int) -> tuple[list[int], tuple[int, int] | None, list[int]]:
@@ -238,7 +266,9 @@ def _bin(e, o, size: int, n: int):
     return start, end
 
 
-def _plane_epilogue(stage, e, pl) -> None:
+def _plane_epilogue(stage, e, pl, r0=0, r1=None) -> None:
+    """The epilogue on rows ``r0 .. r1`` (default: all) of plane ``pl``."""
     if stage.epilogue is not None:
         n, ch = unravel(e, pl, [e.dim(d) for d in stage.planes])
-        e.epilogue(stage, [n, ch, 0, 0], [1, 1, stage.out.shape[2], stage.out.shape[3]])
+        rows = stage.out.shape[2] if r1 is None else e.sub(r1, r0)
+        e.epilogue(stage, [n, ch, r0, 0], [1, 1, rows, stage.out.shape[3]])
