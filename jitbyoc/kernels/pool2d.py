@@ -2,7 +2,9 @@
 and avg pool1d (NCW) and pool3d (NCDHW, windows trivial along depth or along rows and
 columns, as ONNX's LRN gives) as 2-D pools of views.
 
-Threads take (image, channel) planes, written once against the portable facade
+Threads take (image, channel) planes, or (plane, row band) tasks where there are fewer
+than 8 planes (ONNX's LRN: one plane of C rows; :func:`.pool_planes.row_bands`), written
+once against the portable facade
 (:mod:`.pool_planes`): LLVM and C render the same algorithm. Float pools with a column
 stride of at most 4 combine each window in a register, per vector of output columns (in
 C, per output column), taps outside the input masked to the identity: a loop over the
