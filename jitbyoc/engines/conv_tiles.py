@@ -141,7 +141,7 @@ class Emit(conv_engine.Emit):
                     shift = b.sub(self.plane_fields(c, p)[1], column)
                     to = b.add(self.plane_at(c, n, ch, p), b.mul(r0, s["wq"]))
                     copy_bytes(b, c.element(self.bufs["work"], to), c.element(self.bufs["work"], b.add(first, shift)),
-                               b.mul(count, I64(4)))
+                               b.mul(count, I64(self.elem.nbytes)))
             with packed:
                 super().pack_rows(c, n, ch, r0, r1)
 
