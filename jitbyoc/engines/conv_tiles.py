@@ -55,8 +55,8 @@ from .conv_plan import Layout, Plan
 from .products import PRODUCTS
 
 TILE = 32  # output channels and grid pixels per kernel call: 2 x 2 tiles of 16
-UNITS = 16  # channel units per tile row of k
-ROW_BYTES = 64  # a tile row: 16 units of 4 bytes
+UNITS = gemm_tiles.TILE_BYTES // gemm_tiles.UNIT_BYTES  # channel units per tile row of k (16)
+ROWS = gemm_tiles.TILE_ROWS  # output channels per tile (16)
 # tasks of a conv at least (bands of an image times blocks of 32 channels): 256 on 14x14
 # (8 blocks) in one band ran in 0.150 ms, in two 0.175
 MIN_TASKS = 8
@@ -99,7 +99,7 @@ def fits(geo, weight_dtype: str) -> bool:
     if weight_dtype not in INPUTS.values() or not gemm_tiles.has_tiles(weight_dtype):
         return False
     group, count = PRODUCTS[weight_dtype].group, units(geo, weight_dtype)
-    return (geo.groups == 1 and geo.taps > 1 and geo.kg % 16 == 0 and count <= MAX_PADDING * geo.cg / group
+    return (geo.groups == 1 and geo.taps > 1 and geo.kg % ROWS == 0 and count <= MAX_PADDING * geo.cg / group
             and count >= MIN_STEPS[weight_dtype] * UNITS and (GRID[weight_dtype] or layout(geo).dense)
             and (geo.stride == (1, 1) or geo.oh * geo.ow <= STRIDED_PIXELS))
 
@@ -174,7 +174,7 @@ class Emit(conv_engine.Emit):
         with for_range(b, ceil_div(b, b.sub(pend, pstart), I64(TILE)), "chunk") as k:
             p0 = b.add(pstart, b.mul(k, I64(TILE)))
             bp = c.element(self.bufs["work"], b.add(b.mul(n, s["img"]), p0))
-            args = [weight, b.mul(ktaps, I64(16)), b.mul(cu, I64(16)), bp, s["chan"], b.sdiv(cu, I64(UNITS)),
+            args = [weight, b.mul(ktaps, I64(ROWS)), b.mul(cu, I64(ROWS)), bp, s["chan"], b.sdiv(cu, I64(UNITS)),
                     s["taps"], taps, b.bitcast(sums, PTR), I64(TILE)]
             self.multiply(b, jn, b.sub(pend, p0), args)
             end = smin(b, b.add(p0, I64(TILE)), pend)
@@ -185,9 +185,9 @@ class Emit(conv_engine.Emit):
         """The kernel call on 1 or 2 tiles of output channels (``jn``) and of pixels
         (``left`` up to the band's end): a half tile costs what a whole one does."""
         dt = PRODUCTS[self.e.dtype].b  # the weight's: the tile product's A
-        with b.if_else(b.icmp_signed(">", jn, I64(16))) as (two, one):
+        with b.if_else(b.icmp_signed(">", jn, I64(ROWS))) as (two, one):
             for rows, branch in ((2, two), (1, one)):
-                with branch, b.if_else(b.icmp_signed(">", left, I64(16))) as (full, half):
+                with branch, b.if_else(b.icmp_signed(">", left, I64(UNITS))) as (full, half):
                     for cols, inner in ((2, full), (1, half)):
                         with inner:
                             b.call(gemm_tiles.tap_tile_kernel(b.module, dt, rows, cols), args)

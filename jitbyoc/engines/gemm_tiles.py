@@ -138,7 +138,9 @@ def _tile_body(module: ir.Module, fn: ir.Function, dtype: str, rows: int, cols: 
             k.load_c()
         with otherwise:
             k.zero_c()
-    k.steps(a, axs, bp, bks, steps)
+    # A in place: row tile i from row 16 i, each block 16 units on along its rows
+    tiles = [gep(b, a, b.mul(I64(TILE_ROWS * i), axs), k.unit) for i in range(rows)]
+    k.steps(tiles, b.mul(axs, I64(UNIT_BYTES)), I64(TILE_BYTES // UNIT_BYTES), bp, bks, steps)
     with b.if_then(b.icmp_unsigned("!=", b.ptrtoint(a_tail, I64), I64(0))):
         k.step([gep(b, a_tail, I64(i * TILE_ROWS * 16), k.unit) for i in range(rows)], I64(TILE_BYTES),
                b_tail, I64(2 * TILE_BYTES))
@@ -185,25 +187,14 @@ class _Kernel:
         for t in self.used:
             b.call(self.multiply, [I8(t), I8(A_TILES[t // 2]), I8(B_TILES[t % 2])])
 
-    def steps(self, a, axs, bp, bks, count) -> None:
-        """``count`` blocks of 16 units: ``A[i, u]`` at ``a + i*axs + u``, ``B[u, j]`` at
-        ``bp + u*bks + j`` (units)."""
-        b, unit = self.b, self.unit
-        a_rows = [gep(b, a, b.mul(I64(TILE_ROWS * i), axs), unit) for i in range(self.rows)]
-        a_ld, b_ld = b.mul(axs, I64(UNIT_BYTES)), b.mul(bks, I64(UNIT_BYTES))
-        with for_range(b, count, "ts") as s:
-            k0 = b.mul(s, I64(TILE_BYTES // UNIT_BYTES))
-            self.step([gep(b, r, k0, unit) for r in a_rows], a_ld, gep(b, bp, b.mul(k0, bks), unit), b_ld)
-
-    def packed_steps(self, tiles: list, bp, bks, count) -> None:
-        """``count`` blocks of 16 units, A's tiles packed: row tile ``i`` of block ``s`` is
-        the 1 KB at ``tiles[i] + s*256`` (units), B as for :meth:`steps`."""
+    def steps(self, tiles: list, a_ld, a_step, bp, bks, count) -> None:
+        """``count`` blocks of 16 units: A's row tile ``i`` of block ``s`` at ``tiles[i] +
+        s*a_step`` (units; ``a_ld`` bytes a row), ``B[u, j]`` at ``bp + u*bks + j``."""
         b, unit = self.b, self.unit
         b_ld = b.mul(bks, I64(UNIT_BYTES))
         with for_range(b, count, "ts") as s:
             k0 = b.mul(s, I64(TILE_BYTES // UNIT_BYTES))
-            self.step([gep(b, t, b.mul(s, I64(TILE_UNITS)), unit) for t in tiles], I64(TILE_BYTES),
-                      gep(b, bp, b.mul(k0, bks), unit), b_ld)
+            self.step([gep(b, t, b.mul(s, a_step), unit) for t in tiles], a_ld, gep(b, bp, b.mul(k0, bks), unit), b_ld)
 
 
 TAP_TILE_TYPE = ir.FunctionType(ir.VoidType(), [PTR, I64, I64, PTR, I64, I64, I64, PTR, PTR, I64])
@@ -236,7 +227,7 @@ class TapTiles(Tiles):
             shift = b.load(b.gep(offsets, [t], source_etype=I64), typ=I64)
             first = b.mul(t, a_tap)
             tiles = [gep(b, a, b.add(first, b.mul(I64(i), a_rows)), k.unit) for i in range(self.rows)]
-            k.packed_steps(tiles, gep(b, bp, shift, k.unit), bks, steps)
+            k.steps(tiles, I64(TILE_BYTES), I64(TILE_UNITS), gep(b, bp, shift, k.unit), bks, steps)  # packed
         k.store_c()
         b.ret_void()
 

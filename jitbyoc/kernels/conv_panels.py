@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 from llvmlite import ir
 
-from ..engines import conv_tiles
+from ..engines import conv_tiles, gemm_tiles
 from ..engines.gemm import Operand, Panels, panel_width
 from ..engines.products import PRODUCTS
 from ..ir import kir
@@ -67,7 +67,7 @@ TILE_AXES = (0, 4, 3, 5, 1, 2)
 
 def tile_shape(geo, weight_dtype: str) -> tuple:
     """The shape of the weight packed tile by tile (:func:`tile_packed`)."""
-    c = conv_tiles.ROW_BYTES // lookup_dtype(weight_dtype).nbytes
+    c = gemm_tiles.TILE_BYTES // lookup_dtype(weight_dtype).nbytes
     return (geo.k // 16, geo.kh, geo.kw, channels(geo, weight_dtype) // c, 16, c)
 
 
@@ -76,7 +76,7 @@ def tile_packed(taps: np.ndarray) -> np.ndarray:
     ``(K/16, KH, KW, Cp/c, 16, c)`` with ``c`` the channels of 16 units, each tile of A
     (16 output channels x 16 units of one tap) 1 KB in one piece."""
     k, kh, kw, cp = taps.shape
-    c = conv_tiles.ROW_BYTES // taps.dtype.itemsize
+    c = gemm_tiles.TILE_BYTES // taps.dtype.itemsize
     return np.ascontiguousarray(taps.reshape(k // 16, 16, kh, kw, cp // c, c).transpose(0, 2, 3, 4, 1, 5))
 
 
