@@ -62,9 +62,8 @@ class RegionLowering:
             return self.env[expr]
         if isinstance(expr, relax.ShapeExpr):
             return expr  # a non-tensor operand (reshape's target shape): builders read the call
-        if isinstance(expr, Constant) and getattr(expr, "data", None) is not None \
-                and expr.data.shape == ():
-            return kir.Const(expr.data.numpy().item(), str(expr.data.dtype))
+        if isinstance(expr, Constant) and getattr(expr.ty, "ndim", None) == 0:
+            return kir.Const(expr.value.numpy().item(), str(expr.ty.dtype))
         if isinstance(expr, relax.Tuple):
             return tuple(self.value(f) for f in expr.fields)
         raise LoweringError(f"{self.symbol}: cannot lower operand {type(expr).__name__}")
@@ -312,7 +311,7 @@ def fuse_epilogues(kernel: kir.Kernel) -> None:
                 producer.epilogue_out = kir.view(dst, tmp.shape)
             else:
                 producer.out = kir.view(dst, tmp.shape)
-                kernel.temps.remove(tmp)
+                kernel.temps.remove(tmp.storage)
             if not copy:
                 producer.epilogue = epi
             kernel.stages.remove(stage)
@@ -347,7 +346,7 @@ def _fuse_stores(stage: kir.Elementwise, producer: kir.KernelStage) -> bool:
 def _temp_read(roots: list, tmp: kir.Buffer) -> kir.Buffer:
     """The view of the producer's temp ``tmp`` that ``roots`` load (there is one:
     :func:`_sole_kernel_input`)."""
-    return next(n.buf for n in kir.walk(roots) if isinstance(n, kir.Load) and n.buf.storage == tmp)
+    return next(n.buf for n in kir.walk(roots) if isinstance(n, kir.Load) and n.buf.storage == tmp.storage)
 
 
 def _composed(producer: kir.KernelStage, roots: list) -> list | None:
@@ -365,10 +364,18 @@ def _composed(producer: kir.KernelStage, roots: list) -> list | None:
 def _in_producer_coordinates(roots: list, seen: kir.Buffer, shape) -> list | None:
     """``roots`` (over ``seen``'s shape, reading the producer's result as ``seen``) as
     epilogues over the producer's ``shape``: ``seen`` becomes the accumulator, every other
-    load is realigned; None unless the two shapes differ only in leading unit dims."""
-    if kir.without_leading_ones(seen.shape) != kir.without_leading_ones(shape):
-        return None
+    load is realigned. Where the two shapes differ only in leading unit dims, any load
+    (broadcasts included); otherwise only loads of ``seen``'s whole shape, read as views
+    of the producer's (LRN's average over channels is a pool over a ``(1, 1, C, H*W)``
+    view of ``(1, C, H, W)``). None where neither holds."""
     mapping: dict = {}
+    if kir.without_leading_ones(seen.shape) != kir.without_leading_ones(shape):
+        for n in (n for n in kir.walk(roots) if isinstance(n, kir.Load)):
+            merged = None if n.buf == seen else _merged(n.buf.shape, seen.shape, shape)
+            if n.buf != seen and merged is None:
+                return None
+            mapping[n] = kir.Acc(seen.dtype) if n.buf == seen else kir.Load(kir.view(n.buf, merged))
+        return kir.substitute_all(roots, mapping)
     for n in (n for n in kir.walk(roots) if isinstance(n, kir.Load)):
         if n.buf == seen:
             mapping[n] = kir.Acc(seen.dtype)
@@ -381,6 +388,28 @@ def _in_producer_coordinates(roots: list, seen: kir.Buffer, shape) -> list | Non
     return kir.substitute_all(roots, mapping)
 
 
+def _merged(buf_shape, seen_shape, shape) -> tuple | None:
+    """``buf_shape`` (broadcast against ``seen_shape``) as a view over ``shape``, where
+    ``shape`` merges runs of ``seen_shape``'s dims (unit dims aside): each run is whole in
+    the buffer or broadcast over all of it (a per-channel bias over ``(1, C, H, W)`` is
+    ``(1, 1, C, 1)`` over ``(1, 1, C, H*W)``). None where the dims do not merge so."""
+    buf = (1,) * (len(seen_shape) - len(buf_shape)) + tuple(buf_shape)
+    pairs = [(d, b) for d, b in zip(seen_shape, buf) if d != 1]
+    out = []
+    for t in shape:
+        if t == 1:
+            out.append(1)
+            continue
+        size, run = 1, []
+        while size < t and pairs:
+            d, b = pairs.pop(0)
+            size, run = size * d, run + [b == d]
+        if size != t or len(set(run)) != 1:
+            return None
+        out.append(t if run[0] else 1)
+    return tuple(out) if not pairs else None
+
+
 def _sole_kernel_input(kernel: kir.Kernel, stage: kir.Elementwise, index: int):
     """The kernel stage whose temp ``stage`` post-processes, if fusing is safe: the temp is
     read by nothing else (by ``stage`` as itself or through one view), and every other
@@ -388,13 +417,15 @@ def _sole_kernel_input(kernel: kir.Kernel, stage: kir.Elementwise, index: int):
     before it: :func:`_made_first`)."""
     reads = kir.stage_reads(stage)
     looked_up = set(kir.tables([n for _, n in stage.stores]))  # made before: checked below
-    temps = [b for b in reads if b in kernel.temps and b not in looked_up]
-    producers = [s for s in kernel.stages[:index] if isinstance(s, kir.KernelStage) and s.out in temps]
-    if len(producers) != 1:
+    temps = {b.storage for b in reads if b.storage in kernel.temps and b not in looked_up}
+    producers = [s for s in kernel.stages[:index] if isinstance(s, kir.KernelStage) and s.out.storage in temps]
+    if not producers:
         return None
-    producer = producers[0]
-    tmp = producer.out
-    if any(tmp in kir.stage_reads(s) for s in kernel.stages if s is not stage):
+    # the last kernel's: the others' temps exist before it (an LRN's quotient reads the
+    # convolution's result and fuses into the average over channels after it)
+    producer = producers[-1]
+    tmp = producer.out.storage
+    if any(b.storage == tmp for s in kernel.stages if s is not stage for b in kir.stage_reads(s)):
         return None
     direct = kir.loads([n for _, n in stage.stores])
     if len({b for b in direct if b.storage == tmp}) != 1:  # the temp as one shape only

@@ -280,10 +280,21 @@ def gelu_tanh(e, dt, x):
     return e.op("multiply", dt, _finite(e, dt, x), sigmoid(e, dt, inner))
 
 
+# exponents a literal may have that power computes with multiplies and square roots
+# (LRN's 0.75, norms' 0.5 and -0.5, gelu_new's 3)
+BY_ROOTS = frozenset({-1.0, -0.75, -0.5, -0.25, 0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0})
+BY_ROOTS_ULP = 4.5  # -0.75: a root (1), its root (1.5), their product (1), one over it (1)
+
+
 def power(e, dt, x, y):
     """x**y as exp(y*log|x|), with C's pow rules for negative x, zeros and y == 0, and
     exact results for y in (2, 1, -1) (``x*x``, ``x``, ``1/x``), which is what C's correctly
-    rounded pow returns for them, specials included."""
+    rounded pow returns for them, specials included. An exponent known when the code is
+    made (a literal: the region's scalar constant) and in :data:`BY_ROOTS` takes
+    :func:`power_by_roots` instead."""
+    known = e.known(y)
+    if known is not None and float(known) in BY_ROOTS:
+        return power_by_roots(e, dt, x, float(known))
     mag = exp(e, dt, e.op("multiply", dt, y, log(e, dt, e.op("abs", dt, x))))
     y_int = e.op("equal", dt, e.op("floor", dt, y), y)
     half = e.op("multiply", dt, y, e.const(0.5, dt))
@@ -305,3 +316,26 @@ def power(e, dt, x, y):
     for k, exact in ((2, e.op("multiply", dt, x, x)), (1, x), (-1, e.op("divide", dt, e.const(1, dt), x))):
         r = e.op("select", dt, e.op("equal", dt, y, e.const(k, dt)), exact, r)
     return e.op("select", dt, e.op("equal", dt, y, e.const(0, dt)), e.const(1, dt), r)
+
+
+def power_by_roots(e, dt, x, y: float):
+    """x**y for a literal ``y`` in :data:`BY_ROOTS`: whole powers by multiplying, quarters
+    by one or two square roots, a negative exponent as one division: within
+    :data:`BY_ROOTS_ULP` (each correctly rounded step adds at most one ulp, the root of a
+    root half its root's once more), where exp(log) takes 2*(1 + |y*ln|x||).
+    Fractional exponents see -0 and -inf as +0 and +inf (C's pow: pow(-0, 0.5) = 0,
+    pow(-inf, 0.75) = inf); other negative bases give sqrt's NaN."""
+    if y == 0:
+        return e.const(1, dt)  # pow(x, 0) = 1 for every x, NaN included
+    whole, quarters = divmod(abs(y), 1.0)
+    if quarters:
+        unsigned = e.op("logical_or", "bool", e.op("equal", dt, x, e.const(0, dt)),
+                        e.op("equal", dt, x, e.const(-math.inf, dt)))
+        x = e.op("select", dt, unsigned, e.op("abs", dt, x), x)
+    root = e.op("sqrt", dt, x) if quarters else None
+    fourth = e.op("sqrt", dt, root) if quarters in (0.25, 0.75) else None
+    factors = [x] * int(whole) + [f for f in (root if quarters != 0.25 else None, fourth) if f is not None]
+    r = factors[0]
+    for f in factors[1:]:
+        r = e.op("multiply", dt, r, f)
+    return e.op("divide", dt, e.const(1, dt), r) if y < 0 else r

@@ -86,12 +86,19 @@ class Emitter:
     def __init__(self, ctx: "Ctx"):
         self.ctx = ctx
         self.fused = isa.has_fma()  # as the LLVM emitter: C's fma rounds once, as llvm.fma
+        self.literals: dict[str, object] = {}  # a literal's text -> the number it stands for
 
     def temp(self, dt: str, expr: str) -> str:
         return self.ctx.let(lookup_dtype(dt).c, expr)
 
     def const(self, value, dt: str) -> str:
-        return c_literal(value, dt)
+        text = c_literal(value, dt)
+        self.literals[text] = value
+        return text
+
+    def known(self, value):
+        """Mirror of :meth:`jitbyoc.render.llvm.Emitter.known`."""
+        return self.literals.get(value) if isinstance(value, str) else None
 
     def loaded(self, raw: str, dt: str) -> str:
         """A loaded element (an lvalue) as a named value: bytes of a bool become 0/1."""

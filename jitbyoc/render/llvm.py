@@ -42,7 +42,15 @@ class Emitter:
     def const(self, value, dt: str):
         d = lookup_dtype(dt)
         scalar = ir.Constant(d.ir, bfloat.bits(value) if d.is_bfloat else d.held(value))
-        return scalar if self.lanes == 1 else SplatConstant(scalar, self.lanes)
+        made = scalar if self.lanes == 1 else SplatConstant(scalar, self.lanes)
+        made.literal = value
+        return made
+
+    @staticmethod
+    def known(value):
+        """The number a literal made by :meth:`const` stands for; None for any other value
+        (expansions specialize on it: ``power``'s exponent)."""
+        return getattr(value, "literal", None)
 
     def ldexp(self, dt: str, y, n):
         """``y * 2**n`` (``n`` an integer of ``y``'s width, in the normal exponent range) as

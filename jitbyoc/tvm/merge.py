@@ -27,6 +27,7 @@ import json
 import tvm
 from tvm import relax
 from tvm.ir import TupleType
+from tvm.ir.expr import Constant
 from tvm.relax.utils import copy_with_new_vars
 
 from ..ir.rules import RULES, anchor_ops
@@ -40,6 +41,25 @@ POINTWISE = frozenset({"relax.quantize", "relax.dequantize", "relax.nn.batch_nor
 # how many kernels after a region's a tail of it may stand: an Inception module imports
 # its four branches' convolutions first, then their tails
 TAIL_KERNELS = 6
+
+
+def _exponents(comp: relax.Function) -> set:
+    """The positions of ``comp``'s parameters that are a ``power``'s exponent."""
+    found: set = set()
+
+    def visit(e):
+        if isinstance(e, relax.Call) and getattr(e.op, "name", "") == "relax.power" \
+                and e.args[1] in comp.params:
+            found.add(list(comp.params).index(e.args[1]))
+    relax.analysis.post_order_visit(comp.body, visit)
+    return found
+
+
+def _literal_exponent(arg, k: int, exponents: set) -> bool:
+    """A scalar constant passed as a ``power``'s exponent stays inside the region, as a
+    literal its code is made for (:func:`jitbyoc.ir.vecmath.power_by_roots`: LRN's 0.75).
+    Other constants stay parameters, so regions that differ only in them share code."""
+    return k in exponents and isinstance(arg, Constant) and getattr(arg.ty, "ndim", None) == 0
 
 
 def _calls(func: relax.Function, ops) -> bool:
@@ -308,11 +328,13 @@ class _Merger:
         defined = {b.var for b in region}
         inputs: list = []
         for b in region:
-            for a in getattr(b.value, "args", ()):
+            comp = self.composites.get(getattr(b.value, "op", None))
+            exponents = _exponents(comp) if comp is not None else set()
+            for k, a in enumerate(getattr(b.value, "args", ())):
                 # operands become parameters, but a shape (a reshape's
                 # symbolic target) stays inline, defined by the parameters' shapes
                 if a not in defined and a not in inputs and \
-                        not isinstance(a, relax.ShapeExpr):
+                        not isinstance(a, relax.ShapeExpr) and not _literal_exponent(a, k, exponents):
                     inputs.append(a)
         later = set()
         for b in rest:
