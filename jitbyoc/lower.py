@@ -394,6 +394,10 @@ def _merged(buf_shape, seen_shape, shape) -> tuple | None:
     the buffer or broadcast over all of it (a per-channel bias over ``(1, C, H, W)`` is
     ``(1, 1, C, 1)`` over ``(1, 1, C, H*W)``). None where the dims do not merge so."""
     buf = (1,) * (len(seen_shape) - len(buf_shape)) + tuple(buf_shape)
+    if buf == tuple(seen_shape):
+        return tuple(shape)
+    if not all(isinstance(d, int) for d in (*seen_shape, *shape)):
+        return None  # symbolic sizes: only whole views
     pairs = [(d, b) for d, b in zip(seen_shape, buf) if d != 1]
     out = []
     for t in shape:

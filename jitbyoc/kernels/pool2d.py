@@ -73,6 +73,8 @@ class Pool2d(PortableStage, kir.KernelStage):
     dilation: tuple = (1, 1)
     pad: tuple = (0, 0, 0, 0)  # top, left, bottom, right
     include_pad: bool = False
+    # every path applies the epilogue to finished (plane, row band)s: pool_planes._plane_epilogue
+    writes_epilogue_apart = True
 
     @property
     def row(self) -> PoolKind:
