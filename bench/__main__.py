@@ -45,6 +45,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "(onnxruntime's convert_float_to_float16, float32 inputs and outputs) against "
                    "onnxruntime and OpenVINO on that copy; all report accuracy against the fp32 "
                    "model (default fp32)")
+    p.add_argument("--activations", choices=("float32", "bf16"), default="float32", help="with "
+                   "--precision bf16: jitbyoc.lower_precision's activations; bf16 stores a value "
+                   "that a product reads rounded once, in bfloat16, and widens it for elementwise "
+                   "work (OpenVINO's bf16 default keeps activations so); default float32")
     p.add_argument("--keep-cache", action="store_true", help="use jitbyoc's own disk cache "
                    "(default: an empty temporary one, so cold builds are cold)")
     p.add_argument("--target", metavar="TARGET", help="build for this TVM target: JSON "

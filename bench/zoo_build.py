@@ -73,9 +73,10 @@ def copy_module(entry: Entry, files: peers_mod.ModelFiles,
     return mod, {"precision": precision, make_key: seconds, import_key: import_s, file_key: path}
 
 
-def lower(entry: Entry, case, precision: str,
-          files: peers_mod.ModelFiles) -> tuple[object, dict] | Skip:
-    """The module jitbyoc builds at ``precision`` and the row's fields about it."""
+def lower(entry: Entry, case, precision: str, files: peers_mod.ModelFiles,
+          activations: str = "float32") -> tuple[object, dict] | Skip:
+    """The module jitbyoc builds at ``precision`` and the row's fields about it
+    (``activations``: :func:`jitbyoc.lower_precision`'s, at bf16)."""
     if precision == "fp32":
         return case.mod, {"precision": "fp32"}
     if precision in COPIES:
@@ -83,11 +84,12 @@ def lower(entry: Entry, case, precision: str,
     import jitbyoc
 
     try:
-        mod, seconds = timed(lambda: jitbyoc.lower_precision(case.mod, precision))
+        mod, seconds = timed(lambda: jitbyoc.lower_precision(case.mod, precision, activations))
     except Exception as err:
         return failure(entry, f"lower_precision to {precision}", err)
     lowered = count_flops(mod, operand_dtype="bfloat16")
-    return mod, {"precision": precision, "lower_s": seconds, "lowered_gflop": lowered / 1e9}
+    return mod, {"precision": precision, "activations": activations, "lower_s": seconds,
+                 "lowered_gflop": lowered / 1e9}
 
 
 def fp32_outputs(case) -> list:
@@ -101,7 +103,7 @@ def fp32_outputs(case) -> list:
     return peers_mod.as_numpy(vm_runner(ex, case.inputs)())
 
 
-def prepare(entry: Entry, precision: str, workdir: str) -> tuple | Skip:
+def prepare(entry: Entry, precision: str, workdir: str, activations: str = "float32") -> tuple | Skip:
     """Import the model, lower it to ``precision``, build it both ways; a Skip if any fails.
 
     Returns ``(case, fields, built, reference, files)``: the case, the row's fields so
@@ -116,7 +118,7 @@ def prepare(entry: Entry, precision: str, workdir: str) -> tuple | Skip:
     if isinstance(case, Skip):
         return case
     files = peers_mod.ModelFiles(case, workdir, entry.name)
-    lowered = lower(entry, case, precision, files)
+    lowered = lower(entry, case, precision, files, activations)
     if isinstance(lowered, Skip):
         return lowered
     mod, fields = lowered

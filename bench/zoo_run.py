@@ -82,7 +82,7 @@ BLOCK_SECONDS, SETTLE_SECONDS = 0.3, 0.1
 
 def columns() -> list[str]:
     """Every key of a zoo result row, in CSV order (missing values are None)."""
-    cols = ["model", "description", "precision", "reference", "tvm_default", "gflop",
+    cols = ["model", "description", "precision", "activations", "reference", "tvm_default", "gflop",
             "lowered_gflop", "model_ops", "offloaded_ops", "total_ops", "offload_share",
             "regions", "cold_cache_hits", "left_to_tvm", "import_s", "lower_s", "quantize_s",
             "qdq_import_s", "qdq_file", "fp16_convert_s", "fp16_import_s", "fp16_file",
@@ -157,7 +157,8 @@ def timing_fields(stats: dict[str, Stats], flops: int, peak: float,
 
 
 def measure(entry: Entry, rounds: int, workdir: str, threads: int, with_peers: bool,
-            peak: float, precision: str = "fp32", narrow_peak: float | None = None) -> dict | Skip:
+            peak: float, precision: str = "fp32", narrow_peak: float | None = None,
+            activations: str = "float32") -> dict | Skip:
     """Import, build, check and time one zoo model: a row (keys :func:`columns`) or a Skip.
 
     Parameters
@@ -180,8 +181,10 @@ def measure(entry: Entry, rounds: int, workdir: str, threads: int, with_peers: b
     narrow_peak : float, optional
         The ``vdpbf16ps`` (bf16) or ``vpdpbusd`` (int8) loop's GFLOP/s: "% of peak" of
         the narrow products against it (int8: all of the model's, as if all ran in int8).
+    activations : str
+        At bf16, :func:`jitbyoc.lower_precision`'s ``activations`` (``--activations``).
     """
-    got = prepare(entry, precision, workdir)
+    got = prepare(entry, precision, workdir, activations)
     if isinstance(got, Skip):
         return got
     case, fields, built, reference, files = got
@@ -227,7 +230,7 @@ def run_suite(entries: list[Entry], args, threads: int, peak: float, tqdm,
             bar.set_postfix_str(entry.name)
             rounds = args.repeat or (min(entry.repeat, 2) if args.quick else entry.repeat)
             got = measure(entry, rounds, workdir, threads, not args.no_peers, peak, args.precision,
-                          narrow_peak)
+                          narrow_peak, getattr(args, "activations", "float32"))
             if isinstance(got, dict):
                 rows.append(got)
             else:
@@ -286,6 +289,7 @@ def main(args, entries: list[Entry], tqdm) -> int:
     paths = zoo_report.write_outputs(args.out, rows, skipped, machine, summary, {
         "suite": "zoo", "quick": args.quick, "models": args.model, "rounds": args.repeat,
         "threads": threads, "peers": not args.no_peers, "precision": args.precision,
+        "activations": getattr(args, "activations", "float32"),
         "tolerance": TOLERANCES[args.precision], "block_seconds": BLOCK_SECONDS,
         "settle_seconds": SETTLE_SECONDS, "total_seconds": seconds,
         **({args.precision: {**copy.RECIPE, "cache": str(copy.CACHE_DIR)}} if copy else {})})

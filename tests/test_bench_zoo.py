@@ -202,3 +202,24 @@ def test_bf16_is_checked_against_tvm_to_one_bfloat16_ulp():
     assert ok(5e-3, "bf16") and not ok(1e-2, "bf16")
     assert ok(5e-3, "bf16", ran=("onnxruntime",)) is None  # fp32 peers are no bf16 reference
     assert not ok(5e-3, "fp32", ran=("onnxruntime",))
+
+
+def test_bf16_activations_reach_lower_precision():
+    """``--precision bf16 --activations bf16`` lowers with ``activations="bf16"`` (the row
+    says so); the default keeps float32 activations."""
+    from types import SimpleNamespace
+
+    from bench import zoo_build
+    from bench.__main__ import parse_args
+    from tests.test_bf16_activations import _residual_model
+
+    assert parse_args(["--suite", "zoo", "--precision", "bf16", "--activations", "bf16"]).activations == "bf16"
+    assert parse_args(["--suite", "zoo"]).activations == "float32"
+    mod, _ = _residual_model(np.random.default_rng(1), c=8, hw=5)
+    widened = {}
+    for activations in ("float32", "bf16"):
+        low, fields = zoo_build.lower(SimpleNamespace(name="residual"), SimpleNamespace(mod=mod), "bf16", None,
+                                      activations)
+        assert fields["activations"] == activations
+        widened[activations] = low.script().count('dtype="float32") = R.astype(')
+    assert widened == {"float32": 0, "bf16": 1}, widened

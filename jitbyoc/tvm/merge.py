@@ -160,7 +160,7 @@ class _Merger:
             if region and b.value.op in self.anchors if self.is_composite_call(b.value) else False:
                 if any(r.value.op in self.anchors for r in region if self.is_composite_call(r.value)) \
                         and not self.closes_attention(region, b.value):
-                    moved = self.independent(region)
+                    moved = self.independent(region) + self.widening_into(region, b.value)
                     region = [r for r in region if r not in moved]
                     self.take_projections(region, bindings, k)
                     self.take_tails(region, bindings, k, moved)
@@ -298,6 +298,17 @@ class _Merger:
             if b not in free or b.var in used:
                 used.update(self.free_vars(b.value))
         return [b for b in free if b.var not in used]
+
+    def widening_into(self, region, anchor) -> list:
+        """Bindings of ``region`` that write more bytes than they read and that only
+        ``anchor`` (the next kernel) reads: they go with it, into its region. A residual
+        stored in bfloat16 (``lower_precision(activations="bf16")``) is widened for a conv
+        whose composite fuses the sum; in the region before, the widened copy would be
+        written out in float32 for the conv to read."""
+        read_inside = set().union(*(self.free_vars(r.value) for r in region))
+        return [r for r in region if self.is_composite_call(r.value) and r.value.op not in self.anchors
+                and _widens(r.var, r.value.args) and r.var not in read_inside
+                and r.var in self.free_vars(anchor) and isinstance(r.var, relax.DataflowVar)]
 
     def feeding(self, moved, anchor) -> tuple[list, list]:
         """``moved`` (:meth:`independent`) split into what feeds ``anchor``'s operands (a

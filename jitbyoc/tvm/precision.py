@@ -38,6 +38,7 @@ from .inference import MATMUL, conv2d_like
 from .linear import weight_value
 
 CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
+ASTYPE = tvm.ir.Op.get("relax.astype")
 MIN_CHANNELS = 2  # input channels per group below which a convolution stays float32 (depthwise)
 SMALL_MAP = 49  # output pixels up to which float32's channel-vector engine stays (7x7)
 
@@ -132,16 +133,81 @@ class _ToBFloat16(relax.PyExprMutator):
         return conv2d_like(call, self.narrow(x), tensor_constant(value.astype(ml_dtypes.bfloat16)), out_dtype="float32")
 
 
-def lower_precision(mod: tvm.IRModule, precision: str = "bf16") -> tvm.IRModule:
+ACTIVATIONS = ("float32", "bf16")
+
+
+@relax.expr_functor.mutator
+class _NarrowActivations(relax.PyExprMutator):
+    """A computed float32 value that a product reads rounded (``astype(x, "bfloat16")``)
+    and other work reads as it is: the other work reads the rounded value widened, so
+    the value is stored once, in bfloat16. A residual stream
+    (ResNet's ``relu(conv + x)``, a transformer's ``x + attention``) then moves half the
+    bytes, as OpenVINO's bf16 default keeps activations."""
+
+    def __init__(self, mod, narrowed: set):
+        super().__init__(mod)
+        self.narrowed = narrowed  # the vars some binding rounds to bfloat16
+        self.widened: dict = {}  # var -> [its bfloat16 var, the widened var once a use needs it]
+
+    def visit_var_binding_(self, binding):
+        value = binding.value
+        if self._rounds(value) and value.args[0] in self.widened:
+            self.set_var_remap(binding.var, self.widened[value.args[0]][0])  # one rounding
+            return
+        var = binding.var
+        if var not in self.narrowed or not isinstance(var, relax.DataflowVar):
+            super().visit_var_binding_(binding)  # model outputs and inputs stay as they are
+            return
+        new = self.builder_.emit(self.visit_expr(value), var.name)
+        self.set_var_remap(var, new)
+        self.widened[var] = [self.builder_.emit(relax.op.astype(new, "bfloat16")), None]
+
+    @staticmethod
+    def _rounds(value) -> bool:
+        return isinstance(value, relax.Call) and value.op.same_as(ASTYPE) and str(value.ty.dtype) == "bfloat16"
+
+    def visit_dataflow_var_(self, var):
+        """A use of a rounded value reads it widened, emitted before its first use (there
+        it joins the user's region: emitted beside the rounding, it would join the
+        producer's, which would write it in float32 once more)."""
+        pair = self.widened.get(var)
+        if pair is None:
+            return super().visit_dataflow_var_(var)
+        if pair[1] is None:
+            pair[1] = self.builder_.emit(relax.op.astype(pair[0], "float32"))
+        return pair[1]
+
+
+def _rounded_vars(func: relax.Function) -> set:
+    """The float32 vars ``func`` rounds to bfloat16 somewhere."""
+    found: set = set()
+
+    def visit(e):
+        if isinstance(e, relax.Call) and e.op.same_as(ASTYPE) and str(e.ty.dtype) == "bfloat16" \
+                and isinstance(e.args[0], relax.Var) and str(e.args[0].ty.dtype) == "float32":
+            found.add(e.args[0])
+    relax.analysis.post_order_visit(func.body, visit)
+    return found
+
+
+def lower_precision(mod: tvm.IRModule, precision: str = "bf16", activations: str = "float32") -> tvm.IRModule:
     """``mod`` with its float32 products of a constant weight (linear layers, torch's
     ``x @ W.T`` included; convolutions, where bf16 runs faster) computed from bfloat16 operands
     summed in float32; build the
-    result with ``tvm.compile`` as any module. ``precision``: ``"bf16"``."""
+    result with ``tvm.compile`` as any module. ``precision``: ``"bf16"``. ``activations``:
+    ``"float32"`` (the default: elementwise work reads float32 values) or ``"bf16"``: a
+    value that a product reads rounded is stored rounded, and elementwise work reads it
+    widened (:class:`_NarrowActivations`; OpenVINO's bf16 default)."""
     if precision not in PRECISIONS:
         raise ValueError(f"jitbyoc.lower_precision: precision {precision!r} is not one of {PRECISIONS}")
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"jitbyoc.lower_precision: activations {activations!r} is not one of {ACTIVATIONS}")
     out = {}
     for gv, func in mod.functions.items():
         if isinstance(func, relax.Function):
-            func = relax.analysis.remove_all_unused(_ToBFloat16(mod).visit_expr(func))
+            func = _ToBFloat16(mod).visit_expr(func)
+            if activations == "bf16":
+                func = _NarrowActivations(mod, _rounded_vars(func)).visit_expr(func)
+            func = relax.analysis.remove_all_unused(func)
         out[gv] = func
     return tvm.IRModule(out, attrs=mod.attrs)
