@@ -300,8 +300,9 @@ class _Merger:
         return [b for b in free if b.var not in used]
 
     def widening_into(self, region, anchor) -> list:
-        """Bindings of ``region`` that write more bytes than they read and that only
-        ``anchor`` (the next kernel) reads: they go with it, into its region. A residual
+        """Bindings of ``region`` that write more bytes than they read, that nothing else
+        in the region reads and ``anchor`` (the next kernel) does: they go with it, into
+        its region. A residual
         stored in bfloat16 (``lower_precision(activations="bf16")``) is widened for a conv
         whose composite fuses the sum; in the region before, the widened copy would be
         written out in float32 for the conv to read."""

@@ -151,7 +151,7 @@ class _NarrowActivations(relax.PyExprMutator):
 
     def visit_var_binding_(self, binding):
         value = binding.value
-        if self._rounds(value) and value.args[0] in self.widened:
+        if _rounding(value) and value.args[0] in self.widened:
             self.set_var_remap(binding.var, self.widened[value.args[0]][0])  # one rounding
             return
         var = binding.var
@@ -161,10 +161,6 @@ class _NarrowActivations(relax.PyExprMutator):
         new = self.builder_.emit(self.visit_expr(value), var.name)
         self.set_var_remap(var, new)
         self.widened[var] = [self.builder_.emit(relax.op.astype(new, "bfloat16")), None]
-
-    @staticmethod
-    def _rounds(value) -> bool:
-        return isinstance(value, relax.Call) and value.op.same_as(ASTYPE) and str(value.ty.dtype) == "bfloat16"
 
     def visit_dataflow_var_(self, var):
         """A use of a rounded value reads it widened, emitted before its first use (there
@@ -178,13 +174,17 @@ class _NarrowActivations(relax.PyExprMutator):
         return pair[1]
 
 
+def _rounding(expr) -> bool:
+    """Whether ``expr`` is ``astype(x, "bfloat16")``."""
+    return isinstance(expr, relax.Call) and expr.op.same_as(ASTYPE) and str(expr.ty.dtype) == "bfloat16"
+
+
 def _rounded_vars(func: relax.Function) -> set:
     """The float32 vars ``func`` rounds to bfloat16 somewhere."""
     found: set = set()
 
     def visit(e):
-        if isinstance(e, relax.Call) and e.op.same_as(ASTYPE) and str(e.ty.dtype) == "bfloat16" \
-                and isinstance(e.args[0], relax.Var) and str(e.args[0].ty.dtype) == "float32":
+        if _rounding(e) and isinstance(e.args[0], relax.Var) and str(e.args[0].ty.dtype) == "float32":
             found.add(e.args[0])
     relax.analysis.post_order_visit(func.body, visit)
     return found
