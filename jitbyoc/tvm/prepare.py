@@ -28,6 +28,8 @@
 * **Grouped-query attention reads its shared heads in place** (:mod:`.grouped`): the
   products read each key/value head for its query heads by batch broadcasting, where
   ``repeat_kv`` copied the cache once per query head.
+* **A pool of a channel concatenation pools its parts** (:mod:`.pool_concat`): an
+  Inception module's branches are pooled where their convolutions left them.
 * **Constant convolution weights are packed for the engine** (:mod:`.conv_weights`), in
   blocks of the output channels its register block computes together; after the rest,
   so that batch norm has folded into them.
@@ -44,7 +46,8 @@ from tvm.ir import Op, Range
 from tvm.ir.prim import IntImm
 from tvm.sym import Analyzer
 
-from . import constants, conv_weights, grouped, inference, linear, quantized, quantized_pairs, tables, widen
+from . import (constants, conv_weights, grouped, inference, linear, pool_concat, quantized, quantized_pairs,
+               tables, widen)
 
 log = logging.getLogger("jitbyoc")
 
@@ -55,7 +58,7 @@ SHAPE_TO_TENSOR = Op.get("relax.shape_to_tensor")
 CONV2D, PAD = Op.get("relax.nn.conv2d"), Op.get("relax.nn.pad")
 # ops worth a pass without bounds
 TRIGGERS = frozenset({"relax.shape_to_tensor", "relax.nn.pad", "relax.nn.conv2d", "relax.nn.conv1d"}) \
-    | inference.TRIGGERS | quantized.TRIGGERS
+    | inference.TRIGGERS | quantized.TRIGGERS | pool_concat.TRIGGERS
 
 
 def _analyzer(func: relax.Function) -> Analyzer | None:
@@ -163,6 +166,9 @@ class _Prepare(relax.PyExprMutator):
         if call.op.same_as(inference.SUM):
             items = inference.summed_stack(call, self._bound)
             return call if items is None else self._adds(items)
+        if any(call.op.same_as(p) for p in pool_concat.POOLS):
+            parts = pool_concat.pooled_parts(call, self.lookup_binding, self.uses, self.builder_.emit)
+            return call if parts is None else parts
         if call.op.same_as(STRIDED_SLICE):
             piece = linear.sliced_product(call, self.lookup_binding, self.sliced, self.builder_.emit)
             if piece is not None:
