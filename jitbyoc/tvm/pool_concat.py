@@ -16,6 +16,8 @@ from __future__ import annotations
 from tvm import relax
 from tvm.ir import Op
 
+from .inference import bound_value
+
 POOLS = frozenset(Op.get(f"relax.nn.{kind}_pool2d") for kind in ("max", "avg"))
 CONCAT = Op.get("relax.concat")
 DEQUANTIZE = Op.get("relax.dequantize")
@@ -23,27 +25,25 @@ TRIGGERS = frozenset({"relax.concat"})
 
 
 def pooled_parts(call: relax.Call, lookup, uses: dict, emit) -> relax.Expr | None:
-    """``call`` (a pool) as the concatenation of its input's parts pooled, or None.
+    """``call`` (a pool: :data:`POOLS`) as the concatenation of its input's parts pooled,
+    or None.
 
     ``lookup``: a var's bound value; ``uses``: a var's name -> its uses; ``emit``: binds
     an expression, returning its var."""
-    if not any(call.op.same_as(p) for p in POOLS) or str(call.attrs.layout) != "NCHW" \
-            or str(call.attrs.out_layout or call.attrs.layout) != "NCHW":
-        return None
     x = call.args[0]
-    concat = lookup(x) if isinstance(x, relax.Var) else None
-    if not (isinstance(concat, relax.Call) and concat.op.same_as(CONCAT)) or uses.get(x.name, 0) != 1:
+    if str(call.attrs.layout) != "NCHW" or str(call.attrs.out_layout or call.attrs.layout) != "NCHW" \
+            or not isinstance(x, relax.Var) or uses.get(x.name, 0) != 1:
         return None
-    parts = concat.args[0]
-    parts = lookup(parts) if isinstance(parts, relax.Var) else parts
-    axis = concat.attrs.axis
+    concat = lookup(x)
+    if not (isinstance(concat, relax.Call) and concat.op.same_as(CONCAT)):
+        return None
+    parts, axis = bound_value(concat.args[0], lookup), concat.attrs.axis
     if not isinstance(parts, relax.Tuple) or axis is None or int(axis) % 4 != 1:
         return None
-    if any(str(p.ty.dtype) != str(x.ty.dtype) or _dequantized(p, lookup) for p in parts.fields):
+    if any(str(p.ty.dtype) != str(x.ty.dtype) or _dequantized(bound_value(p, lookup)) for p in parts.fields):
         return None  # a QDQ graph's: its requantization moves the integers (quantized.requantized)
     return relax.op.concat([emit(relax.Call(call.op, [p], call.attrs)) for p in parts.fields], axis=1)
 
 
-def _dequantized(part, lookup) -> bool:
-    value = lookup(part) if isinstance(part, relax.Var) else part
+def _dequantized(value) -> bool:
     return isinstance(value, relax.Call) and value.op.same_as(DEQUANTIZE)
