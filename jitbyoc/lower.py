@@ -25,6 +25,7 @@ from .ir.errors import LoweringError, RegionSizeError, error_context
 from .ir.hoist import hoist_broadcast_subexpressions
 from .ir.relax_types import SymbolicSizes, dim, dims, naming_sizes
 from .ir.rules import REWRITES, RULES
+from .kernels.concat_parts import place_concat_parts
 
 PREFIX = "jitbyoc"  # code symbols are jitbyoc_<ops>_<digest>
 
@@ -220,6 +221,7 @@ class RegionLowering:
         fuse_epilogues(self.kernel)
         for rewrite in REWRITES:
             rewrite(self.kernel)
+        place_concat_parts(self.kernel)  # last: it fixes where buffers live
         self._derived_sizes()
 
     def _derived_sizes(self) -> None:

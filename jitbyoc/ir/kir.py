@@ -177,6 +177,9 @@ class Kernel:
     ops: list[str] = field(default_factory=list)  # Relax ops covered, for the report
     # derived sizes: name -> definition over the plain ones (jitbyoc.ir.sizes)
     sizes: dict[str, tuple] = field(default_factory=dict)
+    # temps that are not allocated but live inside another buffer: temp -> (buffer, offset
+    # in elements); a concatenation's parts made in the region (jitbyoc.kernels.concat_parts)
+    placed: dict = field(default_factory=dict)
 
     @property
     def params(self) -> list[Buffer]:
@@ -196,6 +199,21 @@ class Kernel:
     def sym_vars(self) -> list[str]:
         """Symbolic sizes: the plain ones, then the derived ones."""
         return self.plain_sizes + list(self.sizes)
+
+
+def placed_in_order(kernel: Kernel) -> list[Buffer]:
+    """The placed temps, each after the buffer it lives in (placements chain: a part of a
+    concatenation that is itself placed in a region output)."""
+    order, done = [], {b for b in kernel.params + kernel.temps if b not in kernel.placed}
+    pending = list(kernel.placed)
+    while pending:
+        ready = [t for t in pending if kernel.placed[t][0] in done]
+        if not ready:
+            raise ValueError(f"jitbyoc: {kernel.name}: placements {[t.name for t in pending]} form a cycle")
+        order += ready
+        done.update(ready)
+        pending = [t for t in pending if t not in done]
+    return order
 
 
 def describe(stage) -> str:

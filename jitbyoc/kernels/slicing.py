@@ -270,8 +270,11 @@ def _looked_up(fe, call, n: int, mode: str):
 @dataclass(eq=False)
 class Concat(PortableStage, kir.KernelStage):
     """``out = concat(inputs, axis)``: each row (an index of the dims before ``axis``)
-    is the inputs' rows one after another."""
+    is the inputs' rows one after another. Inputs whose index is in ``placed`` are already
+    there (their producers wrote them in place: :mod:`.concat_parts`), so only the
+    epilogue, if any, runs over their part."""
     axis: int = 0
+    placed: tuple = ()
 
     def emit(self, e) -> None:
         out, axis = self.out, self.axis
@@ -282,11 +285,12 @@ class Concat(PortableStage, kir.KernelStage):
                 dst = e.let(e.mul(r, width))
                 pos = unravel(e, r, [e.dim(d) for d in out.shape[:axis]])
                 at = 0
-                for x in self.inputs:
+                for i, x in enumerate(self.inputs):
                     n = e.product(x.shape[axis:])
-                    src = e.let(e.mul(r, n))
-                    with e.loop(n, 0, "k") as k:
-                        e.copy(out, e.add(dst, k), x, e.add(src, k))
+                    if i not in self.placed:
+                        src = e.let(e.mul(r, n))
+                        with e.loop(n, 0, "k") as k:
+                            e.copy(out, e.add(dst, k), x, e.add(src, k))
                     if self.epilogue is not None:
                         e.epilogue(self, pos + [at] + [0] * (out.ndim - axis - 1),
                                    [1] * axis + [e.dim(d) for d in x.shape[axis:]])

@@ -255,15 +255,19 @@ def emit_compute(kernel: kir.Kernel, functions: list) -> list[str]:
     params += [f"{storage_c(b.dtype)}* restrict {b.name}" for b in kernel.outputs]
     params += [f"int64_t {s}" for s in kernel.sym_vars]
     ctx = Ctx(kernel.name, kernel.params + kernel.temps, kernel.sym_vars, functions)
-    for t in kernel.temps:
+    allocated = [t for t in kernel.temps if t not in kernel.placed]
+    for t in allocated:
         alloc_workspace(ctx, t.name, t.dtype, ctx.product(t.shape))
+    for t in kir.placed_in_order(kernel):  # inside another buffer: no restrict
+        dest, offset = kernel.placed[t]
+        ctx.line(f"{storage_c(t.dtype)}* {t.name} = {dest.name} + INT64_C({int(offset)});")
     for stage in kernel.stages:
         with error_context(RenderError, kernel.name, f"{kir.describe(stage)} in C"):
             if isinstance(stage, kir.Elementwise):
                 emit_elementwise(ctx, stage)
             else:
                 stage.emit_c(ctx)
-    for t in reversed(kernel.temps):
+    for t in reversed(allocated):
         free_workspace(ctx, t.name)
     ctx.line("return 0;")
     return [f"static int32_t {kernel.name}_compute({', '.join(params) or 'void'}) {{", *ctx.lines, "}"]

@@ -485,17 +485,21 @@ def emit_compute(module: ir.Module, kernel: kir.Kernel) -> tuple[ir.Function, Fa
               dict(zip(syms, fn.args[len(kernel.params):])))
     alloc = declare(module, "TVMBackendAllocWorkspace", PTR, [I32, I32, I64, I32, I32])
     free = declare(module, "TVMBackendFreeWorkspace", I32, [I32, I32, PTR])
-    for t in kernel.temps:
+    allocated = [t for t in kernel.temps if t not in kernel.placed]
+    for t in allocated:
         d = lookup_dtype(t.dtype)
         nbytes = b.mul(ctx.product(t.shape), I64(d.nbytes))
         ptr = b.call(alloc, [I32(1), I32(0), nbytes, I32(d.dl_code), I32(d.storage_bits)])
         with b.if_then(b.icmp_unsigned("==", b.ptrtoint(ptr, I64), I64(0)), likely=False):
             b.ret(I32(-1))  # TVM's allocator has set the error
         ctx.ptrs[t] = ptr
+    for t in kir.placed_in_order(kernel):
+        dest, offset = kernel.placed[t]
+        ctx.ptrs[t] = b.gep(ctx.ptrs[dest], [I64(offset)], source_etype=lookup_dtype(t.dtype).storage_ir)
     for stage in kernel.stages:
         with error_context(RenderError, kernel.name, f"{kir.describe(stage)} in LLVM"):
             _emit_stage(ctx, stage)
-    for t in reversed(kernel.temps):
+    for t in reversed(allocated):
         b.call(free, [I32(1), I32(0), ctx.ptrs[t]])
     b.ret(I32(0))
     return fn, ctx.facts
