@@ -36,6 +36,7 @@ from ..kernels import conv2d
 from .constants import constant, tensor_constant
 from .inference import MATMUL, conv2d_like
 from .linear import weight_value
+from .round_early import round_early
 
 CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
 ASTYPE = tvm.ir.Op.get("relax.astype")
@@ -208,6 +209,8 @@ def lower_precision(mod: tvm.IRModule, precision: str = "bf16", activations: str
             func = _ToBFloat16(mod).visit_expr(func)
             if activations == "bf16":
                 func = _NarrowActivations(mod, _rounded_vars(func)).visit_expr(func)
+            else:
+                func = round_early(func)
             func = relax.analysis.remove_all_unused(func)
         out[gv] = func
     return tvm.IRModule(out, attrs=mod.attrs)
