@@ -4,6 +4,7 @@ another user, joins another axis, or joins dequantized tensors (a QDQ graph's)."
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 from tvm import relax
@@ -55,3 +56,17 @@ def test_dequantized_parts_stay_for_the_integer_requantization():
         return bb.emit(R.nn.max_pool2d(bb.emit(R.concat(parts, axis=1)), 3, 2))
     mod = build_model({"a": ((1, 4, 9, 9), "int8"), "b": ((1, 6, 9, 9), "int8")}, body)
     assert _pools_after_concat(mod) == [10]
+
+
+def test_a_bfloat16_pool_splits_before_it_is_widened():
+    """A bfloat16 max pool is computed widened to float32 (:mod:`jitbyoc.tvm.widen`); it is
+    left narrow until the split, so each part's pool is widened, not the whole map."""
+    parts = {k: (s, "bfloat16") for k, (s, _) in PARTS.items()}
+    mod = build_model(parts, lambda bb, a, b, c: bb.emit(R.nn.max_pool2d(bb.emit(R.concat([a, b, c], axis=1)), 3, 2)))
+    assert sorted(_pools_after_concat(mod)) == [3, 5, 8]
+    rng = np.random.default_rng(3)
+    xs = [rng.standard_normal(s).astype("float32").astype(ml_dtypes.bfloat16) for s, _ in parts.values()]
+    builds = build_both(mod)
+    assert not builds.report.fallbacks, builds.report
+    want, got = builds.run(*xs)
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))

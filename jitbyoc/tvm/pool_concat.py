@@ -30,6 +30,21 @@ def pooled_parts(call: relax.Call, lookup, uses: dict, emit) -> relax.Expr | Non
 
     ``lookup``: a var's bound value; ``uses``: a var's name -> its uses; ``emit``: binds
     an expression, returning its var."""
+    parts = _parts(call, lookup, uses)
+    if parts is None:
+        return None
+    return relax.op.concat([emit(relax.Call(call.op, [p], call.attrs)) for p in parts.fields], axis=1)
+
+
+def splits(call: relax.Call, lookup, uses: dict) -> bool:
+    """Whether :func:`pooled_parts` rewrites ``call``: a bfloat16 pool is left narrow for
+    it (:mod:`.widen`), then each part's pool widened, where widening the whole
+    concatenation first hid it (the concatenation, then its float32 copy, for one pool)."""
+    return any(call.op.same_as(p) for p in POOLS) and _parts(call, lookup, uses) is not None
+
+
+def _parts(call: relax.Call, lookup, uses: dict) -> relax.Tuple | None:
+    """The parts of the channel concatenation that ``call`` alone pools, or None."""
     x = call.args[0]
     if str(call.attrs.layout) != "NCHW" or str(call.attrs.out_layout or call.attrs.layout) != "NCHW" \
             or not isinstance(x, relax.Var) or uses.get(x.name, 0) != 1:
@@ -42,7 +57,7 @@ def pooled_parts(call: relax.Call, lookup, uses: dict, emit) -> relax.Expr | Non
         return None
     if any(str(p.ty.dtype) != str(x.ty.dtype) or _dequantized(bound_value(p, lookup)) for p in parts.fields):
         return None  # a QDQ graph's: its requantization moves the integers (quantized.requantized)
-    return relax.op.concat([emit(relax.Call(call.op, [p], call.attrs)) for p in parts.fields], axis=1)
+    return parts
 
 
 def _dequantized(value) -> bool:

@@ -22,6 +22,8 @@ concatenation, or a pool of stride 2 that the next module's pool of stride 1 rea
 
 from __future__ import annotations
 
+import itertools
+
 from tvm import relax
 from tvm.ir import Op
 
@@ -33,8 +35,9 @@ BF16 = "bfloat16"
 
 def round_early(func: relax.Function) -> relax.Function:
     """``func`` with its roundings moved before max pools, then before concatenations."""
+    names = itertools.count()
     for rule in ("pool", "concat") * 2:
-        func = relax.analysis.remove_all_unused(_RoundEarly(use_counts(func), rule).visit_expr(func))
+        func = relax.analysis.remove_all_unused(_RoundEarly(use_counts(func), rule, names).visit_expr(func))
     return func
 
 
@@ -48,11 +51,12 @@ def _rounding_of(expr) -> relax.Var | None:
 
 @relax.expr_functor.mutator
 class _RoundEarly(relax.PyExprMutator):
-    def __init__(self, uses: dict, rule: str):
+    def __init__(self, uses: dict, rule: str, names):
         super().__init__()
         self.uses, self.rule = uses, rule
         self.rounded: dict = {}  # var -> its rounding's var
         self.roundings: dict = {}  # var name -> how many of its uses are roundings
+        self.names = names  # numbers for the names of new vars, shared by the passes
 
     def visit_dataflow_block_(self, block):
         self.rounded = {}  # a dataflow var lives in its block
@@ -65,8 +69,13 @@ class _RoundEarly(relax.PyExprMutator):
     def round(self, x):
         """``astype(x, "bfloat16")``, one per ``x``."""
         if x not in self.rounded:
-            self.rounded[x] = self.builder_.emit(relax.op.astype(x, BF16))
+            self.rounded[x] = self._emit(relax.op.astype(x, BF16))
         return self.rounded[x]
+
+    def _emit(self, expr):
+        """``expr`` bound to a name of its own: ``prepare`` counts uses by name, and a
+        name given twice would make a value look read twice (:mod:`.pool_concat`)."""
+        return self.builder_.emit(expr, f"rounded_{self.rule}{next(self.names)}")
 
     def visit_var_binding_(self, binding):
         source = _rounding_of(binding.value)
@@ -77,7 +86,7 @@ class _RoundEarly(relax.PyExprMutator):
         if early is None:
             self.set_var_remap(binding.var, self.round(self.visit_expr(source)))
             return
-        self.set_var_remap(binding.var, self.builder_.emit(early, binding.var.name))
+        self.set_var_remap(binding.var, self._emit(early))
 
     def _early(self, x: relax.Var):
         value = self.lookup_binding(self.visit_expr(x))

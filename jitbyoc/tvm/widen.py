@@ -34,7 +34,7 @@ import tvm
 from tvm import relax
 
 from ..ir.rules import why_not
-from . import inference
+from . import inference, pool_concat
 from .constants import constant, tensor_constant
 from .linear import bound_value
 
@@ -71,11 +71,12 @@ def has_narrow(func: relax.Function) -> bool:
 
 @relax.expr_functor.mutator
 class Widen(relax.PyExprMutator):
-    def __init__(self, mod, folding=(), prefix="widened"):
+    def __init__(self, mod, folding=(), prefix="widened", uses=None):
         super().__init__(mod)
         self.widened = {}  # narrow variable -> its float32 copy (one cast, however many readers)
         self.folding = folding  # convolutions a batch norm folds into (left narrow: see _prepared)
         self.emitted, self.prefix = 0, prefix
+        self.uses = uses  # a var's name -> its uses, before prepare's rewrites (else None)
 
     def visit_call_(self, call):
         call = super().visit_call_(call)
@@ -104,6 +105,8 @@ class Widen(relax.PyExprMutator):
         convolution from the rewrites: ResNet-50's residual sums ran as reductions, its
         batch norms as multiply-adds)."""
         if any(call.same_as(conv) for conv in self.folding):
+            return True
+        if self.uses is not None and pool_concat.splits(call, self.lookup_binding, self.uses):
             return True
         return call.op.same_as(inference.SUM) and \
             inference.summed_stack(call, lambda v: bound_value(v, self.lookup_binding)) is not None
@@ -166,5 +169,6 @@ def widened(mod, func: relax.Function, first: bool = False) -> relax.Function:
     ``first``: before ``prepare``'s rewrites (the ops they rewrite are left to after).
     ``prepare`` calls it where :func:`has_narrow`."""
     folding = _folding_convolutions(func) if first else ()
-    widen = Widen(mod, folding, "widened" if first else "rewidened")
+    uses = inference.use_counts(func) if first else None
+    widen = Widen(mod, folding, "widened" if first else "rewidened", uses)
     return relax.analysis.remove_all_unused(widen.visit_expr(func))
