@@ -201,6 +201,11 @@ class Kernel:
         return self.plain_sizes + list(self.sizes)
 
 
+def allocated_temps(kernel: Kernel) -> list[Buffer]:
+    """The temps the kernel allocates (and frees): all but the placed ones."""
+    return [t for t in kernel.temps if t not in kernel.placed]
+
+
 def placed_in_order(kernel: Kernel) -> list[Buffer]:
     """The placed temps, each after the buffer it lives in (placements chain: a part of a
     concatenation that is itself placed in a region output)."""

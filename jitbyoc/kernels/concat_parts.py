@@ -41,21 +41,22 @@ def _contiguous_parts(concat: Concat) -> bool:
         and all(d == 1 for d in concat.out.shape[:concat.axis])
 
 
-def _writers(kernel: kir.Kernel, buf: kir.Buffer) -> list:
-    return [s for s in kernel.stages if buf in {b.storage for b in kir.stage_writes(s)}]
+def _writers(stages: list, buf: kir.Buffer) -> list:
+    """The stages of ``stages`` that write ``buf`` (or a view of it)."""
+    return [s for s in stages if buf in {b.storage for b in kir.stage_writes(s)}]
 
 
 def _place_result_in_output(kernel: kir.Kernel, concat: Concat) -> None:
     """A result that a stage only copies into a region output lives in that output."""
     result = concat.out.storage
-    if result not in kernel.temps or result in kernel.placed or _writers(kernel, result) != [concat]:
+    if result not in kernel.temps or result in kernel.placed or _writers(kernel.stages, result) != [concat]:
         return
     for s in kernel.stages[kernel.stages.index(concat) + 1:]:
         if not (isinstance(s, kir.Elementwise) and len(s.stores) == 1):
             continue
         dst, node = s.stores[0]
         if isinstance(node, kir.Load) and node.buf is result and dst in kernel.outputs \
-                and (dst.shape, dst.dtype) == (result.shape, result.dtype) and _writers(kernel, dst) == [s]:
+                and (dst.shape, dst.dtype) == (result.shape, result.dtype) and _writers(kernel.stages, dst) == [s]:
             kernel.placed[result] = (dst, 0)
             kernel.stages.remove(s)
             return
@@ -69,7 +70,7 @@ def _place_parts(kernel: kir.Kernel, concat: Concat) -> None:
         part = x.storage
         if part in kernel.temps and part not in kernel.placed and part is not concat.out.storage \
                 and part.dtype == concat.out.dtype and storages.count(part) == 1 \
-                and not any(part in {b.storage for b in kir.stage_writes(s)} for s in later) \
+                and not _writers(later, part) \
                 and (concat.epilogue is None
                      or not any(part in kir.stage_reads(s) for s in later)):
             kernel.placed[part] = (concat.out.storage, offset)

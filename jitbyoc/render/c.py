@@ -255,7 +255,7 @@ def emit_compute(kernel: kir.Kernel, functions: list) -> list[str]:
     params += [f"{storage_c(b.dtype)}* restrict {b.name}" for b in kernel.outputs]
     params += [f"int64_t {s}" for s in kernel.sym_vars]
     ctx = Ctx(kernel.name, kernel.params + kernel.temps, kernel.sym_vars, functions)
-    allocated = [t for t in kernel.temps if t not in kernel.placed]
+    allocated = kir.allocated_temps(kernel)
     for t in allocated:
         alloc_workspace(ctx, t.name, t.dtype, ctx.product(t.shape))
     for t in kir.placed_in_order(kernel):  # inside another buffer: no restrict

@@ -485,7 +485,7 @@ def emit_compute(module: ir.Module, kernel: kir.Kernel) -> tuple[ir.Function, Fa
               dict(zip(syms, fn.args[len(kernel.params):])))
     alloc = declare(module, "TVMBackendAllocWorkspace", PTR, [I32, I32, I64, I32, I32])
     free = declare(module, "TVMBackendFreeWorkspace", I32, [I32, I32, PTR])
-    allocated = [t for t in kernel.temps if t not in kernel.placed]
+    allocated = kir.allocated_temps(kernel)
     for t in allocated:
         d = lookup_dtype(t.dtype)
         nbytes = b.mul(ctx.product(t.shape), I64(d.nbytes))

@@ -36,10 +36,9 @@ from ..kernels import conv2d
 from .constants import constant, tensor_constant
 from .inference import MATMUL, conv2d_like
 from .linear import weight_value
-from .round_early import round_early
+from .round_early import round_early, rounding_of
 
 CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
-ASTYPE = tvm.ir.Op.get("relax.astype")
 MIN_CHANNELS = 2  # input channels per group below which a convolution stays float32 (depthwise)
 SMALL_MAP = 49  # output pixels up to which float32's channel-vector engine stays (7x7)
 
@@ -152,8 +151,9 @@ class _NarrowActivations(relax.PyExprMutator):
 
     def visit_var_binding_(self, binding):
         value = binding.value
-        if _rounding(value) and value.args[0] in self.widened:
-            self.set_var_remap(binding.var, self.widened[value.args[0]][0])  # one rounding
+        source = rounding_of(value)
+        if source is not None and source in self.widened:
+            self.set_var_remap(binding.var, self.widened[source][0])  # one rounding
             return
         var = binding.var
         if var not in self.narrowed or not isinstance(var, relax.DataflowVar):
@@ -175,18 +175,14 @@ class _NarrowActivations(relax.PyExprMutator):
         return pair[1]
 
 
-def _rounding(expr) -> bool:
-    """Whether ``expr`` is ``astype(x, "bfloat16")``."""
-    return isinstance(expr, relax.Call) and expr.op.same_as(ASTYPE) and str(expr.ty.dtype) == "bfloat16"
-
-
 def _rounded_vars(func: relax.Function) -> set:
     """The float32 vars ``func`` rounds to bfloat16 somewhere."""
     found: set = set()
 
     def visit(e):
-        if _rounding(e) and isinstance(e.args[0], relax.Var) and str(e.args[0].ty.dtype) == "float32":
-            found.add(e.args[0])
+        source = rounding_of(e)
+        if source is not None:
+            found.add(source)
     relax.analysis.post_order_visit(func.body, visit)
     return found
 

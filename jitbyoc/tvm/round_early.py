@@ -41,7 +41,7 @@ def round_early(func: relax.Function) -> relax.Function:
     return func
 
 
-def _rounding_of(expr) -> relax.Var | None:
+def rounding_of(expr) -> relax.Var | None:
     """``x`` where ``expr`` is ``astype(x, "bfloat16")`` of a float32 var."""
     if isinstance(expr, relax.Call) and expr.op.same_as(ASTYPE) and str(expr.ty.dtype) == BF16:
         x = expr.args[0]
@@ -61,7 +61,7 @@ class _RoundEarly(relax.PyExprMutator):
     def visit_dataflow_block_(self, block):
         self.rounded = {}  # a dataflow var lives in its block
         for binding in block.bindings:
-            x = _rounding_of(binding.value)
+            x = rounding_of(binding.value)
             if x is not None:
                 self.roundings[x.name] = self.roundings.get(x.name, 0) + 1
         return super().visit_dataflow_block_(block)
@@ -78,7 +78,7 @@ class _RoundEarly(relax.PyExprMutator):
         return self.builder_.emit(expr, f"rounded_{self.rule}{next(self.names)}")
 
     def visit_var_binding_(self, binding):
-        source = _rounding_of(binding.value)
+        source = rounding_of(binding.value)
         if source is None or not isinstance(binding.var, relax.DataflowVar):
             super().visit_var_binding_(binding)
             return
