@@ -263,3 +263,60 @@ def test_a_symbolic_batch(monkeypatch, w_shape, attrs):
     for n in (1, 3):
         x = RNG.standard_normal((n, w_shape[1], 7, 7)).astype("float32")
         check(run(vm, x), x, w, attrs)
+
+
+BF16_CASES = [*(CASES[i] for i in (0, 1, 4, 5)),
+              ((1, 66, 7, 7), (72, 66, 3, 3), {"padding": 1})]  # 33 pairs, 72 channels: a padded last vector
+
+
+@pytest.mark.parametrize("cpu", [None, "haswell"])
+@pytest.mark.parametrize("case", range(len(BF16_CASES)))
+def test_bfloat16_pairs_on_channel_vectors(monkeypatch, cpu, case):
+    """``jitbyoc.lower_precision``'s convolutions of small maps run on channel vectors of
+    bfloat16 pairs (``vdpbf16ps``, or its exact two-FMA form on AVX2), the weight packed
+    in blocks of one vector of pairs: the same bits as the pixel engine, which sums in the
+    same order (channel pair, then tap), and within the bf16 bound of TVM's build."""
+    from tests.test_bfloat16 import _conv_bound
+
+    _always(monkeypatch)
+    x_shape, w_shape, attrs = BF16_CASES[case]
+    target = _target(cpu)
+    mod, x, w, bias, res = _operands(x_shape, w_shape, attrs)
+    with isa.compiling_for(machine_for(target)):
+        mod = jitbyoc.lower_precision(mod)
+    stage = _stage(mod, target)
+    assert isinstance(stage.plan, ChannelPlan) and stage.packed and stage.inputs[0].dtype == "bfloat16"
+    lanes = stage.plan.lanes
+    assert tuple(stage.inputs[1].shape) == (-(-w_shape[0] // lanes), -(-w_shape[1] // 2), *w_shape[2:], lanes, 2)
+    outs = []
+    for choose in (conv_channels.choose, lambda geo, dt: None):  # then the pixel engine
+        monkeypatch.setattr(conv_channels, "choose", choose)
+        with jitbyoc.enabled():
+            outs.append(run(relax.VirtualMachine(tvm.compile(mod, target=target), tvm.cpu()), x, res))
+    np.testing.assert_array_equal(outs[0], outs[1])
+    ref = run(build_tvm(mod), x, res)
+    assert np.abs(outs[0] - ref).max() <= 2 * _conv_bound(x, w, 1) + 4 * 2.0 ** -24 * np.abs(ref).max()
+
+
+@pytest.mark.parametrize("cpu", [None, "haswell"])
+@pytest.mark.parametrize("x_shape, w_shape, attrs", [
+    ((1, 128, 7, 7), (64, 128, 3, 3), {"padding": 1}),
+    ((1, 64, 14, 14), (72, 64, 3, 3), {"strides": 2, "padding": 1}),  # 72: a padded last vector
+    ((2, 36, 5, 9), (64, 36, 3, 3), {"padding": (1, 2, 1, 0)}),  # two images, 9 quads
+])
+def test_int8_quads_on_channel_vectors(monkeypatch, cpu, x_shape, w_shape, attrs):
+    """uint8 x int8 convolutions of small maps on channel vectors of quads (``vpdpbusd``,
+    or exact int32 steps on AVX2), not gathered into columns: exact, as TVM's build."""
+    _always(monkeypatch)
+    target = _target(cpu)
+    w = RNG.integers(-128, 128, w_shape).astype("int8")
+    x = RNG.integers(0, 256, x_shape).astype("uint8")
+    mod = build_model({"x": (x_shape, "uint8")}, lambda bb, x: bb.emit(
+        relax.op.nn.conv2d(x, relax.const(w), **attrs, out_dtype="int32")))
+    stage = _stage(mod, target)
+    assert isinstance(stage.plan, ChannelPlan) and stage.packed
+    assert tuple(stage.inputs[1].shape) == (-(-w_shape[0] // stage.plan.lanes), w_shape[1] // 4, *w_shape[2:],
+                                            stage.plan.lanes, 4)
+    with jitbyoc.enabled():
+        got = run(relax.VirtualMachine(tvm.compile(mod, target=target), tvm.cpu()), x)
+    np.testing.assert_array_equal(got, run(build_tvm(mod), x))

@@ -49,15 +49,18 @@ def _narrower_is_faster(geo) -> bool:
     56x56 1.85-1.92x; the 3-channel 7x7/2 stem 1.42-1.44x (a weight packed per call: 3
     channels do not pair); 3x3 grouped with 2 channels a group 1.15x; but depthwise (one
     channel a group: every unit half zeros, against float32's own depthwise kernel)
-    0.48x, and a 3x3 512->512 on 7x7 0.74-0.82x (float32 runs it on output-channel
-    vectors, bf16 on the pixel engine, whose vectors of pixels waste lanes on a 7-wide
-    map). 1x1 and patch convolutions are products on the GEMM engine (1.8-1.9x): always."""
+    0.48x, and a 3x3 512->512 on 7x7 0.74-0.82x on the pixel engine (vectors of pixels
+    waste lanes on a 7-wide map) but 2.1x on output-channel vectors of pairs: a map that
+    float32 runs on channel vectors is lowered where bf16 runs on them too. 1x1 and patch
+    convolutions are products on the GEMM engine (1.8-1.9x): always."""
     if geo.as_matmul:  # a product on the GEMM engine, in units of the reduction
         return True
     if geo.groups == 1 and geo.cg >= MIN_CHANNELS and has_tiles("bfloat16"):
         return True  # gathered as columns, a product on AMX tiles (ConvGeometry.columns)
-    return geo.cg >= MIN_CHANNELS and not (isinstance(conv2d.engine_plan(geo, "float32"), ChannelPlan)
-                                           and geo.oh * geo.ow <= SMALL_MAP)
+    if geo.cg < MIN_CHANNELS:
+        return False
+    on_channels = lambda dt: isinstance(conv2d.engine_plan(geo, dt), ChannelPlan)  # noqa: E731
+    return geo.oh * geo.ow > SMALL_MAP or on_channels("bfloat16") or not on_channels("float32")
 
 PRECISIONS = ("bf16",)
 
