@@ -265,7 +265,7 @@ def test_a_symbolic_batch(monkeypatch, w_shape, attrs):
         check(run(vm, x), x, w, attrs)
 
 
-BF16_CASES = [*(CASES[i] for i in (0, 1, 4, 5)),
+BF16_CASES = [*(CASES[i] for i in (0, 1, 2, 3, 4, 5)),  # 1x1s: their units packed, never read in place
               ((1, 66, 7, 7), (72, 66, 3, 3), {"padding": 1})]  # 33 pairs, 72 channels: a padded last vector
 
 
@@ -275,7 +275,8 @@ def test_bfloat16_pairs_on_channel_vectors(monkeypatch, cpu, case):
     """``jitbyoc.lower_precision``'s convolutions of small maps run on channel vectors of
     bfloat16 pairs (``vdpbf16ps``, or its exact two-FMA form on AVX2), the weight packed
     in blocks of one vector of pairs: the same bits as the pixel engine, which sums in the
-    same order (channel pair, then tap), and within the bf16 bound of TVM's build."""
+    same order (channel pair, then tap; a 1x1 otherwise runs on the GEMM engine), and
+    within the bf16 bound of TVM's build."""
     from tests.test_bfloat16 import _conv_bound
 
     _always(monkeypatch)
@@ -293,7 +294,9 @@ def test_bfloat16_pairs_on_channel_vectors(monkeypatch, cpu, case):
         monkeypatch.setattr(conv_channels, "choose", choose)
         with jitbyoc.enabled():
             outs.append(run(relax.VirtualMachine(tvm.compile(mod, target=target), tvm.cpu()), x, res))
-    np.testing.assert_array_equal(outs[0], outs[1])
+    if w_shape[2:] != (1, 1):
+        np.testing.assert_array_equal(outs[0], outs[1])
+    assert not stage.plan.direct
     ref = run(build_tvm(mod), x, res)
     assert np.abs(outs[0] - ref).max() <= 2 * _conv_bound(x, w, 1) + 4 * 2.0 ** -24 * np.abs(ref).max()
 

@@ -32,7 +32,7 @@ tap: one 64-byte load), summed in float32 or int32. Measured on Zen 4, 2 threads
 3x3 512->512 on 7x7 alone: bf16 614 us (376 GFLOP/s, 81 % of the ``vdpbf16ps`` loop)
 against 1320 in float32 on this engine and 0.74-0.82x float32's speed on the pixel
 engine; int8 319 us (724 GOP/s) against 1054 gathered into columns; from 14x14 to 7x7
-with stride 2, 360 against 652. A 1x1 in units stays a product on the GEMM engine.
+with stride 2, 360 against 652. A 1x1 in units packs its input too.
 
 Accumulation order per output: input channel (unit), then the taps in row-major order,
 as the pixel engine (:mod:`jitbyoc.kernels.conv2d`): the same bits.
@@ -89,6 +89,7 @@ class ChannelPlan:
     rows: int  # output rows per band (a task): at least R pixels
     group: int = TILE_GROUP  # tiles per group
     block_kib: int = WEIGHT_BLOCK_KIB  # weights per block of input channels
+    unit: int = 1  # input channels per step (the product's group): units are packed
 
     @property
     def j(self) -> int:
@@ -97,12 +98,13 @@ class ChannelPlan:
 
     @property
     def direct(self) -> bool:
-        return reads_in_place(self.layout.geo)
+        return reads_in_place(self.layout.geo, self.unit)
 
 
-def reads_in_place(geo) -> bool:
-    """A 1x1 convolution with unit stride and no padding: its input is the dense layout."""
-    return geo.taps == 1 and geo.stride == (1, 1) and not any(geo.pad)
+def reads_in_place(geo, unit: int = 1) -> bool:
+    """A 1x1 convolution with unit stride and no padding, one channel a step: its input
+    is the dense layout (units of channels are interleaved by packing first)."""
+    return unit == 1 and geo.taps == 1 and geo.stride == (1, 1) and not any(geo.pad)
 
 
 def fits(geo, dt: str) -> bool:
@@ -111,8 +113,6 @@ def fits(geo, dt: str) -> bool:
     products) fit whatever their reduction and channel count: there the GEMM engine's
     vectors of pixels are a lane or two of 16."""
     if dt not in PRODUCTS or geo.groups != 1 or geo.kw > DENSE_MAX_KW:
-        return False
-    if PRODUCTS[dt].group > 1 and geo.taps == 1:  # units: a 1x1 is a product on the GEMM engine
         return False
     lanes = max_lanes(dt)
     return geo.oh * geo.ow < lanes or (geo.cg * geo.taps >= MIN_REDUCTION and geo.k >= MIN_VECTORS * lanes)
@@ -137,7 +137,7 @@ def tile_cost(geo, dt: str, r: int, v: int) -> float:
     groups = math.ceil(blocks / v)
     step = max(r * v * bits / 512, v * bits / 512 + r * 0.66, 4.0) + 0.5  # FMA latency: 4 cycles
     stores = r * v * lanes * 1.5
-    pack = 0 if reads_in_place(geo) else geo.c * Layout(geo, True).channel_size() * 0.5
+    pack = 0 if reads_in_place(geo, PRODUCTS[dt].group) else geo.c * Layout(geo, True).channel_size() * 0.5
     return tiles * groups * (step * unit_channels(geo, dt) * geo.taps + stores + 20) + pack
 
 
@@ -146,12 +146,12 @@ def gemm_cost(geo, dt: str) -> float:
     tiles' FMAs (``MR`` rows of output channels by vectors of pixels: a 7x7 map fills 49
     of 64 lanes), spread over its chunks (:func:`.gemm_llvm.chunks_of` per image,
     so 3 chunks of a 13x13 map keep one of two cores idle a third of the time)."""
-    mr, lanes, bits = blocking_for(dt).mr, isa.lanes(dt), isa.vector_bits()
+    mr, lanes, bits = blocking_for(dt).mr, max_lanes(dt), isa.vector_bits()
     rows, pixels = geo.kg, geo.oh * geo.ow
     parts = math.ceil(pixels / panel_width(dt)) if pixels >= rows else math.ceil(rows / mr)
     chunks = chunks_of(parts)
     threads = physical_cores()
-    fmas = math.ceil(rows / mr) * mr * math.ceil(pixels / lanes) * geo.cg * bits / 512
+    fmas = math.ceil(rows / mr) * mr * math.ceil(pixels / lanes) * unit_channels(geo, dt) * bits / 512
     return fmas * math.ceil(chunks / threads) * threads / chunks
 
 
@@ -184,7 +184,7 @@ def _choose(geo, dt: str, _bits: int, _registers: int) -> ChannelPlan | None:
     rival = gemm_cost(geo, dt) if fallback is None else CHEAPER * cost(fallback, dt)
     if best > rival:
         return None
-    return ChannelPlan(Layout(geo, True), lanes, r, v, fallback, band_rows(geo, dt, r, v))
+    return ChannelPlan(Layout(geo, True), lanes, r, v, fallback, band_rows(geo, dt, r, v), unit=PRODUCTS[dt].group)
 
 
 @registry.kind
