@@ -247,6 +247,24 @@ def test_c_export_reads_the_same_packed_weight(monkeypatch, case, tmp_path):
     np.testing.assert_allclose(run(vm, x, res), want, rtol=1e-4, atol=1e-4)
 
 
+def test_c_export_of_bfloat16_pairs_reads_the_same_packed_weight(monkeypatch, tmp_path):
+    """With target "c" a bf16 region on channel vectors indexes its weight in blocks of
+    one vector of pairs, widening exactly: within the bf16 bound of TVM's build."""
+    from tests.test_bfloat16 import _conv_bound
+    from tests.test_c_export import _exported
+
+    _always(monkeypatch)
+    x_shape, w_shape, attrs = BF16_CASES[1]
+    mod, x, w, bias, res = _operands(x_shape, w_shape, attrs)
+    mod = jitbyoc.lower_precision(mod)
+    stage = _stage(mod, _target(None))
+    assert isinstance(stage.plan, ChannelPlan) and stage.packed and stage.inputs[0].dtype == "bfloat16"
+    vm, report = _exported(mod, tmp_path / "conv.so")
+    assert report.regions and not report.fallbacks, str(report)
+    ref = run(build_tvm(mod), x, res)
+    assert np.abs(run(vm, x, res) - ref).max() <= 2 * _conv_bound(x, w, 1) + 4 * 2.0 ** -24 * np.abs(ref).max()
+
+
 @pytest.mark.parametrize("w_shape, attrs", [((64, 96, 3, 3), {"padding": 1}), ((80, 256, 1, 1), {})])
 def test_a_symbolic_batch(monkeypatch, w_shape, attrs):
     """Images are tasks counted at run time: 1 and 3 images of one build."""
