@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from tvm import relax
 
 import jitbyoc
-from jitbyoc.engines import conv_channels
+from jitbyoc.engines import conv_channels, gemm_tiles
 from jitbyoc.engines.conv_channels import ChannelPlan
 from jitbyoc.engines.conv_plan import Layout, choose_plan
 from jitbyoc.kernels import conv2d
@@ -341,3 +341,16 @@ def test_int8_quads_on_channel_vectors(monkeypatch, cpu, x_shape, w_shape, attrs
     with jitbyoc.enabled():
         got = run(relax.VirtualMachine(tvm.compile(mod, target=target), tvm.cpu()), x)
     np.testing.assert_array_equal(got, run(build_tvm(mod), x))
+
+
+@pytest.mark.parametrize("dt", ["bfloat16", "uint8"])
+def test_units_on_a_machine_with_amx_stay_products_on_tiles(dt):
+    """With AMX a small map's bf16 or int8 convolution is one product on tiles
+    (ConvGeometry.columns), not channel vectors; without, channel vectors (an int8 one
+    had been gathered into columns there too)."""
+    for cpu, tiles in (("sapphirerapids", True), ("znver4", False)):
+        with isa.compiling_for(machine_for(tvm.target.Target({"kind": "llvm", "mcpu": cpu}))):
+            geo = conv2d.ConvGeometry(1, 512, 7, 7, 512, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1), 1, 7, 7,
+                                      dt == "uint8", gemm_tiles.has_tiles(dt))
+            assert geo.tiles == tiles and (geo.columns or not tiles)
+            assert isinstance(conv2d.engine_plan(geo, dt), ChannelPlan) != tiles

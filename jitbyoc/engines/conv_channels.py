@@ -112,8 +112,8 @@ def fits(geo, dt: str) -> bool:
     Maps of fewer pixels than a vector has lanes (a squeeze-and-excitation block's 1x1
     products) fit whatever their reduction and channel count: there the GEMM engine's
     vectors of pixels are a lane or two of 16."""
-    if dt not in PRODUCTS or geo.groups != 1 or geo.kw > DENSE_MAX_KW:
-        return False
+    if dt not in PRODUCTS or geo.groups != 1 or geo.kw > DENSE_MAX_KW or geo.tiles:
+        return False  # (units on a machine with AMX: a product on tiles, ConvGeometry.columns)
     lanes = max_lanes(dt)
     return geo.oh * geo.ow < lanes or (geo.cg * geo.taps >= MIN_REDUCTION and geo.k >= MIN_VECTORS * lanes)
 
