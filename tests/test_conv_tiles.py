@@ -44,7 +44,8 @@ def _bf16_model(shape, w, stride, pad, dilation, tail=None):
     def body(bb, x):
         y = bb.emit(R.nn.conv2d(x, relax.const(w), strides=stride, padding=pad, dilation=dilation))
         return tail(bb, y) if tail else y
-    return jitbyoc.lower_precision(build_model({"x": (shape, "float32")}, body))
+    with isa.compiling_for(machine_for(tvm.target.Target(SAPPHIRE))):  # the machine's choices
+        return jitbyoc.lower_precision(build_model({"x": (shape, "float32")}, body))
 
 
 def _direct_stage(mod):
@@ -52,10 +53,10 @@ def _direct_stage(mod):
     tile and read in place (no permute left), no panels."""
     with isa.compiling_for(machine_for(tvm.target.Target(SAPPHIRE))):
         (region,) = [r for r in jitbyoc.inspect(mod) if any(isinstance(s, Conv2d) for s in r.kernel.stages)]
-    (conv,) = [s for s in region.kernel.stages if isinstance(s, Conv2d)]
-    assert conv.tap_major and conv.work is None and not any(isinstance(s, Permute) for s in region.kernel.stages)
-    assert tuple(conv.inputs[1].shape) == conv_panels.tile_shape(conv.geo, conv.inputs[1].dtype)
-    assert f"jitbyoc_lib_tileconv_{conv.inputs[0].dtype}" in region.llvm_ir
+        (conv,) = [s for s in region.kernel.stages if isinstance(s, Conv2d)]  # all for the AMX machine
+        assert conv.tap_major and conv.work is None and not any(isinstance(s, Permute) for s in region.kernel.stages)
+        assert tuple(conv.inputs[1].shape) == conv_panels.tile_shape(conv.geo, conv.inputs[1].dtype)
+        assert f"jitbyoc_lib_tileconv_{conv.inputs[0].dtype}" in region.llvm_ir
     return region, conv
 
 

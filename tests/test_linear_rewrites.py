@@ -183,7 +183,7 @@ def test_a_fused_qkv_in_the_bf16_mode_is_one_product_per_piece_too():
     product of the rounded operands, and near TVM's build of the same lowered model."""
     import ml_dtypes
 
-    k, heads, d, m = 48, 2, 32, 11
+    k, heads, d, m = 48, 2, 64, 11  # heads of 64 columns: whole panels of vdpbf16ps (64) and AMX (32)
     mod, w, bias = fused_qkv(k, heads, d, m)
     mod = jitbyoc.lower_precision(mod, "bf16")
     with isa.compiling_for(isa.host()):

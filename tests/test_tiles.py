@@ -65,7 +65,7 @@ def test_row_edges_run_on_the_tile_kernel():
     machine = machine_for(tvm.target.Target(SAPPHIRE))
     with isa.compiling_for(machine):
         (region,) = jitbyoc.inspect(_product_model(5, 256, 64, np.ones((256, 64), "int8")))
-    assert "jitbyoc_lib_tiles_uint8" in region.llvm_ir_optimized
+        assert "jitbyoc_lib_tiles_uint8" in region.llvm_ir_optimized  # rendered for the AMX machine
 
 
 def test_edges_of_at_most_16_rows_or_columns_take_half_the_tile_products():
@@ -76,7 +76,7 @@ def test_edges_of_at_most_16_rows_or_columns_take_half_the_tile_products():
     for (m, n), used in {(5, 64): "1_2", (40, 8): "2_1", (7, 12): "1_1"}.items():
         with isa.compiling_for(machine):
             (region,) = jitbyoc.inspect(_product_model(m, 256, n, np.ones((256, n), "int8")))
-        ir_text = region.llvm_ir_optimized
+            ir_text = region.llvm_ir_optimized
         called = {v for v in ("1_1", "1_2", "2_1", "2_2") if f"jitbyoc_lib_tiles_uint8_{v}" in ir_text}
         assert used in called and "2_2" not in called, (m, n, called)
 
@@ -90,7 +90,7 @@ def test_a_k_tail_runs_on_the_tile_kernel():
     for k, vectors in ((84, False), (40, True)):
         with isa.compiling_for(machine):
             (region,) = jitbyoc.inspect(_product_model(64, k, 64, np.ones((k, 64), "int8")))
-        ir_text = region.llvm_ir_optimized
+            ir_text = region.llvm_ir_optimized
         on_tiles, on_vectors = "jitbyoc_lib_tiles_uint8" in ir_text, "jitbyoc_lib_micro_" in ir_text
         assert on_tiles != vectors and on_vectors == vectors, k
 
