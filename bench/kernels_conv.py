@@ -13,7 +13,12 @@ torch's pools spin after a call). Cases:
 * (without ``--quick``) every distinct conv of ResNet-18, each + bias + relu;
 * max_pool2d 3x3/2 on ResNet-18's stem output, avg_pool2d 3x3/1 on an Inception branch's
   1x256x28x28, global adaptive_avg_pool2d on 1x512x7x7;
-* ResNet-18, batch 1, 224x224 (``bench.models.resnet18``: BlockBuilder, BN folded).
+* ResNet-18, batch 1, 224x224 (``bench.models.resnet18``: BlockBuilder, BN folded);
+* (without ``--quick``) bf16 and int8 rows (:func:`narrow_conv_cases`): ResNet-50's 3x3
+  layers with constant weights, through :func:`jitbyoc.lower_precision` (bf16) or as
+  uint8 x int8 convolutions summed in int32, against jitbyoc's float32 build of the
+  layer, as a share of the ``vdpbf16ps`` / ``vpdpbusd`` loop timed in the same blocks
+  (:func:`bench.kernels_matmul.bench_narrow_case`).
 
 Nothing heavy is imported at module level: ``--threads`` must reach TVM_NUM_THREADS
 before TVM starts its pool.
@@ -72,6 +77,34 @@ def conv_case(name, xs, ws, stride, pad, rng, constant: bool = False):
     params = [x] if constant else [x, w, b]
     return dict(name=f"conv {name} +bias+relu{', const w' if constant else ''}", mod=module(params, body), args=params,
                 flops=2 * ws[0] * ws[1] * ws[2] * ws[3] * out * out, torch=torch_run)
+
+
+# ResNet-50's 3x3 layers: the pixel engine's maps, and a 7x7 map on channel vectors
+NARROW_CONVS = [("56x56 3x3 64", 64, 56), ("28x28 3x3 128", 128, 28), ("14x14 3x3 256", 256, 14),
+                ("7x7 3x3 512", 512, 7)]
+
+
+def narrow_conv_cases(rng) -> list:
+    """bf16 (``lower_precision`` of conv + bias + relu) and int8 (``conv2d`` of uint8 by a
+    constant int8 weight into int32) rows of :data:`NARROW_CONVS`, each with its float32
+    layer (``fp32``) for the ratio."""
+    import jitbyoc
+    from tvm import relax
+
+    rows = []
+    for name, c, hw in NARROW_CONVS:
+        fp32 = conv_case(name, (1, c, hw, hw), (c, c, 3, 3), 1, 1, rng, constant=True)
+        flops, x = fp32["flops"], fp32["args"][0]
+        rows.append(dict(name=f"bf16 conv {name}", mod=jitbyoc.lower_precision(fp32["mod"]), fp32=fp32["mod"],
+                         args=[x], flops=flops, product="bfloat16"))
+        w = rng.integers(-128, 128, (c, c, 3, 3)).astype("int8")
+        xq = rng.integers(0, 256, x.shape).astype("uint8")
+
+        def body(bb, xv, w=w):
+            return bb.emit(relax.op.nn.conv2d(xv, relax.const(w), padding=1, out_dtype="int32"))
+        rows.append(dict(name=f"int8 conv {name}", mod=module([xq], body), fp32=fp32["mod"], fp32_args=[x],
+                         args=[xq], flops=flops, product="uint8"))
+    return rows
 
 
 def pool_case(kind: str, xs, rng):
@@ -180,6 +213,14 @@ def main(argv=None) -> list[dict]:
         rows.append(run_case(case, args.repeat, sticks))
         rows[-1]["peak_pct"] = 100 * rows[-1]["gflops"] / peak if "gflops" in rows[-1] else None
         _print(rows[-1], peak)
+    if not args.quick:
+        from .kernels_matmul import bench_narrow_case, report_narrow
+
+        for case in narrow_conv_cases(rng):
+            t = bench_narrow_case(case, args.repeat, args.threads)
+            print(report_narrow(case, t), flush=True)
+            rows.append(dict(name=case["name"], ms=t["jitbyoc"] * 1e3, gflops=case["flops"] / t["jitbyoc"] / 1e9,
+                             dot_gflops=t["dot_gflops"], vs_fp32=t["fp32"] / t["jitbyoc"]))
     return rows
 
 

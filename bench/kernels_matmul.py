@@ -264,7 +264,8 @@ FEATURES = {"bfloat16": "avx512bf16", "uint8": "avx512vnni"}
 
 
 def bench_narrow_case(case, rounds: int, threads: int) -> dict:
-    """Median seconds per call of the narrow layer, its float32 build, torch's (bfloat16
+    """Median seconds per call of the narrow layer, its float32 build (on
+    ``case["fp32_args"]`` where its inputs are not the narrow layer's), torch's (bfloat16
     linear), and the product's dot-product loop, in the same timed blocks."""
     from jitbyoc.peak import dot_runner
     from jitbyoc.render import isa
@@ -272,7 +273,7 @@ def bench_narrow_case(case, rounds: int, threads: int) -> dict:
     from . import target as build_target
 
     fns = {"jitbyoc": vm_function(case["mod"], True, case["args"]),
-           "fp32": vm_function(case["fp32"], True, case["args"])}
+           "fp32": vm_function(case["fp32"], True, case.get("fp32_args", case["args"]))}
     torch_run = _torch_run(case) if "torch" in case else None
     if torch_run is not None:
         fns["torch"] = torch_run
