@@ -354,3 +354,13 @@ def test_units_on_a_machine_with_amx_stay_products_on_tiles(dt):
                                       dt == "uint8", gemm_tiles.has_tiles(dt))
             assert geo.tiles == tiles and (geo.columns or not tiles)
             assert isinstance(conv2d.engine_plan(geo, dt), ChannelPlan) != tiles
+
+
+@pytest.mark.parametrize("dt", ["float32", "bfloat16", "uint8"])
+def test_vectors_are_one_register_of_the_machine(dt):
+    """A tile's vectors of channels are one register of sums: 8 lanes with AVX2 (the
+    register count of the tile assumes it), 16 with AVX-512, whatever the product."""
+    geo = conv2d.ConvGeometry(1, 512, 7, 7, 512, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1), 1, 7, 7)
+    for cpu, lanes in (("haswell", 8), ("znver4", 16)):
+        with isa.compiling_for(machine_for(tvm.target.Target({"kind": "llvm", "mcpu": cpu}))):
+            assert conv_channels.choose(geo, dt).lanes == lanes

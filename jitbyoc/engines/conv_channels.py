@@ -52,7 +52,7 @@ from ..render.loops import ceil_div, for_range, smax, smin
 from ..render.vectors import splat
 from ..threads import physical_cores
 from . import conv_engine, registry
-from .conv_plan import DENSE_MAX_KW, Layout, Plan, bands_wanted, choose_plan, cost, max_lanes, unit_channels
+from .conv_plan import DENSE_MAX_KW, Layout, Plan, bands_wanted, choose_plan, cost, unit_channels
 from .gemm import blocking_for, panel_width
 from .gemm_llvm import chunks_of
 from .gemm_micro import multiply_units
@@ -101,6 +101,12 @@ class ChannelPlan:
         return reads_in_place(self.layout.geo, self.unit)
 
 
+def lanes_of(dt: str) -> int:
+    """Lanes of one of the machine's vector registers of the product ``dt``'s sums (8
+    float32 or int32 lanes with AVX2, 16 with AVX-512)."""
+    return isa.lanes(PRODUCTS[dt].acc)
+
+
 def reads_in_place(geo, unit: int = 1) -> bool:
     """A 1x1 convolution with unit stride and no padding, one channel a step: its input
     is the dense layout (units of channels are interleaved by packing first)."""
@@ -114,7 +120,7 @@ def fits(geo, dt: str) -> bool:
     vectors of pixels are a lane or two of 16."""
     if dt not in PRODUCTS or geo.groups != 1 or geo.kw > DENSE_MAX_KW or geo.tiles:
         return False  # (units on a machine with AMX: a product on tiles, ConvGeometry.columns)
-    lanes = max_lanes(dt)
+    lanes = lanes_of(dt)
     return geo.oh * geo.ow < lanes or (geo.cg * geo.taps >= MIN_REDUCTION and geo.k >= MIN_VECTORS * lanes)
 
 
@@ -122,7 +128,7 @@ def band_rows(geo, dt: str, r: int, v: int) -> int:
     """Output rows per task: bands until (image, channel block, band) tasks number
     :data:`.conv_plan.MIN_TASKS`, each at least one tile of ``r`` pixels."""
     batch = geo.n if isinstance(geo.n, int) else 1
-    tasks = batch * math.ceil(math.ceil(geo.k / max_lanes(dt)) / v)
+    tasks = batch * math.ceil(math.ceil(geo.k / lanes_of(dt)) / v)
     rows = math.ceil(geo.oh / bands_wanted(geo, tasks))
     return min(geo.oh, max(rows, math.ceil(r / geo.ow)))
 
@@ -130,7 +136,7 @@ def band_rows(geo, dt: str, r: int, v: int) -> int:
 def tile_cost(geo, dt: str, r: int, v: int) -> float:
     """Estimated cycles of one image on tiles of ``r x v`` (units of :func:`.conv_plan.cost`:
     a 512-bit FMA or load is one cycle, a broadcast 2/3), packing and stores included."""
-    lanes, bits = max_lanes(dt), isa.vector_bits()
+    lanes, bits = lanes_of(dt), isa.vector_bits()
     rows = band_rows(geo, dt, r, v)
     bands, blocks = math.ceil(geo.oh / rows), math.ceil(geo.k / lanes)
     tiles = sum(math.ceil(min(rows, geo.oh - i * rows) * geo.ow / r) for i in range(bands))
@@ -146,7 +152,7 @@ def gemm_cost(geo, dt: str) -> float:
     tiles' FMAs (``MR`` rows of output channels by vectors of pixels: a 7x7 map fills 49
     of 64 lanes), spread over its chunks (:func:`.gemm_llvm.chunks_of` per image,
     so 3 chunks of a 13x13 map keep one of two cores idle a third of the time)."""
-    mr, lanes, bits = blocking_for(dt).mr, max_lanes(dt), isa.vector_bits()
+    mr, lanes, bits = blocking_for(dt).mr, lanes_of(dt), isa.vector_bits()
     rows, pixels = geo.kg, geo.oh * geo.ow
     parts = math.ceil(pixels / panel_width(dt)) if pixels >= rows else math.ceil(rows / mr)
     chunks = chunks_of(parts)
@@ -173,7 +179,7 @@ def _choose(geo, dt: str, _bits: int, _registers: int) -> ChannelPlan | None:
     of 13 pointwise layers of ResNet-50, MobileNetV2, EfficientNet, SqueezeNet, DenseNet."""
     if not fits(geo, dt):
         return None
-    lanes, regs = max_lanes(dt), isa.vector_registers()
+    lanes, regs = lanes_of(dt), isa.vector_registers()
     pixels, blocks = geo.oh * geo.ow, math.ceil(geo.k / lanes)
     tiles = [(tile_cost(geo, dt, r, v), r, v) for r in range(1, min(MAX_R, pixels) + 1)
              for v in range(1, min(MAX_V, blocks) + 1) if r * v + v + 2 <= regs]
