@@ -250,7 +250,6 @@ def test_c_export_reads_the_same_packed_weight(monkeypatch, case, tmp_path):
 def test_c_export_of_bfloat16_pairs_reads_the_same_packed_weight(monkeypatch, tmp_path):
     """With target "c" a bf16 region on channel vectors indexes its weight in blocks of
     one vector of pairs, widening exactly: within the bf16 bound of TVM's build."""
-    from tests.test_bfloat16 import _conv_bound
     from tests.test_c_export import _exported
 
     _always(monkeypatch)
@@ -262,7 +261,7 @@ def test_c_export_of_bfloat16_pairs_reads_the_same_packed_weight(monkeypatch, tm
     vm, report = _exported(mod, tmp_path / "conv.so")
     assert report.regions and not report.fallbacks, str(report)
     ref = run(build_tvm(mod), x, res)
-    assert np.abs(run(vm, x, res) - ref).max() <= 2 * _conv_bound(x, w, 1) + 4 * 2.0 ** -24 * np.abs(ref).max()
+    assert np.abs(run(vm, x, res) - ref).max() <= _bf16_bound(x, w, ref)
 
 
 @pytest.mark.parametrize("w_shape, attrs", [((64, 96, 3, 3), {"padding": 1}), ((80, 256, 1, 1), {})])
@@ -283,6 +282,14 @@ def test_a_symbolic_batch(monkeypatch, w_shape, attrs):
         check(run(vm, x), x, w, attrs)
 
 
+def _bf16_bound(x, w, ref):
+    """The bf16 convolution's bound (twice float32's summation bound for the bfloat16
+    roundings) through :func:`_model`'s epilogue ``2 * relu(conv + b) + r``."""
+    from tests.test_bfloat16 import _conv_bound
+
+    return 2 * _conv_bound(x, w, 1) + 4 * 2.0 ** -24 * np.abs(ref).max()
+
+
 BF16_CASES = [*(CASES[i] for i in (0, 1, 2, 3, 4, 5)),  # 1x1s: their units packed, never read in place
               ((1, 66, 7, 7), (72, 66, 3, 3), {"padding": 1})]  # 33 pairs, 72 channels: a padded last vector
 
@@ -295,8 +302,6 @@ def test_bfloat16_pairs_on_channel_vectors(monkeypatch, cpu, case):
     in blocks of one vector of pairs: the same bits as the pixel engine, which sums in the
     same order (channel pair, then tap; a 1x1 otherwise runs on the GEMM engine), and
     within the bf16 bound of TVM's build."""
-    from tests.test_bfloat16 import _conv_bound
-
     _always(monkeypatch)
     x_shape, w_shape, attrs = BF16_CASES[case]
     target = _target(cpu)
@@ -316,7 +321,7 @@ def test_bfloat16_pairs_on_channel_vectors(monkeypatch, cpu, case):
         np.testing.assert_array_equal(outs[0], outs[1])
     assert not stage.plan.direct
     ref = run(build_tvm(mod), x, res)
-    assert np.abs(outs[0] - ref).max() <= 2 * _conv_bound(x, w, 1) + 4 * 2.0 ** -24 * np.abs(ref).max()
+    assert np.abs(outs[0] - ref).max() <= _bf16_bound(x, w, ref)
 
 
 @pytest.mark.parametrize("cpu", [None, "haswell"])

@@ -40,7 +40,7 @@ from .round_early import round_early, rounding_of
 
 CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
 MIN_CHANNELS = 2  # input channels per group below which a convolution stays float32 (depthwise)
-SMALL_MAP = 49  # output pixels up to which float32's channel-vector engine stays (7x7)
+SMALL_MAP = 49  # output pixels up to which a map float32 runs on channel vectors stays float32 unless bf16 does too
 
 
 def _narrower_is_faster(geo) -> bool:
