@@ -239,3 +239,32 @@ def test_a_dequantized_quantize_is_never_a_byte(dtype, zp):
     x[0, :4] = [np.inf, -np.inf, np.nan, 1e30]
     ref, got = build_both(mod).run(x)
     assert np.array_equal(ref, got, equal_nan=True)
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_a_quantized_constant_is_quantized_once_at_build_time(per_channel):
+    """A weight the quantizer took for an activation (Inception v1's classifier: a float
+    initializer reshaped in the graph, then quantize and dequantize) becomes a constant
+    when the build starts, no quantize left to run per call, and its bytes are those TVM's
+    legalization computes: ties to even (a scale of 0.25 makes them exact), the clip at
+    both ends, the zero point added."""
+    rng = np.random.default_rng(11)
+    w = (rng.integers(-300, 300, (1, 1, 6, 16)) / 4).astype(np.float32)  # quarter steps: ties at .5
+    w[0, 0, 0, :4] = [2.125, -2.125, 1e6, -1e6]
+    scale = rng.uniform(0.1, 0.3, 6).astype(np.float32) if per_channel else np.float32(0.25)
+    zp = np.full(6, 7, np.uint8) if per_channel else np.uint8(7)
+
+    def body(bb, x):
+        weight = bb.emit(R.reshape(relax.const(w), (6, 16)))
+        q = bb.emit(R.quantize(weight, relax.const(scale), relax.const(zp), axis=0, out_dtype="uint8"))
+        return bb.emit(R.add(q, x))
+    mod = build_model({"x": ((6, 16), "uint8")}, body)
+    prepared = prepare(mod, {"relax.reshape", "relax.quantize"})
+    calls = [b.value.op.name for b in prepared["main"].body.blocks[0].bindings if isinstance(b.value, relax.Call)]
+    assert "relax.quantize" not in calls, calls
+    x = np.zeros((6, 16), np.uint8)
+    ref, got = build_both(mod).run(x)
+    assert np.array_equal(ref, got)
+    if not per_channel:  # 2.125 / 0.25 = 8.5: to 8, plus 7; -8.5: to -8, plus 7, clipped at 0
+        assert got[0, :2].tolist() == [15, 0]
+    assert got[0, 2] == 255 and got[0, 3] == 0

@@ -136,6 +136,9 @@ class _Prepare(relax.PyExprMutator):
             rows = quantized.gathered_dequantize(call, self.lookup_binding, self.builder_.emit)
             return call if rows is None else rows
         if call.op.same_as(quantized.QUANTIZE):
+            const = inference.quantized_constant(call, self.lookup_binding)
+            if const is not None:
+                return const
             moved = quantized.requantized(call, self.lookup_binding, self._requantize)
             if moved is None:
                 moved = tables.table_lookup(call, self.lookup_binding, self.builder_.emit)
