@@ -241,6 +241,17 @@ def test_a_dequantized_quantize_is_never_a_byte(dtype, zp):
     assert np.array_equal(ref, got, equal_nan=True)
 
 
+def _quantized_constant_model(w, scale, zp):
+    def body(bb, x):
+        weight = bb.emit(R.reshape(relax.const(w), w.shape[-2:]))
+        q = bb.emit(R.quantize(weight, relax.const(scale), relax.const(zp), axis=0, out_dtype="uint8"))
+        return bb.emit(R.add(q, x))
+    mod = build_model({"x": (w.shape[-2:], "uint8")}, body)
+    prepared = prepare(mod, {"relax.reshape", "relax.quantize"})
+    calls = [b.value.op.name for b in prepared["main"].body.blocks[0].bindings if isinstance(b.value, relax.Call)]
+    return mod, calls
+
+
 @pytest.mark.parametrize("per_channel", [False, True])
 def test_a_quantized_constant_is_quantized_once_at_build_time(per_channel):
     """A weight the quantizer took for an activation (Inception v1's classifier: a float
@@ -253,14 +264,7 @@ def test_a_quantized_constant_is_quantized_once_at_build_time(per_channel):
     w[0, 0, 0, :4] = [2.125, -2.125, 1e6, -1e6]
     scale = rng.uniform(0.1, 0.3, 6).astype(np.float32) if per_channel else np.float32(0.25)
     zp = np.full(6, 7, np.uint8) if per_channel else np.uint8(7)
-
-    def body(bb, x):
-        weight = bb.emit(R.reshape(relax.const(w), (6, 16)))
-        q = bb.emit(R.quantize(weight, relax.const(scale), relax.const(zp), axis=0, out_dtype="uint8"))
-        return bb.emit(R.add(q, x))
-    mod = build_model({"x": ((6, 16), "uint8")}, body)
-    prepared = prepare(mod, {"relax.reshape", "relax.quantize"})
-    calls = [b.value.op.name for b in prepared["main"].body.blocks[0].bindings if isinstance(b.value, relax.Call)]
+    mod, calls = _quantized_constant_model(w, scale, zp)
     assert "relax.quantize" not in calls, calls
     x = np.zeros((6, 16), np.uint8)
     ref, got = build_both(mod).run(x)
@@ -268,3 +272,14 @@ def test_a_quantized_constant_is_quantized_once_at_build_time(per_channel):
     if not per_channel:  # 2.125 / 0.25 = 8.5: to 8, plus 7; -8.5: to -8, plus 7, clipped at 0
         assert got[0, :2].tolist() == [15, 0]
     assert got[0, 2] == 255 and got[0, 3] == 0
+
+
+def test_a_quantized_constant_that_is_not_finite_is_left_to_run():
+    """A weight with infinities (or NaN, where the clip's result is the CPU's) is not
+    folded: the quantize runs as before, with TVM's results."""
+    w = np.arange(96, dtype=np.float32).reshape(1, 1, 6, 16) - 40.5
+    w[0, 0, 1, :2] = [np.inf, -np.inf]
+    mod, calls = _quantized_constant_model(w, np.float32(0.25), np.uint8(7))
+    assert "relax.quantize" in calls, calls
+    ref, got = build_both(mod).run(np.zeros((6, 16), np.uint8))
+    assert np.array_equal(ref, got)

@@ -99,15 +99,17 @@ def _wide_float(name: str) -> bool:
 def quantized_constant(call: relax.Call, lookup) -> relax.Constant | None:
     """``quantize(x, scale, zp)`` of a constant float32 ``x`` (or a :func:`constant_chain`)
     with constant parameters, as the constant TVM's legalization computes: ``clip(round(x
-    / scale) + zp)`` in float32, half to even, then the cast. None for anything else, and
-    where ``x`` is not finite (the clip's NaN is the CPU's)."""
+    / scale) + zp)`` in float32, half to even, then the cast. None for anything else: where
+    ``x`` or ``scale`` is not finite or a scale is 0 (the clip's NaN is the CPU's), or the
+    type is wider than 16 bits (int32's bound is no float32: the cast past it is the CPU's)."""
     x = _constant(bound_value(call.args[0], lookup))
     if x is None:
         x = constant_chain(call.args[0], lookup)
     scale, zp = (_constant(bound_value(a, lookup)) for a in call.args[1:3])
     to = str(call.attrs.out_dtype)
     if x is None or scale is None or zp is None or x.dtype != np.float32 or scale.dtype != np.float32 \
-            or not x.ndim or not np.isfinite(x).all() or to not in ("int8", "uint8", "int16", "uint16", "int32"):
+            or not x.ndim or to not in ("int8", "uint8", "int16", "uint16") \
+            or not (np.isfinite(x).all() and np.isfinite(scale).all() and scale.all()):
         return None
     along = [1] * x.ndim
     along[int(call.attrs.axis) % x.ndim] = -1  # a per-channel parameter lies along the axis
