@@ -15,7 +15,7 @@ import tvm
 from tvm import relax
 
 import jitbyoc
-from jitbyoc.tvm import constants
+from jitbyoc.tvm import constants, linear
 from tests.conftest import build_model, build_tvm, run
 from tests.test_linear_rewrites import fused_qkv
 
@@ -188,3 +188,31 @@ def test_a_failed_copy_is_raised_at_the_end_of_the_overlap(monkeypatch):
                 made = constants.tensor_constant(_big())
                 constants.write_deferred(pending, _uses([made]))
     constants.finish_writes()  # nothing left in flight
+
+
+def test_a_weight_packed_in_panels_is_copied_once_from_the_weight(monkeypatch):
+    """Packing a linear layer's weight into the GEMM engine's panels is one copy, made by
+    a writer thread, from the weight itself. Before, the packing was first made
+    contiguous in a fresh numpy array (its pages, transparent huge ones, faulted in one by
+    one) and then copied again: BERT-base's cold build spent 0.77 s there."""
+    sources = []
+
+    class Sources(ThreadPoolExecutor):
+        def submit(self, fn, dst, src):
+            sources.append((dst, src))
+            return super().submit(fn, dst, src)
+
+    monkeypatch.setattr(constants, "_pool", lambda: Sources(1))
+    w = _big((96, 512))
+    x = relax.Var("x", relax.TensorType((2, 96), "float32"))
+    bb = relax.BlockBuilder()
+    with constants.deferred() as pending:
+        with bb.function("main", [x]):
+            y = bb.emit(relax.op.matmul(x, linear.panel_weight(w, bb.emit)))
+            bb.emit_func_output(y)
+        constants.write_deferred(pending, bb.get()["main"])
+    constants.finish_writes()
+    ((written, source),) = sources
+    assert np.shares_memory(source, w)
+    width = linear._panels_of(w)
+    np.testing.assert_array_equal(written, w.reshape(96, 512 // width, width).swapaxes(0, 1))

@@ -120,7 +120,7 @@ def panel_weight(value: np.ndarray, emit):
         lanes = value.reshape(*lead, k // g, g, d // width, width)
         packed = lanes.transpose(*range(r), r + 2, r, r + 3, r + 1)
         axes = [*range(r), r + 1, r + 3, r, r + 2]
-    unpacked = emit(relax.op.permute_dims(tensor_constant(np.ascontiguousarray(packed)), axes))
+    unpacked = emit(relax.op.permute_dims(tensor_constant(packed), axes))  # written by the writer threads
     whole = emit(relax.op.reshape(unpacked, value.shape))
     return whole if d == n else emit(relax.op.strided_slice(whole, [r + 1], [0], [n], assume_inbound=True))
 
