@@ -63,12 +63,32 @@ def constant(expr) -> np.ndarray | None:
     return array
 
 
+# dtypes numpy's DLPack does not carry, exchanged as the unsigned integers of their size
+# (ml_dtypes' bfloat16: bf16 weights are half of a bf16 build's bytes)
+_AS_BITS = {"bfloat16": "uint16"}
+
+
 def _dlpack_view(tensor) -> np.ndarray | None:
     """A numpy view of TVM's ``tensor`` (None where numpy's DLPack does not take it)."""
     try:
         return np.from_dlpack(tensor)
     except (BufferError, TypeError, ValueError, RuntimeError):
+        bits = _AS_BITS.get(str(tensor.dtype))
+    if bits is None:
         return None
+    try:
+        view = np.from_dlpack(tensor._create_view(tuple(tensor.shape), bits))
+    except (BufferError, TypeError, ValueError, RuntimeError, AttributeError):
+        return None
+    return view.view(np.dtype(str(tensor.dtype)))
+
+
+def _tvm_tensor(buffer: np.ndarray):
+    """TVM's tensor over ``buffer``'s memory (:data:`_AS_BITS` dtypes through their bits)."""
+    bits = _AS_BITS.get(str(buffer.dtype))
+    if bits is None:
+        return tvm.runtime.from_dlpack(buffer)
+    return tvm.runtime.from_dlpack(buffer.view(bits))._create_view(buffer.shape, str(buffer.dtype))
 
 
 def tensor_constant(value: np.ndarray) -> relax.Constant:
@@ -78,8 +98,8 @@ def tensor_constant(value: np.ndarray) -> relax.Constant:
     buffer = _fresh(value.nbytes).view(value.dtype).reshape(value.shape)
     pending = _DEFERRED.get()
     try:
-        made = relax.const(tvm.runtime.from_dlpack(buffer))
-    except (BufferError, TypeError, ValueError, RuntimeError):  # a dtype DLPack does not carry
+        made = relax.const(_tvm_tensor(buffer))
+    except (BufferError, TypeError, ValueError, RuntimeError, AttributeError):  # a dtype DLPack does not carry
         return relax.const(np.ascontiguousarray(value), str(value.dtype))
     if pending is None or value.nbytes < DEFER_BYTES:
         _write(buffer, value)
