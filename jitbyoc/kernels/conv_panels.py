@@ -74,10 +74,11 @@ def tile_shape(geo, weight_dtype: str) -> tuple:
 def tile_packed(taps: np.ndarray) -> np.ndarray:
     """The weight packed tap-major ``(K, KH, KW, Cp)`` as the direct tile engine reads it:
     ``(K/16, KH, KW, Cp/c, 16, c)`` with ``c`` the channels of 16 units, each tile of A
-    (16 output channels x 16 units of one tap) 1 KB in one piece."""
+    (16 output channels x 16 units of one tap) 1 KB in one piece. A view: the constant
+    made of it is its one copy."""
     k, kh, kw, cp = taps.shape
     c = gemm_tiles.TILE_BYTES // taps.dtype.itemsize
-    return np.ascontiguousarray(taps.reshape(k // 16, 16, kh, kw, cp // c, c).transpose(0, 2, 3, 4, 1, 5))
+    return taps.reshape(k // 16, 16, kh, kw, cp // c, c).transpose(0, 2, 3, 4, 1, 5)
 
 
 def channels(geo, weight_dtype: str) -> int:

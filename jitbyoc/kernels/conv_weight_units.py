@@ -25,7 +25,9 @@ from ..render.loops import for_range, free_workspace, workspace
 
 def pack(value: np.ndarray, j: int, group: int = 1) -> np.ndarray:
     """An OIHW (or OIW) weight in blocks of ``j`` output channels, the last block padded
-    with zero channels; in units of ``group`` input channels (``I`` a multiple of it)."""
+    with zero channels; in units of ``group`` input channels (``I`` a multiple of it). A
+    view of ``value`` (or of its padded copy): the constant made of it is its one copy,
+    written by :mod:`jitbyoc.tvm.constants`' writer threads."""
     k = value.shape[0]
     blocks = -(-k // j)
     if blocks * j != k:
@@ -35,7 +37,7 @@ def pack(value: np.ndarray, j: int, group: int = 1) -> np.ndarray:
         return np.moveaxis(blocked, 1, -1)
     cin, spatial = value.shape[1], value.ndim - 2
     units = blocked.reshape(blocks, j, cin // group, group, *value.shape[2:])
-    return np.ascontiguousarray(units.transpose(0, 2, *range(4, 4 + spatial), 1, 3))
+    return units.transpose(0, 2, *range(4, 4 + spatial), 1, 3)
 
 
 def unpacking_axes(ndim: int, group: int) -> list[int]:
