@@ -34,6 +34,7 @@ import numpy as np
 from tvm import relax
 from tvm.ir import Op
 
+from ..ir import quotients
 from ..ir.dtypes import dtype as lookup_dtype
 from .constants import constant as _constant
 from .constants import tensor_constant
@@ -114,8 +115,7 @@ def quantized_constant(call: relax.Call, lookup) -> relax.Constant | None:
     along = [1] * x.ndim
     along[int(call.attrs.axis) % x.ndim] = -1  # a per-channel parameter lies along the axis
     scale, zp = (p.reshape(along) if p.size > 1 else p.reshape(()) for p in (scale, zp))
-    with np.errstate(all="ignore"):
-        rounded = np.round(np.divide(x, scale, dtype=np.float32)) + zp.astype(np.float32)
+    rounded = quotients.reference(x, scale) + zp.astype(np.float32)  # float32 operands: float32
     info = np.iinfo(to)
     return tensor_constant(np.clip(rounded, np.float32(info.min), np.float32(info.max)).astype(to))
 
