@@ -114,10 +114,16 @@ def _lookup_model(table: np.ndarray, shape, mode: str, index_dtype: str = "int32
     (np.random.default_rng(1).integers(-128, 128, 256).astype("int8"), "fast"),
     (np.linspace(-3, 3, 37).astype(F32), "fast"),
     (np.arange(5, dtype="int64") * 7, "clip"),
+    (np.linspace(-8, 7, 16).astype(F32), "wrap"),  # int4's nibble values (jitbyoc.quantize_weights)
+    (np.linspace(-8, 7, 16).astype(F32), "clip"),
+    (np.arange(8, dtype="int32") * -3, "wrap"),
+    (np.arange(11, dtype="int32") * 5, "fast"),
 ])
 def test_a_1d_take_is_an_elementwise_lookup(target, table, mode):
     """Out-of-range indices clamp (and from -n count from the end, in mode "fast"), as
-    :class:`~jitbyoc.kernels.slicing.Take` does; 1-D tables take no stage of their own."""
+    :class:`~jitbyoc.kernels.slicing.Take` does, or wrap (mode "wrap", a table of 2^k: a
+    mask); 1-D tables take no stage of their own. A table of up to 16 32-bit words is
+    looked up by register permutes (AVX-512: one per vector; AVX2: two and a blend)."""
     n, shape = len(table), (5, 67)
     index = np.random.default_rng(n).integers(-n - 3, n + 3, shape).astype("int32")
     mod = _lookup_model(table, shape, mode)
@@ -127,11 +133,14 @@ def test_a_1d_take_is_an_elementwise_lookup(target, table, mode):
     assert not any(type(s).__name__ == "Take" for s in region.kernel.stages)
     permutes = len(re.findall(r"vperm[it]2b", asm))
     assert (permutes > 0) == (target is VBMI_CPU and table.dtype.itemsize == 1 and n == 256), permutes
+    if table.dtype.itemsize == 4 and n <= 16:
+        assert re.search(r"vperm(d|ps)\s", asm)
+    assert ("zmm" in asm) == (target is not HASWELL)
     with jitbyoc.enabled():
         got = run(relax.VirtualMachine(tvm.compile(mod, target=tvm.target.Target(target)), tvm.cpu()), index)
     if mode == "fast":
         index = np.where(index < 0, index + n, index)
-    assert np.array_equal(got, table[np.clip(index, 0, n - 1)])
+    assert np.array_equal(got, table[np.mod(index, n) if mode == "wrap" else np.clip(index, 0, n - 1)])
 
 
 def test_a_lookup_runs_in_a_products_epilogue():

@@ -6,6 +6,8 @@ and a small decoder's greedy tokens against torch with the same dequantized weig
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import tvm
@@ -13,8 +15,12 @@ from tvm import relax
 from tvm.ir.expr import Constant
 
 import jitbyoc
+from jitbyoc.ir import kir
 from jitbyoc.kernels.weight_matmul import WeightMatMul
-from jitbyoc.tvm.weights import dequantized, quantized_int4, quantized_int8
+from jitbyoc.render import isa
+from jitbyoc.tvm.target import machine_for
+from jitbyoc.tvm.weights import NIBBLE_SHIFTS, NIBBLE_VALUES, dequantized, quantized_int4, quantized_int8
+from tests.conftest import build_model
 from tests.diff_util import CC, build, run, run_c
 
 QUANTIZE = {8: quantized_int8, 4: quantized_int4}
@@ -101,6 +107,51 @@ def test_the_float32_weight_is_never_written(bits):
     assert {b.dtype for b in kernel.inputs} >= {"float32", "int8" if bits == 8 else "uint8"}
 
 
+@pytest.mark.parametrize("cpu", ["skylake-avx512", "haswell"])
+def test_an_int4_weight_is_decoded_by_register_permutes(cpu):
+    """With AVX-512, each nibble's value comes from a table of the 16 in a register: one
+    ``vpermps`` per 16 weights, no conversion of integers, no shift up and down. With
+    AVX2 (two registers a table) the lookup is the arithmetic instead
+    (:func:`~jitbyoc.tvm.weights.nibble_arithmetic`: a shift up, one down, a conversion).
+    Either way the product equals numpy's with the dequantized weight."""
+    mod, w, _ = linear(64, 256, 1)
+    quantized = jitbyoc.quantize_weights(mod, bits=4)
+    target = tvm.target.Target({"kind": "llvm", "mcpu": cpu})
+    with isa.compiling_for(machine_for(target)):
+        (region,) = jitbyoc.inspect(quantized)
+        asm = region.asm
+    permutes = bool(re.search(r"vperm(d|ps)\s", asm))
+    assert permutes == (cpu != "haswell") and ("vcvtdq2ps" in asm) == (cpu == "haswell")
+    assert ("zmm" in asm) == (cpu != "haswell") and (cpu != "haswell" or "vpsrlvd" not in asm)
+    x = np.random.default_rng(3).standard_normal((1, 256)).astype("float32")
+    with jitbyoc.enabled():
+        got, = run(tvm.compile(quantized, target=target), [x])
+    back = dequantized(*quantized_int4(w, 32))
+    np.testing.assert_allclose(got, x @ back.T, rtol=0, atol=product_bound(x, back, 256 + 1).max())
+
+
+@pytest.mark.parametrize("cpu", ["skylake-avx512", "haswell"])
+@pytest.mark.parametrize("shift", [None, 0, 4, 28, 29])
+def test_a_nibbles_value_is_its_lookup_for_any_index(cpu, shift):
+    """``take(NIBBLE_VALUES, x >> c, mode="wrap")`` on every int32 (the arithmetic form
+    without AVX-512 included; a shift past 28 keeps the shift down)."""
+    def body(bb, i):
+        index = i if shift is None else bb.emit(relax.op.right_shift(i, relax.const(np.int32(shift))))
+        return bb.emit(relax.op.take(relax.const(NIBBLE_VALUES), index, axis=0, mode="wrap"))
+
+    mod = build_model({"i": ((7, 48), "int32")}, body)
+    i = np.random.default_rng(5).integers(-2 ** 31, 2 ** 31, (7, 48)).astype("int32")
+    i[0, :4] = [0, -1, 2 ** 31 - 1, -2 ** 31]
+    target = tvm.target.Target({"kind": "llvm", "mcpu": cpu})
+    with isa.compiling_for(machine_for(target)):
+        (region,) = jitbyoc.inspect(mod)
+    looked_up = any(isinstance(n, kir.Lookup) for s in region.kernel.stages for _, e in s.stores for n in kir.walk([e]))
+    assert looked_up == (cpu != "haswell")
+    with jitbyoc.enabled():
+        got, = run(tvm.compile(mod, target=target), [i])
+    np.testing.assert_array_equal(got, NIBBLE_VALUES[np.mod(i >> (shift or 0), 16)])
+
+
 @pytest.mark.parametrize("bits, group, lines", [(4, 32, 1), (8, 32, 1), (8, 128, 2)])
 def test_a_scaled_weight_is_prefetched_once_per_line_of_a_group(bits, group, lines):
     """One prefetch per weight row and cache line of a group, asked before the group's
@@ -154,7 +205,7 @@ def test_c_rendering_matches_llvm(bits, tmp_path):
     arrays = {"x": x, "q": q, "s": s}
     if bits == 4:  # the dequantization's constants, in the order the expression reads them
         assert region.arg_names[1:3] == ["const1", "const2"]
-        arrays.update(const1=np.array([[28], [24]], np.int32), const2=np.int32(28))
+        arrays.update(const1=NIBBLE_SHIFTS, const2=NIBBLE_VALUES)
     got_c, = run_c(region, arrays, tmp_path)
     got, = run(build(mod, True), [x, q, s])
     np.testing.assert_allclose(got_c, got, rtol=1e-5, atol=1e-5)

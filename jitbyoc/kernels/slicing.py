@@ -240,7 +240,7 @@ def _check_take(call) -> str | None:
 @register("relax.take", 2, _check_take)
 def _build_take(fe, call, out):
     mode, shape = str(call.attrs.mode), dims(call.args[0].ty)
-    if len(shape) == 1 and isinstance(shape[0], int) and mode in ("clip", "fast"):
+    if len(shape) == 1 and isinstance(shape[0], int) and (mode in ("clip", "fast") or _wraps_by_mask(mode, shape[0])):
         return _looked_up(fe, call, shape[0], mode)
     x, ind = fe.buffer(call.args[0]), fe.buffer(call.args[1])
     axis = 0 if call.attrs.axis is None else int(call.attrs.axis) % x.ndim
@@ -258,11 +258,19 @@ def _looked_up(fe, call, n: int, mode: str):
     def op(name, *args, out=dt):
         return kir.Op(name, args, dt, out)
 
+    if _wraps_by_mask(mode, n):  # Python's i % n, in two's complement
+        return kir.Lookup(fe.table(call.args[0]), op("bitand", index, kir.Const(n - 1, dt)))
     if mode == "fast":  # from -n, an index counts from the end
         negative = op("less", index, kir.Const(0, dt), out="bool")
         index = kir.Op("where", (negative, op("add", index, kir.Const(n, dt)), index), dt, dt)
     index = op("maximum", op("minimum", index, kir.Const(n - 1, dt)), kir.Const(0, dt))
     return kir.Lookup(fe.table(call.args[0]), index)
+
+
+def _wraps_by_mask(mode: str, n: int) -> bool:
+    """Whether a ``wrap`` take from ``n`` entries is a mask of the index's low bits (``n``
+    a power of two): a lookup of a nibble's value (:mod:`jitbyoc.tvm.weights`'s int4)."""
+    return mode == "wrap" and n & (n - 1) == 0
 
 
 # ---- concat ------------------------------------------------------------------------------------

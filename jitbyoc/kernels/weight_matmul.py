@@ -25,6 +25,11 @@ measured only) 63 us; a ``vpermd`` table indexed by a rotate (exact) 130; offset
 (shift, and, subtract) 130; the nibbles split on the 16 bytes before one sign extension
 per vector 131; bytes shifted by run-time amounts 179; 256-bit vectors 136. Each 512-bit
 instruction a vector costs about the same, and every exact decode takes two of them.
+Since then int4's nibble values are looked up (:data:`jitbyoc.tvm.weights.NIBBLE_VALUES`;
+one ``vpermps`` of a register per vector, the high nibbles shifted down first): one
+thread, 262 -> 216 us. Decoding to bfloat16 pairs instead (``vpermw`` of a table of 32
+words) and summing with ``vdpbf16ps`` against the row of ``x`` split in three bfloat16
+parts (exact) took 295 us; in two parts (not exact) 225 (an llvmlite prototype).
 
 Accuracy: each output sums K products of float32 values, in vector lanes and then across
 them; within ``gamma_K * (|x| @ |W|.T)`` of the exact sum (as :mod:`.matmul`), ``W`` the

@@ -113,6 +113,13 @@ def vlookup(b: ir.IRBuilder, table, index, dt: str, size: int):
     n = index.type.count
     if lookup_dtype(dt).storage_bits == 8 and size == 256 and n <= 64 and isa.current().has("avx512vbmi"):
         return _permuted_bytes(b, table, index)
+    if lookup_dtype(dt).storage_bits == 32 and size <= WORD_TABLE and permutes_words(n):
+        element = lookup_dtype(dt).storage_ir
+        words = b.load(table, typ=ir.VectorType(element, size), align=4)
+        if size < WORD_TABLE:
+            words = b.shuffle_vector(words, VectorLiteral(words.type, "poison"),
+                                     ir.Constant(ir.VectorType(I32, WORD_TABLE), [min(l, size - 1) for l in range(WORD_TABLE)]))
+        return permuted_words(b, words, index)
     element = lookup_dtype(dt).storage_ir
     out = VectorLiteral(ir.VectorType(element, n), "poison")
     for lane in range(n):
@@ -121,6 +128,59 @@ def vlookup(b: ir.IRBuilder, table, index, dt: str, size: int):
         value = b.load(b.gep(table, [at], source_etype=element, inbounds=True), typ=element)
         out = b.insert_element(out, value, I32(lane))
     return out
+
+
+WORD_TABLE = 16  # entries of a table of 32-bit words kept in one AVX-512 register
+
+
+def permutes_words(n: int) -> bool:
+    """Whether :func:`permuted_words` picks ``n`` lanes with register permutes here."""
+    return n in (8, 16, 32, 64) and (isa.current().has("avx512f") or isa.current().has("avx2"))
+
+
+def permuted_words(b: ir.IRBuilder, words, index):
+    """``words[index[l]]`` for each lane ``l`` of the integer vector ``index`` (in range),
+    ``words`` a vector of :data:`WORD_TABLE` 32-bit elements: one ``vpermps`` per 16
+    lanes with AVX-512; with AVX2, per 8 lanes a ``vpermps`` of each half of the table
+    and a blend on the index's bit 3."""
+    element, n = words.type.element, index.type.count
+    f32 = ir.FloatType()
+    table = words if element == f32 else b.bitcast(words, ir.VectorType(f32, WORD_TABLE))
+    index = b.trunc(index, ir.VectorType(I32, n)) if index.type.element.width > 32 else \
+        b.sext(index, ir.VectorType(I32, n)) if index.type.element.width < 32 else index
+    if isa.current().has("avx512f"):
+        step, fn = 16, intrinsic(b.module, "llvm.x86.avx512.permvar.sf.512", ir.VectorType(f32, 16),
+                                 [ir.VectorType(f32, 16), ir.VectorType(I32, 16)])
+        parts = [b.call(fn, [table, _lanes(b, index, lo, 16)]) for lo in range(0, n, 16)]
+    else:
+        step, v8 = 8, ir.VectorType(f32, 8)
+        fn = intrinsic(b.module, "llvm.x86.avx2.permps", v8, [v8, ir.VectorType(I32, 8)])
+        blend = intrinsic(b.module, "llvm.x86.avx.blendv.ps.256", v8, [v8] * 3)
+        halves = [_lanes(b, table, lo, 8) for lo in (0, 8)]
+        parts = []
+        for lo in range(0, n, 8):  # the blend reads the sign bit: the index's bit 3, shifted up
+            at = _lanes(b, index, lo, 8)
+            upper = b.bitcast(b.shl(at, SplatConstant(I32(28), 8)), v8)
+            parts.append(b.call(blend, [b.call(fn, [halves[0], at]), b.call(fn, [halves[1], at]), upper]))
+    out = parts[0] if len(parts) == 1 else _joined(b, parts, step)
+    out = _lanes(b, out, 0, n) if n < step else out
+    return out if element == f32 else b.bitcast(out, ir.VectorType(element, n))
+
+
+def _lanes(b: ir.IRBuilder, v, lo: int, n: int):
+    """Lanes ``lo .. lo + n`` of ``v`` (past its end: poison)."""
+    count = v.type.count
+    return b.shuffle_vector(v, VectorLiteral(v.type, "poison"),
+                            ir.Constant(ir.VectorType(I32, n), [l if l < count else count for l in range(lo, lo + n)]))
+
+
+def _joined(b: ir.IRBuilder, parts: list, step: int):
+    """The vectors ``parts`` (``step`` lanes each) side by side."""
+    while len(parts) > 1:
+        width = parts[0].type.count
+        parts = [b.shuffle_vector(parts[i], parts[i + 1], ir.Constant(ir.VectorType(I32, 2 * width), list(range(2 * width))))
+                 for i in range(0, len(parts), 2)]
+    return parts[0]
 
 
 def _permuted_bytes(b: ir.IRBuilder, table, index):

@@ -47,7 +47,7 @@ from tvm.ir.prim import IntImm
 from tvm.sym import Analyzer
 
 from . import (constants, conv_weights, grouped, inference, linear, pool_concat, quantized, quantized_pairs,
-               tables, widen)
+               tables, weights, widen)
 
 log = logging.getLogger("jitbyoc")
 
@@ -58,7 +58,7 @@ SHAPE_TO_TENSOR = Op.get("relax.shape_to_tensor")
 CONV2D, PAD = Op.get("relax.nn.conv2d"), Op.get("relax.nn.pad")
 # ops worth a pass without bounds
 TRIGGERS = frozenset({"relax.shape_to_tensor", "relax.nn.pad", "relax.nn.conv2d", "relax.nn.conv1d"}) \
-    | inference.TRIGGERS | quantized.TRIGGERS | pool_concat.TRIGGERS
+    | inference.TRIGGERS | quantized.TRIGGERS | pool_concat.TRIGGERS | weights.TRIGGERS
 
 
 def _analyzer(func: relax.Function) -> Analyzer | None:
@@ -134,6 +134,8 @@ class _Prepare(relax.PyExprMutator):
             return folded if int8 is None else int8
         if call.op.same_as(quantized.TAKE):
             rows = quantized.gathered_dequantize(call, self.lookup_binding, self.builder_.emit)
+            if rows is None:
+                rows = weights.nibble_arithmetic(call, self.lookup_binding)
             return call if rows is None else rows
         if call.op.same_as(quantized.QUANTIZE):
             const = inference.quantized_constant(call, self.lookup_binding)
