@@ -143,6 +143,22 @@ def test_a_1d_take_is_an_elementwise_lookup(target, table, mode):
     assert np.array_equal(got, table[np.mod(index, n) if mode == "wrap" else np.clip(index, 0, n - 1)])
 
 
+@pytest.mark.parametrize("target", [SKYLAKE, HASWELL], ids=["avx512", "avx2"])
+@pytest.mark.parametrize("index_dtype", ["int8", "uint8", "int16", "int64"])
+@pytest.mark.parametrize("n, mode", [(16, "wrap"), (16, "clip"), (5, "clip")])
+def test_a_table_of_words_takes_indices_of_any_width(target, index_dtype, n, mode):
+    """A table of up to 16 words looked up by vectors of 8 to 64 indices (the fused
+    loop's vector holds 64 bytes of the index): register permutes, lane for lane."""
+    table, shape = (np.arange(n) * 3 - 7).astype(F32), (5, 67)
+    info = np.iinfo(index_dtype)
+    index = np.random.default_rng(n).integers(max(info.min, -40), min(info.max, 300), shape).astype(index_dtype)
+    mod = _lookup_model(table, shape, mode, index_dtype)
+    with jitbyoc.enabled():
+        got = run(relax.VirtualMachine(tvm.compile(mod, target=tvm.target.Target(target)), tvm.cpu()), index)
+    wide = index.astype(np.int64)
+    assert np.array_equal(got, table[np.mod(wide, n) if mode == "wrap" else np.clip(wide, 0, n - 1)])
+
+
 def test_a_lookup_runs_in_a_products_epilogue():
     """A float product whose result indexes a table of floats: the lookup is the
     product's epilogue, applied to each block of the result (no loop of its own)."""
