@@ -152,6 +152,30 @@ def test_a_nibbles_value_is_its_lookup_for_any_index(cpu, shift):
     np.testing.assert_array_equal(got, NIBBLE_VALUES[np.mod(i >> (shift or 0), 16)])
 
 
+def test_a_table_the_weight_looks_up_is_read_by_the_product():
+    """A weight looked up in a table the region computes (here ``exp`` of a parameter):
+    the product lists the table among what it reads, so the kernel keeps the table's
+    stage before it and its buffer alive until it runs; the result is TVM's."""
+    def body(bb, x, p, t, s):
+        table = bb.emit(relax.op.exp(t))
+        w = bb.emit(relax.op.multiply(bb.emit(relax.op.take(table, bb.emit(relax.op.astype(p, "int32")), axis=0,
+                                                            mode="wrap")), s))
+        return bb.emit(relax.op.matmul(x, bb.emit(relax.op.permute_dims(w, [1, 0]))))
+
+    mod = build_model({"x": ((1, 64), "float32"), "p": ((48, 64), "uint8"), "t": ((16,), "float32"),
+                       "s": ((48, 1), "float32")}, body)
+    (region,) = jitbyoc.inspect(mod)
+    (product,) = [st for st in region.kernel.stages if isinstance(st, WeightMatMul)]
+    (table,) = region.kernel.temps
+    assert table in kir.stage_reads(product)
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal((1, 64)).astype("float32"), rng.integers(0, 256, (48, 64)).astype("uint8"),
+              rng.standard_normal(16).astype("float32"), rng.standard_normal((48, 1)).astype("float32")]
+    got, = run(build(mod, True), arrays)
+    want, = run(build(mod, False), arrays)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("bits, group, lines", [(4, 32, 1), (8, 32, 1), (8, 128, 2)])
 def test_a_scaled_weight_is_prefetched_once_per_line_of_a_group(bits, group, lines):
     """One prefetch per weight row and cache line of a group, asked before the group's

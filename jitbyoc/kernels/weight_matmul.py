@@ -274,8 +274,8 @@ def fold_weight_prologue(kernel: kir.Kernel) -> None:
             continue
         maker, expr = found
         temp = stage.inputs[1].storage
-        fused = WeightMatMul((stage.inputs[0], *kir.loads([expr])), stage.out, stage.epilogue,
-                             weight=expr, shape=temp.shape)
+        fused = WeightMatMul((stage.inputs[0], *kir.loads([expr]), *kir.tables([expr])), stage.out,
+                             stage.epilogue, weight=expr, shape=temp.shape)
         if hasattr(stage, "origin"):
             fused.origin = stage.origin
         kernel.stages[kernel.stages.index(stage)] = fused
