@@ -82,8 +82,10 @@ class RegionLowering:
         mean reads): the conv then writes the output with its epilogue, and the mean
         reads it, where the output used to be computed a second time from the conv's raw
         result (EfficientNet's SE blocks: the SiLU twice, and two more temps)."""
-        node = self.value(expr)
-        shape, dtype = tuple(dims(expr.ty)), str(expr.ty.dtype)
+        return self.node_buffer(self.value(expr), tuple(dims(expr.ty)), str(expr.ty.dtype))
+
+    def node_buffer(self, node, shape: tuple, dtype: str) -> kir.Buffer:
+        """:meth:`buffer` of the value ``node`` (of ``shape`` and ``dtype``)."""
         if isinstance(node, kir.Load) and node.buf.shape == shape:
             return node.buf
         made = self.materialized.get(node)

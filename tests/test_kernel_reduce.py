@@ -96,6 +96,27 @@ def test_other_dtypes(dtype):
             np.testing.assert_array_equal(g, r)
 
 
+@pytest.mark.parametrize("src, dst", [("int8", "int32"), ("uint8", "int32"), ("int16", "int64"),
+                                      ("int32", "int64"), ("uint8", "int16")])
+@pytest.mark.parametrize("kind", ["sum", "max", "min"])
+def test_a_widened_integer_is_reduced_as_it_is_read(src, dst, kind):
+    """``sum(astype(q, wider))`` (an int8 product's zero-point sums) reads ``q`` and widens
+    each element as it folds it: no copy of ``q`` in the wider type is written. Both loop
+    orders; exact against TVM and numpy (an int16 sum wraps around in all three alike)."""
+    cases = [([((5, 70, 300), src)], axes) for axes in ([2], [1], [0, 2])]
+    mod = model(cases, lambda bb, vs, axes: bb.emit(reduce_op(kind, bb.emit(R.astype(vs[0], dst)), axes, True)))
+    one_region(mod)
+    (region,) = jitbyoc.inspect(mod)
+    reduces = [st for st in region.kernel.stages if isinstance(st, Reduce)]
+    assert len(reduces) == len(region.kernel.stages) == 3 and {st.inputs[0].dtype for st in reduces} == {src}
+    arrays = inputs(cases)
+    got, ref = both(mod, arrays)
+    for x, g, r, (_, axes) in zip(arrays, got, ref, cases):
+        want = getattr(np, kind)(x.astype(dst), axis=tuple(axes), keepdims=True).astype(dst)  # sums wrap
+        np.testing.assert_array_equal(g, want)
+        np.testing.assert_array_equal(g, r)
+
+
 def test_large_rows_and_columns_run_threaded():
     """Both loop orders, blocks that straddle BLOCK, and thread splits."""
     cases = [([((257, 1031), "float32")], ("sum", [1])), ([((1031, 257), "float32")], ("sum", [0])),
@@ -190,7 +211,12 @@ def test_unsupported_reductions_stay_with_tvm_with_reasons():
 def test_c_rendering_matches_llvm(tmp_path):
     cases = [([((33, 300), "float32")], (kind, axes)) for kind in KINDS for axes in ([1], [0])]
     cases += [([((9, 40), "int64")], ("prod", [1]))]
-    mod = model(cases, lambda bb, vs, a: bb.emit(reduce_op(a[0], vs[0], a[1], False)))
+    cases += [([((9, 40), "int8")], ("sum", axes, "int32")) for axes in ([1], [0])]  # widened as read
+
+    def make(bb, vs, a):
+        x = vs[0] if len(a) == 2 else bb.emit(R.astype(vs[0], a[2]))
+        return bb.emit(reduce_op(a[0], x, a[1], False))
+    mod = model(cases, make)
     one_region(mod)
     # sums differ only by association order (LLVM vector lanes, C in order): n * eps
     check_c_matches_llvm(mod, inputs(cases), tmp_path, rtol=300 * 1.2e-7, atol=300 * 1.2e-7)
