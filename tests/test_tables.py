@@ -1,8 +1,9 @@
 """Functions of one byte as tables (:mod:`jitbyoc.tvm.tables`) and the lookups they run on
 (:class:`jitbyoc.ir.kir.Lookup`: a take from a 1-D table as an elementwise value):
 against TVM's build of the same graph, bit for bit, with every byte value in the input;
-the lookup itself against numpy on every target kind (``vpermi2b`` on AVX512_VBMI, one
-load per lane elsewhere), in loops, in a product's epilogue, and as C."""
+the lookup itself against numpy on every target kind (``vpermi2b`` on AVX512_VBMI,
+``vpermps`` for tables of up to 16 words, one load per lane elsewhere), in loops, in a
+product's epilogue, and as C."""
 
 from __future__ import annotations
 

@@ -108,8 +108,9 @@ def vstore(b, value, ptr, dt, mask=None):
 def vlookup(b: ir.IRBuilder, table, index, dt: str, size: int):
     """``table[index[l]]`` for every lane ``l`` of the integer vector ``index`` (in range),
     ``table`` pointing at ``size`` elements of ``dt``: a byte table of 256 on AVX512_VBMI
-    is four registers, and a vector of lookups two ``vpermi2b`` and a blend; anything
-    else is one load per lane."""
+    is four registers, and a vector of lookups two ``vpermi2b`` and a blend; a table of
+    up to 16 32-bit words is one register (:func:`permuted_words`); anything else is one
+    load per lane."""
     n = index.type.count
     if lookup_dtype(dt).storage_bits == 8 and size == 256 and n <= 64 and isa.current().has("avx512vbmi"):
         return _permuted_bytes(b, table, index)
