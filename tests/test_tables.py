@@ -11,6 +11,8 @@ import re
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import tvm
 from tvm import relax
 
@@ -157,6 +159,27 @@ def test_a_table_of_words_takes_indices_of_any_width(target, index_dtype, n, mod
     with jitbyoc.enabled():
         got = run(relax.VirtualMachine(tvm.compile(mod, target=tvm.target.Target(target)), tvm.cpu()), index)
     wide = index.astype(np.int64)
+    assert np.array_equal(got, table[np.mod(wide, n) if mode == "wrap" else np.clip(wide, 0, n - 1)])
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 16), table_dtype=st.sampled_from([F32, "int32"]),
+       index_dtype=st.sampled_from(["int8", "uint8", "int16", "int32", "int64"]),
+       shape=st.lists(st.integers(1, 70), min_size=1, max_size=3), mode=st.sampled_from(["clip", "fast", "wrap"]),
+       target=st.sampled_from([SKYLAKE, HASWELL]), seed=st.integers(0, 2 ** 16))
+def test_random_lookups_in_small_tables(n, table_dtype, index_dtype, shape, mode, target, seed):
+    """Random tables of 1 to 16 words, indices of any integer width (out of range too),
+    shapes and modes: numpy's take, on AVX-512 and AVX2."""
+    rng = np.random.default_rng(seed)
+    table = rng.integers(-1000, 1000, n).astype(table_dtype)
+    info = np.iinfo(index_dtype)
+    index = rng.integers(max(info.min, -3 * n - 5), min(info.max, 3 * n + 5) + 1, shape).astype(index_dtype)
+    mod = _lookup_model(table, tuple(shape), mode, index_dtype)
+    with jitbyoc.enabled():
+        got = run(relax.VirtualMachine(tvm.compile(mod, target=tvm.target.Target(target)), tvm.cpu()), index)
+    wide = index.astype(np.int64)
+    if mode == "fast":
+        wide = np.where(wide < 0, wide + n, wide)
     assert np.array_equal(got, table[np.mod(wide, n) if mode == "wrap" else np.clip(wide, 0, n - 1)])
 
 
