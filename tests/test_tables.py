@@ -111,6 +111,18 @@ def _lookup_model(table: np.ndarray, shape, mode: str, index_dtype: str = "int32
                        lambda bb, i: bb.emit(R.take(relax.const(table), i, axis=0, mode=mode)))
 
 
+def _looked_up(mod, target, table: np.ndarray, index: np.ndarray, mode: str) -> None:
+    """Assert jitbyoc's build of ``mod`` (a take of ``table``) for ``target`` gives numpy's
+    lookup of ``index`` in ``mode``: clamped (and from -n counted from the end, "fast"), or
+    wrapped Python-style ("wrap")."""
+    with jitbyoc.enabled():
+        got = run(relax.VirtualMachine(tvm.compile(mod, target=tvm.target.Target(target)), tvm.cpu()), index)
+    n, wide = len(table), index.astype(np.int64)
+    if mode == "fast":
+        wide = np.where(wide < 0, wide + n, wide)
+    assert np.array_equal(got, table[np.mod(wide, n) if mode == "wrap" else np.clip(wide, 0, n - 1)])
+
+
 @pytest.mark.parametrize("target", [VBMI_CPU, SKYLAKE, HASWELL], ids=["vbmi", "avx512", "avx2"])
 @pytest.mark.parametrize("table, mode", [
     (np.arange(256)[::-1].astype("uint8"), "clip"),
@@ -139,11 +151,7 @@ def test_a_1d_take_is_an_elementwise_lookup(target, table, mode):
     if table.dtype.itemsize == 4 and n <= 16:
         assert re.search(r"vperm(d|ps)\s", asm)
     assert ("zmm" in asm) == (target is not HASWELL)
-    with jitbyoc.enabled():
-        got = run(relax.VirtualMachine(tvm.compile(mod, target=tvm.target.Target(target)), tvm.cpu()), index)
-    if mode == "fast":
-        index = np.where(index < 0, index + n, index)
-    assert np.array_equal(got, table[np.mod(index, n) if mode == "wrap" else np.clip(index, 0, n - 1)])
+    _looked_up(mod, target, table, index, mode)
 
 
 @pytest.mark.parametrize("target", [SKYLAKE, HASWELL], ids=["avx512", "avx2"])
@@ -155,11 +163,7 @@ def test_a_table_of_words_takes_indices_of_any_width(target, index_dtype, n, mod
     table, shape = (np.arange(n) * 3 - 7).astype(F32), (5, 67)
     info = np.iinfo(index_dtype)
     index = np.random.default_rng(n).integers(max(info.min, -40), min(info.max, 300), shape).astype(index_dtype)
-    mod = _lookup_model(table, shape, mode, index_dtype)
-    with jitbyoc.enabled():
-        got = run(relax.VirtualMachine(tvm.compile(mod, target=tvm.target.Target(target)), tvm.cpu()), index)
-    wide = index.astype(np.int64)
-    assert np.array_equal(got, table[np.mod(wide, n) if mode == "wrap" else np.clip(wide, 0, n - 1)])
+    _looked_up(_lookup_model(table, shape, mode, index_dtype), target, table, index, mode)
 
 
 @settings(max_examples=25, deadline=None)
@@ -174,13 +178,7 @@ def test_random_lookups_in_small_tables(n, table_dtype, index_dtype, shape, mode
     table = rng.integers(-1000, 1000, n).astype(table_dtype)
     info = np.iinfo(index_dtype)
     index = rng.integers(max(info.min, -3 * n - 5), min(info.max, 3 * n + 5) + 1, shape).astype(index_dtype)
-    mod = _lookup_model(table, tuple(shape), mode, index_dtype)
-    with jitbyoc.enabled():
-        got = run(relax.VirtualMachine(tvm.compile(mod, target=tvm.target.Target(target)), tvm.cpu()), index)
-    wide = index.astype(np.int64)
-    if mode == "fast":
-        wide = np.where(wide < 0, wide + n, wide)
-    assert np.array_equal(got, table[np.mod(wide, n) if mode == "wrap" else np.clip(wide, 0, n - 1)])
+    _looked_up(_lookup_model(table, tuple(shape), mode, index_dtype), target, table, index, mode)
 
 
 def test_a_lookup_runs_in_a_products_epilogue():

@@ -39,7 +39,7 @@ from ..ir import kir
 from ..ir.dtypes import dtype as lookup_dtype
 from ..ir.llvmtypes import I32, I64
 from ..render.loops import ceil_div, for_range, smax, smin, threaded
-from ..render.vectors import splat, strips, vload, vstore, vtype
+from ..render.vectors import concatenated, splat, strips, vload, vstore, vtype
 
 PIXELS = 16  # pixels per vector: 16 units of 4 bytes, one 64-byte row of a tile
 MAX_VECTOR_STRIDE = 4  # column strides read as one wide vector then a shuffle; larger: lane by lane
@@ -260,12 +260,9 @@ def _tap_loader(g, c, x, img, tap, oy, ox0):
 def _interleave(b, vectors: list) -> ir.Value:
     """``out[l * group + e] = vectors[e][l]``: the units of 16 pixels, one 64-byte run."""
     group, n = len(vectors), PIXELS
-    while len(vectors) > 2:  # pairs concatenated first (int8 quads)
-        wide = 2 * vectors[0].type.count
-        vectors = [b.shuffle_vector(vectors[i], vectors[i + 1], ir.Constant(ir.VectorType(I32, wide), list(range(wide))))
-                   for i in range(0, len(vectors), 2)]
+    halves = [concatenated(b, vectors[:group // 2]), concatenated(b, vectors[group // 2:])]  # int8 quads: pairs
     order = [(r % group) * n + r // group for r in range(n * group)]
-    return b.shuffle_vector(vectors[0], vectors[1], ir.Constant(ir.VectorType(I32, n * group), order))
+    return b.shuffle_vector(halves[0], halves[1], ir.Constant(ir.VectorType(I32, n * group), order))
 
 
 def _zero_columns(c, dt: str, pointer, start, units, rest, width: int, group: int) -> None:

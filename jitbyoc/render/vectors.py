@@ -111,17 +111,15 @@ def vlookup(b: ir.IRBuilder, table, index, dt: str, size: int):
     is four registers, and a vector of lookups two ``vpermi2b`` and a blend; a table of
     up to 16 32-bit words is one register (:func:`permuted_words`); anything else is one
     load per lane."""
-    n = index.type.count
+    n, element = index.type.count, lookup_dtype(dt).storage_ir
     if lookup_dtype(dt).storage_bits == 8 and size == 256 and n <= 64 and isa.current().has("avx512vbmi"):
         return _permuted_bytes(b, table, index)
     if lookup_dtype(dt).storage_bits == 32 and size <= WORD_TABLE and permutes_words(n):
-        element = lookup_dtype(dt).storage_ir
         words = b.load(table, typ=ir.VectorType(element, size), align=4)
         if size < WORD_TABLE:
             words = b.shuffle_vector(words, VectorLiteral(words.type, "poison"),
                                      ir.Constant(ir.VectorType(I32, WORD_TABLE), [min(l, size - 1) for l in range(WORD_TABLE)]))
         return permuted_words(b, words, index)
-    element = lookup_dtype(dt).storage_ir
     out = VectorLiteral(ir.VectorType(element, n), "poison")
     for lane in range(n):
         at = b.extract_element(index, I32(lane))
@@ -163,7 +161,7 @@ def permuted_words(b: ir.IRBuilder, words, index):
             at = _lanes(b, index, lo, 8)
             upper = b.bitcast(b.shl(at, SplatConstant(I32(28), 8)), v8)
             parts.append(b.call(blend, [b.call(fn, [halves[0], at]), b.call(fn, [halves[1], at]), upper]))
-    out = parts[0] if len(parts) == 1 else _joined(b, parts, step)
+    out = concatenated(b, parts)
     out = _lanes(b, out, 0, n) if n < step else out
     return out if element == f32 else b.bitcast(out, ir.VectorType(element, n))
 
@@ -175,8 +173,9 @@ def _lanes(b: ir.IRBuilder, v, lo: int, n: int):
                             ir.Constant(ir.VectorType(I32, n), [l if l < count else count for l in range(lo, lo + n)]))
 
 
-def _joined(b: ir.IRBuilder, parts: list, step: int):
-    """The vectors ``parts`` (``step`` lanes each) side by side."""
+def concatenated(b: ir.IRBuilder, parts: list):
+    """The vectors ``parts`` (a power of two of them, of equal length) side by side:
+    pairs joined, then the pairs' results, one two-source shuffle each."""
     while len(parts) > 1:
         width = parts[0].type.count
         parts = [b.shuffle_vector(parts[i], parts[i + 1], ir.Constant(ir.VectorType(I32, 2 * width), list(range(2 * width))))

@@ -126,13 +126,12 @@ def nibble_arithmetic(call: relax.Call, lookup):
     if table is None or table.dtype != NIBBLE_VALUES.dtype or not np.array_equal(table, NIBBLE_VALUES) \
             or str(index.ty.dtype) != "int32":
         return None
-    up = relax.const(TOP, "int32")
+    top = up = relax.const(TOP, "int32")
     shifted = bound_value(index, lookup)
     if isinstance(shifted, relax.Call) and shifted.op.same_as(RIGHT_SHIFT):
         down = constant(bound_value(shifted.args[1], lookup))
         if down is not None and down.dtype == np.int32 and down.size and 0 <= down.min() and down.max() <= TOP:
             index, up = shifted.args[0], relax.const((TOP - down).astype(np.int32))
-    top = relax.const(TOP, "int32")
     return relax.op.astype(relax.op.right_shift(relax.op.left_shift(index, up), top), "float32")
 
 
