@@ -9,6 +9,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+F32 = ir.FloatType()
 PTR = ir.PointerType()
 
 

@@ -60,7 +60,7 @@ from ..ir.relax_types import dims, operands_problem
 from ..ir.rules import register
 from ..render.loops import for_range, smax, smin, threaded
 from ..render.vectors import lane_mask, lanes, strips, vload, vstore, vtype
-from . import conv_panels, conv_weight_units, depthwise_llvm
+from . import conv_panels, conv_weight_units, depthwise_llvm, winograd
 from .matmul import MatMul
 
 MIN_POINTWISE_CG = 8  # input channels per group for a pointwise conv to run as a product
@@ -188,11 +188,17 @@ class Conv2d(kir.KernelStage):
     # w is the weight tap-major, (K, KH, KW, Cin) (jitbyoc.tvm.conv_weights.tap_major_conv), and
     # the product gathers its columns into panels (kernels.conv_panels; ``work``: whole panels or None)
     tap_major: bool = False
+    # w is winograd.packed_weight's (p + 9, K, C): the transformed weight, then OIHW; ``work`` holds
+    # the transformed input, ``sums`` the 36 products (kernels.winograd, fold_winograd_weights)
+    winograd: bool = False
+    sums: kir.Buffer = None
     writes_epilogue_apart = True  # every path calls ctx.epilogue on finished bands
 
     def emit_llvm(self, ctx) -> None:
         channels = isinstance(self.plan, ChannelPlan)
-        if channels and self.packed:
+        if self.winograd:
+            winograd.emit(self, ctx)
+        elif channels and self.packed:
             conv_channels.call(self, ctx)
         elif self.tap_major and conv_panels.direct(self.geo, self.inputs[1].dtype):
             conv_tiles.call(self, ctx)  # on AMX tiles, the input read where it lies
@@ -281,6 +287,8 @@ class Conv2d(kir.KernelStage):
         """The C index of output channel ``oc``'s weight at (``ic``, ``i``, ``j``) in ``w``
         (packed in units of ``u`` channels: ``(K/J, Cin/u, KH, KW, J, u)``)."""
         g = self.geo
+        if self.winograd:  # OIHW after the transformed weight
+            return f"{(self.inputs[1].shape[0] - 9) * g.k * g.c} + ((oc * {g.cg} + ic) * {g.kh} + i) * {g.kw} + j"
         if self.tap_major and conv_panels.direct(g, self.inputs[1].dtype):  # tile by tile
             *_, cs, _, c = conv_panels.tile_shape(g, self.inputs[1].dtype)
             return f"((((oc / 16) * {g.kh} + i) * {g.kw} + j) * {cs} + ic / {c}) * {16 * c} + oc % 16 * {c} + ic % {c}"

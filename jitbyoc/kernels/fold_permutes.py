@@ -10,7 +10,7 @@ from ..engines.gemm import panel_width
 from ..ir import kir
 from ..ir.rules import rewrite
 from ..engines.products import PRODUCTS
-from . import conv_panels
+from . import conv_panels, winograd
 from .conv2d import Conv2d
 from .conv_weight_units import unpacking_axes
 from .layout import Permute
@@ -128,6 +128,30 @@ def fold_conv_weights(kernel: kir.Kernel) -> None:
         if cut is not None:
             drop_if_unread(kernel, cut)
         drop_if_unread(kernel, producer)
+
+
+@rewrite
+def fold_winograd_weights(kernel: kir.Kernel) -> None:
+    """Make a convolution whose weight is ``reshape(strided_slice(P, rows p .. p + 9))`` of
+    a constant ``P`` (:func:`jitbyoc.tvm.conv_weights.winograd_conv`; ``p`` a transform's
+    points squared) read ``P`` whole and run by Winograd's algorithm (:mod:`.winograd`),
+    with workspaces for the transformed input and the products; the slice (a copy of the
+    weight) is dropped."""
+    for stage in [s for s in kernel.stages if isinstance(s, Conv2d) and not (s.winograd or s.tap_major or s.packed)]:
+        g, weight = stage.geo, stage.inputs[1]
+        cut = next((s for s in kernel.stages if isinstance(s, Slice) and s.out == weight.storage
+                    and s.epilogue is None), None)
+        tf = None if cut is None else winograd.TRANSFORMS.get(cut.inputs[0].shape[0])
+        if tf is None or not winograd.fits(g, stage.inputs[0].dtype) or weight.storage not in kernel.temps \
+                or tuple(cut.inputs[0].shape[1:]) != (g.k, g.c) or tuple(cut.begin) != (tf.points ** 2, 0, 0) \
+                or any(st != 1 for st in cut.step) or tuple(cut.out.shape) != (9, g.k, g.c):
+            continue
+        stage.inputs, stage.winograd = (stage.inputs[0], cut.inputs[0]), True
+        inputs, sums = winograd.workspaces(g, tf)
+        stage.work = kir.Buffer(f"{weight.storage.name}_wino_in", inputs, stage.inputs[0].dtype)
+        stage.sums = kir.Buffer(f"{weight.storage.name}_wino_sums", sums, stage.out.dtype)
+        kernel.temps += [stage.work, stage.sums]
+        drop_if_unread(kernel, cut)
 
 
 def _padding_cut(kernel: kir.Kernel, weight: kir.Buffer, axis: int = 0):

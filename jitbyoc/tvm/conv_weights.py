@@ -24,7 +24,7 @@ from tvm.ir import Op
 
 from ..engines.products import PRODUCTS
 from ..ir.rules import why_not
-from ..kernels import conv_panels
+from ..kernels import conv_panels, winograd
 from ..kernels.conv2d import conv_geometry, engine_plan
 from ..kernels.conv_weight_units import pack, unpacking_axes
 from .constants import constant, tensor_constant
@@ -93,6 +93,25 @@ def tap_major_conv(call: relax.Call, lookup, emit) -> relax.Call | None:
     return relax.Call(call.op, [call.args[0], weight], call.attrs)
 
 
+def winograd_conv(call: relax.Call, lookup, emit) -> relax.Call | None:
+    """``call`` (a normalized conv whose weight is a constant) reading its weight as
+    ``reshape(strided_slice(P, p .. p + 9), W.shape)`` of ``P`` = :func:`winograd.packed_weight`
+    (``p``: the chosen transform's points squared)
+    (the transformed weight, then the weight) when jitbyoc runs it by Winograd's
+    algorithm (:func:`winograd.fits`); else None."""
+    weight = call.args[1]
+    value = constant(lookup(weight) if isinstance(weight, relax.Var) else weight)
+    dt = str(call.args[0].ty.dtype)
+    if value is None or value.ndim != 4 or str(value.dtype) != dt or str(call.ty.dtype) != dt \
+            or winograd.chosen() is None or why_not(call) is not None or not winograd.fits(conv_geometry(call), dt):
+        return None
+    tf = winograd.chosen()
+    packed = tensor_constant(winograd.packed_weight(value, tf))
+    points = tf.points ** 2
+    part = emit(relax.op.strided_slice(packed, [0], [points], [points + 9], assume_inbound=True))
+    return relax.Call(call.op, [call.args[0], emit(relax.op.reshape(part, value.shape))], call.attrs)
+
+
 @relax.expr_functor.mutator
 class PackConvWeights(relax.PyExprMutator):
     """Every convolution with a constant weight that jitbyoc's engine runs, reading it
@@ -103,7 +122,7 @@ class PackConvWeights(relax.PyExprMutator):
         if not any(call.op.same_as(op) for op in CONVS):
             return call
         call = self.builder_.normalize(call)
-        for pack in (packed_conv, tap_major_conv):
+        for pack in (winograd_conv, packed_conv, tap_major_conv):
             packed = pack(call, self.lookup_binding, self.builder_.emit)
             if packed is not None:
                 return packed

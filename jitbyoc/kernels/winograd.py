@@ -1,0 +1,349 @@
+"""3x3 stride-1 float32 convolutions by Winograd's minimal filtering, F(4x4, 3x3) by
+default, F(2x2, 3x3) on request (Lavin and Gray, *Fast Algorithms for Convolutional
+Neural Networks*, 2016; F(4x4)'s points 0, 1, -1, 2, -2 and infinity, as oneDNN's CPU
+Winograd kernels use them).
+
+The output is cut into m x m tiles, each computed from an (m + 2) x (m + 2) tile of the
+(zero-padded) input: ``Y = A^T [ sum_c (G g_kc G^T) * (B^T d_c B) ] A``. The weight's
+transform ``U = G g G^T`` ((m + 2)^2 numbers per output and input channel) is computed
+once at build time (:func:`transformed_weight`), so per tile the ``9 C`` multiply-adds
+of each output become ``(m + 2)^2 C / m^2``: a quarter of them for F(4x4), 1/2.25 for
+F(2x2). Three passes, each on the thread pool:
+
+1. input transform: per (image, input channel) plane and row of tiles, the input rows
+   combined by ``B^T`` down the columns (vectors along the row), then across, a vector
+   of tiles at a time (each row's every m-th element, by shuffles): ``V[n, xi, c, tile]``,
+   ``xi`` one of the (m + 2)^2 points;
+2. one matrix product per point on the GEMM engine, ``M[n, xi] (K x T) = U[xi] (K x C)
+   @ V[n, xi] (C x T)``, ``T`` the tiles;
+3. output transform: per (image, output channel) plane, a vector of tiles at a time,
+   ``A^T m A`` for their outputs, interleaved back into rows; then the region's epilogue
+   on the plane while it is in cache.
+
+The weight reaches the kernel as one constant ``P`` of shape ``(p + 9, K, C)``, ``p =
+(m + 2)^2``: ``U`` in its first ``p`` rows, the OIHW weight itself in the last 9 (the
+Relax graph reads it as ``reshape(strided_slice(P, p .. p + 9), (K, C, 3, 3))``, so a
+build that leaves the convolution to TVM computes the same thing, and the C rendering
+runs the direct loop nest on it; :func:`jitbyoc.tvm.conv_weights.winograd_conv` and
+:func:`jitbyoc.kernels.fold_permutes.fold_winograd_weights`).
+
+Accuracy. Every result is within :func:`error_bound` of the exact convolution:
+``gamma_n * A_abs^T [ sum_c |U_c| * (B_abs^T |d_c| B_abs) ] A_abs`` elementwise, with
+``|U_c| = G_abs |g| G_abs^T`` (``_abs``: the matrices' absolute values), ``n = C +
+ROUNDINGS`` roundings on any path from an operand to a result (the transforms' sums,
+the weight's rounding to float32, the product's ``C`` steps) and ``gamma_n = n u / (1 -
+n u)``, ``u = 2**-24`` (Higham, *Accuracy and Stability*, 3.1 and 3.5). F(4x4)'s
+coefficients (up to 8 and 5) make it larger than the direct convolution's ``9 C u sum
+|x w|``. Measured on ResNet-50's three 3x3 shapes (random inputs, weights scaled to unit
+output variance; ``JITBYOC_WINOGRAD=0/2/4``): F(4x4)'s largest error is 6-7x the
+direct engine's and its rms error 3.5-4x; F(2x2)'s is half the direct engine's (its sums
+over channels are ``C`` long, not ``9 C``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from llvmlite import ir
+
+from ..context import env_number, log
+from ..ir import kir
+from ..ir.llvmtypes import F32, I1, I32, I64
+from ..render.loops import for_range, threaded
+from ..render.vectors import SplatConstant, concatenated, lanes, multiply_add, splat, vload, vstore
+from .matmul import MatMul
+
+ROUNDINGS = 24  # roundings outside the product's C steps on any path (see the module text)
+# float32 only: the engines' other products (bf16 pairs, int8 quads) sum exactly or in
+# their own units, and a transform would change their rounding
+DTYPE = "float32"
+
+
+@dataclass(frozen=True)
+class Transform:
+    """F(m x m, 3x3): ``tile`` (m) outputs a side from ``points`` = m + 2 inputs a side."""
+    tile: int
+    bt: np.ndarray = field(repr=False)
+    g: np.ndarray = field(repr=False)
+    at: np.ndarray = field(repr=False)
+
+    @property
+    def points(self) -> int:
+        return self.tile + 2
+
+
+F43 = Transform(4, np.array([[4, 0, -5, 0, 1, 0],
+                             [0, -4, -4, 1, 1, 0],
+                             [0, 4, -4, -1, 1, 0],
+                             [0, -2, -1, 2, 1, 0],
+                             [0, 2, -1, -2, 1, 0],
+                             [0, 4, 0, -5, 0, 1]], dtype=np.float64),
+                np.array([[1 / 4, 0, 0],
+                          [-1 / 6, -1 / 6, -1 / 6],
+                          [-1 / 6, 1 / 6, -1 / 6],
+                          [1 / 24, 1 / 12, 1 / 6],
+                          [1 / 24, -1 / 12, 1 / 6],
+                          [0, 0, 1]], dtype=np.float64),
+                np.array([[1, 1, 1, 1, 1, 0],
+                          [0, 1, -1, 2, -2, 0],
+                          [0, 1, 1, 4, 4, 0],
+                          [0, 1, -1, 8, -8, 1]], dtype=np.float64))
+F23 = Transform(2, np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], dtype=np.float64),
+                np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]], dtype=np.float64),
+                np.array([[1, 1, 1, 0], [0, 1, -1, -1]], dtype=np.float64))
+TRANSFORMS = {tf.points ** 2 + 9: tf for tf in (F43, F23)}  # by the packed weight's rows
+
+
+def setting() -> int:
+    """``JITBYOC_WINOGRAD``: 4 (the default) F(4x4, 3x3); 2 F(2x2, 3x3), about a tenth of
+    the error and 2.25x fewer multiplications than direct convolution instead of 4x; 0 off
+    (every such convolution runs direct). Anything else is the default, with a warning."""
+    value = env_number("JITBYOC_WINOGRAD", 4)
+    if value not in (0, 2, 4):
+        log.warning("jitbyoc: JITBYOC_WINOGRAD=%r is not 0, 2 or 4; using 4", value)
+        return 4
+    return value
+
+
+def fits(geo, dt: str) -> bool:
+    """Whether a convolution runs here: float32, 3x3, unit stride and dilation, one group,
+    padding of at most 2 a side (what a tile's 3x3 windows reach), and a map and channel
+    counts where the transforms pay (see :data:`MIN_CHANNELS`)."""
+    return (dt == DTYPE and (geo.kh, geo.kw) == (3, 3) and geo.stride == (1, 1) and geo.dilation == (1, 1)
+            and geo.groups == 1 and max(geo.pad) <= 2 and min(geo.oh, geo.ow) >= MIN_MAP
+            and min(geo.c, geo.k) >= MIN_CHANNELS)
+
+
+MIN_MAP = 8  # output rows and columns: a 7x7 map is 2x2 tiles of which 64 % is used
+MIN_CHANNELS = 16  # input and output channels: the products run on the GEMM engine
+
+
+def chosen() -> Transform | None:
+    """The transform :func:`setting` asks for, None when off."""
+    return {4: F43, 2: F23}.get(setting())
+
+
+def tiles(geo, tf: Transform) -> tuple[int, int]:
+    """Rows and columns of output tiles."""
+    return -(-geo.oh // tf.tile), -(-geo.ow // tf.tile)
+
+
+def transformed_weight(w: np.ndarray, tf: Transform) -> np.ndarray:
+    """``U[a * points + b, k, c] = (G w[k, c] G^T)[a, b]`` in float64, rounded once to float32."""
+    u = np.einsum("ai,kcij,bj->abkc", tf.g, w.astype(np.float64), tf.g)
+    return u.reshape(tf.points ** 2, *w.shape[:2]).astype(np.float32)
+
+
+def packed_weight(w: np.ndarray, tf: Transform) -> np.ndarray:
+    """``P`` (points^2 + 9, K, C): :func:`transformed_weight` then ``w`` itself, as it lies."""
+    k, c = w.shape[:2]
+    return np.concatenate([transformed_weight(w, tf), np.ascontiguousarray(w, np.float32).reshape(9, k, c)])
+
+
+def reference(x: np.ndarray, w: np.ndarray, padding=(1, 1, 1, 1), tf: Transform = F43) -> np.ndarray:
+    """The algorithm in float64 (NCHW, OIHW, stride 1): tiles, transforms, sums over channels."""
+    return _tiled(x.astype(np.float64), w.astype(np.float64), padding, tf, abs_=False)
+
+
+def error_bound(x: np.ndarray, w: np.ndarray, padding=(1, 1, 1, 1), tf: Transform = F43) -> np.ndarray:
+    """The bound of the module text for ``conv2d(x, w)`` (NCHW, OIHW, stride 1), per output."""
+    magnitude = _tiled(np.abs(x).astype(np.float64), np.abs(w).astype(np.float64), padding, tf, abs_=True)
+    steps, u = x.shape[1] + ROUNDINGS, 2.0 ** -24
+    return steps * u / (1 - steps * u) * magnitude
+
+
+def _tiled(x, w, padding, tf: Transform, abs_: bool) -> np.ndarray:
+    """``at [sum_c (g w g^T) * (bt d bt^T)] at^T`` over the tiles ``d`` of ``x`` padded (the
+    matrices' absolute values with ``abs_``)."""
+    bt, g, at = (np.abs(m) if abs_ else m for m in (tf.bt, tf.g, tf.at))
+    m, pts = tf.tile, tf.points
+    pt, pl, pb, pr = padding
+    n, c, h, wd = x.shape
+    oh, ow = h + pt + pb - 2, wd + pl + pr - 2
+    ty, tx = -(-oh // m), -(-ow // m)
+    xp = np.zeros((n, c, max(m * ty + 2, h + pt), max(m * tx + 2, wd + pl)))
+    xp[:, :, pt:pt + h, pl:pl + wd] = x
+    rows = np.arange(ty)[:, None] * m + np.arange(pts)
+    cols = np.arange(tx)[:, None] * m + np.arange(pts)
+    d = xp[:, :, rows[:, :, None, None], cols[None, None]]  # n, c, ty, points, tx, points
+    v = np.einsum("ai,ncyixj,bj->ncyxab", bt, d, bt)
+    u = np.einsum("ai,kcij,bj->kcab", g, w, g)
+    y = np.einsum("pa,nkyxab,qb->nkypxq", at, np.einsum("kcab,ncyxab->nkyxab", u, v), at)
+    return y.reshape(n, w.shape[0], m * ty, m * tx)[:, :, :oh, :ow]
+
+
+# ---- LLVM -------------------------------------------------------------------------------------
+
+def _combined(b, coefficients, vectors):
+    """``sum_i coefficients[i] * vectors[i]`` (small constants: zeros skipped, +-1 an add)."""
+    total = None
+    for coef, v in zip(coefficients, vectors):
+        if coef == 0:
+            continue
+        if total is None:
+            total = v if coef == 1 else b.fmul(v, SplatConstant(F32(float(coef)), v.type.count))
+        elif coef == 1:
+            total = b.fadd(total, v)
+        elif coef == -1:
+            total = b.fsub(total, v)
+        else:
+            total = multiply_add(b, v, SplatConstant(F32(float(coef)), v.type.count), total)
+    return total
+
+
+def _picked(b, v, picks):
+    return b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, len(picks)), list(picks)))
+
+
+def tile_lanes(geo, tf: Transform) -> int:
+    """Tiles per vector: one vector of float32, fewer for a narrow map (a power of two)."""
+    tx, n = tiles(geo, tf)[1], lanes(DTYPE)
+    while n // 2 >= tx and n > 2:
+        n //= 2
+    return n
+
+
+class _Plan:
+    """Static sizes of the three passes."""
+
+    def __init__(self, stage):
+        g = self.geo = stage.geo
+        self.tf = tf = TRANSFORMS[stage.inputs[1].shape[0]]
+        self.ty, self.tx = tiles(g, tf)
+        self.nl = tile_lanes(g, tf)
+        self.blocks = -(-self.tx // self.nl)  # vectors of tiles per row of tiles
+        self.lanes = lanes(DTYPE)
+        # a scratch row: what the shuffles read, in whole vectors
+        self.width = -(-(tf.tile * (self.blocks * self.nl + 1)) // self.lanes) * self.lanes
+        self.t = self.ty * self.tx
+
+    def tile_mask(self, block: int):
+        """The lanes of vector ``block`` of a row of tiles that are tiles (None: all)."""
+        first = block * self.nl
+        if first + self.nl <= self.tx:
+            return None
+        return ir.Constant(ir.VectorType(I1, self.nl), [first + l < self.tx for l in range(self.nl)])
+
+
+def _scratch_at(b, scratch, offset: int, n: int):
+    """A pointer to ``n`` floats at ``offset`` of a stack scratch (allocas are typed pointers)."""
+    return b.bitcast(b.gep(scratch, [I64(offset)], source_etype=F32), ir.PointerType(ir.VectorType(F32, n)))
+
+
+def _input_rows(stage, plan, c, plane, ty, scratch):
+    """Scratch row ``a`` = ``sum_i bt[a, i] * input row (4 ty - pt + i)``, columns from ``-pl``."""
+    tile, points, bt, atm = plan.tf.tile, plan.tf.points, plan.tf.bt, plan.tf.at  # noqa: F841
+    b, g, x = c.b, plan.geo, stage.inputs[0]
+    pt, pl = g.pad[0], g.pad[1]
+    n = plan.lanes
+    base = b.mul(plane, I64(g.h * g.w))
+    rows = []
+    for i in range(points):
+        r = b.add(b.mul(ty, I64(tile)), I64(i - pt))
+        inside = b.and_(b.icmp_signed(">=", r, I64(0)), b.icmp_signed("<", r, I64(g.h)))
+        rows.append((b.add(base, b.mul(r, I64(g.w))), splat(b, inside, n)))
+    for col0 in range(0, plan.width, n):
+        keep = [0 <= col0 + l - pl < g.w for l in range(n)]
+        if not any(keep):
+            values = [ir.Constant(ir.VectorType(F32, n), None)] * points
+        else:
+            cols = ir.Constant(ir.VectorType(I1, n), keep)
+            values = [vload(b, b.gep(c.ptrs[x.storage], [b.add(start, I64(col0 - pl))], source_etype=F32),
+                            DTYPE, b.and_(cols, inside), n) for start, inside in rows]
+        for a in range(points):
+            vstore(b, _combined(b, bt[a], values), _scratch_at(b, scratch, a * plan.width + col0, n), DTYPE)
+
+
+def _input_tiles(stage, plan, c, plane, ty, scratch):
+    """``V[n, a * 6 + b, c, ty * Tx + tx] = sum_j bt[b, j] * row_a[4 tx + j]``, a vector of tiles at a time."""
+    tile, points, bt, atm = plan.tf.tile, plan.tf.points, plan.tf.bt, plan.tf.at  # noqa: F841
+    b, g, work = c.b, plan.geo, stage.work
+    nl = plan.nl
+    n, ch = b.sdiv(plane, I64(g.c)), b.srem(plane, I64(g.c))
+    for block in range(plan.blocks):
+        mask = plan.tile_mask(block)
+        tile0 = b.add(b.mul(ty, I64(plan.tx)), I64(block * nl))
+        for a in range(points):
+            at = a * plan.width + tile * block * nl
+            here = vload(b, _scratch_at(b, scratch, at, tile * nl), DTYPE, None, tile * nl)
+            next_ = vload(b, _scratch_at(b, scratch, at + tile, tile * nl), DTYPE, None, tile * nl)
+            phases = [_picked(b, here, [tile * l + j for l in range(nl)]) for j in range(tile)]
+            phases += [_picked(b, next_, [tile * l + j for l in range(nl)]) for j in range(points - tile)]
+            for col in range(points):
+                xi = a * points + col
+                row = b.add(b.mul(b.add(b.mul(n, I64(points * points)), I64(xi)), I64(g.c)), ch)
+                vstore(b, _combined(b, bt[col], phases), c.element(work, b.add(b.mul(row, I64(plan.t)), tile0)),
+                       DTYPE, mask)
+
+
+def _input_pass(stage, plan, c, lo, hi) -> None:
+    tile, points, bt, atm = plan.tf.tile, plan.tf.points, plan.tf.bt, plan.tf.at  # noqa: F841
+    b = c.b
+    with b.goto_block(b.function.entry_basic_block):
+        scratch = b.alloca(F32, points * plan.width)
+    with for_range(b, hi, "plane", start=lo) as plane, for_range(b, I64(plan.ty), "ty") as ty:
+        _input_rows(stage, plan, c, plane, ty, scratch)
+        _input_tiles(stage, plan, c, plane, ty, scratch)
+
+
+def _output_tiles(stage, plan, c, plane, ty) -> None:
+    """Output rows ``4 ty .. 4 ty + 3`` of plane ``(n, k)``: ``A^T m A`` a vector of tiles at a time."""
+    tile, points, bt, atm = plan.tf.tile, plan.tf.points, plan.tf.bt, plan.tf.at  # noqa: F841
+    b, g, out, sums = c.b, plan.geo, stage.out, stage.sums
+    nl = plan.nl
+    n, k = b.sdiv(plane, I64(g.k)), b.srem(plane, I64(g.k))
+    for block in range(plan.blocks):
+        mask = plan.tile_mask(block)
+        tile0 = b.add(b.mul(ty, I64(plan.tx)), I64(block * nl))
+        m = []
+        for xi in range(points * points):
+            row = b.add(b.mul(b.add(b.mul(n, I64(points * points)), I64(xi)), I64(g.k)), k)
+            m.append(vload(b, c.element(sums, b.add(b.mul(row, I64(plan.t)), tile0)), DTYPE, mask, nl))
+        across = [[_combined(b, atm[q], m[a * points:(a + 1) * points]) for q in range(tile)] for a in range(points)]
+        ow0 = tile * block * nl
+        cols = [ow0 + i < g.ow for i in range(tile * nl)]
+        for p in range(tile):
+            y = [_combined(b, atm[p], [across[a][q] for a in range(points)]) for q in range(tile)]
+            row = _picked(b, concatenated(b, y), [q * nl + l for l in range(nl) for q in range(tile)])
+            oy = b.add(b.mul(ty, I64(tile)), I64(p))
+            keep = b.and_(ir.Constant(ir.VectorType(I1, tile * nl), cols),
+                          splat(b, b.icmp_signed("<", oy, I64(g.oh)), tile * nl))
+            at = b.add(b.mul(b.add(b.mul(plane, I64(g.oh)), oy), I64(g.ow)), I64(ow0))
+            vstore(b, row, c.element(out, at), DTYPE, keep)
+
+
+def _output_pass(stage, plan, c, lo, hi) -> None:
+    b, g, out = c.b, plan.geo, stage.out
+    with for_range(b, hi, "plane", start=lo) as plane:
+        with for_range(b, I64(plan.ty), "ty") as ty:
+            _output_tiles(stage, plan, c, plane, ty)
+        if stage.epilogue is not None:
+            c.epilogue(stage, [b.sdiv(plane, I64(g.k)), b.srem(plane, I64(g.k))] + [I64(0)] * (out.ndim - 2),
+                       [1, 1] + list(out.shape[2:]))
+
+
+def _run(ctx, count, shape, body) -> None:
+    if threaded(shape, "stage"):
+        ctx.parallel_for(count, lambda c, lo, hi, _: body(c, lo, hi))
+    else:
+        body(ctx, I64(0), count)
+
+
+def emit(stage, ctx) -> None:
+    """The three passes at ``ctx``'s insertion point (``stage.work``: ``V``, ``stage.sums``: ``M``)."""
+    plan, g = _Plan(stage), stage.geo
+    _run(ctx, ctx.product((g.n, g.c)), stage.work.shape, lambda c, lo, hi: _input_pass(stage, plan, c, lo, hi))
+    lead = () if g.n == 1 else (g.n,)
+    xi = plan.tf.points ** 2
+    product = MatMul((kir.view(stage.inputs[1], (xi, g.k, g.c)), kir.view(stage.work, lead + (xi, g.c, plan.t))),
+                     kir.view(stage.sums, lead + (xi, g.k, plan.t)))
+    product.emit_llvm(ctx)
+    _run(ctx, ctx.product((g.n, g.k)), stage.sums.shape, lambda c, lo, hi: _output_pass(stage, plan, c, lo, hi))
+
+
+def workspaces(geo, tf: Transform) -> tuple[tuple, tuple]:
+    """Shapes of ``V`` and ``M``."""
+    ty, tx = tiles(geo, tf)
+    xi = tf.points ** 2
+    return (geo.n, xi, geo.c, ty * tx), (geo.n, xi, geo.k, ty * tx)
