@@ -75,6 +75,32 @@ def test_a_deferred_constant_reads_as_its_value_and_only_used_ones_are_written(r
     np.testing.assert_array_equal(made_a.value.numpy(), a.T[::-1])
 
 
+def test_a_filled_constant_is_filled_on_a_writer_or_when_read_first(recorder):
+    """``filled_constant`` (a Winograd weight's transform): deferred like a copy, written
+    only if used; read before that, it is filled then and not written again."""
+    a = _big()
+    fills = []
+
+    def fill(value):
+        def run(out):
+            fills.append(value.nbytes)
+            np.multiply(value, 2, out=out)
+        return run
+
+    with constants.deferred() as pending:
+        used = constants.filled_constant(a.shape, "float32", fill(a))
+        constants.filled_constant(a.shape, "float32", fill(a))  # made, never used
+        read = constants.filled_constant(a.shape, "float32", fill(a))
+        assert fills == []
+        np.testing.assert_array_equal(constants.constant(read), 2 * a)  # filled as it is read
+        assert fills == [a.nbytes]
+        constants.write_deferred(pending, _uses([used, read]))
+    constants.finish_writes()
+    assert recorder.written == [a.nbytes] and fills == [a.nbytes] * 2  # read's fill not run twice
+    np.testing.assert_array_equal(used.value.numpy(), 2 * a)
+    np.testing.assert_array_equal(read.value.numpy(), 2 * a)
+
+
 def test_reading_a_constant_while_it_is_written_waits_for_it(monkeypatch):
     pool = _Recorder(delay=0.3)
     monkeypatch.setattr(constants, "_pool", lambda: pool)

@@ -129,16 +129,39 @@ def tiles(geo, tf: Transform) -> tuple[int, int]:
     return -(-geo.oh // tf.tile), -(-geo.ow // tf.tile)
 
 
-def transformed_weight(w: np.ndarray, tf: Transform) -> np.ndarray:
-    """``U[a * points + b, k, c] = (G w[k, c] G^T)[a, b]`` in float64, rounded once to float32."""
-    u = np.einsum("ai,kcij,bj->abkc", tf.g, w.astype(np.float64), tf.g)
-    return u.reshape(tf.points ** 2, *w.shape[:2]).astype(np.float32)
-
-
-def packed_weight(w: np.ndarray, tf: Transform) -> np.ndarray:
-    """``P`` (points^2 + 9, K, C): :func:`transformed_weight` then ``w`` itself, as it lies."""
+def transformed_weight(w: np.ndarray, tf: Transform, out: np.ndarray | None = None) -> np.ndarray:
+    """``U[a * points + b, k, c] = (G w[k, c] G^T)[a, b]`` in float64, rounded once to
+    float32 (into ``out`` when given): ``kron(G, G) @ w`` with the 9 taps as the
+    reduction, a cache-sized block of (k, c) pairs at a time (an einsum over (k, c) took
+    seconds for VGG-19's 20 M weights; one product with float64 temporaries of the whole
+    weight, 0.2 s for one 512 x 512 layer, most of it faulting the temporaries in)."""
     k, c = w.shape[:2]
-    return np.concatenate([transformed_weight(w, tf), np.ascontiguousarray(w, np.float32).reshape(9, k, c)])
+    pairs, p = k * c, tf.points ** 2
+    taps = np.asarray(w, np.float32).reshape(pairs, 9)
+    out = np.empty((p, k, c), np.float32) if out is None else out
+    flat = out.reshape(p, pairs)
+    kron = np.kron(tf.g, tf.g)
+    block = np.empty((p, min(pairs, PAIRS_BLOCK)))
+    for lo in range(0, pairs, PAIRS_BLOCK):
+        n = min(PAIRS_BLOCK, pairs - lo)
+        np.matmul(kron, taps[lo:lo + n].T.astype(np.float64), out=block[:, :n])
+        flat[:, lo:lo + n] = block[:, :n]
+    return out
+
+
+PAIRS_BLOCK = 4096  # (k, c) pairs transformed at a time: a 1.2 MB float64 block of U
+
+
+def packed_weight(w: np.ndarray, tf: Transform, out: np.ndarray | None = None) -> np.ndarray:
+    """``P`` (points^2 + 9, K, C): :func:`transformed_weight` then ``w`` itself, as it lies
+    (into ``out`` when given: the build writes it on a writer thread,
+    :func:`jitbyoc.tvm.constants.filled_constant`)."""
+    k, c = w.shape[:2]
+    p = tf.points ** 2
+    packed = np.empty((p + 9, k, c), np.float32) if out is None else out
+    transformed_weight(w, tf, packed[:p])
+    packed[p:] = np.asarray(w, np.float32).reshape(9, k, c)
+    return packed
 
 
 def reference(x: np.ndarray, w: np.ndarray, padding=(1, 1, 1, 1), tf: Transform = F43) -> np.ndarray:
@@ -218,98 +241,96 @@ class _Plan:
         self.width = -(-(tf.tile * (self.blocks * self.nl + 1)) // self.lanes) * self.lanes
         self.t = self.ty * self.tx
 
-    def tile_mask(self, block: int):
-        """The lanes of vector ``block`` of a row of tiles that are tiles (None: all)."""
-        first = block * self.nl
-        if first + self.nl <= self.tx:
-            return None
-        return ir.Constant(ir.VectorType(I1, self.nl), [first + l < self.tx for l in range(self.nl)])
+
+def _scratch_at(b, scratch, offset, n: int):
+    """A pointer to ``n`` floats at ``offset`` (i64) of a stack scratch (allocas are typed pointers)."""
+    return b.bitcast(b.gep(scratch, [offset], source_etype=F32), ir.PointerType(ir.VectorType(F32, n)))
 
 
-def _scratch_at(b, scratch, offset: int, n: int):
-    """A pointer to ``n`` floats at ``offset`` of a stack scratch (allocas are typed pointers)."""
-    return b.bitcast(b.gep(scratch, [I64(offset)], source_etype=F32), ir.PointerType(ir.VectorType(F32, n)))
+def _lanes_between(b, first, lo, hi, n: int):
+    """The ``n`` lanes ``l`` with ``lo <= first + l < hi`` (i64 values and ints) as an i1 vector."""
+    at = b.add(splat(b, first, n), ir.Constant(ir.VectorType(I64, n), list(range(n))))
+    return b.and_(b.icmp_signed(">=", at, splat(b, I64(lo) if isinstance(lo, int) else lo, n)),
+                  b.icmp_signed("<", at, splat(b, I64(hi) if isinstance(hi, int) else hi, n)))
 
 
 def _input_rows(stage, plan, c, plane, ty, scratch):
-    """Scratch row ``a`` = ``sum_i bt[a, i] * input row (4 ty - pt + i)``, columns from ``-pl``."""
-    tile, points, bt, atm = plan.tf.tile, plan.tf.points, plan.tf.bt, plan.tf.at  # noqa: F841
-    b, g, x = c.b, plan.geo, stage.inputs[0]
+    """Scratch row ``a`` = ``sum_i bt[a, i] * input row (m ty - pt + i)``, columns from ``-pl``,
+    a vector at a time (masked outside the row)."""
+    tf, b, g, x = plan.tf, c.b, plan.geo, stage.inputs[0]
     pt, pl = g.pad[0], g.pad[1]
     n = plan.lanes
     base = b.mul(plane, I64(g.h * g.w))
     rows = []
-    for i in range(points):
-        r = b.add(b.mul(ty, I64(tile)), I64(i - pt))
+    for i in range(tf.points):
+        r = b.add(b.mul(ty, I64(tf.tile)), I64(i - pt))
         inside = b.and_(b.icmp_signed(">=", r, I64(0)), b.icmp_signed("<", r, I64(g.h)))
         rows.append((b.add(base, b.mul(r, I64(g.w))), splat(b, inside, n)))
-    for col0 in range(0, plan.width, n):
-        keep = [0 <= col0 + l - pl < g.w for l in range(n)]
-        if not any(keep):
-            values = [ir.Constant(ir.VectorType(F32, n), None)] * points
-        else:
-            cols = ir.Constant(ir.VectorType(I1, n), keep)
-            values = [vload(b, b.gep(c.ptrs[x.storage], [b.add(start, I64(col0 - pl))], source_etype=F32),
-                            DTYPE, b.and_(cols, inside), n) for start, inside in rows]
-        for a in range(points):
-            vstore(b, _combined(b, bt[a], values), _scratch_at(b, scratch, a * plan.width + col0, n), DTYPE)
+    with for_range(b, I64(plan.width // n), "cv") as cv:
+        col0 = b.mul(cv, I64(n))
+        cols = _lanes_between(b, b.sub(col0, I64(pl)), 0, g.w, n)
+        values = [vload(b, b.gep(c.ptrs[x.storage], [b.add(start, b.sub(col0, I64(pl)))], source_etype=F32),
+                        DTYPE, b.and_(cols, inside), n) for start, inside in rows]
+        for a in range(tf.points):
+            at = b.add(col0, I64(a * plan.width))
+            vstore(b, _combined(b, tf.bt[a], values), _scratch_at(b, scratch, at, n), DTYPE)
 
 
 def _input_tiles(stage, plan, c, plane, ty, scratch):
-    """``V[n, a * 6 + b, c, ty * Tx + tx] = sum_j bt[b, j] * row_a[4 tx + j]``, a vector of tiles at a time."""
-    tile, points, bt, atm = plan.tf.tile, plan.tf.points, plan.tf.bt, plan.tf.at  # noqa: F841
-    b, g, work = c.b, plan.geo, stage.work
-    nl = plan.nl
+    """``V[n, a * points + b, c, ty * Tx + tx] = sum_j bt[b, j] * row_a[m tx + j]``, a
+    vector of tiles at a time (each row's every m-th element, by shuffles)."""
+    tf, b, g, work = plan.tf, c.b, plan.geo, stage.work
+    m, nl, points = tf.tile, plan.nl, tf.points
     n, ch = b.sdiv(plane, I64(g.c)), b.srem(plane, I64(g.c))
-    for block in range(plan.blocks):
-        mask = plan.tile_mask(block)
-        tile0 = b.add(b.mul(ty, I64(plan.tx)), I64(block * nl))
+    with for_range(b, I64(plan.blocks), "block") as block:
+        first = b.mul(block, I64(nl))
+        mask = _lanes_between(b, first, 0, plan.tx, nl)
+        tile0 = b.add(b.mul(ty, I64(plan.tx)), first)
         for a in range(points):
-            at = a * plan.width + tile * block * nl
-            here = vload(b, _scratch_at(b, scratch, at, tile * nl), DTYPE, None, tile * nl)
-            next_ = vload(b, _scratch_at(b, scratch, at + tile, tile * nl), DTYPE, None, tile * nl)
-            phases = [_picked(b, here, [tile * l + j for l in range(nl)]) for j in range(tile)]
-            phases += [_picked(b, next_, [tile * l + j for l in range(nl)]) for j in range(points - tile)]
+            at = b.add(b.mul(first, I64(m)), I64(a * plan.width))
+            here = vload(b, _scratch_at(b, scratch, at, m * nl), DTYPE, None, m * nl)
+            next_ = vload(b, _scratch_at(b, scratch, b.add(at, I64(m)), m * nl), DTYPE, None, m * nl)
+            phases = [_picked(b, here, [m * l + j for l in range(nl)]) for j in range(m)]
+            phases += [_picked(b, next_, [m * l + j for l in range(nl)]) for j in range(points - m)]
             for col in range(points):
-                xi = a * points + col
-                row = b.add(b.mul(b.add(b.mul(n, I64(points * points)), I64(xi)), I64(g.c)), ch)
-                vstore(b, _combined(b, bt[col], phases), c.element(work, b.add(b.mul(row, I64(plan.t)), tile0)),
+                row = b.add(b.mul(b.add(b.mul(n, I64(points * points)), I64(a * points + col)), I64(g.c)), ch)
+                vstore(b, _combined(b, tf.bt[col], phases), c.element(work, b.add(b.mul(row, I64(plan.t)), tile0)),
                        DTYPE, mask)
 
 
 def _input_pass(stage, plan, c, lo, hi) -> None:
-    tile, points, bt, atm = plan.tf.tile, plan.tf.points, plan.tf.bt, plan.tf.at  # noqa: F841
     b = c.b
     with b.goto_block(b.function.entry_basic_block):
-        scratch = b.alloca(F32, points * plan.width)
+        scratch = b.alloca(F32, plan.tf.points * plan.width)
     with for_range(b, hi, "plane", start=lo) as plane, for_range(b, I64(plan.ty), "ty") as ty:
         _input_rows(stage, plan, c, plane, ty, scratch)
         _input_tiles(stage, plan, c, plane, ty, scratch)
 
 
 def _output_tiles(stage, plan, c, plane, ty) -> None:
-    """Output rows ``4 ty .. 4 ty + 3`` of plane ``(n, k)``: ``A^T m A`` a vector of tiles at a time."""
-    tile, points, bt, atm = plan.tf.tile, plan.tf.points, plan.tf.bt, plan.tf.at  # noqa: F841
-    b, g, out, sums = c.b, plan.geo, stage.out, stage.sums
-    nl = plan.nl
+    """Output rows ``m ty .. m ty + m - 1`` of plane ``(n, k)``: ``A^T m A`` a vector of
+    tiles at a time, interleaved back into rows."""
+    tf, b, g, out, sums = plan.tf, c.b, plan.geo, stage.out, stage.sums
+    m, nl, points = tf.tile, plan.nl, tf.points
     n, k = b.sdiv(plane, I64(g.k)), b.srem(plane, I64(g.k))
-    for block in range(plan.blocks):
-        mask = plan.tile_mask(block)
-        tile0 = b.add(b.mul(ty, I64(plan.tx)), I64(block * nl))
-        m = []
+    with for_range(b, I64(plan.blocks), "block") as block:
+        first = b.mul(block, I64(nl))
+        mask = _lanes_between(b, first, 0, plan.tx, nl)
+        tile0 = b.add(b.mul(ty, I64(plan.tx)), first)
+        sums_at = []
         for xi in range(points * points):
             row = b.add(b.mul(b.add(b.mul(n, I64(points * points)), I64(xi)), I64(g.k)), k)
-            m.append(vload(b, c.element(sums, b.add(b.mul(row, I64(plan.t)), tile0)), DTYPE, mask, nl))
-        across = [[_combined(b, atm[q], m[a * points:(a + 1) * points]) for q in range(tile)] for a in range(points)]
-        ow0 = tile * block * nl
-        cols = [ow0 + i < g.ow for i in range(tile * nl)]
-        for p in range(tile):
-            y = [_combined(b, atm[p], [across[a][q] for a in range(points)]) for q in range(tile)]
-            row = _picked(b, concatenated(b, y), [q * nl + l for l in range(nl) for q in range(tile)])
-            oy = b.add(b.mul(ty, I64(tile)), I64(p))
-            keep = b.and_(ir.Constant(ir.VectorType(I1, tile * nl), cols),
-                          splat(b, b.icmp_signed("<", oy, I64(g.oh)), tile * nl))
-            at = b.add(b.mul(b.add(b.mul(plane, I64(g.oh)), oy), I64(g.ow)), I64(ow0))
+            sums_at.append(vload(b, c.element(sums, b.add(b.mul(row, I64(plan.t)), tile0)), DTYPE, mask, nl))
+        across = [[_combined(b, tf.at[q], sums_at[a * points:(a + 1) * points]) for q in range(m)]
+                  for a in range(points)]
+        ow0 = b.mul(first, I64(m))
+        cols = _lanes_between(b, ow0, 0, g.ow, m * nl)
+        for p in range(m):
+            y = [_combined(b, tf.at[p], [across[a][q] for a in range(points)]) for q in range(m)]
+            row = _picked(b, concatenated(b, y), [q * nl + l for l in range(nl) for q in range(m)])
+            oy = b.add(b.mul(ty, I64(m)), I64(p))
+            keep = b.and_(cols, splat(b, b.icmp_signed("<", oy, I64(g.oh)), m * nl))
+            at = b.add(b.mul(b.add(b.mul(plane, I64(g.oh)), oy), I64(g.ow)), ow0)
             vstore(b, row, c.element(out, at), DTYPE, keep)
 
 

@@ -56,9 +56,14 @@ def constant(expr) -> np.ndarray | None:
         writing = _WRITING.get(array.ctypes.data)
     if writing is not None:
         writing.result()
-    waiting = (_DEFERRED.get() or {}).get(array.ctypes.data)
+    pending = _DEFERRED.get() or {}
+    waiting = pending.get(array.ctypes.data)
     if waiting is not None and waiting[0].shape == array.shape and waiting[0].dtype == array.dtype:
-        array = waiting[1].view()
+        if callable(waiting[1]):  # a fill: written now, and no longer pending
+            _write(*pending.pop(array.ctypes.data))
+            array = waiting[0].view()
+        else:
+            array = waiting[1].view()
     array.flags.writeable = False
     return array
 
@@ -108,6 +113,20 @@ def tensor_constant(value: np.ndarray) -> relax.Constant:
     return made
 
 
+def filled_constant(shape, dtype, fill) -> relax.Constant:
+    """A constant whose memory ``fill(out)`` writes (a transform of a weight), as
+    :func:`tensor_constant` writes a copy: now, or on a writer thread once the rewritten
+    function is known to use it. Reading it before (:func:`constant`) fills it first."""
+    buffer = _fresh(int(np.prod(shape)) * np.dtype(dtype).itemsize).view(dtype).reshape(shape)
+    made = relax.const(_tvm_tensor(buffer))
+    pending = _DEFERRED.get()
+    if pending is None or buffer.nbytes < DEFER_BYTES:
+        _write(buffer, fill)
+    else:
+        pending[buffer.ctypes.data] = (buffer, fill)
+    return made
+
+
 def _fresh(nbytes: int) -> np.ndarray:
     """``nbytes`` of 64-byte-aligned memory: large ones a mapping of their own, which
     :func:`_write` fills in whole (numpy's own asks for transparent huge pages, and
@@ -123,9 +142,10 @@ def _fresh(nbytes: int) -> np.ndarray:
     return raw[start:start + nbytes]
 
 
-def _write(dst: np.ndarray, src: np.ndarray) -> None:
-    """``dst[...] = src``; a mapping of :func:`_fresh` is populated in one call first
-    (Linux 5.14+; elsewhere its pages fault in as the copy goes)."""
+def _write(dst: np.ndarray, src) -> None:
+    """``dst[...] = src`` (``src(dst)`` for a fill, :func:`filled_constant`); a mapping of
+    :func:`_fresh` is populated in one call first (Linux 5.14+; elsewhere its pages fault
+    in as the copy goes)."""
     base = dst
     while base is not None and not isinstance(base, mmap.mmap):
         base = base.obj if isinstance(base, memoryview) else getattr(base, "base", None)
@@ -134,7 +154,10 @@ def _write(dst: np.ndarray, src: np.ndarray) -> None:
             base.madvise(MADV_POPULATE_WRITE)
         except (OSError, ValueError):
             pass
-    np.copyto(dst, src)
+    if callable(src):
+        src(dst)
+    else:
+        np.copyto(dst, src)
 
 
 @contextmanager

@@ -27,7 +27,7 @@ from ..ir.rules import why_not
 from ..kernels import conv_panels, winograd
 from ..kernels.conv2d import conv_geometry, engine_plan
 from ..kernels.conv_weight_units import pack, unpacking_axes
-from .constants import constant, tensor_constant
+from .constants import constant, filled_constant, tensor_constant
 
 CONVS = (Op.get("relax.nn.conv2d"), Op.get("relax.nn.conv1d"))
 
@@ -106,8 +106,9 @@ def winograd_conv(call: relax.Call, lookup, emit) -> relax.Call | None:
             or winograd.chosen() is None or why_not(call) is not None or not winograd.fits(conv_geometry(call), dt):
         return None
     tf = winograd.chosen()
-    packed = tensor_constant(winograd.packed_weight(value, tf))
     points = tf.points ** 2
+    packed = filled_constant((points + 9, *value.shape[:2]), "float32",
+                             lambda out: winograd.packed_weight(value, tf, out))
     part = emit(relax.op.strided_slice(packed, [0], [points], [points + 9], assume_inbound=True))
     return relax.Call(call.op, [call.args[0], emit(relax.op.reshape(part, value.shape))], call.attrs)
 
