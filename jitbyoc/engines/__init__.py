@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from . import args, conv_engine, conv_tiles, gemm_engine  # noqa: F401 - each registers its engine kinds
+from . import args, conv_engine, conv_tiles, gemm_engine, winograd  # noqa: F401 - each registers its engine kinds
 from .registry import KINDS, PREFIX, Engine, emitted, ir_text, use, used_by
 
 

@@ -141,7 +141,7 @@ def fold_winograd_weights(kernel: kir.Kernel) -> None:
         g, weight = stage.geo, stage.inputs[1]
         cut = next((s for s in kernel.stages if isinstance(s, Slice) and s.out == weight.storage
                     and s.epilogue is None), None)
-        tf = None if cut is None else winograd.TRANSFORMS.get(cut.inputs[0].shape[0])
+        tf = None if cut is None else winograd.BY_ROWS.get(cut.inputs[0].shape[0])
         if tf is None or not winograd.fits(g, stage.inputs[0].dtype) or weight.storage not in kernel.temps \
                 or tuple(cut.inputs[0].shape[1:]) != (g.k, g.c) or tuple(cut.begin) != (tf.points ** 2, 0, 0) \
                 or any(st != 1 for st in cut.step) or tuple(cut.out.shape) != (9, g.k, g.c):

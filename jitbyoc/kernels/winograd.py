@@ -42,57 +42,23 @@ over channels are ``C`` long, not ``9 C``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 from llvmlite import ir
 
 from ..context import env_number, log
+from ..engines import registry, winograd as engines
+from ..engines.winograd import DTYPE, F23, F43, Transform
 from ..ir import kir
-from ..ir.llvmtypes import F32, I1, I32, I64
-from ..render.loops import for_range, threaded
-from ..render.vectors import SplatConstant, concatenated, lanes, multiply_add, splat, vload, vstore
+from ..ir.llvmtypes import I64
+from ..render.vectors import lanes
 from .matmul import MatMul
 
 ROUNDINGS = 24  # roundings outside the product's C steps on any path (see the module text)
-# float32 only: the engines' other products (bf16 pairs, int8 quads) sum exactly or in
-# their own units, and a transform would change their rounding
-DTYPE = "float32"
+# DTYPE is float32 only: the engines' other products (bf16 pairs, int8 quads) sum exactly
+# or in their own units, and a transform would change their rounding
 
 
-@dataclass(frozen=True)
-class Transform:
-    """F(m x m, 3x3): ``tile`` (m) outputs a side from ``points`` = m + 2 inputs a side."""
-    tile: int
-    bt: np.ndarray = field(repr=False)
-    g: np.ndarray = field(repr=False)
-    at: np.ndarray = field(repr=False)
-
-    @property
-    def points(self) -> int:
-        return self.tile + 2
-
-
-F43 = Transform(4, np.array([[4, 0, -5, 0, 1, 0],
-                             [0, -4, -4, 1, 1, 0],
-                             [0, 4, -4, -1, 1, 0],
-                             [0, -2, -1, 2, 1, 0],
-                             [0, 2, -1, -2, 1, 0],
-                             [0, 4, 0, -5, 0, 1]], dtype=np.float64),
-                np.array([[1 / 4, 0, 0],
-                          [-1 / 6, -1 / 6, -1 / 6],
-                          [-1 / 6, 1 / 6, -1 / 6],
-                          [1 / 24, 1 / 12, 1 / 6],
-                          [1 / 24, -1 / 12, 1 / 6],
-                          [0, 0, 1]], dtype=np.float64),
-                np.array([[1, 1, 1, 1, 1, 0],
-                          [0, 1, -1, 2, -2, 0],
-                          [0, 1, 1, 4, 4, 0],
-                          [0, 1, -1, 8, -8, 1]], dtype=np.float64))
-F23 = Transform(2, np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], dtype=np.float64),
-                np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]], dtype=np.float64),
-                np.array([[1, 1, 1, 0], [0, 1, -1, -1]], dtype=np.float64))
-TRANSFORMS = {tf.points ** 2 + 9: tf for tf in (F43, F23)}  # by the packed weight's rows
+BY_ROWS = {tf.points ** 2 + 9: tf for tf in (F43, F23)}  # the transform a packed weight's rows say
 
 
 def setting() -> int:
@@ -198,27 +164,6 @@ def _tiled(x, w, padding, tf: Transform, abs_: bool) -> np.ndarray:
 
 # ---- LLVM -------------------------------------------------------------------------------------
 
-def _combined(b, coefficients, vectors):
-    """``sum_i coefficients[i] * vectors[i]`` (small constants: zeros skipped, +-1 an add)."""
-    total = None
-    for coef, v in zip(coefficients, vectors):
-        if coef == 0:
-            continue
-        if total is None:
-            total = v if coef == 1 else b.fmul(v, SplatConstant(F32(float(coef)), v.type.count))
-        elif coef == 1:
-            total = b.fadd(total, v)
-        elif coef == -1:
-            total = b.fsub(total, v)
-        else:
-            total = multiply_add(b, v, SplatConstant(F32(float(coef)), v.type.count), total)
-    return total
-
-
-def _picked(b, v, picks):
-    return b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, len(picks)), list(picks)))
-
-
 def tile_lanes(geo, tf: Transform) -> int:
     """Tiles per vector: one vector of float32, fewer for a narrow map (a power of two)."""
     tx, n = tiles(geo, tf)[1], lanes(DTYPE)
@@ -227,140 +172,28 @@ def tile_lanes(geo, tf: Transform) -> int:
     return n
 
 
-class _Plan:
-    """Static sizes of the three passes."""
-
-    def __init__(self, stage):
-        g = self.geo = stage.geo
-        self.tf = tf = TRANSFORMS[stage.inputs[1].shape[0]]
-        self.ty, self.tx = tiles(g, tf)
-        self.nl = tile_lanes(g, tf)
-        self.blocks = -(-self.tx // self.nl)  # vectors of tiles per row of tiles
-        self.lanes = lanes(DTYPE)
-        # a scratch row: what the shuffles read, in whole vectors
-        self.width = -(-(tf.tile * (self.blocks * self.nl + 1)) // self.lanes) * self.lanes
-        self.t = self.ty * self.tx
-
-
-def _scratch_at(b, scratch, offset, n: int):
-    """A pointer to ``n`` floats at ``offset`` (i64) of a stack scratch (allocas are typed pointers)."""
-    return b.bitcast(b.gep(scratch, [offset], source_etype=F32), ir.PointerType(ir.VectorType(F32, n)))
-
-
-def _lanes_between(b, first, lo, hi, n: int):
-    """The ``n`` lanes ``l`` with ``lo <= first + l < hi`` (i64 values and ints) as an i1 vector."""
-    at = b.add(splat(b, first, n), ir.Constant(ir.VectorType(I64, n), list(range(n))))
-    return b.and_(b.icmp_signed(">=", at, splat(b, I64(lo) if isinstance(lo, int) else lo, n)),
-                  b.icmp_signed("<", at, splat(b, I64(hi) if isinstance(hi, int) else hi, n)))
-
-
-def _input_rows(stage, plan, c, plane, ty, scratch):
-    """Scratch row ``a`` = ``sum_i bt[a, i] * input row (m ty - pt + i)``, columns from ``-pl``,
-    a vector at a time (masked outside the row)."""
-    tf, b, g, x = plan.tf, c.b, plan.geo, stage.inputs[0]
-    pt, pl = g.pad[0], g.pad[1]
-    n = plan.lanes
-    base = b.mul(plane, I64(g.h * g.w))
-    rows = []
-    for i in range(tf.points):
-        r = b.add(b.mul(ty, I64(tf.tile)), I64(i - pt))
-        inside = b.and_(b.icmp_signed(">=", r, I64(0)), b.icmp_signed("<", r, I64(g.h)))
-        rows.append((b.add(base, b.mul(r, I64(g.w))), splat(b, inside, n)))
-    with for_range(b, I64(plan.width // n), "cv") as cv:
-        col0 = b.mul(cv, I64(n))
-        cols = _lanes_between(b, b.sub(col0, I64(pl)), 0, g.w, n)
-        values = [vload(b, b.gep(c.ptrs[x.storage], [b.add(start, b.sub(col0, I64(pl)))], source_etype=F32),
-                        DTYPE, b.and_(cols, inside), n) for start, inside in rows]
-        for a in range(tf.points):
-            at = b.add(col0, I64(a * plan.width))
-            vstore(b, _combined(b, tf.bt[a], values), _scratch_at(b, scratch, at, n), DTYPE)
-
-
-def _input_tiles(stage, plan, c, plane, ty, scratch):
-    """``V[n, a * points + b, c, ty * Tx + tx] = sum_j bt[b, j] * row_a[m tx + j]``, a
-    vector of tiles at a time (each row's every m-th element, by shuffles)."""
-    tf, b, g, work = plan.tf, c.b, plan.geo, stage.work
-    m, nl, points = tf.tile, plan.nl, tf.points
-    n, ch = b.sdiv(plane, I64(g.c)), b.srem(plane, I64(g.c))
-    with for_range(b, I64(plan.blocks), "block") as block:
-        first = b.mul(block, I64(nl))
-        mask = _lanes_between(b, first, 0, plan.tx, nl)
-        tile0 = b.add(b.mul(ty, I64(plan.tx)), first)
-        for a in range(points):
-            at = b.add(b.mul(first, I64(m)), I64(a * plan.width))
-            here = vload(b, _scratch_at(b, scratch, at, m * nl), DTYPE, None, m * nl)
-            next_ = vload(b, _scratch_at(b, scratch, b.add(at, I64(m)), m * nl), DTYPE, None, m * nl)
-            phases = [_picked(b, here, [m * l + j for l in range(nl)]) for j in range(m)]
-            phases += [_picked(b, next_, [m * l + j for l in range(nl)]) for j in range(points - m)]
-            for col in range(points):
-                row = b.add(b.mul(b.add(b.mul(n, I64(points * points)), I64(a * points + col)), I64(g.c)), ch)
-                vstore(b, _combined(b, tf.bt[col], phases), c.element(work, b.add(b.mul(row, I64(plan.t)), tile0)),
-                       DTYPE, mask)
-
-
-def _input_pass(stage, plan, c, lo, hi) -> None:
-    b = c.b
-    with b.goto_block(b.function.entry_basic_block):
-        scratch = b.alloca(F32, plan.tf.points * plan.width)
-    with for_range(b, hi, "plane", start=lo) as plane, for_range(b, I64(plan.ty), "ty") as ty:
-        _input_rows(stage, plan, c, plane, ty, scratch)
-        _input_tiles(stage, plan, c, plane, ty, scratch)
-
-
-def _output_tiles(stage, plan, c, plane, ty) -> None:
-    """Output rows ``m ty .. m ty + m - 1`` of plane ``(n, k)``: ``A^T m A`` a vector of
-    tiles at a time, interleaved back into rows."""
-    tf, b, g, out, sums = plan.tf, c.b, plan.geo, stage.out, stage.sums
-    m, nl, points = tf.tile, plan.nl, tf.points
-    n, k = b.sdiv(plane, I64(g.k)), b.srem(plane, I64(g.k))
-    with for_range(b, I64(plan.blocks), "block") as block:
-        first = b.mul(block, I64(nl))
-        mask = _lanes_between(b, first, 0, plan.tx, nl)
-        tile0 = b.add(b.mul(ty, I64(plan.tx)), first)
-        sums_at = []
-        for xi in range(points * points):
-            row = b.add(b.mul(b.add(b.mul(n, I64(points * points)), I64(xi)), I64(g.k)), k)
-            sums_at.append(vload(b, c.element(sums, b.add(b.mul(row, I64(plan.t)), tile0)), DTYPE, mask, nl))
-        across = [[_combined(b, tf.at[q], sums_at[a * points:(a + 1) * points]) for q in range(m)]
-                  for a in range(points)]
-        ow0 = b.mul(first, I64(m))
-        cols = _lanes_between(b, ow0, 0, g.ow, m * nl)
-        for p in range(m):
-            y = [_combined(b, tf.at[p], [across[a][q] for a in range(points)]) for q in range(m)]
-            row = _picked(b, concatenated(b, y), [q * nl + l for l in range(nl) for q in range(m)])
-            oy = b.add(b.mul(ty, I64(m)), I64(p))
-            keep = b.and_(cols, splat(b, b.icmp_signed("<", oy, I64(g.oh)), m * nl))
-            at = b.add(b.mul(b.add(b.mul(plane, I64(g.oh)), oy), I64(g.ow)), ow0)
-            vstore(b, row, c.element(out, at), DTYPE, keep)
-
-
-def _output_pass(stage, plan, c, lo, hi) -> None:
-    b, g, out = c.b, plan.geo, stage.out
-    with for_range(b, hi, "plane", start=lo) as plane:
-        with for_range(b, I64(plan.ty), "ty") as ty:
-            _output_tiles(stage, plan, c, plane, ty)
-        if stage.epilogue is not None:
-            c.epilogue(stage, [b.sdiv(plane, I64(g.k)), b.srem(plane, I64(g.k))] + [I64(0)] * (out.ndim - 2),
-                       [1, 1] + list(out.shape[2:]))
-
-
-def _run(ctx, count, shape, body) -> None:
-    if threaded(shape, "stage"):
-        ctx.parallel_for(count, lambda c, lo, hi, _: body(c, lo, hi))
-    else:
-        body(ctx, I64(0), count)
-
-
 def emit(stage, ctx) -> None:
-    """The three passes at ``ctx``'s insertion point (``stage.work``: ``V``, ``stage.sums``: ``M``)."""
-    plan, g = _Plan(stage), stage.geo
-    _run(ctx, ctx.product((g.n, g.c)), stage.work.shape, lambda c, lo, hi: _input_pass(stage, plan, c, lo, hi))
-    lead = () if g.n == 1 else (g.n,)
-    xi = plan.tf.points ** 2
-    product = MatMul((kir.view(stage.inputs[1], (xi, g.k, g.c)), kir.view(stage.work, lead + (xi, g.c, plan.t))),
-                     kir.view(stage.sums, lead + (xi, g.k, plan.t)))
+    """The input transform (an engine), one product per point on the GEMM engine, and the
+    output transform (an engine) calling back the region's epilogue per plane, at
+    ``ctx``'s insertion point (``stage.work``: ``V``, ``stage.sums``: ``M``)."""
+    g, (x, packed) = stage.geo, stage.inputs
+    tf = BY_ROWS[packed.shape[0]]
+    (ty, tx), nl, n = tiles(g, tf), tile_lanes(g, tf), lanes(DTYPE)
+    width = -(-(tf.tile * ((-(-tx // nl)) * nl + 1)) // n) * n  # a scratch row: what the shuffles read
+    pointer = lambda buf: ctx.element(buf, I64(0))  # noqa: E731
+    registry.call(ctx, engines.WinogradInput(tf.tile, nl, n), [pointer(x), pointer(stage.work), ctx.dim(g.n), g.c, g.h,
+                                                                g.w, g.pad[0], g.pad[1], ty, tx, ty * tx, width])
+    lead, xi = (() if g.n == 1 else (g.n,)), tf.points ** 2
+    product = MatMul((kir.view(packed, (xi, g.k, g.c)), kir.view(stage.work, lead + (xi, g.c, ty * tx))),
+                     kir.view(stage.sums, lead + (xi, g.k, ty * tx)))
     product.emit_llvm(ctx)
-    _run(ctx, ctx.product((g.n, g.k)), stage.sums.shape, lambda c, lo, hi: _output_pass(stage, plan, c, lo, hi))
+
+    def epilogue(c, args):
+        c.epilogue(stage, [args[0], args[1]] + [I64(0)] * (stage.out.ndim - 2), [1, 1] + list(stage.out.shape[2:]))
+
+    epi, env = ctx.outline("epi", 2, epilogue)  # empty without an epilogue: the engine calls it
+    registry.call(ctx, engines.WinogradOutput(tf.tile, nl), [pointer(stage.sums), pointer(stage.out), ctx.dim(g.n),
+                                                              g.k, g.oh, g.ow, ty, tx, ty * tx, epi, env])
 
 
 def workspaces(geo, tf: Transform) -> tuple[tuple, tuple]:
