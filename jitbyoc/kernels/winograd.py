@@ -6,19 +6,17 @@ Winograd kernels use them).
 The output is cut into m x m tiles, each computed from an (m + 2) x (m + 2) tile of the
 (zero-padded) input: ``Y = A^T [ sum_c (G g_kc G^T) * (B^T d_c B) ] A``. The weight's
 transform ``U = G g G^T`` ((m + 2)^2 numbers per output and input channel) is computed
-once at build time (:func:`transformed_weight`), so per tile the ``9 C`` multiply-adds
+once at build time (:func:`transformed_weight`, on a writer thread while partitioning
+goes on), so per tile the ``9 C`` multiply-adds
 of each output become ``(m + 2)^2 C / m^2``: a quarter of them for F(4x4), 1/2.25 for
-F(2x2). Three passes, each on the thread pool:
+F(2x2). Three passes, each on the thread pool, each a library engine shared by every
+layer (:mod:`jitbyoc.engines.winograd`, :mod:`jitbyoc.engines.gemm_engine`):
 
-1. input transform: per (image, input channel) plane and row of tiles, the input rows
-   combined by ``B^T`` down the columns (vectors along the row), then across, a vector
-   of tiles at a time (each row's every m-th element, by shuffles): ``V[n, xi, c, tile]``,
-   ``xi`` one of the (m + 2)^2 points;
-2. one matrix product per point on the GEMM engine, ``M[n, xi] (K x T) = U[xi] (K x C)
-   @ V[n, xi] (C x T)``, ``T`` the tiles;
-3. output transform: per (image, output channel) plane, a vector of tiles at a time,
-   ``A^T m A`` for their outputs, interleaved back into rows; then the region's epilogue
-   on the plane while it is in cache.
+1. the input transform, ``V[n, xi, c, tile]``, ``xi`` one of the (m + 2)^2 points;
+2. one matrix product per point, ``M[n, xi] (K x T) = U[xi] (K x C) @ V[n, xi] (C x T)``,
+   ``T`` the tiles;
+3. the output transform, per (image, output channel) plane, then the region's epilogue
+   on the plane while it is in cache (a callback).
 
 The weight reaches the kernel as one constant ``P`` of shape ``(p + 9, K, C)``, ``p =
 (m + 2)^2``: ``U`` in its first ``p`` rows, the OIHW weight itself in the last 9 (the
