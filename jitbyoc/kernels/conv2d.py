@@ -189,7 +189,7 @@ class Conv2d(kir.KernelStage):
     # the product gathers its columns into panels (kernels.conv_panels; ``work``: whole panels or None)
     tap_major: bool = False
     # w is winograd.packed_weight's (p + 9, K, C): the transformed weight, then OIHW; ``work`` holds
-    # the transformed input, ``sums`` the 36 products (kernels.winograd, fold_winograd_weights)
+    # the transformed input, ``sums`` the products, one per point (kernels.winograd, fold_winograd_weights)
     winograd: bool = False
     sums: kir.Buffer = None
     writes_epilogue_apart = True  # every path calls ctx.epilogue on finished bands

@@ -95,9 +95,9 @@ def tap_major_conv(call: relax.Call, lookup, emit) -> relax.Call | None:
 
 def winograd_conv(call: relax.Call, lookup, emit) -> relax.Call | None:
     """``call`` (a normalized conv whose weight is a constant) reading its weight as
-    ``reshape(strided_slice(P, p .. p + 9), W.shape)`` of ``P`` = :func:`winograd.packed_weight`
-    (``p``: the chosen transform's points squared)
-    (the transformed weight, then the weight) when jitbyoc runs it by Winograd's
+    ``reshape(strided_slice(P, p .. p + 9), W.shape)`` of ``P`` =
+    :func:`winograd.packed_weight` (the transformed weight in ``p`` rows, the chosen
+    transform's points squared, then the weight) when jitbyoc runs it by Winograd's
     algorithm (:func:`winograd.fits`); else None."""
     weight = call.args[1]
     value = constant(lookup(weight) if isinstance(weight, relax.Var) else weight)
