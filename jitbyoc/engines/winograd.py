@@ -24,7 +24,7 @@ from llvmlite import ir
 
 from ..ir.llvmtypes import F32, I1, I32, I64
 from ..render.loops import for_range
-from ..render.vectors import SplatConstant, concatenated, multiply_add, splat, vload, vstore
+from ..render.vectors import SplatConstant, concatenated, lane_mask, multiply_add, splat, vload, vstore
 from . import registry
 
 DTYPE = "float32"
@@ -72,9 +72,9 @@ def _combined(b, coefficients, vectors):
     """``sum_i coefficients[i] * vectors[i]`` (small constants: zeros skipped, +-1 an add)."""
     total = None
     for coef, v in zip(coefficients, vectors):
-        scaled = SplatConstant(F32(float(coef)), v.type.count)
         if coef == 0:
             continue
+        scaled = SplatConstant(F32(float(coef)), v.type.count)
         if total is None:
             total = v if coef == 1 else b.fmul(v, scaled)
         elif abs(coef) == 1:
@@ -89,7 +89,8 @@ def _picked(b, v, picks):
 
 
 def _lanes_between(b, first, lo, hi, n: int):
-    """The ``n`` lanes ``l`` with ``lo <= first + l < hi`` (i64 values) as an i1 vector."""
+    """The ``n`` lanes ``l`` with ``lo <= first + l < hi`` (i64 values) as an i1 vector
+    (:func:`lane_mask` where only the upper bound can cut)."""
     at = b.add(splat(b, first, n), ir.Constant(ir.VectorType(I64, n), list(range(n))))
     return b.and_(b.icmp_signed(">=", at, splat(b, lo, n)), b.icmp_signed("<", at, splat(b, hi, n)))
 
@@ -131,7 +132,7 @@ def _tile_blocks(b, s, ty, nl: int):
     tile's column, the lanes that are tiles, and the first tile's index."""
     with for_range(b, b.sdiv(b.add(s["tx"], I64(nl - 1)), I64(nl)), "block") as block:
         first = b.mul(block, I64(nl))
-        yield first, _lanes_between(b, first, I64(0), s["tx"], nl), b.add(b.mul(ty, s["tx"]), first)
+        yield first, lane_mask(b, b.sub(s["tx"], first), nl), b.add(b.mul(ty, s["tx"]), first)
 
 
 @registry.kind
@@ -219,7 +220,7 @@ class WinogradOutput(_Engine):
             across = [[_combined(b, tf.at[q], sums[a * points:(a + 1) * points]) for q in range(m)]
                       for a in range(points)]
             ow0 = b.mul(first, I64(m))
-            cols = _lanes_between(b, ow0, I64(0), s["ow"], m * nl)
+            cols = lane_mask(b, b.sub(s["ow"], ow0), m * nl)
             for p in range(m):
                 y = [_combined(b, tf.at[p], [across[a][q] for a in range(points)]) for q in range(m)]
                 row = _picked(b, concatenated(b, y), [q * nl + l for l in range(nl) for q in range(m)])

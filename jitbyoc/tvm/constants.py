@@ -106,10 +106,7 @@ def tensor_constant(value: np.ndarray) -> relax.Constant:
         made = relax.const(_tvm_tensor(buffer))
     except (BufferError, TypeError, ValueError, RuntimeError, AttributeError):  # a dtype DLPack does not carry
         return relax.const(np.ascontiguousarray(value), str(value.dtype))
-    if pending is None or value.nbytes < DEFER_BYTES:
-        _write(buffer, value)
-    else:
-        pending[buffer.ctypes.data] = (buffer, value)
+    _write_or_defer(pending, buffer, value)
     return made
 
 
@@ -119,12 +116,17 @@ def filled_constant(shape, dtype, fill) -> relax.Constant:
     function is known to use it. Reading it before (:func:`constant`) fills it first."""
     buffer = _fresh(int(np.prod(shape)) * np.dtype(dtype).itemsize).view(dtype).reshape(shape)
     made = relax.const(_tvm_tensor(buffer))
-    pending = _DEFERRED.get()
-    if pending is None or buffer.nbytes < DEFER_BYTES:
-        _write(buffer, fill)
-    else:
-        pending[buffer.ctypes.data] = (buffer, fill)
+    _write_or_defer(_DEFERRED.get(), buffer, fill)
     return made
+
+
+def _write_or_defer(pending: dict | None, buffer: np.ndarray, src) -> None:
+    """:func:`_write` ``src`` (an array, or a fill) into ``buffer`` now, outside
+    :func:`deferred` or when small; else leave it to :func:`write_deferred`."""
+    if pending is None or buffer.nbytes < DEFER_BYTES:
+        _write(buffer, src)
+    else:
+        pending[buffer.ctypes.data] = (buffer, src)
 
 
 def _fresh(nbytes: int) -> np.ndarray:
