@@ -8,6 +8,11 @@ direct convolution; AVX2, the C export, batches and a symbolic batch."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import tvm
@@ -199,6 +204,34 @@ def test_the_transforms_compute_the_convolution():
         want = Conv2d.reference(x, w, padding=padding)
         for tf in (winograd.F43, winograd.F23):
             np.testing.assert_allclose(winograd.reference(x, w, padding, tf), want, rtol=0, atol=1e-12)
+
+
+SPIN_PROBE = """
+import resource, time
+import numpy as np
+from jitbyoc.kernels import winograd
+w = np.random.default_rng(0).standard_normal((256, 256, 3, 3)).astype(np.float32)
+winograd.transformed_weight(w, winograd.F43)
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+start = cpu()
+time.sleep(0.3)
+print(cpu() - start)
+"""
+
+
+def test_the_weight_transform_leaves_no_blas_threads_spinning():
+    """The build's weight transform keeps numpy's OpenBLAS on one thread: threaded, its
+    threads spun on for ~0.1 s after the call (103 ms of CPU while the process slept),
+    taking a core from the model's first calls and from the compile workers."""
+    blas = np.show_config(mode="dicts").get("Build Dependencies", {}).get("blas", {})
+    if "openblas" not in str(blas.get("name", "")).lower():
+        pytest.skip(f"numpy's BLAS is {blas.get('name')!r}, not OpenBLAS")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENBLAS_", "OMP_"))}
+    done = subprocess.run([sys.executable, "-c", SPIN_PROBE], env=env, capture_output=True, text=True,
+                          check=True, cwd=Path(__file__).resolve().parents[1])
+    assert float(done.stdout) < 0.03, f"{float(done.stdout) * 1e3:.1f} ms of CPU while the process slept"
 
 
 @settings(max_examples=12, deadline=None)

@@ -114,7 +114,15 @@ def transformed_weight(w: np.ndarray, tf: Transform, out: np.ndarray | None = No
     return out
 
 
-PAIRS_BLOCK = 4096  # (k, c) pairs transformed at a time: a 1.2 MB float64 block of U
+# (k, c) pairs transformed at a time: small enough that numpy's OpenBLAS keeps each product
+# on the calling thread (it threads a dgemm above M*N*K = 4 * 65536; 36 * 9 * 512 is 165,888).
+# A threaded product left OpenBLAS's threads spinning for ~0.1 s after the build (103 ms of CPU
+# while the process slept, against 0.1): they took a core from the model's first calls (a
+# 64@56 layer ran at its one-thread speed, 750-860 us against 375-440, for its first 40-80
+# calls, with ~6 involuntary context switches a call) and from the build's compile workers
+# (VGG-19 built in 2.23-2.53 s, now 1.98-2.03). A 512 x 512 layer: 14 ms on one thread,
+# 11.4 on two.
+PAIRS_BLOCK = 512
 
 
 def packed_weight(w: np.ndarray, tf: Transform, out: np.ndarray | None = None) -> np.ndarray:
