@@ -97,7 +97,7 @@ def tiles(geo, tf: Transform) -> tuple[int, int]:
 def transformed_weight(w: np.ndarray, tf: Transform, out: np.ndarray | None = None) -> np.ndarray:
     """``U[a * points + b, k, c] = (G w[k, c] G^T)[a, b]`` in float64, rounded once to
     float32 (into ``out`` when given): ``kron(G, G) @ w`` with the 9 taps as the
-    reduction, a cache-sized block of (k, c) pairs at a time (an einsum over (k, c) took
+    reduction, a block of :data:`PAIRS_BLOCK` (k, c) pairs at a time (an einsum over (k, c) took
     seconds for VGG-19's 20 M weights; one product with float64 temporaries of the whole
     weight, 0.2 s for one 512 x 512 layer, most of it faulting the temporaries in)."""
     k, c = w.shape[:2]
