@@ -36,6 +36,15 @@ CASES = [  # (x shape, w shape, attrs), run with channel vectors whatever they c
     ((1, 128, 7, 7), (96, 128, 3, 3), {"padding": 2, "dilation": 2}),
     ((1, 256, 12), (64, 256, 3), {"padding": 1}),  # conv1d
 ]
+GROUPED = [  # grouped: padded planes, a tile R pixels of one row (ChannelPlan.stride)
+    ((1, 64, 14, 14), (64, 16, 3, 3), {"padding": 1, "groups": 4}),  # RegNetY's width-16 groups
+    ((1, 96, 13, 11), (96, 32, 3, 3), {"strides": 2, "padding": 1, "groups": 3}),  # 2+ vectors a group
+    ((2, 64, 9, 10), (64, 16, 3, 3), {"strides": 2, "padding": (1, 2, 0, 1), "groups": 4}),  # uneven
+    ((1, 64, 11, 11), (64, 16, 3, 3), {"padding": 2, "dilation": 2, "groups": 4}),
+    ((1, 64, 20, 20), (64, 16, 3, 3), {"padding": 1, "groups": 4}),  # stride 1: bands of rows
+    ((1, 64, 9, 9), (64, 32, 3, 3), {"strides": (2, 1), "padding": 1, "groups": 2}),
+]
+CASES += GROUPED
 
 
 def _model(x_shape, w, bias, attrs, weight_input=False):
@@ -90,6 +99,7 @@ def _always(monkeypatch):
     monkeypatch.setattr(conv_channels, "_choose", conv_channels._choose.__wrapped__)
     monkeypatch.setattr(conv_channels, "CHEAPER", float("inf"))
     monkeypatch.setattr(conv_channels, "gemm_cost", lambda geo, dt: float("inf"))
+    monkeypatch.setattr(conv_channels, "grouped_on_channels", lambda geo, lanes: True)
 
 
 @pytest.mark.parametrize("cpu", [None, "haswell"])
@@ -105,7 +115,26 @@ def test_small_maps_vectorize_over_output_channels(monkeypatch, cpu, case):
     assert isinstance(stage.plan, ChannelPlan) and stage.packed, stage.plan
     lanes = stage.plan.lanes
     assert tuple(stage.inputs[1].shape) == (-(-w_shape[0] // lanes), *w_shape[1:], lanes)
+    assert (stage.plan.stride != (0, 0)) == (attrs.get("groups", 1) > 1)
     _check(mod, target, x, w, bias, res, attrs)
+
+
+@pytest.mark.parametrize("shape, stride, groups, expected", [
+    ((320, 14), 1, 20, True), ((784, 14), 2, 49, True), ((784, 7), 1, 49, True), ((64, 112), 2, 4, True),
+    ((144, 28), 1, 9, False), ((256, 56), 1, 4, False),  # wider than a vector, unit stride: pixel engine
+    ((96, 14), 1, 24, False),  # groups of 4 channels: not whole vectors
+])
+def test_grouped_convs_choose_channel_vectors_where_measured_faster(shape, stride, groups, expected):
+    """Measured on Zen 4 (see conv_channels.grouped_on_channels): strided grouped 3x3
+    convs, and those on maps at most a vector wide, on padded planes."""
+    c, h = shape
+    oh = (h - 1) // stride + 1
+    geo = conv2d.ConvGeometry(1, c, h, h, c, 3, 3, (stride, stride), (1, 1), (1, 1, 1, 1), groups, oh, oh)
+    with isa.compiling_for(machine_for(_target(None))):
+        plan = conv2d.engine_plan(geo, "float32")
+    assert isinstance(plan, ChannelPlan) == expected, plan
+    if expected:
+        assert plan.stride == (stride, stride) and plan.layout.planes == 1
 
 
 def test_float64(monkeypatch):
@@ -291,7 +320,8 @@ def _bf16_bound(x, w, ref):
 
 
 BF16_CASES = [*(CASES[i] for i in (0, 1, 2, 3, 4, 5)),  # 1x1s: their units packed, never read in place
-              ((1, 66, 7, 7), (72, 66, 3, 3), {"padding": 1})]  # 33 pairs, 72 channels: a padded last vector
+              ((1, 66, 7, 7), (72, 66, 3, 3), {"padding": 1}),  # 33 pairs, 72 channels: a padded last vector
+              *GROUPED[:3]]
 
 
 @pytest.mark.parametrize("cpu", [None, "haswell"])
@@ -329,6 +359,7 @@ def test_bfloat16_pairs_on_channel_vectors(monkeypatch, cpu, case):
     ((1, 128, 7, 7), (64, 128, 3, 3), {"padding": 1}),
     ((1, 64, 14, 14), (72, 64, 3, 3), {"strides": 2, "padding": 1}),  # 72: a padded last vector
     ((2, 36, 5, 9), (64, 36, 3, 3), {"padding": (1, 2, 1, 0)}),  # two images, 9 quads
+    *GROUPED[:4],
 ])
 def test_int8_quads_on_channel_vectors(monkeypatch, cpu, x_shape, w_shape, attrs):
     """uint8 x int8 convolutions of small maps on channel vectors of quads (``vpdpbusd``,

@@ -11,7 +11,13 @@ phase, exactly OW wide), where output pixel ``p`` of any stride reads plane elem
 ``p + tap``: ``R`` consecutive pixels are ``R`` consecutive elements, row ends included.
 A 1x1 convolution with unit stride and no padding reads its input in place.
 
-Tasks are (image, block of ``V`` vectors of channels, band of rows). No tile is
+A grouped convolution whose groups are whole vectors of channels (RegNet's groups of 16)
+reads *padded planes* instead (:func:`padded_layout`: one plane a channel, the input
+with its padding, packed by whole rows whatever the stride): a tile is ``R`` pixels of
+one output row, pixel ``r`` at plane element ``r * stride`` from the tile's first, and a
+row's last tile overlaps the one before it (:func:`grouped_on_channels` says when).
+
+Tasks are (image, group, block of ``V`` vectors of the group's channels, band of rows). No tile is
 partial: a band's last tile of pixels ends at the band's end and the last block of
 channels at channel ``ceil(K / lanes) * lanes``, recomputing what the one before
 computed (the plan takes ``R`` and ``V`` that waste least, bands of at least ``R``
@@ -40,6 +46,7 @@ as the pixel engine (:mod:`jitbyoc.kernels.conv2d`): the same bits.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -90,6 +97,9 @@ class ChannelPlan:
     group: int = TILE_GROUP  # tiles per group
     block_kib: int = WEIGHT_BLOCK_KIB  # weights per block of input channels
     unit: int = 1  # input channels per step (the product's group): units are packed
+    # > 0: the stride of a grouped conv read from padded planes (:func:`padded_layout`):
+    # a tile is R pixels of one output row, pixel r at element ``r * stride`` of the plane
+    stride: tuple = (0, 0)
 
     @property
     def j(self) -> int:
@@ -99,6 +109,31 @@ class ChannelPlan:
     @property
     def direct(self) -> bool:
         return reads_in_place(self.layout.geo, self.unit)
+
+
+def padded_layout(geo) -> Layout:
+    """One zero-padded plane a channel, the input as it lies plus its padding: the stride-1
+    grid of ``geo`` (:class:`.conv_plan.Layout`), whatever ``geo``'s stride. Packing it
+    copies whole input rows; the phase planes of a strided grid copy every other element
+    of rows half as long (a 14x14 stride-2 map: 32 rows of 7 a channel, more time than
+    the channel's products on the pixel engine)."""
+    (pt, pl, pb, pr), (dh, dw) = geo.pad, geo.dilation
+    return Layout(dataclasses.replace(geo, stride=(1, 1), oh=geo.h + pt + pb - dh * (geo.kh - 1),
+                                      ow=geo.w + pl + pr - dw * (geo.kw - 1)), False)
+
+
+def grouped_on_channels(geo, lanes: int) -> bool:
+    """Whether a grouped convolution (one that :func:`fits`) runs here, on padded planes,
+    rather than on the pixel engine: when strided (the pixel engine packs phase planes of
+    short rows, every other element) or at most a vector wide (it computes halo lanes).
+    The cost models do not weigh the pixel engine's packing by the row; measured instead
+    (Zen 4, 2 threads, 3x3 convs with bias and ReLU alone, group width 16 unless given,
+    us here / on the pixel engine): RegNetY-800MF's seven, 320@14 107 / 116, 784@14/2
+    100 / 143, 784@7 80 / 100, 144@56/2 233 / 240, 64@112/2 345 / 369, 320@28/2 128 / 148,
+    144@28 194 / 195 (level: left to the pixel engine); group width 48 192@56/2 662 / 732;
+    128 512@14 1049 / 1116; but 128@56 622 / 592, width 32 256@28 592 / 578, width 64
+    256@56 4438 / 4277."""
+    return geo.stride != (1, 1) or geo.ow <= lanes
 
 
 def lanes_of(dt: str) -> int:
@@ -118,33 +153,57 @@ def fits(geo, dt: str) -> bool:
     Maps of fewer pixels than a vector has lanes (a squeeze-and-excitation block's 1x1
     products) fit whatever their reduction and channel count: there the GEMM engine's
     vectors of pixels are a lane or two of 16."""
-    if dt not in PRODUCTS or geo.groups != 1 or geo.kw > DENSE_MAX_KW or geo.tiles:
+    if dt not in PRODUCTS or geo.kw > DENSE_MAX_KW or geo.tiles:
         return False  # (units on a machine with AMX: a product on tiles, ConvGeometry.columns)
     lanes = lanes_of(dt)
+    if geo.groups > 1 and (geo.taps == 1 or geo.kg % lanes):
+        return False  # a vector of channels inside one group; grouped 1x1: products per group
     return geo.oh * geo.ow < lanes or (geo.cg * geo.taps >= MIN_REDUCTION and geo.k >= MIN_VECTORS * lanes)
 
 
-def band_rows(geo, dt: str, r: int, v: int) -> int:
-    """Output rows per task: bands until (image, channel block, band) tasks number
-    :data:`.conv_plan.MIN_TASKS`, each at least one tile of ``r`` pixels."""
+def vectors_per_group(geo, dt: str) -> int:
+    """Vectors of output channels of one group (the last one partial when one group's
+    channels are not a whole number of vectors)."""
+    return math.ceil(geo.kg / lanes_of(dt))
+
+
+def blocks_of(geo, dt: str, v: int) -> int:
+    """Blocks of ``v`` vectors of output channels, all groups (a block lies in one group)."""
+    return geo.groups * math.ceil(vectors_per_group(geo, dt) / v)
+
+
+def band_rows(geo, dt: str, r: int, v: int, padded: bool = False) -> int:
+    """Output rows per task: bands until (image, group, channel block, band) tasks number
+    :data:`.conv_plan.MIN_TASKS`, each at least one tile of ``r`` pixels; on strided
+    padded planes one band (a band packs the plane rows of its output rows, which are
+    those rows only at stride 1)."""
+    if padded and geo.stride != (1, 1):
+        return geo.oh
     batch = geo.n if isinstance(geo.n, int) else 1
-    tasks = batch * math.ceil(math.ceil(geo.k / lanes_of(dt)) / v)
+    tasks = batch * blocks_of(geo, dt, v)
     rows = math.ceil(geo.oh / bands_wanted(geo, tasks))
     return min(geo.oh, max(rows, math.ceil(r / geo.ow)))
 
 
-def tile_cost(geo, dt: str, r: int, v: int) -> float:
+def tile_cost(geo, dt: str, r: int, v: int, padded: bool = False) -> float:
     """Estimated cycles of one image on tiles of ``r x v`` (units of :func:`.conv_plan.cost`:
-    a 512-bit FMA or load is one cycle, a broadcast 2/3), packing and stores included."""
+    a 512-bit FMA or load is one cycle, a broadcast 2/3), packing and stores included; on
+    ``padded`` planes, tiles of one row each, and threads idle for want of tasks."""
     lanes, bits = lanes_of(dt), isa.vector_bits()
-    rows = band_rows(geo, dt, r, v)
-    bands, blocks = math.ceil(geo.oh / rows), math.ceil(geo.k / lanes)
-    tiles = sum(math.ceil(min(rows, geo.oh - i * rows) * geo.ow / r) for i in range(bands))
-    groups = math.ceil(blocks / v)
+    rows = band_rows(geo, dt, r, v, padded)
+    bands = math.ceil(geo.oh / rows)
+    per_band = (lambda n: n * math.ceil(geo.ow / r)) if padded else (lambda n: math.ceil(n * geo.ow / r))
+    tiles = sum(per_band(min(rows, geo.oh - i * rows)) for i in range(bands))
+    groups = blocks_of(geo, dt, v)
     step = max(r * v * bits / 512, v * bits / 512 + r * 0.66, 4.0) + 0.5  # FMA latency: 4 cycles
     stores = r * v * lanes * 1.5
-    pack = 0 if reads_in_place(geo, PRODUCTS[dt].group) else geo.c * Layout(geo, True).channel_size() * 0.5
-    return tiles * groups * (step * unit_channels(geo, dt) * geo.taps + stores + 20) + pack
+    layout = padded_layout(geo) if padded else Layout(geo, True)
+    pack = 0 if reads_in_place(geo, PRODUCTS[dt].group) else geo.c * layout.channel_size() * 0.5
+    total = tiles * groups * (step * unit_channels(geo, dt) * geo.taps + stores + 20) + pack
+    if not padded:
+        return total
+    tasks, threads = groups * bands, physical_cores()
+    return total * math.ceil(tasks / threads) * threads / tasks
 
 
 def gemm_cost(geo, dt: str) -> float:
@@ -180,17 +239,20 @@ def _choose(geo, dt: str, _bits: int, _registers: int) -> ChannelPlan | None:
     if not fits(geo, dt):
         return None
     lanes, regs = lanes_of(dt), isa.vector_registers()
-    pixels, blocks = geo.oh * geo.ow, math.ceil(geo.k / lanes)
-    tiles = [(tile_cost(geo, dt, r, v), r, v) for r in range(1, min(MAX_R, pixels) + 1)
-             for v in range(1, min(MAX_V, blocks) + 1) if r * v + v + 2 <= regs]
+    padded = geo.groups > 1
+    pixels, vectors = (geo.ow if padded else geo.oh * geo.ow), vectors_per_group(geo, dt)
+    tiles = [(tile_cost(geo, dt, r, v, padded), r, v) for r in range(1, min(MAX_R, pixels) + 1)
+             for v in range(1, min(MAX_V, vectors) + 1) if r * v + v + 2 <= regs]
     if not tiles:
         return None
     best, r, v = min(tiles)
     fallback = None if geo.pointwise else choose_plan(geo, dt)
     rival = gemm_cost(geo, dt) if fallback is None else CHEAPER * cost(fallback, dt)
-    if best > rival:
+    if not padded and best > rival or padded and not grouped_on_channels(geo, lanes):
         return None
-    return ChannelPlan(Layout(geo, True), lanes, r, v, fallback, band_rows(geo, dt, r, v), unit=PRODUCTS[dt].group)
+    layout = padded_layout(geo) if padded else Layout(geo, True)
+    return ChannelPlan(layout, lanes, r, v, fallback, band_rows(geo, dt, r, v, padded), unit=PRODUCTS[dt].group,
+                       stride=geo.stride if padded else (0, 0))
 
 
 @registry.kind
@@ -207,6 +269,8 @@ class ChannelEngine(conv_engine.ConvKind):
     pointwise: int  # one tap (1x1)
     group: int = TILE_GROUP
     block_kib: int = WEIGHT_BLOCK_KIB
+    sh: int = 0  # > 0: padded planes (ChannelPlan.stride), tiles of one row
+    sw: int = 0
 
     def body(self, bufs: dict):
         return _Emit(self, bufs)
@@ -217,28 +281,38 @@ class _Emit(conv_engine.Emit):
 
     def run(self, ctx) -> None:
         s, b, e = ctx.syms, ctx.b, self.e
-        self.banded(ctx, ceil_div(b, ceil_div(b, s["k"], I64(e.lanes)), I64(e.v)), pack=not e.direct)
+        self.banded(ctx, ceil_div(b, ceil_div(b, s["kg"], I64(e.lanes)), I64(e.v)), pack=not e.direct)
 
     def task(self, c, t) -> None:
         b, s, e = c.b, c.syms, self.e
-        vec = ceil_div(b, s["k"], I64(e.lanes))
-        groups = ceil_div(b, vec, I64(e.v))
-        bands = ceil_div(b, s["oh"], s["rows"])
-        grp, unit = b.srem(t, groups), b.sdiv(t, groups)
-        band, n = b.srem(unit, bands), b.sdiv(unit, bands)  # a unit per image and band: groups == 1
-        kb = smin(b, b.mul(grp, I64(e.v)), b.sub(vec, I64(e.v)))  # first vector computed
-        own0 = b.mul(grp, I64(e.v * e.lanes))  # first channel stored: the last block overlaps
-        kend = smin(b, s["k"], b.mul(b.add(kb, I64(e.v)), I64(e.lanes)))
+        vec = ceil_div(b, s["kg"], I64(e.lanes))  # vectors of a group
+        blocks = ceil_div(b, vec, I64(e.v))
+        blk, unit = b.srem(t, blocks), b.sdiv(t, blocks)
+        grp, band, n = self.unit_of(c, unit)
+        first = smin(b, b.mul(blk, I64(e.v)), b.sub(vec, I64(e.v)))  # the group's first vector computed
+        kb = b.add(b.mul(grp, vec), first)  # its block of the packed weight (a group is whole vectors)
+        k0 = b.mul(grp, s["kg"])
+        own0 = b.add(k0, b.mul(blk, I64(e.v * e.lanes)))  # first channel stored: the last block overlaps
+        kend = b.add(k0, smin(b, s["kg"], b.mul(b.add(first, I64(e.v)), I64(e.lanes))))
         r0 = b.mul(band, s["rows"])
         r1 = smin(b, b.add(r0, s["rows"]), s["oh"])
         pstart, pend = b.mul(r0, s["ow"]), b.mul(r1, s["ow"])
         src = self.bufs["x" if e.direct else "work"]
-        xbase = b.mul(n, s["img"])
-        count = ceil_div(b, b.sub(pend, pstart), I64(e.r))
-        at = lambda i: smin(b, b.add(pstart, b.mul(i, I64(e.r))), b.sub(pend, I64(e.r)))
+        xbase = b.add(b.mul(n, s["img"]), b.mul(grp, b.mul(self.channels(c), s["chan"])))
+        if e.sw:  # a tile is R pixels of a row: per row ceil(OW / R) tiles, the last one overlapping
+            per_row = ceil_div(b, s["ow"], I64(e.r))
+            count = b.mul(b.sub(r1, r0), per_row)
+            row = lambda i: b.add(r0, b.sdiv(i, per_row))  # noqa: E731
+            col = lambda i: smin(b, b.mul(b.srem(i, per_row), I64(e.r)), b.sub(s["ow"], I64(e.r)))  # noqa: E731
+            at = lambda i: b.add(b.mul(row(i), s["ow"]), col(i))  # noqa: E731
+            grid = lambda i: b.add(b.mul(b.mul(row(i), I64(e.sh)), s["wq"]), b.mul(col(i), I64(e.sw)))  # noqa: E731
+        else:
+            count = ceil_div(b, b.sub(pend, pstart), I64(e.r))
+            at = grid = lambda i: smin(b, b.add(pstart, b.mul(i, I64(e.r))), b.sub(pend, I64(e.r)))  # noqa: E731
         self.grouped(c, count, e.r * e.v, e.v * e.lanes * self.elem.nbytes,
-                     lambda i, accs, lo, hi: self.accumulate(c, src, b.add(xbase, at(i)), kb, accs, lo, hi),
-                     lambda i, accs: self.store_tile(c, accs, n, kb, own0, kend, at(i), pstart))
+                     lambda i, accs, lo, hi: self.accumulate(c, src, b.add(xbase, grid(i)), kb, accs, lo, hi),
+                     lambda i, accs: self.store_tile(c, accs, n, b.add(k0, b.mul(first, I64(e.lanes))),
+                                                     own0, kend, at(i), None if e.sw else pstart))
         registry.call_back(b, s["epi"], s["env"], [n, own0, b.sub(kend, own0), r0, b.sub(r1, r0)])
 
     def grouped(self, c, count, held, weight_bytes, accumulate, store) -> None:
@@ -298,28 +372,31 @@ class _Emit(conv_engine.Emit):
         ws = [b.load(b.gep(wp, [at], source_etype=elem.ir), typ=vt, align=elem.nbytes) for wp in wps]
         vals = [b.load(a, typ=self.acc_vt) for a in accs]
         for r in range(e.r):
-            x = b.load(b.gep(xp, [b.add(off, I64(r))], source_etype=elem.ir), typ=elem.ir)
+            x = b.load(b.gep(xp, [b.add(off, I64(r * max(1, e.sw)))], source_etype=elem.ir), typ=elem.ir)
             xs = splat(b, x, e.lanes)
             for v in range(e.v):
                 vals[r * e.v + v] = multiply_units(b, self.product, xs, ws[v], vals[r * e.v + v])
         for a, val in zip(accs, vals):
             b.store(val, a)
 
-    def store_tile(self, c, sums, n, kb, own0, kend, p0, pstart) -> None:
+    def store_tile(self, c, sums, n, first, own0, kend, p0, pstart) -> None:
         """Channels ``own0 .. kend`` of the tile (``sums``: its ``R * V`` vectors, one after
-        the other in memory, ``[r][channel - kb*lanes]``) to their ``R`` consecutive output
+        the other in memory, ``[r][channel - first]``) to their ``R`` consecutive output
         pixels from ``p0``, those before the band's first (``pstart``: a band shorter than
-        a tile started its tile in the band before) left to their own task."""
+        a tile started its tile in the band before; None: a tile of one row, in its band)
+        left to their own task."""
         b, e, acc = c.b, self.e, self.acc_vt.element
         scratch = b.bitcast(sums[0], ir.PointerType(acc))
-        first = b.mul(kb, I64(e.lanes))
-        mine = [b.icmp_signed(">=", b.add(p0, I64(r)), pstart) for r in range(e.r)]
+        mine = [None if pstart is None else b.icmp_signed(">=", b.add(p0, I64(r)), pstart) for r in range(e.r)]
         with for_range(b, kend, "ch", start=own0) as ch:
             row = self.output_at(c, n, ch, 0, I64(0), p0)  # pixel p0 of the flattened map
             lane = b.sub(ch, first)
             for r in range(e.r):
+                at = b.gep(scratch, [b.add(lane, I64(r * e.v * e.lanes))], source_etype=acc)
+                if mine[r] is None:
+                    c.store(self.bufs["out"], b.add(row, I64(r)), b.load(at, typ=acc))
+                    continue
                 with b.if_then(mine[r], likely=True):
-                    at = b.gep(scratch, [b.add(lane, I64(r * e.v * e.lanes))], source_etype=acc)
                     c.store(self.bufs["out"], b.add(row, I64(r)), b.load(at, typ=acc))
 
 
@@ -329,6 +406,6 @@ def call(stage, ctx) -> None:
     plan, g = stage.plan, stage.geo
     dt = stage.inputs[0].dtype  # the product
     engine = ChannelEngine(dt, plan.lanes, plan.r, plan.v, int(plan.direct), int(g.taps == 1),
-                           plan.group, plan.block_kib)
+                           plan.group, plan.block_kib, *plan.stride)
     # the dense layout of an input read in place is the input itself (one H x W plane a channel)
-    conv_engine.call(stage, ctx, plan, engine, img=unit_channels(g, dt) * plan.layout.channel_size())
+    conv_engine.call(stage, ctx, plan, engine, img=g.groups * unit_channels(g, dt) * plan.layout.channel_size())

@@ -459,7 +459,7 @@ def call(stage, ctx, plan=None, engine=None, img: int | None = None, weight=None
     x, w = stage.inputs
     img = workspace_size(plan, dt) if img is None else img
     sizes = [ctx.dim(g.n), g.c, g.h, g.w, g.k, g.oh, g.ow, g.groups, g.cg, g.kg, g.taps, lay.wq,
-             lay.plane_size, lay.channel_size(), img, lay.planes, plan.rows, g.stride[0], g.stride[1]]
+             lay.plane_size, lay.channel_size(), img, lay.planes, plan.rows, *lay.geo.stride]  # packing: the layout's
     # "work": each thread packs into a workspace of its own (Emit.banded); the slot is unused
     ptrs = [ctx.element(buf, I64(0)) for buf in (x, w, x, out)]
     ptrs[1] = ptrs[1] if weight is None else weight
