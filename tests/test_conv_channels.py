@@ -99,7 +99,7 @@ def _always(monkeypatch):
     monkeypatch.setattr(conv_channels, "_choose", conv_channels._choose.__wrapped__)
     monkeypatch.setattr(conv_channels, "CHEAPER", float("inf"))
     monkeypatch.setattr(conv_channels, "gemm_cost", lambda geo, dt: float("inf"))
-    monkeypatch.setattr(conv_channels, "grouped_on_channels", lambda geo, lanes: True)
+    monkeypatch.setattr(conv_channels, "grouped_on_channels", lambda geo, dt: True)
 
 
 @pytest.mark.parametrize("cpu", [None, "haswell"])
@@ -132,7 +132,9 @@ def test_grouped_convs_choose_channel_vectors_where_measured_faster(shape, strid
     geo = conv2d.ConvGeometry(1, c, h, h, c, 3, 3, (stride, stride), (1, 1), (1, 1, 1, 1), groups, oh, oh)
     with isa.compiling_for(machine_for(_target(None))):
         plan = conv2d.engine_plan(geo, "float32")
+        units = [conv2d.engine_plan(geo, dt) for dt in ("bfloat16", "uint8")]  # measured slower there
     assert isinstance(plan, ChannelPlan) == expected, plan
+    assert not any(isinstance(p, ChannelPlan) for p in units)
     if expected:
         assert plan.stride == (stride, stride) and plan.layout.planes == 1
 

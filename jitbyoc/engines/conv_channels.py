@@ -122,18 +122,21 @@ def padded_layout(geo) -> Layout:
                                       ow=geo.w + pl + pr - dw * (geo.kw - 1)), False)
 
 
-def grouped_on_channels(geo, lanes: int) -> bool:
+def grouped_on_channels(geo, dt: str) -> bool:
     """Whether a grouped convolution (one that :func:`fits`) runs here, on padded planes,
-    rather than on the pixel engine: when strided (the pixel engine packs phase planes of
-    short rows, every other element) or at most a vector wide (it computes halo lanes).
+    rather than on the pixel engine: a product of one channel a step (float32), strided
+    (the pixel engine packs phase planes of short rows, every other element) or at most a
+    vector wide (it computes halo lanes).
     The cost models do not weigh the pixel engine's packing by the row; measured instead
     (Zen 4, 2 threads, 3x3 convs with bias and ReLU alone, group width 16 unless given,
     us here / on the pixel engine): RegNetY-800MF's seven, 320@14 107 / 116, 784@14/2
     100 / 143, 784@7 80 / 100, 144@56/2 233 / 240, 64@112/2 345 / 369, 320@28/2 128 / 148,
     144@28 194 / 195 (level: left to the pixel engine); group width 48 192@56/2 662 / 732;
     128 512@14 1049 / 1116; but 128@56 622 / 592, width 32 256@28 592 / 578, width 64
-    256@56 4438 / 4277."""
-    return geo.stride != (1, 1) or geo.ow <= lanes
+    256@56 4438 / 4277. In units the engine runs them (the tests), but RegNetY's bf16
+    build (``jitbyoc.profile``, alternating processes) took 0.60 ms for its seven 320@14
+    layers against 0.49 on the pixel engine, its int8 build 0.42-0.47 against 0.40-0.43."""
+    return PRODUCTS[dt].group == 1 and (geo.stride != (1, 1) or geo.ow <= lanes_of(dt))
 
 
 def lanes_of(dt: str) -> int:
@@ -248,7 +251,7 @@ def _choose(geo, dt: str, _bits: int, _registers: int) -> ChannelPlan | None:
     best, r, v = min(tiles)
     fallback = None if geo.pointwise else choose_plan(geo, dt)
     rival = gemm_cost(geo, dt) if fallback is None else CHEAPER * cost(fallback, dt)
-    if not padded and best > rival or padded and not grouped_on_channels(geo, lanes):
+    if not padded and best > rival or padded and not grouped_on_channels(geo, dt):
         return None
     layout = padded_layout(geo) if padded else Layout(geo, True)
     return ChannelPlan(layout, lanes, r, v, fallback, band_rows(geo, dt, r, v, padded), unit=PRODUCTS[dt].group,

@@ -4,8 +4,8 @@ dilation and groups, depthwise included, with a fused elementwise epilogue.
 LLVM rendering, by geometry:
 
 * *small maps, long reductions* (7x7, 13x13, 14x14 maps, 1x1 or k x k, a constant
-  weight; grouped ones in groups of whole vectors of channels, strided or on maps at
-  most a vector wide): vectors of output channels times a tile of pixels
+  weight; grouped float32 ones in groups of whole vectors of channels, strided or on
+  maps at most a vector wide): vectors of output channels times a tile of pixels
   (:mod:`jitbyoc.engines.conv_channels`; float32, bf16 pairs, int8 quads), where
   vectors of pixels waste lanes, chosen
   when its cost model says it beats the path below that would run the conv otherwise
