@@ -256,7 +256,7 @@ def test_lower_precision_keeps_convolutions_float32_where_bf16_is_slower():
     """Depthwise (a pair would be half zeros) stays float32; the 3-channel stem, measured
     faster in bf16, is lowered (precision._narrower_is_faster), and so is a 7x7 map,
     on channel vectors of bfloat16 pairs (jitbyoc.engines.conv_channels) or, with AMX, a
-    product on tiles (ConvGeometry.columns)."""
+    product on tiles (ConvGeometry.columns), and a grouped 7x7 one."""
     depthwise = np.ones((32, 1, 3, 3), np.float32)
     small = np.ones((512, 512, 3, 3), np.float32)
     for target in (BF16_CPU, {"kind": "llvm", "mcpu": "sapphirerapids"}):
@@ -270,6 +270,10 @@ def test_lower_precision_keeps_convolutions_float32_where_bf16_is_slower():
             stem = build_model({"x": ((1, 3, 32, 32), "float32")}, lambda bb, x: bb.emit(
                 R.nn.conv2d(x, relax.const(np.ones((8, 3, 7, 7), np.float32)), strides=2, padding=3)))
             assert "bfloat16" in jitbyoc.lower_precision(stem).script()
+            # RegNetY's 7x7 grouped conv: float32 runs it on channel vectors, bf16 still faster
+            grouped = build_model({"z": ((1, 784, 7, 7), "float32")}, lambda bb, z: bb.emit(
+                R.nn.conv2d(z, relax.const(np.ones((784, 16, 3, 3), np.float32)), padding=1, groups=49)))
+            assert "bfloat16" in jitbyoc.lower_precision(grouped).script()
 
 
 def test_profile_measures_bf16_regions_against_the_vdpbf16ps_peak():
