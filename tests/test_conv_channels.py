@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from tvm import relax
 
 import jitbyoc
-from jitbyoc.engines import conv_channels, gemm_tiles
-from jitbyoc.engines.conv_channels import ChannelPlan
+from jitbyoc.engines import conv_channel_plan, gemm_tiles
+from jitbyoc.engines.conv_channel_plan import ChannelPlan
 from jitbyoc.engines.conv_plan import Layout, choose_plan
 from jitbyoc.kernels import conv2d
 from jitbyoc.kernels.conv2d import Conv2d
@@ -96,10 +96,10 @@ def _operands(x_shape, w_shape, attrs, dt="float32"):
 def _always(monkeypatch):
     """Channel vectors for every conv they fit, whatever the other paths would cost
     (choices made uncached: none remembered from before, none kept after)."""
-    monkeypatch.setattr(conv_channels, "_choose", conv_channels._choose.__wrapped__)
-    monkeypatch.setattr(conv_channels, "CHEAPER", float("inf"))
-    monkeypatch.setattr(conv_channels, "gemm_cost", lambda geo, dt: float("inf"))
-    monkeypatch.setattr(conv_channels, "grouped_on_channels", lambda geo, dt: True)
+    monkeypatch.setattr(conv_channel_plan, "_choose", conv_channel_plan._choose.__wrapped__)
+    monkeypatch.setattr(conv_channel_plan, "CHEAPER", float("inf"))
+    monkeypatch.setattr(conv_channel_plan, "gemm_cost", lambda geo, dt: float("inf"))
+    monkeypatch.setattr(conv_channel_plan, "grouped_on_channels", lambda geo, dt: True)
 
 
 @pytest.mark.parametrize("cpu", [None, "haswell"])
@@ -125,7 +125,7 @@ def test_small_maps_vectorize_over_output_channels(monkeypatch, cpu, case):
     ((96, 14), 1, 24, False),  # groups of 4 channels: not whole vectors
 ])
 def test_grouped_convs_choose_channel_vectors_where_measured_faster(shape, stride, groups, expected):
-    """Measured on Zen 4 (see conv_channels.grouped_on_channels): strided grouped 3x3
+    """Measured on Zen 4 (see conv_channel_plan.grouped_on_channels): strided grouped 3x3
     convs, and those on maps at most a vector wide, on padded planes."""
     c, h = shape
     oh = (h - 1) // stride + 1
@@ -176,7 +176,7 @@ def test_a_weight_that_is_an_input_runs_on_the_other_engines(monkeypatch, case):
     ((1, 20, 4, 4), 480, False),  # 16 pixels fill a vector: a short reduction does not pay
 ])
 def test_pointwise_convs_choose_by_the_estimates(shape, channels, expected):
-    """Measured on Zen 4 (see conv_channels.choose): channel vectors where they won."""
+    """Measured on Zen 4 (see conv_channel_plan.choose): channel vectors where they won."""
     geo = conv2d.ConvGeometry(1, shape[1], shape[2], shape[3], channels, 1, 1, (1, 1), (1, 1), (0, 0, 0, 0), 1,
                               shape[2], shape[3])
     with isa.compiling_for(machine_for(tvm.target.Target({"kind": "llvm", "mcpu": "znver4"}))):
@@ -235,7 +235,7 @@ def test_forced_tiles_cover_every_output_once(c, h, w, k, ksize, stride, r, v, r
                            fallback, rows_, *blocking)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(conv_channels, "choose", forced)
+        patch.setattr(conv_channel_plan, "choose", forced)
         assert isinstance(_stage(mod, target).plan, ChannelPlan)
         _check(mod, target, x, wt, bias, res, attrs)
 
@@ -253,7 +253,7 @@ def test_blocks_of_input_channels_keep_the_sums_in_order(monkeypatch, case):
     outs = []
     for group, kib in ((1, 1 << 20), (2, 1)):
         blocked = dataclasses.replace(plan, group=group, block_kib=kib)
-        monkeypatch.setattr(conv_channels, "choose", lambda geo, dt, p=blocked: p)
+        monkeypatch.setattr(conv_channel_plan, "choose", lambda geo, dt, p=blocked: p)
         with jitbyoc.enabled():
             outs.append(run(relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu()), x, res))
     np.testing.assert_array_equal(outs[1], outs[0])
@@ -345,8 +345,8 @@ def test_bfloat16_pairs_on_channel_vectors(monkeypatch, cpu, case):
     lanes = stage.plan.lanes
     assert tuple(stage.inputs[1].shape) == (-(-w_shape[0] // lanes), -(-w_shape[1] // 2), *w_shape[2:], lanes, 2)
     outs = []
-    for choose in (conv_channels.choose, lambda geo, dt: None):  # then the pixel engine
-        monkeypatch.setattr(conv_channels, "choose", choose)
+    for choose in (conv_channel_plan.choose, lambda geo, dt: None):  # then the pixel engine
+        monkeypatch.setattr(conv_channel_plan, "choose", choose)
         with jitbyoc.enabled():
             outs.append(run(relax.VirtualMachine(tvm.compile(mod, target=target), tvm.cpu()), x, res))
     if w_shape[2:] != (1, 1):
@@ -401,4 +401,4 @@ def test_vectors_are_one_register_of_the_machine(dt):
     geo = conv2d.ConvGeometry(1, 512, 7, 7, 512, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1), 1, 7, 7)
     for cpu, lanes in (("haswell", 8), ("znver4", 16)):
         with isa.compiling_for(machine_for(tvm.target.Target({"kind": "llvm", "mcpu": cpu}))):
-            assert conv_channels.choose(geo, dt).lanes == lanes
+            assert conv_channel_plan.choose(geo, dt).lanes == lanes

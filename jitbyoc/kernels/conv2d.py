@@ -50,8 +50,8 @@ from dataclasses import dataclass
 import numpy as np
 from llvmlite import ir
 
-from ..engines import conv_channels, conv_engine, conv_tiles, gemm_tiles
-from ..engines.conv_channels import ChannelPlan
+from ..engines import conv_channel_plan, conv_channels, conv_engine, conv_tiles, gemm_tiles
+from ..engines.conv_channel_plan import ChannelPlan
 from ..engines.conv_plan import Plan, choose_plan
 from ..engines.products import OPERANDS, PRODUCTS, RESULTS, product_of
 from ..ir import bfloat, kir
@@ -460,10 +460,11 @@ def engine_plan(geo: ConvGeometry, dt: str) -> Plan | ChannelPlan | None:
     """The plan of the engine that runs ``geo`` on a constant weight, or None when
     another path runs it: the depthwise kernel, or for a pointwise one, the GEMM engine.
     Small maps with long reductions vectorize over output channels
-    (:mod:`jitbyoc.engines.conv_channels`) when that costs less."""
+    (:mod:`jitbyoc.engines.conv_channels`, planned by :mod:`~jitbyoc.engines.conv_channel_plan`) when
+    that costs less."""
     if depthwise_llvm.fits(geo, dt) or geo.patches:
         return None
-    channels = conv_channels.choose(geo, dt)
+    channels = conv_channel_plan.choose(geo, dt)
     if channels is not None:
         return channels
     return None if geo.as_matmul else choose_plan(geo, dt)

@@ -29,7 +29,7 @@ import tvm
 from tvm import relax
 from tvm.ir.prim import IntImm
 
-from ..engines.conv_channels import ChannelPlan
+from ..engines.conv_channel_plan import ChannelPlan
 from ..engines.gemm_tiles import has_tiles
 from ..ir.rules import why_not
 from ..kernels import conv2d
