@@ -420,7 +420,7 @@ def test_a_conv_whose_input_outweighs_its_weights_gets_a_band_per_thread(cpu):
     """Threads pack the rows of their own bands: one band made every thread pack the
     whole input (AVX2, 3x3 64->64 on 56x56). Where the weights are the bigger (3x3 256 on
     14x14) bands stay as load balance alone asks, since each band reads all of them."""
-    from jitbyoc.engines import conv_channels
+    from jitbyoc.engines import conv_channel_plan
     from jitbyoc.render import isa
     from jitbyoc.tvm.target import machine_for
 
@@ -428,7 +428,7 @@ def test_a_conv_whose_input_outweighs_its_weights_gets_a_band_per_thread(cpu):
         return ConvGeometry(1, c, size, size, c, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1), 1, size, size)
 
     def bands(g):
-        chan = conv_channels.choose(g, F32)
+        chan = conv_channel_plan.choose(g, F32)
         rows = chan.rows if chan is not None else conv_plan.choose_plan(g, F32).rows
         return -(-g.oh // rows)
 
