@@ -438,12 +438,43 @@ def test_a_conv_whose_input_outweighs_its_weights_gets_a_band_per_thread(cpu):
         assert conv_plan.bands_wanted(geo(256, 14), 16) == 1
 
 
+def _square_geo(c, size, k, kh, s, pad=None):
+    pad = kh // 2 if pad is None else pad
+    o = (size + 2 * pad - kh) // s + 1
+    return ConvGeometry(1, c, size, size, k, kh, kh, (s, s), (1, 1), (pad,) * 4, 1, o, o)
+
+
+def _compiling_for(cpu):
+    from jitbyoc.render import isa
+    from jitbyoc.tvm.target import machine_for
+
+    return isa.compiling_for(machine_for(tvm.target.Target({"kind": "llvm", "mcpu": cpu})))
+
+
 def test_resnet18_layers_share_two_conv_engines():
-    def geo(c, size, k, kh, s):
-        o = (size + 2 * (kh // 2) - kh) // s + 1
-        return ConvGeometry(1, c, size, size, k, kh, kh, (s, s), (1, 1), (kh // 2,) * 4, 1, o, o)
+    """On Zen 4's issue model (the blocks of :data:`conv_plan.MENUS` were picked on it)."""
+    geo = _square_geo
     layers = [geo(3, 224, 64, 7, 2), geo(64, 56, 64, 3, 1)] + [
         g for c, size in [(64, 56), (128, 28), (256, 14)]
         for g in (geo(c, size, 2 * c, 3, 2), geo(c, size, 2 * c, 1, 2), geo(2 * c, size // 2, 2 * c, 3, 1))]
-    blocks = {(p.lanes, p.j, p.v) for p in (conv_plan.choose_plan(g, F32) for g in layers)}
+    with _compiling_for("znver4"):
+        blocks = {(p.lanes, p.j, p.v) for p in (conv_plan.choose_plan(g, F32) for g in layers)}
     assert len(blocks) == 2, blocks
+
+
+@pytest.mark.parametrize("c, size, k, kh, s, pad", [(96, 54, 256, 5, 2, 0), (3, 224, 96, 7, 2, 1),
+                                                   (3, 224, 64, 7, 2, 3)])
+def test_a_machine_with_two_fma_pipes_gets_blocks_of_fewer_broadcasts(c, size, k, kh, s, pad):
+    """Zen 4's model picks the 16x1 block (16 broadcast weights and one load per 16 FMAs)
+    for ZFNet's 5x5/2 96->256 and the 7x7/2 stems; on Intel's AVX-512 server cores a
+    broadcast costs ~1.8 FMAs (:data:`conv_plan.TWO_FMA_PIPES`) and that block ran 1.4x the
+    time of 13x2 (ZFNet's 5x5, Emerald Rapids): there the block reuses each broadcast."""
+    g = _square_geo(c, size, k, kh, s, pad)
+    with _compiling_for("znver4"):
+        assert conv_plan.issue_costs() == conv_plan.ONE_FMA_PIPE
+        zen = conv_plan.choose_plan(g, F32)
+    with _compiling_for("emeraldrapids"):
+        assert conv_plan.issue_costs() == conv_plan.TWO_FMA_PIPES
+        intel = conv_plan.choose_plan(g, F32)
+    assert (zen.j, zen.v) == (16, 1)
+    assert intel.v > 1 and intel.j < 16, intel

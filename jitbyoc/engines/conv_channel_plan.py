@@ -11,7 +11,7 @@ from functools import lru_cache
 
 from ..render import isa
 from ..threads import physical_cores
-from .conv_plan import DENSE_MAX_KW, Layout, Plan, bands_wanted, choose_plan, cost, unit_channels
+from .conv_plan import DENSE_MAX_KW, Layout, Plan, bands_wanted, choose_plan, cost, issue_costs, unit_channels
 from .gemm import blocking_for, panel_width
 from .gemm_llvm import chunks_of
 from .products import PRODUCTS
@@ -149,7 +149,9 @@ def tile_cost(geo, dt: str, r: int, v: int, padded: bool = False) -> float:
     per_band = (lambda n: n * math.ceil(geo.ow / r)) if padded else (lambda n: math.ceil(n * geo.ow / r))
     tiles = sum(per_band(min(rows, geo.oh - i * rows)) for i in range(bands))
     groups = blocks_of(geo, dt, v)
-    step = max(r * v * bits / 512, v * bits / 512 + r * 0.66, 4.0) + 0.5  # FMA latency: 4 cycles
+    issue = issue_costs()
+    loads = v * bits / 512 * issue.load + r * issue.broadcast
+    step = max(r * v * bits / 512, loads, 4.0) + 0.5  # FMA latency: 4 cycles
     stores = r * v * lanes * 1.5
     layout = padded_layout(geo) if padded else Layout(geo, True)
     pack = 0 if reads_in_place(geo, PRODUCTS[dt].group) else geo.c * layout.channel_size() * 0.5
@@ -178,11 +180,11 @@ def choose(geo, dt: str) -> ChannelPlan | None:
     """:func:`_choose` for the build's machine (its vector registers), remembered per
     geometry as the pixel engine's plans are: a model repeats its layers, and each conv
     asks twice (packing its weight, then lowering), 0.5 ms a time."""
-    return _choose(geo, dt, isa.vector_bits(), isa.vector_registers())
+    return _choose(geo, dt, isa.vector_bits(), isa.vector_registers(), issue_costs())
 
 
 @lru_cache(maxsize=1024)
-def _choose(geo, dt: str, _bits: int, _registers: int) -> ChannelPlan | None:
+def _choose(geo, dt: str, _bits: int, _registers: int, _issue) -> ChannelPlan | None:
     """The cheapest tile by :func:`tile_cost` when it fits the registers, no tile is
     larger than the map or the channels, and it beats the path that would run the conv
     otherwise: the pixel engine's best plan by :data:`CHEAPER`, or for a pointwise conv

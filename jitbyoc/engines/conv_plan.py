@@ -52,12 +52,46 @@ def bands_wanted(geo, blocks: int) -> int:
 
 
 MAX_V = 8  # vectors per chunk; the workspace's slack covers one chunk of full vectors
-# Register blocks (vector width divisor, J, V) preferred when nearly as cheap: each block
-# is a compiled engine (~100 ms of LLVM time on a machine's first build), so a model whose
-# layers share two blocks compiles two. By the cost model, 16x1 full-width vectors is
-# within 0.4 % of the best plan on ResNet-18's layers but the small 3x3 ones (14x14
-# stride 2, 7x7), where 3x7 half-width vectors is best.
-MENU = frozenset({(1, 16, 1), (2, 3, 7)})
+
+
+@dataclass(frozen=True)
+class IssueCosts:
+    """What the cost models charge a 512-bit vector load and a broadcast scalar (on
+    AVX-512 folded into its FMA), in issue slots of a 512-bit FMA on the build's machine."""
+    load: float
+    broadcast: float
+
+
+# Zen 4 and friends: 512 FMA bits and 512 load bits per cycle, a broadcast ~2/3 cycle, as
+# measured on ResNet's layers
+ONE_FMA_PIPE = IssueCosts(1.0, 0.66)
+# Intel's AVX-512 server cores: two 512-bit FMA pipes and two 512-bit loads a cycle, but a
+# broadcast costs ~1.8 FMAs. Measured on an Emerald Rapids under KVM, 1 thread, L1-resident
+# loops of 3x3 taps (bench.contention's mix loop): the 16x1 block (16 broadcasts and a
+# load per 16 FMAs) at 94-165 GFLOP/s, 6x4 and 8x3 (6 or 8 broadcasts and 4 or 3 loads
+# per 24 FMAs) at 160-175, against 186 for the FMA loop. The 16x1 block the Zen 4 model
+# picks ran ZFNet's 5x5/2 96->256 at 1.8x the channel engine's time (6x4), its 7x7/2 stem
+# at 1.35x 8x2's (one process, builds alternating)
+TWO_FMA_PIPES = IssueCosts(1.0, 1.8)
+TWO_FMA_PIPE_CPUS = frozenset({"skylake-avx512", "cascadelake", "cooperlake", "icelake-server",
+                               "sapphirerapids", "emeraldrapids", "graniterapids", "graniterapids-d",
+                               "diamondrapids"})
+
+
+def issue_costs(machine=None) -> IssueCosts:
+    """The :class:`IssueCosts` of ``machine`` (the build's by default), by its LLVM CPU
+    name (Zen 5's two 512-bit pipes are not measured: it keeps Zen 4's model)."""
+    m = machine or isa.current()
+    return TWO_FMA_PIPES if m.cpu in TWO_FMA_PIPE_CPUS and m.has("avx512f") else ONE_FMA_PIPE
+
+
+# Register blocks (vector width divisor, J, V) preferred when nearly as cheap, per issue
+# model: each block is a compiled engine (~100 ms of LLVM time on a machine's first
+# build), so a model whose layers share two blocks compiles two. By the Zen 4 model, 16x1
+# full-width vectors is within 0.4 % of the best plan on ResNet-18's layers but the small
+# 3x3 ones (14x14 stride 2, 7x7), where 3x7 half-width vectors is best; by the two-pipe
+# model 13x2 and 3x7 are within 5.5 % of the best on all eleven.
+MENUS = {ONE_FMA_PIPE: frozenset({(1, 16, 1), (2, 3, 7)}), TWO_FMA_PIPES: frozenset({(1, 13, 2), (2, 3, 7)})}
 MENU_SLACK = 1.02
 
 
@@ -204,10 +238,10 @@ def workspace_size(plan: Plan, dt: str) -> int:
 
 
 def cost(plan: Plan, dt: str) -> float:
-    """Estimated cycles of one image: per tap, FMAs or loads, whichever binds (Zen 4 and
-    friends: 512 FMA bits and 512 load bits per cycle, a broadcast load ~2/3 cycle, as
-    measured on ResNet's layers); per chunk the masked stores; plus packing the input."""
+    """Estimated cycles of one image: per tap, FMAs or loads, whichever binds
+    (:func:`issue_costs`); per chunk the masked stores; plus packing the input."""
     lay, g, lanes, j, v = plan.layout, plan.layout.geo, plan.lanes, plan.j, plan.v
+    issue = issue_costs()
     bands = math.ceil(g.oh / plan.rows)
     span = lambda r: (r - 1) * lay.wq + g.ow  # noqa: E731  grid pixels of r rows
     chunks = sum(math.ceil(span(min(plan.rows, g.oh - b * plan.rows)) / plan.span) for b in range(bands))
@@ -216,7 +250,8 @@ def cost(plan: Plan, dt: str) -> float:
     bits = lanes * isa.element_bits(acc)
     stores = (lay.wq + lanes - 2) // lay.wq + 1  # rows one vector can touch
     cg = unit_channels(g, dt)  # a unit's instruction sums its group of channels
-    per_chunk = (max(j * v * bits / 512, v * bits / 512 + j * 0.66) + 0.5) * cg * g.taps \
+    loads = v * bits / 512 * issue.load + j * issue.broadcast
+    per_chunk = (max(j * v * bits / 512, loads) + 0.5) * cg * g.taps \
         + v * stores * (j + 5) + 20
     pack = g.c * lay.channel_size() * 0.5
     # every channel block streams the packed input through L2 again (~128 B/cycle with
@@ -245,20 +280,20 @@ def candidates(geo, dt: str):
 
 
 def on_menu(plan: Plan, dt: str) -> bool:
-    return (max_lanes(dt) // plan.lanes, plan.j, plan.v) in MENU
+    return (max_lanes(dt) // plan.lanes, plan.j, plan.v) in MENUS[issue_costs()]
 
 
 def choose_plan(geo, dt: str) -> Plan:
     """The cheapest of the :func:`candidates` by :func:`cost`, or the cheapest on the
-    :data:`MENU` when it costs at most :data:`MENU_SLACK` times that. Remembered per
+    :data:`MENUS` (the machine's) when it costs at most :data:`MENU_SLACK` times that. Remembered per
     geometry (a model repeats its layers) and register file: a process that builds for
     AVX-512 and then AVX2 got the AVX-512 register block for AVX2 (16 x 1 vectors of 16
     lanes: spills; the AVX2 conv ran at half speed)."""
-    return _choose_plan(geo, dt, isa.vector_bits(), isa.vector_registers())
+    return _choose_plan(geo, dt, isa.vector_bits(), isa.vector_registers(), issue_costs())
 
 
 @lru_cache(maxsize=1024)
-def _choose_plan(geo, dt: str, _bits: int, _registers: int) -> Plan:
+def _choose_plan(geo, dt: str, _bits: int, _registers: int, _issue: IssueCosts) -> Plan:
     best = menu = None
     for plan in candidates(geo, dt):
         c = cost(plan, dt)
