@@ -68,7 +68,10 @@ def test_a_constant_weight_is_packed_in_blocks_of_the_engines_channels(cpu, case
     mod = _conv_model(x_shape, w, attrs)
     stage = _conv_stage(mod, machine_for(target))
     j, kg = stage.plan.j, stage.geo.kg
-    assert stage.packed == (kg % j == 0 or stage.geo.groups == 1)
+    # J = 1 (a plan of single channels: the two-FMA-pipe model's on 19 channels at 7x7)
+    # packs nothing: P (K, Cin, KH, KW, 1) is OIHW's bytes, and its unit-axis permute
+    # folds away before the region sees it
+    assert stage.packed == (kg % j == 0 or stage.geo.groups == 1) or j == 1
     if stage.packed:
         assert tuple(stage.inputs[1].shape) == (-(-w_shape[0] // j), *w_shape[1:], j)
     x = RNG.standard_normal(x_shape).astype(F32)
