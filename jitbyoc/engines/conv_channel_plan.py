@@ -11,7 +11,8 @@ from functools import lru_cache
 
 from ..render import isa
 from ..threads import physical_cores
-from .conv_plan import DENSE_MAX_KW, Layout, Plan, bands_wanted, choose_plan, cost, issue_costs, unit_channels
+from .conv_plan import (DENSE_MAX_KW, ONE_FMA_PIPE, TWO_FMA_PIPES, Layout, Plan, bands_wanted, choose_plan, cost,
+                        issue_costs, unit_channels)
 from .gemm import blocking_for, panel_width
 from .gemm_llvm import chunks_of
 from .products import PRODUCTS
@@ -31,7 +32,14 @@ MIN_VECTORS = 4
 # a tap are one cache line, streamed in order.
 TILE_GROUP = 8
 WEIGHT_BLOCK_KIB = 96
-CHEAPER = 0.9  # taken when its cost is at most this share of the pixel engine's
+# taken when its cost is at most this share of the pixel engine's, per issue model: on
+# Intel's two-pipe cores the pixel engine's strided convs ran slower than its cost model
+# says, the channel engine's stems (3 input channels) slower than its own. Emerald
+# Rapids, builds alternating in one process, channel engine's time / pixel engine's (cost
+# ratio): ZFNet's 5x5/2 96->256 0.81 (0.96), Inception v2's 3x3/2 128->160 at 28x28 0.66
+# (0.91), ResNet-50's 128 at 56x56/2 0.72 (0.90); Inception v1's 5x5 32->96 0.97 (1.00),
+# AlexNet's 11x11/4 stem 1.25 (1.02), ResNet-50's 7x7/2 stem 1.36 (1.10)
+CHEAPER = {ONE_FMA_PIPE: 0.9, TWO_FMA_PIPES: 1.0}
 
 
 @dataclass(frozen=True)
@@ -187,7 +195,7 @@ def choose(geo, dt: str) -> ChannelPlan | None:
 def _choose(geo, dt: str, _bits: int, _registers: int, _issue) -> ChannelPlan | None:
     """The cheapest tile by :func:`tile_cost` when it fits the registers, no tile is
     larger than the map or the channels, and it beats the path that would run the conv
-    otherwise: the pixel engine's best plan by :data:`CHEAPER`, or for a pointwise conv
+    otherwise: the pixel engine's best plan by :data:`CHEAPER` (the machine's), or for a pointwise conv
     the GEMM engine (:func:`gemm_cost`). Measured on Zen 4 against those paths (exported
     builds alternating): 7x7 maps 0.81-0.90x their time; 13x13 and 14x14 1x1 with few
     output channels 0.72-0.91x; the estimates were within 0.1 of the measured ratio on 11
@@ -203,7 +211,7 @@ def _choose(geo, dt: str, _bits: int, _registers: int, _issue) -> ChannelPlan | 
         return None
     best, r, v = min(tiles)
     fallback = None if geo.pointwise else choose_plan(geo, dt)
-    rival = gemm_cost(geo, dt) if fallback is None else CHEAPER * cost(fallback, dt)
+    rival = gemm_cost(geo, dt) if fallback is None else CHEAPER[issue_costs()] * cost(fallback, dt)
     if not padded and best > rival or padded and not grouped_on_channels(geo, dt):
         return None
     layout = padded_layout(geo) if padded else Layout(geo, True)
