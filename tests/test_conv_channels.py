@@ -184,6 +184,23 @@ def test_pointwise_convs_choose_by_the_estimates(shape, channels, expected):
         assert isinstance(conv2d.engine_plan(geo, "float32"), ChannelPlan) == expected
 
 
+@pytest.mark.parametrize("c, h, k, expected", [
+    (480, 13, 64, False), (512, 13, 112, False), (384, 13, 64, False),  # Inception v1, SqueezeNet
+    (768, 7, 128, False),  # DenseNet-121's bottlenecks
+    (512, 13, 160, True), (832, 6, 384, True), (2048, 7, 512, True), (512, 7, 2048, True),  # ResNet-50's
+])
+def test_bfloat16_pointwise_convs_pay_for_packing_their_pairs(c, h, k, expected):
+    """A bfloat16 1x1 packs its input into pairs (float32 reads it in place): charged 1.2
+    cycles an element (conv_channel_plan.POINTWISE_PACK_CYCLES), the channel engine keeps
+    only the 1x1s where it measured faster than the GEMM engine (Zen 4, 2 threads:
+    0.68-0.95x the time where it now gives way, 0.77-0.95x where it stays); float32's
+    choices of the same shapes stay on channel vectors."""
+    geo = conv2d.ConvGeometry(1, c, h, h, k, 1, 1, (1, 1), (1, 1), (0, 0, 0, 0), 1, h, h)
+    with isa.compiling_for(machine_for(tvm.target.Target({"kind": "llvm", "mcpu": "znver4"}))):
+        assert isinstance(conv2d.engine_plan(geo, "bfloat16"), ChannelPlan) == expected
+        assert isinstance(conv2d.engine_plan(geo, "float32"), ChannelPlan)
+
+
 @pytest.mark.parametrize("c, h, k, kh, stride, pad, intel", [
     (128, 56, 128, 3, 2, 1, True), (128, 28, 160, 3, 2, 1, True), (96, 54, 256, 5, 2, 0, True),  # strided
     (3, 224, 64, 7, 2, 3, False), (3, 224, 96, 11, 4, 2, False),  # stems: 3 input channels

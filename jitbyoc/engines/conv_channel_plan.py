@@ -40,6 +40,15 @@ WEIGHT_BLOCK_KIB = 96
 # (0.91), ResNet-50's 128 at 56x56/2 0.72 (0.90); Inception v1's 5x5 32->96 0.97 (1.00),
 # AlexNet's 11x11/4 stem 1.25 (1.02), ResNet-50's 7x7/2 stem 1.36 (1.10)
 CHEAPER = {ONE_FMA_PIPE: 0.9, TWO_FMA_PIPES: 1.0}
+# cycles per input element of packing the input; a 1x1 in bfloat16 pairs packs (float32
+# reads in place) against a GEMM engine whose packing its cost leaves out, and packing
+# pairs runs slower than 0.5 says. Zen 4, 2 threads, alone, channel engine's time / GEMM
+# engine's, bf16, with the old 0.5: Inception v1's 13x13 1x1 480->64 1.48, 512->64 1.41,
+# 512->112 1.24, 480->96 1.11 (on channels), 512->128 1.01, 512->160 0.95, 6x6 832->384
+# 0.87, ResNet-50's 7x7 2048->512 0.85: 1.2 sends the first four to the GEMM engine and
+# keeps the rest (the margins put it between 0.46 and 0.95). int8's quads not measured
+PACK_CYCLES = 0.5
+POINTWISE_PACK_CYCLES = {"bfloat16": 1.2}
 
 
 @dataclass(frozen=True)
@@ -162,7 +171,8 @@ def tile_cost(geo, dt: str, r: int, v: int, padded: bool = False) -> float:
     step = max(r * v * bits / 512, loads, 4.0) + 0.5  # FMA latency: 4 cycles
     stores = r * v * lanes * 1.5
     layout = padded_layout(geo) if padded else Layout(geo, True)
-    pack = 0 if reads_in_place(geo, PRODUCTS[dt].group) else geo.c * layout.channel_size() * 0.5
+    per = POINTWISE_PACK_CYCLES.get(dt, PACK_CYCLES) if geo.pointwise else PACK_CYCLES
+    pack = 0 if reads_in_place(geo, PRODUCTS[dt].group) else geo.c * layout.channel_size() * per
     total = tiles * groups * (step * unit_channels(geo, dt) * geo.taps + stores + 20) + pack
     if not padded:
         return total
