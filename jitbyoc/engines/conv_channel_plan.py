@@ -46,7 +46,9 @@ CHEAPER = {ONE_FMA_PIPE: 0.9, TWO_FMA_PIPES: 1.0}
 # engine's, bf16, with the old 0.5: Inception v1's 13x13 1x1 480->64 1.48, 512->64 1.41,
 # 512->112 1.24, 480->96 1.11 (on channels), 512->128 1.01, 512->160 0.95, 6x6 832->384
 # 0.87, ResNet-50's 7x7 2048->512 0.85: 1.2 sends the first four to the GEMM engine and
-# keeps the rest (the margins put it between 0.46 and 0.95). int8's quads not measured
+# keeps the rest (the margins put it between 0.46 and 0.95). int8's quads keep 0.5: at
+# 0.5 uint8 already runs the 13x13 ones on the GEMM engine, and 2048->512 on 7x7 on
+# channel vectors at 0.92x the GEMM engine's time
 PACK_CYCLES = 0.5
 POINTWISE_PACK_CYCLES = {"bfloat16": 1.2}
 
