@@ -228,7 +228,8 @@ def _conv_bound(x, w, groups):
 @pytest.mark.parametrize("target", [None, HASWELL], ids=["host", "avx2"])
 @pytest.mark.parametrize("shape, k, kernel, stride, pad, dilation, groups", [
     ((1, 16, 14, 14), 32, 3, 1, 1, 1, 1), ((2, 8, 15, 13), 12, 3, 2, 1, 1, 1), ((1, 12, 12, 12), 20, 3, 1, 2, 2, 2),
-    ((1, 6, 17, 17), 8, 5, 3, 2, 1, 1), ((1, 10, 9, 9), 8, 3, 1, 0, 1, 2), ((1, 64, 9, 9), 64, 3, 1, 1, 1, 1)])
+    ((1, 6, 17, 17), 8, 5, 3, 2, 1, 1), ((1, 10, 9, 9), 8, 3, 1, 0, 1, 2), ((1, 64, 9, 9), 64, 3, 1, 1, 1, 1),
+    ((1, 96, 14, 14), 128, 3, 1, 1, 1, 1)])  # Zen 4's plan: 5x5 vectors of 8 lanes (ymm)
 @pytest.mark.parametrize("weight", ["constant", "input"])
 def test_direct_convolution_in_bfloat16_pairs(target, shape, k, kernel, stride, pad, dilation, groups, weight):
     """The pixel engine on channel pairs: a constant weight packed in pair blocks at build
@@ -254,6 +255,32 @@ def test_direct_convolution_in_bfloat16_pairs(target, shape, k, kernel, stride, 
     if ref is None:
         ref = build_both(mod).run(x, *args)[0]
     assert np.abs(got - ref).max() <= _conv_bound(x, w, groups)
+
+
+@pytest.mark.parametrize("cpu, lanes, instruction", [
+    ("cooperlake", 16, "zmm"), ("cooperlake", 8, "ymm"), ("znver4", 8, "ymm"), ("skylake-avx512", 8, None)])
+def test_pairs_summed_by_vdpbf16ps_at_every_vector_width(cpu, lanes, instruction):
+    """A step of bfloat16 pairs (multiply_units) is one ``vdpbf16ps`` on 16 float32 lanes
+    and on 8 (the VL form: a pixel engine's half-width plan), where the target has
+    AVX512_BF16; without it, two exact widening multiply-adds and no vdpbf16ps."""
+    import llvmlite.binding as llvm
+    from llvmlite import ir
+
+    from jitbyoc.engines.gemm_micro import multiply_units
+    from jitbyoc.engines.products import PRODUCTS
+    from jitbyoc.toolchain import jit
+
+    machine = machine_for(tvm.target.Target({"kind": "llvm", "mcpu": cpu}))
+    with isa.compiling_for(machine):
+        acc, units = ir.VectorType(ir.FloatType(), lanes), ir.VectorType(ir.IntType(32), lanes)
+        module = ir.Module(name="step")
+        module.triple = machine.triple
+        fn = ir.Function(module, ir.FunctionType(acc, [acc, units, units]), "step")
+        b = ir.IRBuilder(fn.append_basic_block())
+        b.ret(multiply_units(b, PRODUCTS["bfloat16"], fn.args[1], fn.args[2], fn.args[0]))
+        asm = jit.target_machine(machine).emit_assembly(llvm.parse_assembly(str(module)))
+    dots = [line for line in asm.splitlines() if "vdpbf16ps" in line]
+    assert (len(dots), all(instruction in d for d in dots)) == ((1, True) if instruction else (0, True))
 
 
 def test_lower_precision_keeps_convolutions_float32_where_bf16_is_slower():
