@@ -283,6 +283,27 @@ def test_pairs_summed_by_vdpbf16ps_at_every_vector_width(cpu, lanes, instruction
     assert (len(dots), all(instruction in d for d in dots)) == ((1, True) if instruction else (0, True))
 
 
+@pytest.mark.parametrize("c, k, hw, lowered", [(64, 64, 56, False), (64, 96, 28, False), (96, 64, 27, False),
+                                                (64, 64, 14, True), (64, 64, 13, True), (128, 32, 56, True)])
+def test_winograd_tiles_that_fit_the_map_keep_a_3x3_float32(c, k, hw, lowered):
+    """float32's Winograd F(4x4, 3x3) outruns bf16's direct convolution where its tiles
+    cover the map with at most 10 % to spare (56, 28, 27: measured 1.01-1.67x faster on
+    Zen 4): there lower_precision leaves the conv float32, and jitbyoc runs it by
+    Winograd; 14x14 and 13x13 (1.31x and 1.51x the map) are lowered, and so is
+    DenseNet's 128->32 (few output channels: the transforms' traffic); with AMX tiles every
+    one is (a product on tiles)."""
+    w = np.ones((k, c, 3, 3), np.float32)
+    mod = build_model({"x": ((1, c, hw, hw), "float32")}, lambda bb, x: bb.emit(
+        R.nn.conv2d(x, relax.const(w), padding=1)))
+    for cpu, want in (("znver4", lowered), ("sapphirerapids", True)):
+        with isa.compiling_for(machine_for(tvm.target.Target({"kind": "llvm", "mcpu": cpu}))):
+            low = jitbyoc.lower_precision(mod)
+            assert ("bfloat16" in low.script()) == want, (cpu, hw)
+            if not want:
+                (region,) = jitbyoc.inspect(low)
+                assert any(getattr(st, "winograd", False) for st in region.kernel.stages)
+
+
 def test_lower_precision_keeps_convolutions_float32_where_bf16_is_slower():
     """Depthwise (a pair would be half zeros) stays float32; the 3-channel stem, measured
     faster in bf16, is lowered (precision._narrower_is_faster), and so is a 7x7 map,
