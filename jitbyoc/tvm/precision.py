@@ -46,29 +46,31 @@ SMALL_MAP = 49  # output pixels up to which a map float32 runs on channel vector
 # bf16 / float32 time: 56x56 3x3 64->64 1.48-1.67, 256->256 1.49, DenseNet's 128->32
 # 1.26-1.28; 28x28 128->128 1.01-1.35, 512->512 1.16-1.29, 128->32 1.09; 27x27 128->192
 # 1.03-1.36, 96->128 1.23-1.25. On 13x13 and 14x14 (tiles over 1.31-1.51x the map) it
-# varies with the channels: 0.63 (128->32) to 1.23 (160->192), 256->256 1.01-1.18. Few
-# output channels leave the transforms' memory traffic large next to the products:
-# DenseNet-121 (3x3 128->32 on 56x56 and 28x28 kept float32), builds alternating in one
-# process, 0.95-1.01x the time in this VM's quiet phases but 1.10-1.17x in its far-apart
-# phases (a cache line between its CPUs 4-6x slower); Inception v1 0.91-1.03x (median
-# 0.96), ResNet-50 0.91-1.01x
+# varies with the channels: 0.63 (128->32) to 1.23 (160->192), 256->256 1.01-1.18, and
+# in the model ResNet-50 ran 1.04x slower with its 14x14 ones float32 (builds alternating
+# in one process). Few output channels leave the transforms' memory traffic large next
+# to the products: DenseNet-121 with its 3x3 128->32 on 56x56 and 28x28 left float32 ran
+# 0.95-1.01x the time in this VM's quiet phases but 1.10-1.17x in its far-apart phases
+# (a cache line between its CPUs 4-6x slower). With both limits: Inception v1 0.91-1.03x
+# (median 0.96), ResNet-50 0.91-1.01x
 MAX_TILE_WASTE = 1.1
 MIN_WINOGRAD_CHANNELS = 64  # input and output channels
 
 
 def _narrower_is_faster(geo) -> bool:
-    """Whether jitbyoc runs ``geo`` faster in bf16. Measured (Zen 4, 2 threads, quiet
-    machine, bf16 with a constant bf16 weight vs float32, each in turns): a 3x3 64->64 on
-    56x56 1.85-1.92x against float32's direct convolution, but float32's Winograd tiles
-    beat bf16 where they fit the map (:func:`_winograd_in_float32`); the 3-channel 7x7/2 stem 1.42-1.44x (a weight packed per call: 3
-    channels do not pair); 3x3 grouped with 2 channels a group 1.15x; but depthwise (one
-    channel a group: every unit half zeros, against float32's own depthwise kernel)
-    0.48x, and a 3x3 512->512 on 7x7 0.74-0.82x on the pixel engine (vectors of pixels
-    waste lanes on a 7-wide map) but 2.1x on output-channel vectors of pairs: a map that
-    float32 runs on channel vectors is lowered where bf16 runs on them too. 1x1 and patch
-    convolutions are products on the GEMM engine (1.8-1.9x): always. Grouped ones too:
-    RegNetY's 784@7 (groups of 16) in its bf16 build 0.070-0.074 ms on the pixel engine
-    against 0.098-0.102 left float32 on channel vectors, 784@14/2 level."""
+    """Whether jitbyoc runs ``geo`` faster in bf16. Measured (Zen 4, 2 threads, quiet machine,
+    bf16 with a constant bf16 weight vs float32, each in turns): a 3x3 64->64 on 56x56
+    1.85-1.92x against float32's direct convolution, but float32's Winograd tiles beat bf16
+    where they fit the map (:func:`_winograd_in_float32`); the 3-channel 7x7/2 stem
+    1.42-1.44x (a weight packed per call: 3 channels do not pair); 3x3 grouped with 2
+    channels a group 1.15x; but depthwise (one channel a group: every unit half zeros,
+    against float32's own depthwise kernel) 0.48x, and a 3x3 512->512 on 7x7 0.74-0.82x on
+    the pixel engine (vectors of pixels waste lanes on a 7-wide map) but 2.1x on
+    output-channel vectors of pairs: a map that float32 runs on channel vectors is lowered
+    where bf16 runs on them too. 1x1 and patch convolutions are products on the GEMM engine
+    (1.8-1.9x): always. Grouped ones too: RegNetY's 784@7 (groups of 16) in its bf16 build
+    0.070-0.074 ms on the pixel engine against 0.098-0.102 left float32 on channel vectors,
+    784@14/2 level."""
     if geo.as_matmul:  # a product on the GEMM engine, in units of the reduction
         return True
     if geo.groups == 1 and geo.cg >= MIN_CHANNELS and has_tiles("bfloat16"):
@@ -79,7 +81,6 @@ def _narrower_is_faster(geo) -> bool:
         return True
     on_channels = lambda dt: isinstance(conv2d.engine_plan(geo, dt), ChannelPlan)  # noqa: E731
     return geo.oh * geo.ow > SMALL_MAP or on_channels("bfloat16") or not on_channels("float32")
-
 
 
 def _winograd_in_float32(geo) -> bool:
