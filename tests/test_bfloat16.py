@@ -304,6 +304,18 @@ def test_winograd_tiles_that_fit_the_map_keep_a_3x3_float32(c, k, hw, lowered):
                 assert any(getattr(st, "winograd", False) for st in region.kernel.stages)
 
 
+@pytest.mark.parametrize("setting, lowered", [("4", False), ("2", True), ("0", True)])
+def test_only_winograds_four_by_four_tiles_keep_a_3x3_float32(monkeypatch, setting, lowered):
+    """The float32 Winograd measured faster than bf16 was F(4x4, 3x3) (4x fewer
+    multiplications); with JITBYOC_WINOGRAD=2 (2.25x fewer, not measured against bf16) or
+    0 (direct) a 56x56 3x3 is lowered to bf16 as before."""
+    monkeypatch.setenv("JITBYOC_WINOGRAD", setting)
+    mod = build_model({"x": ((1, 64, 56, 56), "float32")}, lambda bb, x: bb.emit(
+        R.nn.conv2d(x, relax.const(np.ones((64, 64, 3, 3), np.float32)), padding=1)))
+    with isa.compiling_for(machine_for(tvm.target.Target({"kind": "llvm", "mcpu": "znver4"}))):
+        assert ("bfloat16" in jitbyoc.lower_precision(mod).script()) == lowered
+
+
 def test_lower_precision_keeps_convolutions_float32_where_bf16_is_slower():
     """Depthwise (a pair would be half zeros) stays float32; the 3-channel stem, measured
     faster in bf16, is lowered (precision._narrower_is_faster), and so is a 7x7 map,

@@ -87,8 +87,10 @@ def _winograd_in_float32(geo) -> bool:
     """Whether float32 runs ``geo`` by Winograd's algorithm on tiles that waste at most
     :data:`MAX_TILE_WASTE` of their outputs, with :data:`MIN_WINOGRAD_CHANNELS`: faster
     there than bf16's direct convolution, and closer to the exact sum."""
-    tf = winograd.chosen()
-    if tf is None or not winograd.fits(geo, "float32") or min(geo.c, geo.k) < MIN_WINOGRAD_CHANNELS:
+    tf = winograd.chosen()  # measured with F(4x4, 3x3); F(2x2) was not measured against bf16
+    if tf is not winograd.F43 or not winograd.fits(geo, "float32"):
+        return False
+    if min(geo.c, geo.k) < MIN_WINOGRAD_CHANNELS:
         return False
     rows, cols = winograd.tiles(geo, tf)
     return rows * cols * tf.tile ** 2 <= MAX_TILE_WASTE * geo.oh * geo.ow
