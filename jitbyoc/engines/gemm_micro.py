@@ -164,8 +164,8 @@ def _dot_step(b, product, rows, aks, bp, bks, masks):
 # its VL form. Without the ymm form a half-width plan summed its pairs by two widening
 # multiply-adds (_units_widened): Zen 4, 2 threads, Inception v2's bf16 3x3 96->128 on
 # 14x14 on the pixel engine's 5x5 block of 8 lanes took 408 us, 138 on 16 lanes
-DPBF16PS = {16: ("llvm.x86.avx512bf16.dpbf16ps.512", ("avx512bf16",)),
-            8: ("llvm.x86.avx512bf16.dpbf16ps.256", ("avx512bf16", "avx512vl"))}
+DPBF16PS = {16: ("llvm.x86.avx512bf16.dpbf16ps.512", (("avx512bf16",),)),
+            8: ("llvm.x86.avx512bf16.dpbf16ps.256", (("avx512bf16", "avx512vl"),))}
 # the int8 dot product per accumulator lanes: AVX512_VNNI's zmm form; on ymm, AVX-VNNI's
 # VEX form (Alder Lake and later Intel client cores, Zen 5) or AVX512_VNNI with VL
 VPDPBUSD = {16: ("llvm.x86.avx512.vpdpbusd.512", (("avx512vnni",),)),
@@ -176,13 +176,10 @@ def _dot_instruction(product, lanes: int):
     """``(intrinsic, operand type)`` of ``product``'s dot-product instruction on ``lanes``
     accumulator lanes, or None where the machine has none."""
     machine = isa.current()
-    if product.a == "bfloat16":
-        if lanes not in DPBF16PS or not all(machine.has(f) for f in DPBF16PS[lanes][1]):
-            return None
-        return DPBF16PS[lanes][0], ir.VectorType(BFLOAT, 2 * lanes)
-    name, needs = VPDPBUSD.get(lanes, (None, ()))
+    table, element = (DPBF16PS, BFLOAT) if product.a == "bfloat16" else (VPDPBUSD, ir.IntType(8))
+    name, needs = table.get(lanes, (None, ()))
     if any(all(machine.has(f) for f in features) for features in needs):
-        return name, ir.VectorType(ir.IntType(8), 4 * lanes)
+        return name, ir.VectorType(element, product.group * lanes)
     return None
 
 
