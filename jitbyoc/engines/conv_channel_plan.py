@@ -11,8 +11,8 @@ from functools import lru_cache
 
 from ..render import isa
 from ..threads import physical_cores
-from .conv_plan import (DENSE_MAX_KW, ONE_FMA_PIPE, TWO_FMA_PIPES, Layout, Plan, bands_wanted, choose_plan, cost,
-                        issue_costs, unit_channels)
+from .conv_plan import (DENSE_MAX_KW, ONE_FMA_PIPE, PACK_CYCLES, TWO_FMA_PIPES, Layout, Plan, bands_wanted,
+                        choose_plan, cost, issue_costs, unit_channels)
 from .gemm import blocking_for, panel_width
 from .gemm_llvm import chunks_of
 from .products import PRODUCTS
@@ -40,16 +40,15 @@ WEIGHT_BLOCK_KIB = 96
 # (0.91), ResNet-50's 128 at 56x56/2 0.72 (0.90); Inception v1's 5x5 32->96 0.97 (1.00),
 # AlexNet's 11x11/4 stem 1.25 (1.02), ResNet-50's 7x7/2 stem 1.36 (1.10)
 CHEAPER = {ONE_FMA_PIPE: 0.9, TWO_FMA_PIPES: 1.0}
-# cycles per input element of packing the input; a 1x1 in bfloat16 pairs packs (float32
-# reads in place) against a GEMM engine whose packing its cost leaves out, and packing
-# pairs runs slower than 0.5 says. Zen 4, 2 threads, alone, channel engine's time / GEMM
+# cycles per input element of packing the input, where it is not conv_plan.PACK_CYCLES: a
+# 1x1 in bfloat16 pairs packs (float32 reads in place) against a GEMM engine whose
+# packing its cost leaves out, and packing pairs runs slower than 0.5 says. Zen 4, 2 threads, alone, channel engine's time / GEMM
 # engine's, bf16, with the old 0.5: Inception v1's 13x13 1x1 480->64 1.48, 512->64 1.41,
 # 512->112 1.24, 480->96 1.11 (on channels), 512->128 1.01, 512->160 0.95, 6x6 832->384
 # 0.87, ResNet-50's 7x7 2048->512 0.85: 1.2 sends the first four to the GEMM engine and
 # keeps the rest (the margins put it between 0.46 and 0.95). int8's quads keep 0.5: at
 # 0.5 uint8 already runs the 13x13 ones on the GEMM engine, and 2048->512 on 7x7 on
 # channel vectors at 0.92x the GEMM engine's time
-PACK_CYCLES = 0.5
 POINTWISE_PACK_CYCLES = {"bfloat16": 1.2}
 
 

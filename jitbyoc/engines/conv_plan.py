@@ -52,6 +52,7 @@ def bands_wanted(geo, blocks: int) -> int:
 
 
 MAX_V = 8  # vectors per chunk; the workspace's slack covers one chunk of full vectors
+PACK_CYCLES = 0.5  # per input element packed into the workspace (both engines' cost models)
 
 
 @dataclass(frozen=True)
@@ -253,7 +254,7 @@ def cost(plan: Plan, dt: str) -> float:
     loads = v * bits / 512 * issue.load + j * issue.broadcast
     per_chunk = (max(j * v * bits / 512, loads) + 0.5) * cg * g.taps \
         + v * stores * (j + 5) + 20
-    pack = g.c * lay.channel_size() * 0.5
+    pack = g.c * lay.channel_size() * PACK_CYCLES
     # every channel block streams the packed input through L2 again (~128 B/cycle with
     # the compute overlapping it): small J pays for its low reuse
     stream = blocks * g.c * lay.channel_size() * lookup_dtype(dt).nbytes / 128
