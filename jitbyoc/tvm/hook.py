@@ -33,14 +33,14 @@ import time
 from contextlib import contextmanager
 
 import tvm
-from tvm import relax, tirx
+from tvm import tirx
 from tvm.relax.pipeline import PIPELINE_MAP
 
 from ..render import isa
 from ..render.isa import Machine
 from ..toolchain import session
 from ..toolchain.session import BuildSession
-from . import codegen, constants
+from . import codegen, constants, weights_table
 from . import report as offload_report
 from .composite_types import restore_call_types
 from .partition import partition_for_jitbyoc, regions
@@ -125,9 +125,14 @@ def offload(mod: tvm.IRModule, build: BuildSession) -> tvm.IRModule:
             codegen.build_module(regions(part).values(), build)
             with TVM_TURN:
                 out = restore_call_types(part, codegen.run_codegen(part, build))
+                out = weights_table.hand_over(out, _symbols(part))
     build.timings.update(partition_s=t1 - t0, codegen_s=time.perf_counter() - t1)
     offload_report.record(part, build)
     return _with_anchor(out) if regions(part) else out
+
+
+def _symbols(part: tvm.IRModule) -> set[str]:
+    return {str(f.attrs["global_symbol"]) for f in regions(part).values()}
 
 
 def _in_turn(inner):
