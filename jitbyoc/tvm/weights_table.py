@@ -12,9 +12,8 @@ in a ``ConstLoaderModule`` imported by the executable, which serializes them wit
 and which answers ``get_const_var_tensor`` with the name -> tensor map. A function
 calling regions with such weights gets a prologue, outside its dataflow blocks, that
 fetches that map (``R.call_pure_packed("get_const_var_tensor")``) and each weight from
-it (``ffi.MapGetItem``, a builtin of TVM's runtime) on every call: one packed call a
-weight, 1-2 us a call for eight weights (measured against the same build with them in
-the pool). Small constants (scalars, biases) stay in the pool (:data:`MIN_BYTES`).
+it (``ffi.MapGetItem``, a builtin of TVM's runtime) on every call: about a microsecond a
+weight. Smaller constants stay in the pool (:data:`MIN_BYTES`).
 
 A later ``RunCodegen`` of another codegen with constants of its own would replace the
 attribute (TVM's default pipeline runs none after jitbyoc's); the function would then
@@ -27,9 +26,12 @@ import numpy as np
 import tvm
 from tvm import relax
 
-# Smaller weights stay in TVM's constant pool. Hashing costs ~1 ns a byte once, a fetch
-# ~0.2 us a call: at 256 KiB the fetches cost as much after ~1000 calls.
-MIN_BYTES = 1 << 18
+# Smaller weights stay in TVM's constant pool. Hashing costs ~1 ns a byte, once; the
+# loader's map costs ~1 us an entry, every call (it is built whole for each fetch of it:
+# RegNetY's 25 weights of 256 KiB or more took 53 us a call under jitbyoc.profile). From
+# 1 MiB a weight's own layer reads it in >= 30 us, so the fetch is a few % at worst
+# (RegNetY: 4 such weights, MobileNetV2 3, ResNet-50 32, BERT-base 74).
+MIN_BYTES = 1 << 20
 ATTR = "const_name_to_constant"
 TABLE = "get_const_var_tensor"  # ConstLoaderModule's function: every constant by name
 GET = "ffi.MapGetItem"
