@@ -52,9 +52,10 @@ class _Rewrite(relax.PyExprMutator):
     """Replaces large constant arguments of calls to ``symbols`` by variables bound in
     the function's prologue (:meth:`prologue`)."""
 
-    def __init__(self, mod, symbols, names: dict):
+    def __init__(self, mod, symbols, names: dict, taken):
         super().__init__(mod)
         self.symbols, self.names = symbols, names  # names: shared by the module's functions
+        self.taken = taken  # names the loader already holds (another codegen's)
         self.fetched: dict = {}  # name -> variable of this function
 
     def visit_call_(self, call):
@@ -71,7 +72,12 @@ class _Rewrite(relax.PyExprMutator):
         tensor = _tensor(arg)
         if tensor is None or _nbytes(tensor) < MIN_BYTES:
             return arg
-        name = self.names.setdefault(arg, (f"jitbyoc_weight_{len(self.names)}", tensor))[0]
+        if arg not in self.names:
+            number = len(self.names)
+            while f"jitbyoc_weight_{number}" in self.taken:
+                number += 1
+            self.names[arg] = (f"jitbyoc_weight_{number}", tensor)
+        name = self.names[arg][0]
         if name not in self.fetched:
             self.fetched[name] = relax.Var(name, arg.ty)
         return self.fetched[name]
@@ -88,12 +94,13 @@ class _Rewrite(relax.PyExprMutator):
 def hand_over(mod: tvm.IRModule, symbols) -> tvm.IRModule:
     """``mod`` with the large constant arguments of its calls to the regions ``symbols``
     fetched from TVM's constant loader (their tensors in ``mod``'s ``const_name_to_constant``)."""
+    table = dict(mod.attrs[ATTR]) if mod.attrs and ATTR in mod.attrs else {}
     names: dict = {}
     updates = {}
     for gv, func in mod.functions.items():
         if not isinstance(func, relax.Function) or func.attrs and "Codegen" in func.attrs:
             continue
-        rewrite = _Rewrite(mod, frozenset(symbols), names)
+        rewrite = _Rewrite(mod, frozenset(symbols), names, table.keys())
         body = rewrite.visit_expr(func.body)
         if not rewrite.fetched:
             continue
@@ -105,6 +112,5 @@ def hand_over(mod: tvm.IRModule, symbols) -> tvm.IRModule:
     mod = mod.clone()
     for gv, func in updates.items():
         mod[gv] = func
-    table = dict(mod.attrs[ATTR]) if mod.attrs and ATTR in mod.attrs else {}
     table.update({name: data for name, data in names.values()})
     return mod.with_attr(ATTR, table)
