@@ -164,27 +164,6 @@ def test_concat_split_in_every_dtype_and_axis():
     exact(got, want)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "int64", "bool"])
-def test_a_channel_concat_split_across_tasks_by_slices(dtype):
-    """A channel concat large enough for the thread pool, whose tasks take slices along
-    the axis (kernels/slicing.Concat._emit_by_slices): task boundaries fall inside rows
-    and inside inputs (odd channel counts, three images), one input is written in place
-    by its producer, and a ReLU epilogue runs over every part. Copies are exact."""
-    shapes = [((3, c, 37, 41), dtype) for c in (5, 83, 7)]
-    cases = [(shapes, 1)]
-
-    def make(bb, vs, axis):
-        first = bb.emit(R.negative(vs[0])) if dtype != "bool" else vs[0]  # placed in the concat
-        c = bb.emit(R.concat([first, vs[1], vs[2]], axis=axis))
-        return bb.emit(R.nn.relu(c)) if dtype == "float32" else c
-
-    mod = model(cases, make)
-    arrays, got = one_exact_region(mod, cases)
-    first = -arrays[0] if dtype != "bool" else arrays[0]
-    want = np.concatenate([first, arrays[1], arrays[2]], axis=1)
-    exact(got, [np.maximum(want, 0) if dtype == "float32" else want])
-
-
 def test_stack_and_flip_in_every_dtype_and_axis():
     """stack along every axis (a concat of unit-dim views) and flip of every axis (a
     slice stepping back), with a following elementwise op fused, against TVM and numpy."""

@@ -285,9 +285,6 @@ class Concat(PortableStage, kir.KernelStage):
     placed: tuple = ()
 
     def emit(self, e) -> None:
-        if self.axis < self.out.ndim - 1:
-            self._emit_by_slices(e)
-            return
         out, axis = self.out, self.axis
 
         def body(e, lo, hi):
@@ -310,36 +307,6 @@ class Concat(PortableStage, kir.KernelStage):
 
         e.parallel(e.product(out.shape[:axis]), body,
                    threaded(out.shape, "copy") and axis > 0)
-
-    def _emit_by_slices(self, e) -> None:
-        """The tasks take slices along ``axis`` (a channel of NCHW), not whole rows: a
-        batch-1 channel concat is one row, which one thread copied alone (DenseNet-121's
-        58 copies, 36 MB a run). Each task copies, per row and input, the run of its
-        slices that input holds (contiguous in both), then runs the epilogue over it."""
-        out, axis = self.out, self.axis
-
-        def body(e, lo, hi):  # sizes made here: a task's body is a function of its own
-            inner, slices = e.product(out.shape[axis + 1:]), e.dim(out.shape[axis])
-            per_row = e.let(e.max(slices, 1))  # an empty axis: no tasks, and no division by 0
-            with e.loop(e.add(e.div(e.sub(hi, 1), per_row), 1), e.div(lo, per_row), "row") as r:
-                base = e.let(e.mul(r, slices))
-                first, last = e.let(e.sub(e.max(lo, base), base)), e.let(e.sub(e.min(hi, e.add(base, slices)), base))
-                pos = unravel(e, r, [e.dim(d) for d in out.shape[:axis]])
-                at = 0
-                for i, x in enumerate(self.inputs):
-                    n = e.dim(x.shape[axis])
-                    c0 = e.let(e.max(first, at))
-                    c1 = e.let(e.max(c0, e.min(last, e.add(at, n))))
-                    if i not in self.placed:
-                        dst, src = e.let(e.mul(e.add(base, c0), inner)), e.let(e.mul(e.add(e.mul(r, n), e.sub(c0, at)), inner))
-                        with e.loop(e.mul(e.sub(c1, c0), inner), 0, "k") as k:
-                            e.copy(out, e.add(dst, k), x, e.add(src, k))
-                    if self.epilogue is not None:
-                        e.epilogue(self, pos + [c0] + [0] * (out.ndim - axis - 1),
-                                   [1] * axis + [e.sub(c1, c0)] + [e.dim(d) for d in x.shape[axis + 1:]])
-                    at = e.let(e.add(at, n))
-
-        e.parallel(e.mul(e.product(out.shape[:axis]), e.dim(out.shape[axis])), body, threaded(out.shape, "copy"))
 
     @staticmethod
     def reference(*xs: np.ndarray, axis: int = 0) -> np.ndarray:
