@@ -122,17 +122,14 @@ def offload(mod: tvm.IRModule, build: BuildSession) -> tvm.IRModule:
         with constants.writes_overlap():  # packed weights are written while regions compile
             part = partition_for_jitbyoc(mod, build)
             t1 = time.perf_counter()
-            codegen.build_module(regions(part).values(), build)
+            found = list(regions(part).values())
+            codegen.build_module(found, build)
             with TVM_TURN:
                 out = restore_call_types(part, codegen.run_codegen(part, build))
-                out = weights_table.hand_over(out, _symbols(part))
+                out = weights_table.hand_over(out, {str(f.attrs["global_symbol"]) for f in found})
     build.timings.update(partition_s=t1 - t0, codegen_s=time.perf_counter() - t1)
     offload_report.record(part, build)
-    return _with_anchor(out) if regions(part) else out
-
-
-def _symbols(part: tvm.IRModule) -> set[str]:
-    return {str(f.attrs["global_symbol"]) for f in regions(part).values()}
+    return _with_anchor(out) if found else out
 
 
 def _in_turn(inner):

@@ -95,12 +95,12 @@ def hand_over(mod: tvm.IRModule, symbols) -> tvm.IRModule:
     """``mod`` with the large constant arguments of its calls to the regions ``symbols``
     fetched from TVM's constant loader (their tensors in ``mod``'s ``const_name_to_constant``)."""
     table = dict(mod.attrs[ATTR]) if mod.attrs and ATTR in mod.attrs else {}
-    names: dict = {}
+    symbols, names = frozenset(symbols), {}
     updates = {}
     for gv, func in mod.functions.items():
         if not isinstance(func, relax.Function) or func.attrs and "Codegen" in func.attrs:
             continue
-        rewrite = _Rewrite(mod, frozenset(symbols), names, table.keys())
+        rewrite = _Rewrite(mod, symbols, names, table.keys())
         body = rewrite.visit_expr(func.body)
         if not rewrite.fetched:
             continue
