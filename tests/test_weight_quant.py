@@ -19,7 +19,7 @@ from jitbyoc.ir import kir
 from jitbyoc.kernels.weight_matmul import WeightMatMul
 from jitbyoc.render import isa
 from jitbyoc.tvm.target import machine_for
-from jitbyoc.tvm.weights import NIBBLE_SHIFTS, NIBBLE_VALUES, dequantized, quantized_int4, quantized_int8
+from jitbyoc.tvm.weights import NIBBLE_VALUES, dequantized, nibble_shifts, quantized_int4, quantized_int8
 from tests.conftest import build_model
 from tests.diff_util import CC, build, run, run_c
 
@@ -80,17 +80,41 @@ def test_int4_is_q4_0_layout():
     np.testing.assert_array_equal(q.ravel(), want)
 
 
+@pytest.mark.parametrize("group", [32, 64, 128])
+def test_int4_words_of_8_nibbles_where_k_is_a_multiple_of_128(group):
+    """Lane j of 16 int32 words holds element 16 s + j of a block of 128 in its nibble s
+    (bits 4s .. 4s + 3), so one vector load serves 8 vectors of weights."""
+    w = np.random.default_rng(5).standard_normal((3, 256)).astype(np.float32)
+    q, scale = quantized_int4(w, group)
+    assert q.dtype == np.int32 and q.shape == (3, 2, 1, 1, 16) and q.nbytes == w.size // 2
+    steps = np.repeat(scale.reshape(3, -1), group, axis=1)
+    v = (np.clip(np.rint(w / steps) + 8, 0, 15).astype(np.uint32) ^ 8).reshape(3, 2, 8, 16)
+    want = sum(v[:, :, s] << np.uint32(4 * s) for s in range(8)).view(np.int32)
+    np.testing.assert_array_equal(q.reshape(3, 2, 16), want)
+
+
 @pytest.mark.parametrize("bits", [8, 4])
 @pytest.mark.parametrize("rows,bias", [(1, False), (1, True), (7, True), ("m", False)])
 def test_product_matches_numpy_and_tvm(bits, rows, bias):
-    n, k = 37, 256  # 37 outputs: a ragged last block of weight rows
+    check_product(bits, 256, 32, rows, bias)  # int4: words of 8 nibbles, 4 groups a word
+
+
+@pytest.mark.parametrize("k,group", [(256, 64), (256, 128), (96, 32), (192, 64), (384, 128)])
+def test_int4_product_in_every_layout(k, group):
+    """Words holding 2 groups or one; Q4_0's bytes where K is no multiple of 128, a group
+    of one block or of two."""
+    check_product(4, k, group, 3, False)
+
+
+def check_product(bits, k, group, rows, bias):
+    n = 37  # a ragged last block of weight rows
     mod, w, b = linear(n, k, rows, bias)
-    qmod = jitbyoc.quantize_weights(mod, bits=bits, group_size=32)
+    qmod = jitbyoc.quantize_weights(mod, bits=bits, group_size=group)
     m = 5 if isinstance(rows, str) else rows
     x = np.random.default_rng(2).standard_normal((m, k)).astype("float32")
     got, = run(build(qmod, True), [x])
     tvm_got, = run(build(qmod, False), [x])
-    wq = dequantized(*QUANTIZE[bits](w, 32))
+    wq = dequantized(*QUANTIZE[bits](w, group))
     want = x @ wq.T.astype(np.float64) + b
     bound = product_bound(x, wq, k + 1) * (1 + 2 ** -24) + (np.abs(want) * 2 ** -23 if bias else 0)
     assert np.all(np.abs(got - want) <= bound), np.abs(got - want).max()
@@ -104,7 +128,7 @@ def test_the_float32_weight_is_never_written(bits):
     kernel = region.kernel
     assert [type(s) for s in kernel.stages] == [WeightMatMul]
     assert kernel.temps == []
-    assert {b.dtype for b in kernel.inputs} >= {"float32", "int8" if bits == 8 else "uint8"}
+    assert {b.dtype for b in kernel.inputs} >= {"float32", "int8" if bits == 8 else "int32"}  # int4: words of 8
 
 
 @pytest.mark.parametrize("cpu", ["skylake-avx512", "haswell"])
@@ -229,7 +253,7 @@ def test_c_rendering_matches_llvm(bits, tmp_path):
     arrays = {"x": x, "q": q, "s": s}
     if bits == 4:  # the dequantization's constants, in the order the expression reads them
         assert region.arg_names[1:3] == ["const1", "const2"]
-        arrays.update(const1=NIBBLE_SHIFTS, const2=NIBBLE_VALUES)
+        arrays.update(const1=nibble_shifts(8, 4), const2=NIBBLE_VALUES)  # K = 128: words of 8 nibbles
     got_c, = run_c(region, arrays, tmp_path)
     got, = run(build(mod, True), [x, q, s])
     np.testing.assert_allclose(got_c, got, rtol=1e-5, atol=1e-5)

@@ -14,9 +14,14 @@ little over a quarter of them for int8, about a sixth for int4 (scales per 32 in
 Loops: tasks take blocks of :data:`ROWS` weight rows; a block runs the rows of ``x`` in
 tiles of :data:`TILE` (each weight vector evaluated once per tile, the tile's rows
 loaded once per weight row), one fused multiply-add per weight vector and row of ``x``
-into a vector accumulator, whose lanes are summed at the end. The block's weight rows
-stay in L1 across the tiles of a prompt. In C every width is 1: the same loops on
-scalars.
+into a vector accumulator, whose lanes are summed at the end. A scaled weight runs in
+units of one group, or of the groups one load of its storage serves (int4's words of 8
+nibbles: 128 weights), the unit's vectors written out at positions that differ only in
+constants, so that LLVM loads a word vector once and computes no index per vector
+(Zen 4, 2 threads, one row, fed from memory, 24 layers: int4 4864 x 896 120 -> 104 us a
+layer; the int8 layer, whose positions had been unravelled from a flat index per group,
+190 -> 158 us). The block's weight rows stay in L1 across the tiles of a prompt. In C
+every width is 1: the same loops on scalars.
 
 int4's cost is the decode, not the bytes. Zen 4, 2 threads, ``4864 x 896`` in int4 (in
 cache), one row of x, three rounds of each in turns: as written (widen, shift left, shift
@@ -58,7 +63,7 @@ TILE = 4  # rows of x per tile
 # rows of x up to which a product of static shape evaluates its weight in place; a
 # symbolic count (a decoder's tokens) always does: one token a step
 MAX_STATIC_ROWS = 32
-UNROLL = 8  # vectors of a group written out side by side (one a lane in C: a loop there)
+UNROLL = 8  # vectors of a unit written out side by side (longer groups: a loop)
 # how far ahead each weight row is prefetched, into L2 (prefetcht1): a decode step's
 # weights come from memory. The 151936 x 896 output layer of Qwen2-0.5B in int8, one row
 # of x, Zen 4, 2 threads, two rounds each: no prefetch 9.0 ms; 2048 bytes into L1 6.4,
@@ -145,8 +150,8 @@ class WeightMatMul(PortableStage, kir.KernelStage):
         xrows = [e.let(e.mul(e.add(m0, i), self.k)) for i in range(tile)]
         accs = self._zeros(e, tile, width)
 
-        def add(sums, node, k, prefetch=True):
-            ws = [self._evaluate(e, node, row, k, width, prefetch) for row in rows]
+        def add(sums, node, k, place, prefetch=True):
+            ws = [self._evaluate(e, node, place(row), width, prefetch) for row in rows]
             xs = [e.vload(x, e.add(at, k), "float32", width) for at in xrows]
             for w, row in zip(ws, sums):
                 for xv, slot in zip(xs, row):
@@ -154,29 +159,65 @@ class WeightMatMul(PortableStage, kir.KernelStage):
 
         factored = self._factored()
         if factored is None:
-            e.strips(0, self.k, width, lambda k, _mask: add(accs, self.weight, k))
+            e.strips(0, self.k, width, lambda k, _mask: add(accs, self.weight, k, self._flat(e, k)))
         else:
-            inner, factor, span = factored
-            with e.loop(self.k // span, 0, "span") as sp:
-                k0 = e.let(e.mul(sp, span))
-                parts = self._zeros(e, tile, width)
-                for row in rows:
-                    self._prefetch(e, inner, row, k0, span, width)
-                if span // width <= UNROLL:  # vectors of one group side by side: those that
-                    for v in range(span // width):  # load the same bytes (int4's two
-                        add(parts, inner, e.add(k0, v * width), False)  # nibbles) load them once
-                else:
-                    with e.loop(span // width, 0, "v") as v:
-                        add(parts, inner, e.add(k0, e.mul(v, width)), False)
-                for row, part, acc in zip(rows, parts, accs):
-                    f = self._evaluate(e, factor, row, k0, width)
-                    for p, a in zip(part, acc):
-                        e.set(a, e.vop(width, "fma", "float32", e.get(p), f, e.get(a)))
+            self._groups(e, rows, accs, add, *factored)
         for r, row in enumerate(accs):
             with e.when(e.lt(e.add(n0, r), self.n)):
                 for i, slot in enumerate(row):
                     total = e.fold_vector("sum", "float32", e.get(slot), width)
                     e.store(self.out, e.add(e.mul(e.add(m0, i), self.n), e.add(n0, r)), total)
+
+    def _groups(self, e, rows, accs, add, inner, factor, span: int) -> None:
+        """The products of a weight ``inner * factor``, ``factor`` the same over each
+        ``span`` elements: ``inner * x`` summed over a group, times ``factor`` once. A
+        unit of the loop is a group, or several where one load of the storage serves them
+        (int4's words): its vectors are written out, at positions known but for the
+        unit's, so that the loads of one word vector are one."""
+        width = e.lanes("float32")
+        unit = max(span, self._storage_run(inner))
+        if unit // width > UNROLL:  # a long group: its vectors in a loop
+            with e.loop(self.k // span, 0, "span") as sp:
+                k0 = e.let(e.mul(sp, span))
+                parts = self._zeros(e, len(accs[0]), width)
+                for row in rows:
+                    self._prefetch(e, inner, self._flat(e, k0)(row), span)
+                with e.loop(span // width, 0, "v") as v:
+                    k = e.let(e.add(k0, e.mul(v, width)))
+                    add(parts, inner, k, self._flat(e, k), False)
+                self._scale(e, rows, parts, accs, factor, self._flat(e, k0))
+            return
+        lead = next(d for d in range(len(self.shape)) if prod(self.shape[d:]) == unit)
+        with e.loop(self.k // unit, 0, "unit") as u:
+            k0 = e.let(e.mul(u, unit))
+            outer = unravel(e, u, list(self.shape[1:lead]))
+
+            def at(c):
+                return lambda row: [row, *outer, *(int(i) for i in np.unravel_index(c, self.shape[lead:]))]
+            for row in rows:
+                self._prefetch(e, inner, at(0)(row), unit)
+            for g in range(0, unit, span):
+                parts = self._zeros(e, len(accs[0]), width)
+                for c in range(g, g + span, width):
+                    add(parts, inner, e.add(k0, c), at(c), False)
+                self._scale(e, rows, parts, accs, factor, at(g))
+
+    def _scale(self, e, rows, parts, accs, factor, place) -> None:
+        """``accs += parts * factor`` of each row (the factor at ``place(row)``)."""
+        width = e.lanes("float32")
+        for row, part, acc in zip(rows, parts, accs):
+            f = self._evaluate(e, factor, place(row), width)
+            for p, a in zip(part, acc):
+                e.set(a, e.vop(width, "fma", "float32", e.get(p), f, e.get(a)))
+
+    def _storage_run(self, node) -> int:
+        """How many consecutive weight elements one position of the weight's storage (the
+        buffers ``node`` reads with a row dimension) spans, trailing dims whose storage is
+        broadcast included: int4's words are read for 8 runs of 16 (128)."""
+        dims = range(1, len(self.shape) - 1)
+        varied = [d for d in dims for b in kir.loads([node])
+                  if self._aligned(b)[0] != 1 and self._aligned(b)[d] != 1]
+        return prod(self.shape[max(varied, default=0) + 1:])
 
     @staticmethod
     def _zeros(e, tile: int, width: int) -> list:
@@ -193,29 +234,32 @@ class WeightMatMul(PortableStage, kir.KernelStage):
         """Prefetch the weight bytes :data:`PREFETCH_BYTES` past element ``off``."""
         e.prefetch(buf, e.add(off, PREFETCH_BYTES // lookup_dtype(buf.dtype).nbytes), PREFETCH_LOCALITY)
 
-    def _position(self, e, row, k) -> list:
-        """The coordinates in ``shape`` of the weight's element ``[row, k]``."""
-        return [row] + unravel(e, k, list(self.shape[1:]))
+    def _flat(self, e, k):
+        """The coordinates in ``shape`` of the weight's element ``[row, k]``, a function of
+        ``row``."""
+        return lambda row: [row] + unravel(e, k, list(self.shape[1:]))
 
     def _offset(self, e, buf, pos):
         """The element of ``buf`` (broadcast to ``shape``) at ``pos``."""
         return offset(e, self._aligned(buf), pos, broadcast=True)
 
-    def _prefetch(self, e, node, row, k0, span: int, width: int) -> None:
-        """Prefetch the group ``[row, k0 .. k0 + span]`` of the buffers ``node`` reads
-        along ``k``: once per cache line of its vectors (:data:`LINE_BYTES`)."""
+    def _prefetch(self, e, node, pos, count: int) -> None:
+        """Prefetch the ``count`` weight elements from ``pos`` on, of the buffers ``node``
+        reads along ``k``: once per cache line (:data:`LINE_BYTES`) of their bytes there."""
         for buf in dict.fromkeys(kir.loads([node])):
-            if self._aligned(buf)[-1] != 1:
-                step = max(1, LINE_BYTES // (width * lookup_dtype(buf.dtype).nbytes))
-                for v in range(0, span // width, step):
-                    pos = self._position(e, row, e.add(k0, v * width))
-                    self._ask_ahead(e, buf, self._offset(e, buf, pos))
+            aligned = self._aligned(buf)
+            if aligned[-1] != 1:
+                run = max(d for d in range(len(self.shape)) if prod(self.shape[d:]) >= count)
+                span = prod(aligned[run:]) * lookup_dtype(buf.dtype).nbytes  # bytes in those elements
+                start = self._offset(e, buf, pos)
+                for line in range(0, max(1, span), LINE_BYTES):
+                    self._ask_ahead(e, buf, e.add(start, line // lookup_dtype(buf.dtype).nbytes))
 
-    def _evaluate(self, e, node, row, k, width: int, prefetch: bool = True):
-        """``node`` (the weight or a part of it) at ``[row, k .. k + width]``, from the
-        buffers it reads (``width`` divides the last dim of ``shape``: the lanes share
-        every other coordinate); ``prefetch``: each vector load asks for its bytes ahead."""
-        pos = self._position(e, row, k)
+    def _evaluate(self, e, node, pos, width: int, prefetch: bool = True):
+        """``node`` (the weight or a part of it) at ``pos`` and the ``width`` elements
+        after it along the last dim of ``shape`` (``width`` divides that dim: the lanes
+        share every other coordinate); ``prefetch``: each vector load asks for its bytes
+        ahead."""
 
         def load(buf):
             off = self._offset(e, buf, pos)
@@ -234,11 +278,14 @@ class WeightMatMul(PortableStage, kir.KernelStage):
         return np.matmul(x.astype(np.float64), w.astype(np.float64).T).astype(np.float32)
 
 
-def _narrow(expr) -> bool:
-    """Whether ``expr`` reads a buffer of narrower elements than its float32 result (a
-    quantized or bfloat16 weight): only then is evaluating it per tile of rows cheaper
-    than writing it once."""
-    return any(lookup_dtype(b.dtype).bits < 32 for b in kir.loads([expr]))
+def _narrow(expr, shape: tuple) -> bool:
+    """Whether ``expr`` (of ``shape``) reads fewer bytes than its float32 result (a
+    quantized or bfloat16 weight, or int4's words, each read for 8 weights): only then is
+    evaluating it per tile of rows cheaper than writing it once."""
+    bufs = kir.loads([expr])
+    if not all(isinstance(d, int) for b in bufs for d in b.shape):
+        return False
+    return sum(prod(b.shape) * lookup_dtype(b.dtype).nbytes for b in bufs) < 4 * prod(shape)
 
 
 def _prologue(kernel: kir.Kernel, stage: MatMul):
@@ -254,7 +301,7 @@ def _prologue(kernel: kir.Kernel, stage: MatMul):
     readers = [s for s in kernel.stages if s is not stage and temp in kir.stage_reads(s)]
     (_, expr), shape = makers[0].stores[0], temp.shape
     if readers or not all(isinstance(d, int) for d in shape) or len(shape) < 2 or shape[-1] % 16 \
-            or tuple(w.shape) != (shape[0], prod(shape[1:])) or not _narrow(expr):
+            or tuple(w.shape) != (shape[0], prod(shape[1:])) or not _narrow(expr, shape):
         return None
     x = stage.inputs[0]
     if all(isinstance(d, int) for d in x.shape[:-1]) and prod(x.shape[:-1]) > MAX_STATIC_ROWS:
