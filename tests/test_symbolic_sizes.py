@@ -5,6 +5,8 @@ entry's checks of derived sizes in both renderers."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import tvm
@@ -234,10 +236,30 @@ def test_threaded_kernels_size_symbolic_dims_in_their_own_function(case):
     assert jitbyoc.report(mod).offloaded_ops >= 1
     ours, tvms = build(mod, True), build(mod, False)
     rng = np.random.default_rng(1)
-    for n in (1, 4, 9):
+    big = 600 if shape.count(N) == 2 else 1 << 17  # past every THREAD_MIN: the pool runs
+    for n in (1, 4, 9, big):
         dims = [n if not isinstance(d, int) else d for d in shape]
         x = rng.integers(0, 5, dims) if dt == "int64" else rng.standard_normal(dims).astype(dt)
         np.testing.assert_array_equal(run(ours, [x])[0], run(tvms, [x])[0])
+
+
+def test_a_symbolic_size_small_at_run_time_runs_without_the_pool():
+    """A decoder's step of one token: its norms' and attention's stages are small, and
+    each launched TVM's pool. A stage of symbolic size calls its body directly when the
+    size is below THREAD_MIN when it runs, and launches the pool when not; both paths
+    give TVM's values."""
+    def body(bb, x):
+        return bb.emit(relax.op.nn.softmax(bb.emit(relax.op.multiply(x, relax.const(2.0, "float32")))))
+
+    mod = function([relax.Var("x", relax.TensorType((N, 1024), "float32"))], body)
+    (region,) = jitbyoc.inspect(mod)
+    ir_text = region.llvm_ir
+    assert "TVMBackendParallelLaunch" in ir_text and re.search(r'call i32 @"?\S+_par\d+"?\(i32 0', ir_text)
+    ours, tvms = build(mod, True), build(mod, False)
+    rng = np.random.default_rng(2)
+    for n in (1, 3, 4096):  # 4096 rows: the pool
+        x = rng.standard_normal((n, 1024)).astype("float32")
+        np.testing.assert_allclose(run(ours, [x])[0], run(tvms, [x])[0], rtol=1e-5, atol=1e-7)
 
 
 def test_a_region_between_regions_showing_a_size_only_scaled_builds():

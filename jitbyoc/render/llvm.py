@@ -27,7 +27,7 @@ from ..ir.llvmtypes import I8, I32, I64, PTR, declare
 from ..ir.ops import op_def, traps_on_masked_lanes
 from . import isa
 from .indexing import Indexing, LLVMInts, dot, product
-from .loops import for_range, loop_nest, threaded
+from .loops import AtRunTime, for_range, loop_nest, threaded
 from .vectors import SplatConstant, lanes, splat, strips, vload, vlookup, vstore
 
 
@@ -217,18 +217,30 @@ class Ctx(Indexing):
         return fn, env
 
     # ---- threads -------------------------------------------------------------------------------
-    def parallel_for(self, count, body, extra=(), tasks=None) -> None:
+    def parallel_for(self, count, body, extra=(), tasks=None, serial=None) -> None:
         """Run ``body(ctx, lo, hi, extra)`` over [0, count) split across TVM's thread pool
         (``TVMBackendParallelLaunch``, which honours ``TVM_NUM_THREADS``). ``body`` emits
         into an outlined function; ``extra`` are i64 values it needs from here. ``tasks``
-        (an i32 value; default 0, every thread) 1 runs the body on the calling thread."""
+        (an i32 value; default 0, every thread) 1 runs the body on the calling thread.
+        ``serial`` (an :class:`~.loops.AtRunTime`): when its size is small at run time the
+        body is called directly as the one task, with no launch."""
         b, module = self.b, self.module
         fn = ir.Function(module, ir.FunctionType(I32, [I32, PTR, PTR]),
                          f"{self.name}_par{sum(1 for g in module.globals if '_par' in g)}")
         fn.linkage = "internal"
         cdata = self.closure([count] + list(extra))
         launch = declare(module, "TVMBackendParallelLaunch", I32, [PTR, PTR, I32])
-        rc = b.call(launch, [fn, cdata, I32(0) if tasks is None else tasks])
+        if serial is None:
+            rc = b.call(launch, [fn, cdata, I32(0) if tasks is None else tasks])
+        else:
+            with b.if_else(serial.small(self)) as (alone, pooled):
+                with alone:  # TVMParallelGroupEnv {sync_handle, num_task}: no handle, one task
+                    rc_alone, at_alone = b.call(fn, [I32(0), pack_slots(b, [0, 1]), cdata]), b.block
+                with pooled:
+                    rc_pooled, at_pooled = b.call(launch, [fn, cdata, I32(0)]), b.block
+            rc = b.phi(I32)
+            rc.add_incoming(rc_alone, at_alone)
+            rc.add_incoming(rc_pooled, at_pooled)
         with b.if_then(b.icmp_signed("!=", rc, I32(0)), likely=False):
             b.ret(I32(-1))
         task, penv, data = fn.args
@@ -454,8 +466,9 @@ def emit_elementwise(ctx: Ctx, stage: kir.Elementwise) -> None:
                         point(c, steps, [first] + rest)
 
     outer = ctx.product(layout.extents[0]) if layout.extents else ir.Constant(I64, 1)
-    if layout.extents and threaded([d for ext in layout.extents for d in ext], "elementwise"):
-        ctx.parallel_for(outer, nest)
+    threads = threaded([d for ext in layout.extents for d in ext], "elementwise") if layout.extents else False
+    if threads:
+        ctx.parallel_for(outer, nest, serial=threads if isinstance(threads, AtRunTime) else None)
     else:
         nest(ctx, ir.Constant(I64, 0), outer, ())
 

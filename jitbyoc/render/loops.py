@@ -4,6 +4,7 @@ kernels' tasks take their scratch from). Op rules never build loops; these do.""
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from llvmlite import ir
 
@@ -134,7 +135,8 @@ def claim_home_first(b: ir.IRBuilder, team, counters, units, per_unit, name: str
 
 
 # When work is worth TVM's thread pool, by kind: a static size below the bound runs on
-# the calling thread; a symbolic size is assumed large. One table for every stage.
+# the calling thread; a symbolic size is compared with it when the kernel runs
+# (:class:`AtRunTime`). One table for every stage.
 THREAD_MIN = {
     "elementwise": 1 << 16,  # a fused elementwise nest (elements)
     "stage": 1 << 15,        # norms, reductions (elements of the input)
@@ -146,12 +148,31 @@ THREAD_MIN = {
 }
 
 
-def threaded(shape, kind: str) -> bool:
-    """Whether work over ``shape`` (ints and symbolic names) is worth the thread pool."""
+@dataclass(frozen=True)
+class AtRunTime:
+    """Work of a symbolic size: the LLVM rendering launches the pool only when the size,
+    known when the kernel runs, reaches :data:`THREAD_MIN` (a decoder's step of one
+    token: the norms and attention stages of its regions ran 2-3 pool launches each);
+    elsewhere (C, or a kernel that branches on it while rendering) it counts as worth the
+    pool, as a symbolic size always did."""
+    shape: tuple
+    kind: str
+
+    def __bool__(self) -> bool:
+        return True
+
+    def small(self, ctx) -> ir.Value:
+        """i1: whether this run's size is below the bound (``ctx``: an LLVM Ctx)."""
+        return ctx.b.icmp_signed("<", ctx.product(self.shape), I64(THREAD_MIN[self.kind]))
+
+
+def threaded(shape, kind: str) -> bool | AtRunTime:
+    """Whether work over ``shape`` (ints and symbolic names) is worth the thread pool:
+    a bool when the size is static, else an :class:`AtRunTime`."""
     static = 1
     for d in shape:
         if isinstance(d, str):
-            return True
+            return AtRunTime(tuple(shape), kind)
         static *= d
     return static >= THREAD_MIN[kind]
 

@@ -22,7 +22,7 @@ from ..ir.llvmtypes import I32, I64
 from . import c as c_render
 from .indexing import CInts, LLVMInts
 from .llvm import Emitter
-from .loops import for_range, free_workspace, workspace
+from .loops import AtRunTime, for_range, free_workspace, workspace
 from .portable_vectors import CVectors, LLVMVectors
 
 
@@ -158,12 +158,13 @@ class LLVM(LLVMVectors, LLVMInts):
         return self.b.or_(x, y)
 
     # ---- services ----------------------------------------------------------------------------
-    def parallel(self, count, body, threads: bool, extra=()) -> None:
+    def parallel(self, count, body, threads, extra=()) -> None:
         """``body(e, lo, hi, *extra)`` over [0, count): on TVM's thread pool when
         ``threads`` (``extra``, int64 values, passed along to the tasks)."""
         if threads:
             self.ctx.parallel_for(self.i(count), lambda c, lo, hi, x: body(LLVM(c), lo, hi, *x),
-                                  [self.i(v) for v in extra])
+                                  [self.i(v) for v in extra],
+                                  serial=threads if isinstance(threads, AtRunTime) else None)
         else:
             body(self, self.i(0), self.i(count), *extra)
 
@@ -270,7 +271,7 @@ class C(CVectors, CInts):
     def or_(self, x, y):
         return f"({x} || {y})"
 
-    def parallel(self, count, body, threads: bool, extra=()) -> None:
+    def parallel(self, count, body, threads, extra=()) -> None:
         if threads:
             self.ctx.parallel_for(self.i(count), lambda c, lo, hi, x: body(C(c), lo, hi, *x),
                                   [self.i(v) for v in extra])
