@@ -106,8 +106,14 @@ def test_int4_product_in_every_layout(k, group):
     check_product(4, k, group, 3, False)
 
 
-def check_product(bits, k, group, rows, bias):
-    n = 37  # a ragged last block of weight rows
+@pytest.mark.parametrize("n", [1, 3])
+def test_fewer_blocks_of_weight_rows_than_threads(n):
+    """The epilogue (a bias) runs once over each task's outputs: a task without blocks
+    has none to run."""
+    check_product(4, 256, 32, 2, True, n)
+
+
+def check_product(bits, k, group, rows, bias, n=37):  # 37: a ragged last block of weight rows
     mod, w, b = linear(n, k, rows, bias)
     qmod = jitbyoc.quantize_weights(mod, bits=bits, group_size=group)
     m = 5 if isinstance(rows, str) else rows

@@ -111,11 +111,13 @@ class WeightMatMul(PortableStage, kir.KernelStage):
                     self._tile(e, e.mul(t, TILE), TILE, n0)
                 with e.loop(rows, e.mul(tiles, TILE), "row") as r:
                     self._tile(e, r, 1, n0)
-                if self.epilogue is not None:
-                    lead = list(self.out.shape[:-1])
-                    count = e.min(ROWS, e.sub(self.n, n0))
+            if self.epilogue is not None:  # once over the task's outputs of each row: per
+                first = e.let(e.mul(lo, ROWS))  # block of 2 a SiLU ran 2 lanes a vector
+                count = e.let(e.sub(e.min(e.mul(hi, ROWS), self.n), first))
+                lead = list(self.out.shape[:-1])
+                with e.when(e.lt(0, count)):
                     with e.loop(rows, 0, "er") as r:
-                        origin = unravel(e, r, [e.dim(d) for d in lead]) + [n0]
+                        origin = unravel(e, r, [e.dim(d) for d in lead]) + [first]
                         e.epilogue(self, origin, [1] * len(lead) + [count])
 
         e.parallel(blocks, body, True)
