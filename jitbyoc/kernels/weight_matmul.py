@@ -218,9 +218,8 @@ class WeightMatMul(PortableStage, kir.KernelStage):
         """How many consecutive weight elements one position of the weight's storage (the
         buffers ``node`` reads with a row dimension) spans, trailing dims whose storage is
         broadcast included: int4's words are read for 8 runs of 16 (128)."""
-        dims = range(1, len(self.shape) - 1)
-        varied = [d for d in dims for b in kir.loads([node])
-                  if self._aligned(b)[0] != 1 and self._aligned(b)[d] != 1]
+        storage = [a for a in map(self._aligned, kir.loads([node])) if a[0] != 1]
+        varied = [d for d in range(1, len(self.shape) - 1) if any(a[d] != 1 for a in storage)]
         return prod(self.shape[max(varied, default=0) + 1:])
 
     @staticmethod
@@ -254,10 +253,10 @@ class WeightMatMul(PortableStage, kir.KernelStage):
             aligned = self._aligned(buf)
             if aligned[-1] != 1:
                 run = max(d for d in range(len(self.shape)) if prod(self.shape[d:]) >= count)
-                span = prod(aligned[run:]) * lookup_dtype(buf.dtype).nbytes  # bytes in those elements
+                size = lookup_dtype(buf.dtype).nbytes
                 start = self._offset(e, buf, pos)
-                for line in range(0, max(1, span), LINE_BYTES):
-                    self._ask_ahead(e, buf, e.add(start, line // lookup_dtype(buf.dtype).nbytes))
+                for line in range(0, max(1, prod(aligned[run:]) * size), LINE_BYTES):  # its bytes there
+                    self._ask_ahead(e, buf, e.add(start, line // size))
 
     def _evaluate(self, e, node, pos, width: int, prefetch: bool = True):
         """``node`` (the weight or a part of it) at ``pos`` and the ``width`` elements

@@ -217,23 +217,24 @@ class Ctx(Indexing):
         return fn, env
 
     # ---- threads -------------------------------------------------------------------------------
-    def parallel_for(self, count, body, extra=(), tasks=None, serial=None) -> None:
+    def parallel_for(self, count, body, extra=(), tasks=None, threads=True) -> None:
         """Run ``body(ctx, lo, hi, extra)`` over [0, count) split across TVM's thread pool
         (``TVMBackendParallelLaunch``, which honours ``TVM_NUM_THREADS``). ``body`` emits
         into an outlined function; ``extra`` are i64 values it needs from here. ``tasks``
         (an i32 value; default 0, every thread) 1 runs the body on the calling thread.
-        ``serial`` (an :class:`~.loops.AtRunTime`): when its size is small at run time the
-        body is called directly as the one task, with no launch."""
+        With ``threads`` an :class:`~.loops.AtRunTime` (what :func:`~.loops.threaded` gives a
+        symbolic size): when its size is small at run time the body is called directly as
+        the one task, with no launch."""
         b, module = self.b, self.module
         fn = ir.Function(module, ir.FunctionType(I32, [I32, PTR, PTR]),
                          f"{self.name}_par{sum(1 for g in module.globals if '_par' in g)}")
         fn.linkage = "internal"
         cdata = self.closure([count] + list(extra))
         launch = declare(module, "TVMBackendParallelLaunch", I32, [PTR, PTR, I32])
-        if serial is None:
+        if not isinstance(threads, AtRunTime):
             rc = b.call(launch, [fn, cdata, I32(0) if tasks is None else tasks])
         else:
-            with b.if_else(serial.small(self)) as (alone, pooled):
+            with b.if_else(threads.small(self)) as (alone, pooled):
                 with alone:  # TVMParallelGroupEnv {sync_handle, num_task}: no handle, one task
                     rc_alone, at_alone = b.call(fn, [I32(0), pack_slots(b, [0, 1]), cdata]), b.block
                 with pooled:
@@ -468,7 +469,7 @@ def emit_elementwise(ctx: Ctx, stage: kir.Elementwise) -> None:
     outer = ctx.product(layout.extents[0]) if layout.extents else ir.Constant(I64, 1)
     threads = threaded([d for ext in layout.extents for d in ext], "elementwise") if layout.extents else False
     if threads:
-        ctx.parallel_for(outer, nest, serial=threads if isinstance(threads, AtRunTime) else None)
+        ctx.parallel_for(outer, nest, threads=threads)
     else:
         nest(ctx, ir.Constant(I64, 0), outer, ())
 

@@ -22,7 +22,7 @@ from ..ir.llvmtypes import I32, I64
 from . import c as c_render
 from .indexing import CInts, LLVMInts
 from .llvm import Emitter
-from .loops import AtRunTime, for_range, free_workspace, workspace
+from .loops import for_range, free_workspace, workspace
 from .portable_vectors import CVectors, LLVMVectors
 
 
@@ -163,8 +163,7 @@ class LLVM(LLVMVectors, LLVMInts):
         ``threads`` (``extra``, int64 values, passed along to the tasks)."""
         if threads:
             self.ctx.parallel_for(self.i(count), lambda c, lo, hi, x: body(LLVM(c), lo, hi, *x),
-                                  [self.i(v) for v in extra],
-                                  serial=threads if isinstance(threads, AtRunTime) else None)
+                                  [self.i(v) for v in extra], threads=threads)
         else:
             body(self, self.i(0), self.i(count), *extra)
 

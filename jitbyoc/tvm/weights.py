@@ -59,7 +59,8 @@ TAKE, RIGHT_SHIFT = (tvm.ir.Op.get(f"relax.{name}") for name in ("take", "right_
 TRIGGERS = frozenset({"relax.take"})  # prepare's rewrite: nibble_arithmetic
 BITS = (8, 4, 16)  # 16: bfloat16, no scales
 GROUP_SIZES = (32, 64, 128)
-WORD_RUNS = 8  # int4: runs of 16 elements an int32 word's lanes hold (a nibble each)
+# int4: the nibbles a storage word holds, each a run of 16 elements along 16 lanes' words
+NIBBLES = {"int32": 8, "uint8": 2}
 # int4: a nibble's value, its 4-bit two's complement
 NIBBLE_VALUES = np.array([v - 16 if v > 7 else v for v in range(16)], np.float32)
 TOP = 28  # int4 without AVX-512: a nibble's top bit is shifted to an int32's sign bit
@@ -78,7 +79,8 @@ def int4_word(k: int) -> tuple[str, int]:
     holds 8 nibbles, so a vector of 16 words is 128 weights, loaded once for the 8 runs
     of 16 its nibbles hold; a byte holds 2 (Q4_0's block of 32) where ``k`` is no multiple
     of 128."""
-    return ("int32", 8) if k % (WORD_RUNS * 16) == 0 else ("uint8", 2)
+    dtype = "int32" if k % (16 * NIBBLES["int32"]) == 0 else "uint8"
+    return dtype, NIBBLES[dtype]
 
 
 def int4_shapes(n: int, k: int, group: int) -> tuple[tuple, tuple]:
@@ -126,7 +128,7 @@ def dequantized(q: np.ndarray, scale: np.ndarray | None) -> np.ndarray:
         return q.astype(np.float32)
     if q.dtype == np.int8:
         return (q.astype(np.float32) * scale).reshape(q.shape[0], -1)
-    shifts = nibble_shifts(8 if q.dtype == np.int32 else 2, scale.shape[-3]).astype(np.uint32)
+    shifts = nibble_shifts(NIBBLES[str(q.dtype)], scale.shape[-3]).astype(np.uint32)
     nibbles = (q.astype(np.uint32) << (TOP - shifts)).view(np.int32) >> TOP
     return (nibbles.astype(np.float32) * scale).reshape(q.shape[0], -1)
 
@@ -141,7 +143,7 @@ def _dequantize(q, scale, shape) -> relax.Expr:
     else:
         # a nibble's value from a table of the 16: an index taken mod 16 (wrap) is the
         # nibble, and a vector of 16 lookups one register permute (vpermps)
-        shifts = nibble_shifts(8 if q.ty.dtype == "int32" else 2, int(scale.ty.shape[-3]))
+        shifts = nibble_shifts(NIBBLES[str(q.ty.dtype)], int(scale.ty.shape[-3]))
         nibbles = relax.op.right_shift(relax.op.astype(q, "int32"), relax.const(shifts))
         values = relax.op.take(relax.const(NIBBLE_VALUES), nibbles, axis=0, mode="wrap")
     return relax.op.reshape(relax.op.multiply(values, scale), shape)
