@@ -42,6 +42,48 @@ def test_which_convolutions_take_the_depthwise_path():
     assert not depthwise_llvm.fits(wide_stride, "float32")
 
 
+def test_byte_depthwise_takes_the_depthwise_path_while_float32_holds_its_sums():
+    """uint8 x int8 (a quantized model's) sums run in float32, exact below 2**24: kernels
+    up to 22 x 22 (484 taps of 255 * 128 at most); 23 x 23 stays with the engine."""
+    from jitbyoc.kernels.conv2d import ConvGeometry
+    for k, taken in ((3, True), (5, True), (22, True), (23, False)):
+        geo = ConvGeometry(1, 8, 30, 30, 8, k, k, (1, 1), (1, 1), (0, 0, 0, 0), 8, 31 - k, 31 - k)
+        assert depthwise_llvm.fits(geo, "uint8") is taken and depthwise_llvm.fits(geo, "int8") is taken
+
+
+# the grid's shapes, and kernels at and past the exact bound (their extreme sums below)
+BYTE_DEPTHWISE = DEPTHWISE + [((1, 2, 24, 25), (2, 1, 22, 22), dict(padding=(1, 1, 1, 1), groups=2)),
+                              ((1, 2, 24, 25), (2, 1, 23, 23), dict(groups=2))]
+
+
+@pytest.mark.parametrize("xdt,wdt", [("uint8", "int8"), ("int8", "uint8")])
+def test_byte_depthwise_equals_tvm_bit_for_bit(xdt, wdt):
+    """int32 sums of byte products, as a quantized model's depthwise layers make them:
+    equal to TVM's to the bit, with random bytes and with the extremes (every product
+    255 * -128 or -128 * 255: the largest sums), and no conv engine called."""
+    params = {f"{n}{k}": (shape, dt) for k, (xs, ws, _) in enumerate(BYTE_DEPTHWISE)
+              for n, shape, dt in (("x", xs, xdt), ("w", ws, wdt))}
+
+    def body(bb, *args):
+        return [bb.emit(relax.op.nn.conv2d(x, w, out_dtype="int32", **attrs))
+                for (x, w), (_, _, attrs) in zip(zip(args[::2], args[1::2]), BYTE_DEPTHWISE)]
+
+    mod = build_model(params, body)
+    engine = [r for r in jitbyoc.inspect(mod) if any("conv" in e for e in r.engines)]
+    assert len(engine) == 2, "only the stride-5 and the 23 x 23 convolutions take the engine"
+    builds = build_both(mod)
+    rng = np.random.default_rng(11)
+    lo, hi = {"uint8": (0, 255), "int8": (-128, 127)}[xdt], {"uint8": (0, 255), "int8": (-128, 127)}[wdt]
+    random = [rng.integers(*(lo if n[0] == "x" else hi), size=shape, endpoint=True).astype(dt)
+              for n, (shape, dt) in params.items()]
+    extreme = [np.full(shape, (lo[1] if xdt == "uint8" else lo[0]) if n[0] == "x" else
+                       (hi[0] if wdt == "int8" else hi[1]), dt) for n, (shape, dt) in params.items()]
+    for arrays in (random, extreme):
+        want, got = builds.run(*arrays)
+        for k, (g, w) in enumerate(zip(got, want)):
+            np.testing.assert_array_equal(g, w, err_msg=f"case {k}: {BYTE_DEPTHWISE[k]}")
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_depthwise_grid_matches_tvm_and_numpy(dtype):
     cs = cases(DEPTHWISE, dtype)
