@@ -33,6 +33,7 @@ from llvmlite import ir
 from ..engines.products import UNIFORM
 from ..ir.dtypes import dtype as lookup_dtype
 from ..ir.llvmtypes import I1, I32, I64
+from ..ir.ops import op_def
 from ..render.loops import for_range, threaded
 from ..render.vectors import VectorLiteral, lanes, multiply_add, splat, vload, vstore, vtype
 
@@ -54,12 +55,11 @@ def _sums_dtype(stage) -> str:
     return "float32" if stage.inputs[0].dtype in BYTES else stage.out.dtype
 
 
-def _as_sums(b, v, dt: str, sums: str):
-    """``v`` (of ``dt``) converted to ``sums`` (float32 from bytes; else as it is)."""
-    if dt == sums:
-        return v
-    to = vtype(sums, v.type.count) if isinstance(v.type, ir.VectorType) else lookup_dtype(sums).ir
-    return b.uitofp(v, to) if dt.startswith("u") else b.sitofp(v, to)
+def _cast(b, v, dt: str, to: str):
+    """``v`` (of ``dt``, a scalar or a vector) as ``to``: the ``astype`` rule's cast (a
+    no-op where the dtypes are the same)."""
+    lanes_of_v = v.type.count if isinstance(v.type, ir.VectorType) else 1
+    return op_def("astype").llvm(b, lookup_dtype(dt).with_lanes(lanes_of_v), v, to=to)
 
 
 def _column_masks(geo, n: int, ow0: int) -> list[list[bool] | None]:
@@ -89,7 +89,7 @@ def _tap(c, stage, n: int, row_ptr, offset: int, keep: list[bool], row_valid):
     if sw > 1:
         picks = ir.Constant(ir.VectorType(I32, n), [l * sw for l in range(n)])
         wide = b.shuffle_vector(wide, VectorLiteral(wide.type, "poison"), picks)
-    return _as_sums(b, wide, dt, _sums_dtype(stage))
+    return _cast(b, wide, dt, _sums_dtype(stage))
 
 
 def _row(c, stage, n, src, ow0, masks, weights, oh):
@@ -120,16 +120,14 @@ def _planes(stage, c, lo, hi) -> None:
     with for_range(b, hi, "pl", start=lo) as pl:
         ch = b.srem(pl, I64(g.c))
         src, dst = b.mul(pl, I64(g.h * g.w)), b.mul(pl, I64(g.oh * g.ow))
-        weights = [splat(b, _as_sums(b, c.load(w, b.add(b.mul(ch, I64(g.taps)), I64(t))), w.dtype, sums), n)
+        weights = [splat(b, _cast(b, c.load(w, b.add(b.mul(ch, I64(g.taps)), I64(t))), w.dtype, sums), n)
                    for t in range(g.taps)]
         for ow0 in range(0, g.ow, n):
             masks = _column_masks(g, n, ow0)
             store_mask = None if ow0 + n <= g.ow else \
                 ir.Constant(ir.VectorType(I1, n), [ow0 + l < g.ow for l in range(n)])
             with for_range(b, I64(g.oh), "oh") as oh:
-                acc = _row(c, stage, n, src, ow0, masks, weights, oh)
-                if sums != dt:  # exact integers in float32 (module docstring)
-                    acc = b.fptosi(acc, vtype(dt, n))
+                acc = _cast(b, _row(c, stage, n, src, ow0, masks, weights, oh), sums, dt)  # exact (module doc)
                 at = b.add(dst, b.add(b.mul(oh, I64(g.ow)), I64(ow0)))
                 vstore(b, acc, c.element(out, at), dt, store_mask)
         if stage.epilogue is not None:
