@@ -231,14 +231,15 @@ class Ctx(Indexing):
         fn.linkage = "internal"
         cdata = self.closure([count] + list(extra))
         launch = declare(module, "TVMBackendParallelLaunch", I32, [PTR, PTR, I32])
+        num_task = I32(0) if tasks is None else tasks
         if not isinstance(threads, AtRunTime):
-            rc = b.call(launch, [fn, cdata, I32(0) if tasks is None else tasks])
+            rc = b.call(launch, [fn, cdata, num_task])
         else:
             with b.if_else(threads.small(self)) as (alone, pooled):
                 with alone:  # TVMParallelGroupEnv {sync_handle, num_task}: no handle, one task
                     rc_alone, at_alone = b.call(fn, [I32(0), pack_slots(b, [0, 1]), cdata]), b.block
                 with pooled:
-                    rc_pooled, at_pooled = b.call(launch, [fn, cdata, I32(0)]), b.block
+                    rc_pooled, at_pooled = b.call(launch, [fn, cdata, num_task]), b.block
             rc = b.phi(I32)
             rc.add_incoming(rc_alone, at_alone)
             rc.add_incoming(rc_pooled, at_pooled)
