@@ -2,7 +2,9 @@
 does not change, without a division in the common case, equal to the division's result
 for every input: ties and near-ties of every size, zeros of both signs, infinities, NaN
 and scales at and past the ends of the normal range. Against numpy, through the JIT (on
-vectors and on the scalar tail), and through C; and a quantize built on it against TVM."""
+vectors and on the scalar tail), and through C; and a quantize built on it against TVM.
+The same for ``round_clamped_quotient``, ``round(clamp(x / s, lo, hi))``, with the bounds
+of 8- and 16-bit quantizes and bounds too wide for its test."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import pytest
 import tvm
 from tvm import relax
 
+import jitbyoc
 from jitbyoc.ir import kir
 from jitbyoc.lower import Names
 from jitbyoc.toolchain.region import Region
@@ -21,16 +24,19 @@ SCALES = [0.0173, 1 / 3, 0.1, 2.5, 1e-3, 7.0e4, 2.0 ** -126, 2.0 ** -125, 2.0 **
           2.0 ** -127, 1e-45, 3e38, 0.0, -0.0, np.inf, -np.inf, np.nan, -0.0173, -2.5]
 
 
-def _kernel() -> kir.Kernel:
-    """x (a symbolic length: the C rendering names sizes sym0, sym1, ...) and a scalar s."""
-    x, s = kir.Buffer("in0", ("sym0",), "float32"), kir.Buffer("in1", (), "float32")
+def _kernel(row: str = "round_quotient") -> kir.Kernel:
+    """x (a symbolic length: the C rendering names sizes sym0, sym1, ...) and scalars: s,
+    and for the clamped row lo and hi."""
+    scalars = 1 if row == "round_quotient" else 3
+    x = kir.Buffer("in0", ("sym0",), "float32")
+    params = [x] + [kir.Buffer(f"in{k}", (), "float32") for k in range(1, scalars + 1)]
     out = kir.Buffer("out0", ("sym0",), "float32")
-    node = kir.Op("round_quotient", (kir.Load(x), kir.Load(s)), "float32", "float32")
-    return kir.Kernel("test_round_quotient", [x, s], [out], [kir.Elementwise(("sym0",), ((out, node),))])
+    node = kir.Op(row, tuple(kir.Load(b) for b in params), "float32", "float32")
+    return kir.Kernel(f"test_{row}", params, [out], [kir.Elementwise(("sym0",), ((out, node),))])
 
 
-def _region() -> Region:
-    k = _kernel()
+def _region(row: str = "round_quotient") -> Region:
+    k = _kernel(row)
     return Region(k.name + "_use", k, Names(tuple(b.name for b in k.params), ()))
 
 
@@ -81,21 +87,25 @@ def test_round_quotient_equals_rounded_division(jit_round_quotient, s):
         _assert_same(got, want, f"round(x / {s!r})")
 
 
-def test_round_quotient_takes_the_division_only_off_the_fast_path():
+@pytest.mark.parametrize("row", ["round_quotient", "round_clamped_quotient"])
+def test_the_rows_take_the_division_only_off_the_fast_path(row):
     """The LLVM rule divides in a branch LLVM is told is unlikely; the common path
     multiplies by the reciprocal (the row is not a division with extra steps)."""
-    ir = str(_region().llvm_ir)
+    ir = str(_region(row).llvm_ir)
     assert ir.count("fdiv") >= 2 and "llvm.vector.reduce.or" in ir and '!"branch_weights"' in ir
 
 
 @pytest.mark.skipif(CC is None, reason="no C compiler (cc) on PATH")
-def test_round_quotient_in_c_equals_the_jit(jit_round_quotient, tmp_path):
-    region = _region()
+@pytest.mark.parametrize("row, bounds", [("round_quotient", ()), ("round_clamped_quotient", (0, 255)),
+                                         ("round_clamped_quotient", (-7, 248))])
+def test_the_rows_in_c_equal_the_jit(row, bounds, tmp_path):
+    region = _region(row)
     c = tvm.runtime.load_module(compile_c(region.c_source, tmp_path))[region.symbol]
+    jit = jit_function(region)
     for s in (0.0173, 2.0 ** -127, np.nan):
-        x = _inputs(s, np.random.default_rng(1))
-        _assert_same(call_region(c, region.kernel, [x, np.array(s, np.float32)])[0],
-                     jit_round_quotient(x, s), f"C vs JIT, s={s!r}")
+        args = [_inputs(s, np.random.default_rng(1))] + [np.array(v, np.float32) for v in (s, *bounds)]
+        _assert_same(call_region(c, region.kernel, args)[0], call_region(jit, region.kernel, args)[0],
+                     f"C vs JIT, {row}, s={s!r}")
 
 
 @pytest.mark.parametrize("scale", [0.0173, 0.25, 3.0])
@@ -114,3 +124,78 @@ def test_quantize_to_bytes_equals_tvm(scale):
     mod = build_model({"x": (x.shape, "float32")}, body)
     builds = build_both(mod)
     assert_bits_equal(run(builds.jit, x), run(builds.tvm, x), f"quantize, scale {scale}")
+
+
+BOUNDS = [(0, 255), (-128, 127), (-7, 248), (-255, 0), (-65535, 0), (-32768, 32767), (3, 5),
+          (-2 ** 21, 2 ** 21)]  # the last: every vector divides
+
+
+def _clamped_expected(x, s, lo, hi):
+    """numpy: the division, then TVM's clip (NaN -> hi), then rounding half to even."""
+    f32 = np.float32
+    with np.errstate(all="ignore"):
+        v = x / f32(s)
+    return np.round(np.fmax(np.fmin(v, f32(hi)), f32(lo))).astype(f32)
+
+
+def _clamped_args(s, lo, hi):
+    return [np.array(v, np.float32) for v in (s, lo, hi)]
+
+
+@pytest.fixture(scope="module")
+def jit_clamped():
+    fn, k = jit_function(_region("round_clamped_quotient")), _kernel("round_clamped_quotient")
+    return lambda x, s, lo, hi: call_region(fn, k, [x, *_clamped_args(s, lo, hi)])[0]
+
+
+@pytest.mark.parametrize("lo, hi", BOUNDS)
+@pytest.mark.parametrize("s", SCALES)
+def test_round_clamped_quotient_equals_the_clamped_rounded_division(jit_clamped, s, lo, hi):
+    """Quotients at, beside and between the half-integers, past both bounds, NaN and
+    infinities (the near-ties are taken around the bounds too)."""
+    rng = np.random.default_rng(3)
+    with np.errstate(all="ignore"):
+        x = np.concatenate([_inputs(s, rng), (_inputs(1.0, rng)[:2000] + np.float32(lo)) * np.float32(s)])
+    for length in (x.size, 13):
+        got, want = jit_clamped(x[:length], s, lo, hi), _clamped_expected(x[:length], s, lo, hi)
+        _assert_same(got, want, f"round(clamp(x / {s!r}, {lo}, {hi}))")
+
+
+@pytest.mark.parametrize("to, zp, per_channel", [("uint8", 7, False), ("int8", -3, False), ("uint16", 40000, False),
+                                                 ("int16", -1200, False), ("uint8", 7, True), ("int8", 5, True)])
+def test_quantize_then_dequantize_equals_tvm(to, zp, per_channel):
+    """8- and 16-bit quantizes, one scale or one per channel, read back by a dequantize
+    with the same zero point and by one with another: the clamp before rounding and the
+    dequantize's shortcut give TVM's values bit for bit."""
+    rng = np.random.default_rng(5)
+    scale = np.float32(0.0173) if not per_channel else rng.uniform(0.01, 0.03, 6).astype(np.float32)
+    x = (rng.standard_normal((6, 4000)) * rng.choice([0.1, 3, 60, 3000], (6, 4000))).astype(np.float32)
+    x[:, :6] = [np.nan, np.inf, -np.inf, 0.0, -0.0, 3e38]
+
+    def body(bb, v):
+        s, z = relax.const(scale, "float32"), relax.const(np.full(np.shape(scale), zp, to))
+        q = bb.emit(relax.op.quantize(v, s, z, axis=0, out_dtype=to))
+        same = bb.emit(relax.op.dequantize(q, s, z, axis=0, out_dtype="float32"))
+        other = bb.emit(relax.op.dequantize(q, s, relax.const(np.full(np.shape(scale), zp + 1, to)), axis=0,
+                                            out_dtype="float32"))
+        return bb.emit(relax.Tuple([q, same, other]))
+
+    builds = build_both(build_model({"x": (x.shape, "float32")}, body))
+    for got, want in zip(run(builds.jit, x), run(builds.tvm, x)):
+        assert_bits_equal(got, want, f"quantize to {to}, zero point {zp}")
+
+
+def test_a_dequantized_quantize_needs_no_clamp_of_its_own():
+    """In one loop, a dequantize with the quantize's own zero point reads the clamped
+    rounding itself: the kernel's value is ``(rounded + 0) * scale`` (the add makes -0
+    +0), with no add of the zero point and subtract back, and no second clamp."""
+    def body(bb, v):
+        s, z = relax.const(np.float32(0.05)), relax.const(np.uint8(9))
+        q = bb.emit(relax.op.quantize(v, s, z, axis=-1, out_dtype="uint8"))
+        return bb.emit(relax.op.dequantize(q, s, z, axis=-1, out_dtype="float32"))
+
+    (region,) = jitbyoc.inspect(build_model({"x": ((4, 64), "float32")}, body))
+    ((_, value),) = region.kernel.stages[-1].stores
+    plus_zero = value.args[0]
+    assert value.op == "multiply" and plus_zero.op == "add" and plus_zero.args[1].value == 0
+    assert plus_zero.args[0].op == "round_clamped_quotient"

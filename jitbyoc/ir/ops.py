@@ -437,6 +437,9 @@ OPS: dict[str, OpDef] = {
     # round(x / s) for a divisor the loop does not change (a quantize's scale), exactly
     "round_quotient": OpDef(2, quotients.reference, F, quotients.round_quotient_llvm,
                             lambda dt, x, s: _libm("nearbyint")(dt, f"({x} / {s})")),
+    # round(clamp(x / s, lo, hi)), lo <= hi integers: a quantize to 8 or 16 bits, clamped first
+    "round_clamped_quotient": OpDef(4, quotients.clamped_reference, F, quotients.round_clamped_quotient_llvm,
+                                    lambda dt, *xs: _libm("nearbyint")(dt, quotients.clamped_c(*xs))),
     "trunc":    OpDef(1, np.trunc, F, _intrinsic("trunc"), _libm("trunc"), relax="relax.trunc"),
     # TVM's sign: 0 for NaN (both comparisons are false), where numpy's is NaN
     "sign":     OpDef(1, lambda x: np.where(x < 0, -1, np.where(x > 0, 1, 0)).astype(x.dtype), N,

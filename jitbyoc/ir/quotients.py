@@ -64,17 +64,72 @@ def round_quotient_llvm(b: ir.IRBuilder, dt, x, s):
     y = b.fdiv(_const(dt, 1.0), s)
     q = b.fmul(x, y)
     n = _call(b, "nearbyint", dt, q)
-    size = _call(b, "fabs", dt, s)
-    normal = b.and_(b.fcmp_ordered(">=", size, _const(dt, NORMAL[0])),
-                    b.fcmp_ordered("<=", size, _const(dt, NORMAL[1])))
-    weight = b.select(normal, _const(dt, MARGIN), _const(dt, math.inf))  # inf: every lane divides
+    weight = b.select(_normal(b, dt, s), _const(dt, MARGIN), _const(dt, math.inf))  # inf: every lane divides
     slack = _call(b, "fma", dt, _call(b, "fabs", dt, q), weight, _call(b, "fabs", dt, b.fsub(q, n)))
     clear = b.fcmp_ordered("<", slack, _const(dt, 0.5))  # false for NaN: 0 * inf, or q not finite
+    return _unless_unclear(b, dt, clear, n, lambda: _call(b, "nearbyint", dt, b.fdiv(x, s)))
+
+
+def clamped_reference(x, s, lo, hi):
+    """numpy's ``round(clamp(x / s, lo, hi))``: the clamp is ``max(min(v, hi), lo)`` with
+    TVM's selects (NaN gives ``hi``)."""
+    with np.errstate(all="ignore"):
+        v = np.divide(x, s)
+        v = np.where(v < hi, v, hi)
+        return np.round(np.where(v > lo, v, lo)).astype(v.dtype)
+
+
+def clamped_c(x, s, lo, hi) -> str:
+    """C's ``clamp(x / s, lo, hi)`` with the selects of :func:`clamped_reference`."""
+    low = f"({x} / {s} < {hi} ? {x} / {s} : {hi})"
+    return f"({low} > {lo} ? {low} : {lo})"
+
+
+def round_clamped_quotient_llvm(b: ir.IRBuilder, dt, x, s, lo, hi):
+    """``nearbyint(clamp(x / s, lo, hi))`` (:func:`clamped_reference`) of float32 scalars
+    or vectors, ``lo <= hi`` integers; other dtypes divide.
+
+    A quantize to 8 or 16 bits clamps its quotient to the integers its zero point can
+    reach (``lo - zp, hi - zp``) before rounding, where TVM clips after adding ``zp``: the
+    same result, and every ``q`` the test sees is at most ``B = max(|lo|, |hi|)`` in size,
+    so the test is ``|c - round(c)| < 0.5 - B * 2**-21`` against a bound the loop does not
+    change, two instructions fewer than the general row's (and the dequantize that reads
+    the byte back needs no clamp of its own). Why it is exact: where ``q`` is inside the
+    bounds it is within ``B * 2**-22`` of ``x / s`` rounded (the module docstring), so
+    both clamp to values that round alike; where ``q`` is past a bound, ``x / s`` rounded
+    is past it too or within ``B * 2**-22`` of it, and both round to the bound. A NaN
+    clamps to ``hi`` either way and takes no division. ``B > 2**20`` or ``s`` outside the
+    normal range: every vector divides."""
+    def clamp(v):
+        v = b.select(b.fcmp_ordered("<", v, hi), v, hi)
+        return b.select(b.fcmp_ordered(">", v, lo), v, lo)
+
+    if dt.bits != 32:
+        return _call(b, "nearbyint", dt, clamp(b.fdiv(x, s)))
+    c = clamp(b.fmul(x, b.fdiv(_const(dt, 1.0), s)))
+    n = _call(b, "nearbyint", dt, c)
+    size = _call(b, "maxnum", dt, _call(b, "fabs", dt, lo), _call(b, "fabs", dt, hi))
+    usable = b.and_(_normal(b, dt, s), b.fcmp_ordered("<=", size, _const(dt, 2.0 ** 20)))
+    threshold = b.select(usable, b.fsub(_const(dt, 0.5), b.fmul(size, _const(dt, MARGIN))), _const(dt, -1.0))
+    clear = b.fcmp_ordered("<", _call(b, "fabs", dt, b.fsub(c, n)), threshold)
+    return _unless_unclear(b, dt, clear, n, lambda: _call(b, "nearbyint", dt, clamp(b.fdiv(x, s))))
+
+
+def _normal(b, dt, s):
+    """Whether ``s`` and ``1 / s`` are normal numbers (false for NaN)."""
+    size = _call(b, "fabs", dt, s)
+    return b.and_(b.fcmp_ordered(">=", size, _const(dt, NORMAL[0])),
+                  b.fcmp_ordered("<=", size, _const(dt, NORMAL[1])))
+
+
+def _unless_unclear(b, dt, clear, fast_value, exact):
+    """``fast_value``, or ``exact()`` computed in a branch LLVM is told is unlikely where
+    any lane is not ``clear``."""
     fast = b.block
     with b.if_then(_any(b, b.not_(clear), dt), likely=False):
-        exact = _call(b, "nearbyint", dt, b.fdiv(x, s))
+        slow_value = exact()
         slow = b.block
     result = b.phi(dt.ir)
-    result.add_incoming(n, fast)
-    result.add_incoming(exact, slow)
+    result.add_incoming(fast_value, fast)
+    result.add_incoming(slow_value, slow)
     return result

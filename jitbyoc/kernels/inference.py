@@ -11,6 +11,9 @@ step, per-tensor or per-channel (``axis``): ``clip(round(x / scale) + zp)`` in f
 the cast; ``(int32(q) - zp) * scale`` in float32 (clipped and cast for another float).
 A float32 quantize with one scale rounds ``x / scale`` through the ``round_quotient`` row
 (:mod:`jitbyoc.ir.quotients`): the same values, by a multiply where the rounding is clear.
+To 8 or 16 bits it clamps first, ``round(clamp(x / scale, min - zp, max - zp)) + zp``
+(the ``round_clamped_quotient`` row, or a clamped division per channel): the same values,
+a cheaper test, and no clamp in a dequantize that reads it back in the same loop.
 """
 
 from __future__ import annotations
@@ -112,12 +115,27 @@ def _build_quantize(fe, call, out):
     x = fe.value(call.args[0])
     shape, dt, to = dims(call.args[0].ty), x.dtype, str(call.attrs.out_dtype)
     scale, zp = (_param(fe, call, k, shape) for k in (1, 2))
-    divisor = _cast(scale, dt)
-    if dt == "float32" and math.prod(dims(call.args[1].ty)) == 1:  # the same for every element
+    divisor, offset = _cast(scale, dt), _cast(zp, dt)
+    if dt == "float32" and _narrow(to) and _narrow(zp.dtype):  # clamped first: the same values
+        info = np.iinfo(to)
+        lo, hi = (_op("subtract", dt, dt, kir.Const(float(v), dt), offset) for v in (info.min, info.max))
+        if math.prod(dims(call.args[1].ty)) == 1:  # one divisor for every element
+            scaled = _op("round_clamped_quotient", dt, dt, x, divisor, lo, hi)
+        else:
+            quotient = _op("divide", dt, dt, x, divisor)
+            scaled = _op("round", dt, dt, _op("maximum", dt, dt, _op("minimum", dt, dt, quotient, hi), lo))
+        return _cast(_op("add", dt, dt, scaled, offset), to)
+    if dt == "float32" and math.prod(dims(call.args[1].ty)) == 1:
         scaled = _op("round_quotient", dt, dt, x, divisor)
     else:
         scaled = _op("round", dt, dt, _op("divide", dt, dt, x, divisor))
-    return _clip_cast(_op("add", dt, dt, scaled, _cast(zp, dt)), to)
+    return _clip_cast(_op("add", dt, dt, scaled, offset), to)
+
+
+def _narrow(dtype: str) -> bool:
+    """An integer of at most 16 bits: a zero point and the type's bounds, and their
+    differences, are exact in float32."""
+    return dtype in INTS and np.iinfo(dtype).bits <= 16
 
 
 @register("relax.dequantize", 3, _check_qdq)
@@ -125,30 +143,49 @@ def _build_dequantize(fe, call, out):
     q = fe.value(call.args[0])
     shape, to = dims(call.args[0].ty), str(call.attrs.out_dtype)
     scale, zp = (_param(fe, call, k, shape) for k in (1, 2))
-    clipped = _quantized_float(q)
-    if clipped is not None:  # the same integer, never converted to a byte and back
-        diff = _recentred(clipped, _cast(zp, "float32"))
-    else:
+    diff = _dequantized_quantize(q, _cast(zp, "float32"))
+    if diff is None:
         diff = _cast(_op("subtract", "int32", "int32", _cast(q, "int32"), _cast(zp, "int32")), "float32")
     value = _op("multiply", "float32", "float32", diff, _cast(scale, "float32"))
     return value if to == "float32" else _clip_cast(value, to)
 
 
-def _recentred(clipped, zp):
-    """``clipped - zp`` for ``clipped = max(min(r + z, hi), lo)`` (:func:`_quantized_float`):
-    where ``z`` is this ``zp``, a zero point of at most 16 bits, it is
-    ``max(min(r, hi - zp), lo - zp)``, exactly (``r`` is an integer or not finite; the sums
-    round only past 2**24, where both forms saturate; NaN gives ``hi - zp`` either way), and
-    the bounds do not change in the loop: two instructions a quantize-dequantize pair fewer
-    (ResNet-50's residual epilogues have two pairs)."""
-    inner, low = clipped.args
-    total, high = inner.args
+def _dequantized_quantize(q, zp):
+    """``float32(int32(q) - zp)`` without converting to the integer and back, when ``q`` is
+    a float32 quantize to 8 or 16 bits clamped first (:func:`_build_quantize`):
+    ``astype(r + z)`` with ``r`` an integer in ``[lo - z, hi - z]``, so ``r + z`` is the
+    integer exactly and ``r + z - zp`` is ``r + 0`` where ``zp`` is ``z`` (the add makes
+    the rounding's -0 the +0 the integers give). A QDQ graph
+    dequantizes every quantize it makes; in one loop that is a conversion to the integer
+    and back per element saved, and its clamp (ResNet-50's residual epilogues have two
+    pairs). None for any other ``q``."""
+    if not (isinstance(q, kir.Op) and q.op == "astype" and _narrow(q.dtype)):
+        return None
+    total = q.args[0]
+    if not (isinstance(total, kir.Op) and total.op == "add" and total.dtype == "float32"):
+        return None
     r, z = total.args
-    source = z.args[0] if isinstance(z, kir.Op) and z.op == "astype" else z
-    if not _same(z, zp) or source.dtype not in ("uint8", "int8", "uint16", "int16"):
-        return _op("subtract", "float32", "float32", clipped, zp)
-    bound = (_op("subtract", "float32", "float32", c, zp) for c in (high, low))
-    return _op("maximum", "float32", "float32", _op("minimum", "float32", "float32", r, next(bound)), next(bound))
+    if not _clamped_to(r, np.iinfo(q.dtype), z):
+        return None
+    if not _same(z, zp):
+        return _op("subtract", "float32", "float32", total, zp)
+    return _op("add", "float32", "float32", r, kir.Const(0.0, "float32"))  # -0 (a small negative x) is +0
+
+
+def _clamped_to(r, info, z) -> bool:
+    """Whether ``r`` is a rounded quotient :func:`_build_quantize` clamped to
+    ``[info.min - z, info.max - z]``."""
+    if isinstance(r, kir.Op) and r.op == "round_clamped_quotient":
+        low, high = r.args[2:]
+    elif isinstance(r, kir.Op) and r.op == "round" and isinstance(r.args[0], kir.Op) \
+            and r.args[0].op == "maximum" and isinstance(r.args[0].args[0], kir.Op) \
+            and r.args[0].args[0].op == "minimum":
+        low, high = r.args[0].args[1], r.args[0].args[0].args[1]
+    else:
+        return False
+    return all(isinstance(v, kir.Op) and v.op == "subtract" and isinstance(v.args[0], kir.Const)
+               and float(v.args[0].value) == bound and _same(v.args[1], z)
+               for v, bound in ((low, info.min), (high, info.max)))
 
 
 def _same(a, b) -> bool:
@@ -160,26 +197,3 @@ def _same(a, b) -> bool:
     if isinstance(a, kir.Load) and isinstance(b, kir.Load):
         return a.buf == b.buf
     return isinstance(a, kir.Const) and isinstance(b, kir.Const) and (a.value, a.dtype) == (b.value, b.dtype)
-
-
-def _quantized_float(q):
-    """The float32 value ``q`` casts, when ``q`` is the result of :func:`_build_quantize`
-    from float32 to an 8-bit integer: an integer in the byte's range (a rounded value
-    plus the zero point, clamped; the clamps' selects turn NaN into the upper bound), so
-    ``float(int(q) - zp) == clamped - float(zp)`` exactly. A QDQ graph dequantizes every
-    quantize it makes; in one loop that is a conversion to bytes and back per element
-    saved (ResNet-50's residual epilogues have three). None for any other ``q``."""
-    if not (isinstance(q, kir.Op) and q.op == "astype" and q.dtype in ("uint8", "int8")):
-        return None
-    v = q.args[0]
-    if not (isinstance(v, kir.Op) and v.op == "maximum" and v.dtype == "float32"):
-        return None
-    low, inner = v.args[1], v.args[0]
-    if not (isinstance(inner, kir.Op) and inner.op == "minimum" and isinstance(low, kir.Const)):
-        return None
-    total, high = inner.args
-    info = np.iinfo(q.dtype)
-    rounded = isinstance(total, kir.Op) and total.op == "add" and isinstance(total.args[0], kir.Op) \
-        and total.args[0].op in ("round", "round_quotient")
-    exact = isinstance(high, kir.Const) and (float(low.value), float(high.value)) == (info.min, info.max)
-    return v if rounded and exact else None
