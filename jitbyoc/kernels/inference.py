@@ -155,10 +155,10 @@ def _dequantized_quantize(q, zp):
     a float32 quantize to 8 or 16 bits clamped first (:func:`_build_quantize`):
     ``astype(r + z)`` with ``r`` an integer in ``[lo - z, hi - z]``, so ``r + z`` is the
     integer exactly and ``r + z - zp`` is ``r + 0`` where ``zp`` is ``z`` (the add makes
-    the rounding's -0 the +0 the integers give). A QDQ graph
-    dequantizes every quantize it makes; in one loop that is a conversion to the integer
-    and back per element saved, and its clamp (ResNet-50's residual epilogues have two
-    pairs). None for any other ``q``."""
+    the rounding's -0 the +0 the integers give). A QDQ graph dequantizes every quantize
+    it makes; in one loop that is a conversion to the integer and back per element saved,
+    and its clamp (ResNet-50's residual epilogues have two pairs). None for any other
+    ``q``."""
     if not (isinstance(q, kir.Op) and q.op == "astype" and _narrow(q.dtype)):
         return None
     total = q.args[0]
