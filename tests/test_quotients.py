@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import tvm
 from tvm import relax
 
@@ -199,3 +201,23 @@ def test_a_dequantized_quantize_needs_no_clamp_of_its_own():
     plus_zero = value.args[0]
     assert value.op == "multiply" and plus_zero.op == "add" and plus_zero.args[1].value == 0
     assert plus_zero.args[0].op == "round_clamped_quotient"
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.floats(2.0 ** -30, 2.0 ** 30, width=32), st.sampled_from(["uint8", "int8", "uint16", "int16"]),
+       st.integers(0, 2 ** 32 - 1), st.integers(0, 2 ** 32 - 1))
+def test_round_clamped_quotient_with_a_quantize_s_bounds_equals_numpy(jit_clamped, s, to, zp_seed, seed):
+    """Random scales over sixty binades, zero points of every 8- and 16-bit type, and
+    quotients at, one ulp beside and between the half-integers across the type's range:
+    the row against the clamped rounded division."""
+    info = np.iinfo(to)
+    zp = int(np.random.default_rng(zp_seed).integers(info.min, int(info.max) + 1))
+    rng = np.random.default_rng(seed)
+    f32 = np.float32
+    q = (rng.integers(int(info.min) - 3, int(info.max) + 4, 3000) - zp + rng.choice([0, 0.5, 0.25], 3000)).astype(f32)
+    with np.errstate(all="ignore"):
+        x = (q * f32(s)).astype(f32)
+        x = np.concatenate([x, np.nextafter(x, f32(np.inf)), np.nextafter(x, f32(-np.inf))])
+    lo, hi = info.min - zp, info.max - zp
+    _assert_same(jit_clamped(x, s, lo, hi), _clamped_expected(x, s, lo, hi),
+                 f"round(clamp(x / {s!r}, {lo}, {hi}))")
