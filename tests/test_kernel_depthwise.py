@@ -73,7 +73,7 @@ def test_byte_depthwise_equals_tvm_bit_for_bit(xdt, wdt):
     assert len(engine) == 2, "only the stride-5 and the 23 x 23 convolutions take the engine"
     builds = build_both(mod)
     rng = np.random.default_rng(11)
-    lo, hi = {"uint8": (0, 255), "int8": (-128, 127)}[xdt], {"uint8": (0, 255), "int8": (-128, 127)}[wdt]
+    lo, hi = ((int(np.iinfo(d).min), int(np.iinfo(d).max)) for d in (xdt, wdt))
     random = [rng.integers(*(lo if n[0] == "x" else hi), size=shape, endpoint=True).astype(dt)
               for n, (shape, dt) in params.items()]
     extreme = [np.full(shape, (lo[1] if xdt == "uint8" else lo[0]) if n[0] == "x" else

@@ -17,6 +17,7 @@ from tvm import relax
 
 import jitbyoc
 from jitbyoc.ir import kir
+from jitbyoc.ir.ops import op_def
 from jitbyoc.lower import Names
 from jitbyoc.toolchain.region import Region
 from tests.conftest import assert_bits_equal, build_both, build_model, call_region, jit_function, run
@@ -29,7 +30,7 @@ SCALES = [0.0173, 1 / 3, 0.1, 2.5, 1e-3, 7.0e4, 2.0 ** -126, 2.0 ** -125, 2.0 **
 def _kernel(row: str = "round_quotient") -> kir.Kernel:
     """x (a symbolic length: the C rendering names sizes sym0, sym1, ...) and scalars: s,
     and for the clamped row lo and hi."""
-    scalars = 1 if row == "round_quotient" else 3
+    scalars = op_def(row).arity - 1
     x = kir.Buffer("in0", ("sym0",), "float32")
     params = [x] + [kir.Buffer(f"in{k}", (), "float32") for k in range(1, scalars + 1)]
     out = kir.Buffer("out0", ("sym0",), "float32")

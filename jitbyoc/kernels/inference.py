@@ -89,7 +89,13 @@ def _clip_cast(value, to: str):
     dt = value.dtype
     low, high = kir.Const(float(info.min) if dt in FLOATS else int(info.min), dt), \
         kir.Const(float(info.max) if dt in FLOATS else int(info.max), dt)
-    return _cast(_op("maximum", dt, dt, _op("minimum", dt, dt, value, high), low), to)
+    return _cast(_clamp(value, low, high), to)
+
+
+def _clamp(value, low, high):
+    """TVM's clip, ``max(min(value, high), low)`` (NaN gives ``high``), in the value's dtype."""
+    dt = value.dtype
+    return _op("maximum", dt, dt, _op("minimum", dt, dt, value, high), low)
 
 
 def _check_qdq(call) -> str | None:
@@ -116,16 +122,16 @@ def _build_quantize(fe, call, out):
     shape, dt, to = dims(call.args[0].ty), x.dtype, str(call.attrs.out_dtype)
     scale, zp = (_param(fe, call, k, shape) for k in (1, 2))
     divisor, offset = _cast(scale, dt), _cast(zp, dt)
+    one_divisor = dt == "float32" and math.prod(dims(call.args[1].ty)) == 1  # the same for every element
     if dt == "float32" and _narrow(to) and _narrow(zp.dtype):  # clamped first: the same values
         info = np.iinfo(to)
         lo, hi = (_op("subtract", dt, dt, kir.Const(float(v), dt), offset) for v in (info.min, info.max))
-        if math.prod(dims(call.args[1].ty)) == 1:  # one divisor for every element
+        if one_divisor:
             scaled = _op("round_clamped_quotient", dt, dt, x, divisor, lo, hi)
         else:
-            quotient = _op("divide", dt, dt, x, divisor)
-            scaled = _op("round", dt, dt, _op("maximum", dt, dt, _op("minimum", dt, dt, quotient, hi), lo))
+            scaled = _op("round", dt, dt, _clamp(_op("divide", dt, dt, x, divisor), lo, hi))
         return _cast(_op("add", dt, dt, scaled, offset), to)
-    if dt == "float32" and math.prod(dims(call.args[1].ty)) == 1:
+    if one_divisor:
         scaled = _op("round_quotient", dt, dt, x, divisor)
     else:
         scaled = _op("round", dt, dt, _op("divide", dt, dt, x, divisor))
