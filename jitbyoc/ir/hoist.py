@@ -42,7 +42,7 @@ def _node_facts(expr, stage_shape: tuple) -> dict:
     for node in kir.walk([expr]):
         if isinstance(node, kir.Load):
             info[id(node)] = (_varying(node.buf.shape, stage_shape), False)
-        elif isinstance(node, (kir.Op, kir.Lookup)):  # a lookup varies as its index
+        elif isinstance(node, (kir.Op, kir.Lookup)):  # a lookup varies as its operands
             args = [info[id(a)] for a in kir.operands(node)]
             vary = tuple(any(a[0][d] for a in args) for d in range(len(stage_shape)))
             info[id(node)] = (vary, isinstance(node, kir.Op) and _expensive(node.op) or any(a[1] for a in args))

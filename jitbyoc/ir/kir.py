@@ -95,6 +95,10 @@ class Lookup:
     not the current point: the table is read whole wherever the node is evaluated."""
     table: Buffer
     index: Any
+    # () or (byte, base): ``index`` is ``clamp(base + byte)`` with ``byte`` a uint8 widened
+    # (0..255): where ``base`` is one value across a vector, a renderer may read the 256
+    # entries from ``table[base]`` (a table of a byte per channel: :mod:`jitbyoc.tvm.channel_tables`)
+    rows: tuple = ()
 
     @property
     def dtype(self) -> str:
@@ -106,7 +110,7 @@ Node = Union[Load, Const, Op, Acc, Lookup]
 
 def operands(node) -> tuple:
     """The nodes ``node`` is computed from."""
-    return node.args if isinstance(node, Op) else (node.index,) if isinstance(node, Lookup) else ()
+    return node.args if isinstance(node, Op) else (node.index, *node.rows) if isinstance(node, Lookup) else ()
 
 
 @dataclass(frozen=True)
@@ -249,11 +253,12 @@ def walk(roots):
     return order
 
 
-def evaluate(em, roots, load, acc=None, lookup=None) -> dict:
+def evaluate(em, roots, load, acc=None, lookup=None, row_lookup=None) -> dict:
     """Render every node reachable from ``roots`` once, operands first, through a
     renderer's emitter: ``load(buf)`` reads a Load's raw element, ``em.loaded(raw, dtype)``
     turns it into a value, ``acc`` stands for :class:`Acc`, ``lookup(table, index)`` reads
-    a :class:`Lookup`'s raw element. Returns ``{id(node): value}``. Both renderers walk
+    a :class:`Lookup`'s raw element, ``row_lookup(table, index, byte, base)`` (optional)
+    one with :attr:`Lookup.rows`. Returns ``{id(node): value}``. Both renderers walk
     expressions through this one function, so they line up."""
     values = {}
     for node in walk(roots):
@@ -262,7 +267,10 @@ def evaluate(em, roots, load, acc=None, lookup=None) -> dict:
         elif isinstance(node, Lookup):
             if lookup is None:
                 raise TypeError("jitbyoc: a table lookup where this kernel cannot read one")
-            values[id(node)] = em.loaded(lookup(node.table, values[id(node.index)]), node.dtype)
+            index = values[id(node.index)]
+            raw = row_lookup(node.table, index, *(values[id(r)] for r in node.rows)) \
+                if node.rows and row_lookup is not None else lookup(node.table, index)
+            values[id(node)] = em.loaded(raw, node.dtype)
         elif isinstance(node, Const):
             values[id(node)] = em.const(node.value, node.dtype)
         elif isinstance(node, Acc):
@@ -303,8 +311,9 @@ def substitute_all(roots, mapping) -> list:
             args = tuple(memo.get(id(a), a) for a in node.args)
             if any(x is not y for x, y in zip(args, node.args)):
                 memo[id(node)] = Op(node.op, args, node.in_dtype, node.dtype, node.attrs)
-        elif isinstance(node, Lookup) and id(node.index) in memo:
-            memo[id(node)] = Lookup(node.table, memo[id(node.index)])
+        elif isinstance(node, Lookup) and any(id(a) in memo for a in operands(node)):
+            index, *rows = (memo.get(id(a), a) for a in operands(node))
+            memo[id(node)] = Lookup(node.table, index, tuple(rows))
     return [memo.get(id(root), root) for root in roots]
 
 

@@ -251,9 +251,12 @@ def _looked_up(fe, call, n: int, mode: str):
     """A take from a 1-D table of static length ``n``: a :class:`~jitbyoc.ir.kir.Lookup`,
     an elementwise value that fuses into the loops and epilogues around it (a byte
     function as a table: :mod:`jitbyoc.tvm.tables`), the index clamped as :class:`Take`
-    clamps it."""
+    clamps it. An index type that cannot hold ``n`` (int8 indices into a table of 512)
+    is widened first, or the bounds below would wrap."""
     index = fe.value(call.args[1])
     dt = index.dtype
+    if n > np.iinfo(dt).max:
+        index, dt = kir.Op("astype", (index,), dt, "int64", (("to", "int64"),)), "int64"
 
     def op(name, *args, out=dt):
         return kir.Op(name, args, dt, out)
@@ -263,8 +266,25 @@ def _looked_up(fe, call, n: int, mode: str):
     if mode == "fast":  # from -n, an index counts from the end
         negative = op("less", index, kir.Const(0, dt), out="bool")
         index = kir.Op("where", (negative, op("add", index, kir.Const(n, dt)), index), dt, dt)
-    index = op("maximum", op("minimum", index, kir.Const(n - 1, dt)), kir.Const(0, dt))
-    return kir.Lookup(fe.table(call.args[0]), index)
+    clamped = op("maximum", op("minimum", index, kir.Const(n - 1, dt)), kir.Const(0, dt))
+    return kir.Lookup(fe.table(call.args[0]), clamped, _rows(index) if mode == "clip" else ())
+
+
+# integer types that hold a uint8's 0..255; base + byte cannot wrap where a renderer reads
+# one row (0 <= base <= n - 256, and n fits the index type: _looked_up widens it otherwise)
+WIDER = ("int16", "int32", "int64", "uint16", "uint32", "uint64")
+
+
+def _rows(index) -> tuple:
+    """``(byte, base)`` when ``index`` is ``base + byte``, ``byte`` a uint8 widened (a
+    table of a byte per channel, :mod:`jitbyoc.tvm.channel_tables`): see
+    :attr:`~jitbyoc.ir.kir.Lookup.rows`."""
+    if not (isinstance(index, kir.Op) and index.op == "add"):
+        return ()
+    for byte, base in (index.args, index.args[::-1]):
+        if isinstance(byte, kir.Op) and byte.op == "astype" and byte.in_dtype == "uint8" and byte.dtype in WIDER:
+            return byte, base
+    return ()
 
 
 def _wraps_by_mask(mode: str, n: int) -> bool:

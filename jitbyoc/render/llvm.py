@@ -169,6 +169,29 @@ class Ctx(Indexing):
             return vlookup(self.b, self.element(table, I64(0)), index, table.dtype, table.shape[0])
         return self.load(table, index if index.type == I64 else self.b.sext(index, I64))
 
+    def row_lookup(self, table: kir.Buffer, index, byte, base) -> ir.Value:
+        """:meth:`lookup` of a lookup with :attr:`~jitbyoc.ir.kir.Lookup.rows`: where ``base``
+        is one value ``s`` across the vector (a splat), ``0 <= s <= n - 256`` and the table
+        holds bytes, :func:`.vectors.vlookup` of ``byte`` in the 256 entries from
+        ``table[s]`` (four registers, ``vpermi2b`` on AVX512_VBMI); else :meth:`lookup`."""
+        b, s, n = self.b, getattr(base, "splat_of", None), table.shape[0]
+        if s is None or lookup_dtype(table.dtype).storage_bits != 8 or not isinstance(n, int) or n < 256 \
+                or not isa.current().has("avx512vbmi"):
+            return self.lookup(table, index)
+        s = b.sext(s, I64) if s.type.width < 64 else s
+        inside = b.and_(b.icmp_signed(">=", s, I64(0)), b.icmp_signed("<=", s, I64(n - 256)))
+        with b.if_else(inside) as (one_row, anywhere):
+            with one_row:
+                row = vlookup(b, self.element(table, s), byte, table.dtype, 256)
+                row_end = b.block
+            with anywhere:
+                whole = self.lookup(table, index)
+                whole_end = b.block
+        picked = b.phi(row.type)
+        picked.add_incoming(row, row_end)
+        picked.add_incoming(whole, whole_end)
+        return picked
+
     # ---- closures ------------------------------------------------------------------------------
     def closure(self, extra=()) -> ir.Value:
         """This ctx's buffer pointers and sizes, then ``extra`` (i64 values), packed in
@@ -324,7 +347,8 @@ class Ctx(Indexing):
 
             at = b.add(self.offset(out.shape, start), j)
             sums = self.element(out, at) if acc is None else _scratch_at(b, acc, list(idx) + [j], out.dtype)
-            values = evaluate(em, [e for _, e in stores], load, vload(b, sums, out.dtype, mask, n), self.lookup)
+            values = evaluate(em, [e for _, e in stores], load, vload(b, sums, out.dtype, mask, n), self.lookup,
+                              self.row_lookup)
             for buf, expr in stores:
                 vstore(b, values[id(expr)], self.element(buf, at), buf.dtype, mask)
 
@@ -424,7 +448,7 @@ def _emit_point(c: Ctx, stage: kir.Elementwise, roots, n, steps, idx, mask=None)
             return splat(b, c.load(buf, address(buf)), n)
         return vload(b, c.element(buf, address(buf)), buf.dtype, mask, n)
 
-    values = evaluate(em, roots, load, lookup=c.lookup)
+    values = evaluate(em, roots, load, lookup=c.lookup, row_lookup=c.row_lookup if n else None)
     for buf, node in stage.stores:
         if n:
             vstore(b, values[id(node)], c.element(buf, address(buf)), buf.dtype, mask)

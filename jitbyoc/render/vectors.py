@@ -68,9 +68,13 @@ class VectorLiteral(ir.Constant):
 
 
 def splat(b: ir.IRBuilder, value, n: int):
+    """``n`` lanes of ``value``; the vector keeps ``value`` as ``splat_of`` (a lookup
+    whose row is a splat reads one row: :meth:`jitbyoc.render.llvm.Ctx.row_lookup`)."""
     vt = ir.VectorType(value.type, n)
     v = b.insert_element(VectorLiteral(vt, "poison"), value, I32(0))
-    return b.shuffle_vector(v, VectorLiteral(vt, "poison"), VectorLiteral(ir.VectorType(I32, n), "zeroinitializer"))
+    v = b.shuffle_vector(v, VectorLiteral(vt, "poison"), VectorLiteral(ir.VectorType(I32, n), "zeroinitializer"))
+    v.splat_of = value
+    return v
 
 
 def lane_mask(b: ir.IRBuilder, limit, n: int):

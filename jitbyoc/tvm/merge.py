@@ -38,7 +38,9 @@ NAMES_ATTR = "jitbyoc_names"  # a region function's parameter names and types (J
 
 
 SOFTMAX = "relax.nn.softmax"
-POINTWISE = frozenset({"relax.quantize", "relax.dequantize", "relax.nn.batch_norm"})
+# ops a layer's tail holds besides the elementwise rules; a take there is a table lookup
+# (:mod:`.tables`, :mod:`.channel_tables`): an element from the same element of its index
+POINTWISE = frozenset({"relax.quantize", "relax.dequantize", "relax.nn.batch_norm", "relax.take"})
 # how many kernels after a region's a tail of it may stand: an Inception module imports
 # its four branches' convolutions first, then their tails
 TAIL_KERNELS = 6
@@ -73,7 +75,7 @@ def _ops_of(func: relax.Function) -> set:
 
 def pointwise_ops() -> frozenset:
     """Ops that compute each element from the same element of their operands: the
-    elementwise rules, quantize, dequantize and an inference batch norm (a layer's tail)."""
+    elementwise rules, quantize, dequantize, an inference batch norm and a take (a layer's tail)."""
     return frozenset(name for name, rule in RULES.items() if rule.elementwise) | POINTWISE
 
 

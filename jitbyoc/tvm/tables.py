@@ -29,6 +29,7 @@ from tvm.ir import Op
 
 from ..ir.ops import OPS
 from ..ir.relax_types import dims
+from .channel_tables import channel_table_lookup
 from .constants import constant
 from .inference import bound_value
 
@@ -94,6 +95,13 @@ def _a_table(take: relax.Call) -> bool:
 
 
 def table_lookup(call: relax.Call, lookup, emit):
+    """``call`` (a quantize) as a lookup in a table of its byte (:func:`byte_table_lookup`)
+    or of its byte and channel (:func:`.channel_tables.channel_table_lookup`), or None."""
+    found = byte_table_lookup(call, lookup, emit)
+    return found if found is not None else channel_table_lookup(call, lookup, emit)
+
+
+def byte_table_lookup(call: relax.Call, lookup, emit):
     """``take(f(arange), q)`` for ``call``, a per-tensor ``quantize`` to a byte of a chain
     ``f(q)`` that qualifies (module doc); None otherwise."""
     to = str(call.attrs.out_dtype)

@@ -1,0 +1,214 @@
+"""Functions of one byte and its channel as tables: a chain of elementwise ops with
+per-channel constant operands, from one uint8 or int8 tensor to a ``quantize``, is
+looked up in a table of 256 entries a channel, made at build time.
+
+onnxruntime's quantizer leaves a batch norm it did not fold between two quantizes
+(the zoo's ResNet-50: ``quantize(batch_norm(dequantize(quantize(conv))))`` after each of
+its 53 convolutions): a subtract, a division, a multiply and an add per element, then a
+second rounding, all a function of the first quantize's byte and the channel. Such a chain
+becomes ``take(T, astype(q, "int32") + 256 * c)``, ``T`` holding the chain's value for
+every byte of every channel; a kernel's epilogue then looks its bytes up four registers
+at a time (``vpermi2b``, :func:`jitbyoc.render.vectors.vlookup`).
+
+``T`` is computed here, in numpy, by the operations TVM's legalization writes for each op
+(float32, correctly rounded: numpy's float32 arithmetic and square root are IEEE's, and
+``round`` is half to even as ``nearbyint``), so the lookup gives TVM's bits; a chain
+with a value that is not finite for some byte (a zero scale, a negative variance) is
+left as it is. The ops a chain may hold are :data:`STEPS`; its channel axis must not be
+the last (a vector of lookups then shares one channel's table). A chain of one-element
+operands only is :mod:`.tables`'s.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from tvm import relax
+from tvm.ir import Op
+
+from ..ir import quotients
+from ..ir.relax_types import dims
+from .constants import constant, tensor_constant
+from .inference import bound_value
+
+BYTES = ("uint8", "int8")
+QUANTIZED = ("int8", "uint8", "int16", "uint16")
+BINARY = {"relax.add": np.add, "relax.subtract": np.subtract, "relax.multiply": np.multiply,
+          "relax.divide": np.divide, "relax.maximum": np.maximum, "relax.minimum": np.minimum}
+STEPS = frozenset(BINARY) | {"relax.quantize", "relax.dequantize", "relax.nn.batch_norm", "relax.nn.relu"}
+# a chain of only these stays arithmetic: a lookup costs about as much
+CHEAP = frozenset({"relax.add", "relax.subtract", "relax.multiply", "relax.maximum", "relax.minimum",
+                   "relax.nn.relu", "relax.dequantize"})
+BATCH_NORM = Op.get("relax.nn.batch_norm")
+
+
+class _Chain:
+    """The steps from a quantize's input down to the one byte tensor they are a function
+    of: ``steps`` (call, index of its varying operand), outermost first."""
+
+    def __init__(self, lookup, shape: list):
+        self.lookup, self.shape = lookup, shape
+        self.steps: list[tuple[relax.Call, int]] = []
+        self.leaf = None
+
+    def follow(self, expr, depth: int = 16) -> bool:
+        """Walk down from ``expr``; the leaf is the deepest byte tensor reached (a
+        quantize's result is one, and the walk may go on through it to floats)."""
+        deepest = None
+        for _ in range(depth):
+            value = bound_value(expr, self.lookup)
+            if isinstance(value, relax.TupleGetItem):  # batch_norm(...)[0]
+                value = bound_value(value.tuple_value, self.lookup) if value.index == 0 else None
+                if not (isinstance(value, relax.Call) and value.op.same_as(BATCH_NORM)) or value.attrs.training:
+                    break
+            step = self._step(value)
+            if step is None:
+                break
+            self.steps.append((value, step))
+            expr = value.args[step]
+            if str(expr.ty.dtype) in BYTES:
+                deepest = (len(self.steps), expr)
+        if deepest is None:
+            return False
+        del self.steps[deepest[0]:]
+        self.leaf = deepest[1]
+        return True
+
+    def _step(self, call) -> int | None:
+        """The index of ``call``'s one varying operand (of the chain's shape), or None
+        when ``call`` is no step: another op, or operands not constant."""
+        if not (isinstance(call, relax.Call) and isinstance(call.op, Op) and call.op.name in STEPS):
+            return None
+        varying = [k for k, a in enumerate(call.args) if _constant_value(a, self.lookup) is None]
+        if len(varying) != 1 or dims(call.args[varying[0]].ty) != self.shape:
+            return None
+        name = call.op.name
+        return varying[0] if varying[0] == 0 or name in BINARY else None
+
+
+def _constant_value(expr, lookup, depth: int = 3):
+    """``expr``'s value when constants alone compute it (a constant, or a quantize or
+    dequantize of one: a QDQ graph's batch-norm parameters), else None."""
+    value = constant(bound_value(expr, lookup))
+    if value is not None or depth == 0:
+        return value
+    call = bound_value(expr, lookup)
+    if not (isinstance(call, relax.Call) and isinstance(call.op, Op)
+            and call.op.name in ("relax.quantize", "relax.dequantize")):
+        return None
+    args = [_constant_value(a, lookup, depth - 1) for a in call.args]
+    return None if any(a is None for a in args) else _apply(call, args)
+
+
+def _along(p: np.ndarray, axis: int, ndim: int) -> np.ndarray:
+    """A parameter of one value, or one a channel along ``axis`` of an ``ndim``-D operand."""
+    if p.size == 1:
+        return p.reshape(())
+    shape = [1] * ndim
+    shape[axis % ndim] = -1
+    return p.reshape(shape)
+
+
+def _apply(call: relax.Call, args: list) -> np.ndarray | None:
+    """``call`` on numpy operands as TVM's legalization computes it (module doc), or
+    None where a value is not finite or the op is outside what this evaluates."""
+    name, x = call.op.name, args[0]
+    with np.errstate(all="ignore"):
+        if name in BINARY:
+            if any(a.dtype != np.float32 for a in args):
+                return None
+            out = BINARY[name](*args)
+        elif name == "relax.nn.relu":
+            out = np.maximum(x, np.float32(0)) if x.dtype == np.float32 else None
+        elif name == "relax.nn.batch_norm":
+            out = _batch_norm(call, *args)
+        else:
+            params = [_along(p, int(call.attrs.axis), x.ndim) for p in args[1:]]
+            out = (_quantize if name == "relax.quantize" else _dequantize)(x, *params, str(call.attrs.out_dtype))
+    if out is None or out.dtype.kind == "f" and not np.isfinite(out).all():
+        return None
+    return out
+
+
+def _dequantize(x, scale, zp, to: str):
+    """``float32(int32(x) - zp) * scale`` (TVM's ``dequantize``)."""
+    if x.dtype.kind not in "iu" or to != "float32" or scale.dtype != np.float32 or zp.dtype.kind not in "iu":
+        return None
+    return (x.astype(np.int32) - zp.astype(np.int32)).astype(np.float32) * scale
+
+
+def _quantize(x, scale, zp, to: str):
+    """``clip(round(x / scale) + zp)`` in float32, then the cast (TVM's ``quantize``)."""
+    if to not in QUANTIZED or x.dtype != np.float32 or scale.dtype != np.float32 or not scale.all():
+        return None
+    info = np.iinfo(to)
+    rounded = quotients.reference(x, scale) + zp.astype(np.float32)
+    return np.clip(rounded, np.float32(info.min), np.float32(info.max)).astype(to)
+
+
+def _batch_norm(call, x, gamma, beta, mean, var):
+    """``(x - mean) / sqrt(var + eps) * gamma + beta`` (TVM's inference batch norm)."""
+    if any(a.dtype != np.float32 for a in (x, gamma, beta, mean, var)):
+        return None
+    a = call.attrs
+    gamma, beta, mean, var = (_along(p, int(a.axis), x.ndim) for p in (gamma, beta, mean, var))
+    y = (x - mean) / np.sqrt(var + np.float32(float(a.epsilon)))
+    y = y * gamma if a.scale else y
+    return y + beta if a.center else y
+
+
+def _channel_axis(chain: _Chain, call, ndim: int) -> int | None:
+    """The one axis the chain's per-channel operands lie along (None: none, or several)."""
+    axes = set()
+    for step, k in chain.steps + [(call, 0)]:
+        params = [_constant_value(a, chain.lookup) for i, a in enumerate(step.args) if i != k]
+        for p in params:
+            if p.size > 1:
+                if step.op.name in BINARY:
+                    grown = [1] * (ndim - p.ndim) + list(p.shape)
+                    axes |= {d for d, n in enumerate(grown) if n != 1} if len(grown) == ndim else {-1, -2}
+                else:
+                    axes.add(int(step.attrs.axis) % ndim)
+    return axes.pop() if len(axes) == 1 else None
+
+
+def channel_table_lookup(call: relax.Call, lookup, emit):
+    """``take(T, astype(q) + offsets)`` for ``call``, a quantize to a byte of a chain
+    ``f(q, channel)`` that qualifies (module doc); None otherwise."""
+    shape = dims(call.ty)
+    if str(call.attrs.out_dtype) not in BYTES or shape is None or not all(isinstance(d, int) for d in shape) \
+            or len(shape) < 2:
+        return None
+    chain = _Chain(lookup, shape)
+    if not chain.follow(call.args[0]) or all(s.op.name in CHEAP for s, _ in chain.steps):
+        return None
+    axis = _channel_axis(chain, call, len(shape))
+    if axis is None or axis == len(shape) - 1:
+        return None
+    table = _table(chain, call, axis)
+    if table is None:
+        return None
+    channels, first = shape[axis], int(np.iinfo(str(chain.leaf.ty.dtype)).min)
+    along = [1] * len(shape)
+    along[axis] = channels
+    offsets = (np.arange(channels, dtype=np.int32) * 256 - first).reshape(along)
+    index = emit(relax.op.add(emit(relax.op.astype(chain.leaf, "int32")), relax.const(offsets)))
+    return relax.op.take(tensor_constant(table), index, axis=0, mode="clip")
+
+
+def _table(chain: _Chain, call, axis: int) -> np.ndarray | None:
+    """The chain's value for every byte (along the last axis) of every channel (along
+    ``axis``), flattened channel by channel; None where a step does not evaluate."""
+    ndim, channels = len(chain.shape), chain.shape[axis]
+    dt = str(chain.leaf.ty.dtype)
+    probe = [1] * ndim
+    probe[axis], probe[-1] = channels, 256
+    first = int(np.iinfo(dt).min)
+    x = np.broadcast_to(np.arange(first, first + 256).astype(dt), probe)
+    for step, k in [*reversed(chain.steps), (call, 0)]:  # from the leaf up
+        args = [x if i == k else _constant_value(a, chain.lookup) for i, a in enumerate(step.args)]
+        if step.op.name in BINARY and np.broadcast_shapes(*(a.shape for a in args)) != tuple(probe):
+            return None  # a constant operand along another axis than the channels'
+        x = _apply(step, args)
+        if x is None:
+            return None
+    return np.ascontiguousarray(np.moveaxis(x, axis, 0)).reshape(channels * 256)
