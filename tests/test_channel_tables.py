@@ -42,22 +42,24 @@ def _const(v, dt=None):
 def _batch_norm_between_quantizes(dt: str, c: int, var=None, per_channel_out=False, seed=0):
     """``quantize(batch_norm(dequantize(x)))`` as onnxruntime leaves a BatchNormalization
     it did not fold: gamma and beta dequantized from int8 and int32 constants."""
-    rng = np.random.default_rng(seed)
+    return build_model({"x": ((2, c, 16, 17), dt)},
+                       lambda bb, x: _normed(bb, x, dt, c, var, per_channel_out, np.random.default_rng(seed)))
+
+
+def _normed(bb, x, dt: str, c: int, var=None, per_channel_out=False, rng=None):
+    """:func:`_batch_norm_between_quantizes`'s chain on ``x``, emitted."""
     zp = 0 if dt == "int8" else 128
     gamma, beta = _ints(rng, (c,), "int8"), rng.integers(-3000, 3000, c).astype(np.int32)
     mean = rng.standard_normal(c).astype(np.float32)
     var = rng.uniform(0.2, 3, c).astype(np.float32) if var is None else var
     out_scale = rng.uniform(0.01, 0.05, c).astype(np.float32) if per_channel_out else np.float32(0.03)
     out_zp = np.full(c, 7, "uint8") if per_channel_out else np.uint8(7)
-
-    def body(bb, x):
-        d = bb.emit(R.dequantize(x, _const(np.float32(0.04)), _const(zp, dt), axis=1))
-        g = bb.emit(R.dequantize(_const(gamma), _const(np.float32(0.02)), _const(0, "int8")))
-        b = bb.emit(R.dequantize(_const(beta), _const(np.float32(5e-4)), _const(0, "int32")))
-        normed = bb.emit(R.nn.batch_norm(d, g, b, _const(mean), _const(var), axis=1, epsilon=1e-5, training=False))
-        y = bb.emit(relax.TupleGetItem(normed, 0))
-        return bb.emit(R.quantize(y, _const(out_scale), _const(out_zp), axis=1, out_dtype="uint8"))
-    return build_model({"x": ((2, c, 16, 17), dt)}, body)
+    d = bb.emit(R.dequantize(x, _const(np.float32(0.04)), _const(zp, dt), axis=1))
+    g = bb.emit(R.dequantize(_const(gamma), _const(np.float32(0.02)), _const(0, "int8")))
+    b = bb.emit(R.dequantize(_const(beta), _const(np.float32(5e-4)), _const(0, "int32")))
+    normed = bb.emit(R.nn.batch_norm(d, g, b, _const(mean), _const(var), axis=1, epsilon=1e-5, training=False))
+    y = bb.emit(relax.TupleGetItem(normed, 0))
+    return bb.emit(R.quantize(y, _const(out_scale), _const(out_zp), axis=1, out_dtype="uint8"))
 
 
 @pytest.mark.parametrize("dt", ["uint8", "int8"])
@@ -69,6 +71,27 @@ def test_a_batch_norm_between_quantizes_is_one_table_bit_for_bit_with_tvm(dt, pe
     assert not builds.report.fallbacks, builds.report
     x = _bytes_per_channel(dt, (2, 5, 16, 17))
     ref, got = builds.run(x)
+    assert np.array_equal(ref, got)
+
+
+def test_tables_compose_down_a_chain_of_quantized_layers():
+    """DenseNet-121's QDQ copy (Caffe's BatchNorm then Scale): batch norm, quantize, then
+    a per-channel multiply and add, each quantized again: the first table is looked up
+    by the next chain's, and the whole chain is one lookup of the first byte."""
+    rng = np.random.default_rng(9)
+    scale, shift = _ints(rng, (6, 1, 1), "int8"), _ints(rng, (6, 1, 1), "int8")
+
+    def body(bb, x):
+        q = _normed(bb, x, "uint8", 6, rng=rng)
+        for k, (const, op) in enumerate(((scale, R.multiply), (shift, R.add))):
+            c = bb.emit(R.dequantize(_const(const), _const(np.float32(0.05)), _const(0, "int8")))
+            d = bb.emit(R.dequantize(q, _const(np.float32(0.03)), _const(np.uint8(7)), axis=1))
+            q = bb.emit(R.quantize(bb.emit(op(d, c)), _const(np.float32(0.04 + k / 100)), _const(np.uint8(20)),
+                                   axis=1, out_dtype="uint8"))
+        return q
+    mod = build_model({"x": ((2, 6, 16, 17), "uint8")}, body)
+    assert _calls(prepare(mod, QDQ)) == ["relax.astype", "relax.add", "relax.take"]
+    ref, got = build_both(mod).run(_bytes_per_channel("uint8", (2, 6, 16, 17)))
     assert np.array_equal(ref, got)
 
 

@@ -14,9 +14,11 @@ at a time (``vpermi2b``, :func:`jitbyoc.render.vectors.vlookup`).
 (float32, correctly rounded: numpy's float32 arithmetic and square root are IEEE's, and
 ``round`` is half to even as ``nearbyint``), so the lookup gives TVM's bits; a chain
 with a value that is not finite for some byte (a zero scale, a negative variance) is
-left as it is. The ops a chain may hold are :data:`STEPS`; its channel axis must not be
-the last (a vector of lookups then shares one channel's table). A chain of one-element
-operands only is :mod:`.tables`'s.
+left as it is. The ops a chain may hold are :data:`STEPS`, and lookups in a constant
+table made before (so tables compose: DenseNet-121's batch norm, then Caffe's Scale as
+a multiply and an add, each quantized, is one lookup of the first byte); its channel
+axis must not be the last (a vector of lookups then shares one channel's table). A
+chain of one-element operands only is :mod:`.tables`'s.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ STEPS = frozenset(BINARY) | {"relax.quantize", "relax.dequantize", "relax.nn.bat
 # a chain of only these stays arithmetic: a lookup costs about as much
 CHEAP = frozenset({"relax.add", "relax.subtract", "relax.multiply", "relax.maximum", "relax.minimum",
                    "relax.nn.relu", "relax.dequantize"})
-BATCH_NORM = Op.get("relax.nn.batch_norm")
+BATCH_NORM, TAKE, ASTYPE = (Op.get(f"relax.{name}") for name in ("nn.batch_norm", "take", "astype"))
+ADD, SUBTRACT = Op.get("relax.add"), Op.get("relax.subtract")
 
 
 class _Chain:
@@ -49,6 +52,7 @@ class _Chain:
         self.lookup, self.shape = lookup, shape
         self.steps: list[tuple[relax.Call, int]] = []
         self.leaf = None
+        self.lookups: dict = {}  # id(take) -> (table, offset): a table made before (see _looked_up)
 
     def follow(self, expr, depth: int = 16) -> bool:
         """Walk down from ``expr``; the leaf is the deepest byte tensor reached (a
@@ -60,11 +64,12 @@ class _Chain:
                 value = bound_value(value.tuple_value, self.lookup) if value.index == 0 else None
                 if not (isinstance(value, relax.Call) and value.op.same_as(BATCH_NORM)) or value.attrs.training:
                     break
-            step = self._step(value)
+            looked_up = self._looked_up(value)
+            step = self._step(value) if looked_up is None else -1
             if step is None:
                 break
             self.steps.append((value, step))
-            expr = value.args[step]
+            expr = value.args[step] if looked_up is None else looked_up
             if str(expr.ty.dtype) in BYTES:
                 deepest = (len(self.steps), expr)
         if deepest is None:
@@ -72,6 +77,29 @@ class _Chain:
         del self.steps[deepest[0]:]
         self.leaf = deepest[1]
         return True
+
+    def _looked_up(self, call):
+        """The byte tensor ``q`` that ``call`` looks up in a constant table, ``take(T,
+        astype(q) + c)`` (or ``- c``, or no ``c``; ``c`` constant: a table of this module's
+        or :mod:`.tables`'s, so a chain goes on through it), recording ``(T, c)``; else None."""
+        if not (isinstance(call, relax.Call) and call.op.same_as(TAKE)) or call.attrs.axis is None \
+                or str(call.attrs.mode) != "clip":
+            return None
+        table, index = constant(bound_value(call.args[0], self.lookup)), bound_value(call.args[1], self.lookup)
+        offset = np.int64(0)
+        if isinstance(index, relax.Call) and (index.op.same_as(ADD) or index.op.same_as(SUBTRACT)):
+            c = _constant_value(index.args[1], self.lookup)
+            offset = None if c is None or c.dtype.kind not in "iu" else \
+                c.astype(np.int64) * (1 if index.op.same_as(ADD) else -1)
+            index = bound_value(index.args[0], self.lookup)
+        if table is None or table.ndim != 1 or offset is None or not (
+                isinstance(index, relax.Call) and index.op.same_as(ASTYPE)):
+            return None
+        q = index.args[0]
+        if dims(q.ty) != self.shape or str(q.ty.dtype) not in BYTES:
+            return None
+        self.lookups[id(call)] = (table, offset)
+        return q
 
     def _step(self, call) -> int | None:
         """The index of ``call``'s one varying operand (of the chain's shape), or None
@@ -160,10 +188,11 @@ def _channel_axis(chain: _Chain, call, ndim: int) -> int | None:
     """The one axis the chain's per-channel operands lie along (None: none, or several)."""
     axes = set()
     for step, k in chain.steps + [(call, 0)]:
-        params = [_constant_value(a, chain.lookup) for i, a in enumerate(step.args) if i != k]
+        params = [chain.lookups[id(step)][1]] if k < 0 else \
+            [_constant_value(a, chain.lookup) for i, a in enumerate(step.args) if i != k]
         for p in params:
             if p.size > 1:
-                if step.op.name in BINARY:
+                if k < 0 or step.op.name in BINARY:
                     grown = [1] * (ndim - p.ndim) + list(p.shape)
                     axes |= {d for d, n in enumerate(grown) if n != 1} if len(grown) == ndim else {-1, -2}
                 else:
@@ -205,6 +234,12 @@ def _table(chain: _Chain, call, axis: int) -> np.ndarray | None:
     first = int(np.iinfo(dt).min)
     x = np.broadcast_to(np.arange(first, first + 256).astype(dt), probe)
     for step, k in [*reversed(chain.steps), (call, 0)]:  # from the leaf up
+        if k < 0:  # take(T, astype(q) + c), clamped as take's "clip" clamps
+            table, offset = chain.lookups[id(step)]
+            if np.broadcast_shapes(x.shape, offset.shape) != tuple(probe):
+                return None
+            x = table[np.clip(x.astype(np.int64) + offset, 0, table.size - 1)]
+            continue
         args = [x if i == k else _constant_value(a, chain.lookup) for i, a in enumerate(step.args)]
         if step.op.name in BINARY and np.broadcast_shapes(*(a.shape for a in args)) != tuple(probe):
             return None  # a constant operand along another axis than the channels'
