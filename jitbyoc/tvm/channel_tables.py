@@ -216,23 +216,25 @@ def channel_table_lookup(call: relax.Call, lookup, emit):
     table = _table(chain, call, axis)
     if table is None:
         return None
-    channels, first = shape[axis], int(np.iinfo(str(chain.leaf.ty.dtype)).min)
+    channels = shape[axis]
     along = [1] * len(shape)
     along[axis] = channels
-    offsets = (np.arange(channels, dtype=np.int32) * 256 - first).reshape(along)
-    index = emit(relax.op.add(emit(relax.op.astype(chain.leaf, "int32")), relax.const(offsets)))
+    offsets = (np.arange(channels, dtype=np.int32) * 256).reshape(along)
+    byte = chain.leaf if str(chain.leaf.ty.dtype) == "uint8" else emit(relax.op.astype(chain.leaf, "uint8"))
+    index = emit(relax.op.add(emit(relax.op.astype(byte, "int32")), relax.const(offsets)))
     return relax.op.take(tensor_constant(table), index, axis=0, mode="clip")
 
 
 def _table(chain: _Chain, call, axis: int) -> np.ndarray | None:
     """The chain's value for every byte (along the last axis) of every channel (along
-    ``axis``), flattened channel by channel; None where a step does not evaluate."""
+    ``axis``), flattened channel by channel, each channel's 256 in the order of the bits
+    (an int8 leaf is looked up as the uint8 of its bits: 0..127, then -128..-1, so every
+    lookup reads a uint8 index and a renderer can read a channel's row); None where a
+    step does not evaluate."""
     ndim, channels = len(chain.shape), chain.shape[axis]
-    dt = str(chain.leaf.ty.dtype)
     probe = [1] * ndim
     probe[axis], probe[-1] = channels, 256
-    first = int(np.iinfo(dt).min)
-    x = np.broadcast_to(np.arange(first, first + 256).astype(dt), probe)
+    x = np.broadcast_to(np.arange(256, dtype=np.uint8).view(str(chain.leaf.ty.dtype)), probe)
     for step, k in [*reversed(chain.steps), (call, 0)]:  # from the leaf up
         if k < 0:  # take(T, astype(q) + c), clamped as take's "clip" clamps
             table, offset = chain.lookups[id(step)]
