@@ -15,7 +15,9 @@ from tvm import relax
 import jitbyoc
 from jitbyoc.ir import kir
 from jitbyoc.kernels.conv2d import Conv2d
+from jitbyoc.render import isa
 from jitbyoc.tvm.prepare import prepare
+from jitbyoc.tvm.target import machine_for
 from tests.conftest import build_both, build_model, call_region, run
 from tests.diff_util import CC
 from tests.test_c_renderer import c_and_jit
@@ -130,6 +132,16 @@ def test_what_does_not_qualify_stays_arithmetic(mod, why):
     x = np.random.default_rng(1).integers(0, 256, shape).astype("uint8")
     ref, got = build_both(mod).run(x)
     assert np.array_equal(ref, got)
+
+
+@pytest.mark.parametrize("target", [SKYLAKE, HASWELL], ids=["avx512", "avx2"])
+def test_without_vbmi_the_chain_stays_arithmetic(target):
+    """A lookup is a load per lane there, slower than the batch norm's arithmetic."""
+    mod = _batch_norm_between_quantizes("uint8", 5)
+    with isa.compiling_for(machine_for(tvm.target.Target(target))):
+        assert "relax.take" not in _calls(prepare(mod, QDQ))
+    with isa.compiling_for(machine_for(tvm.target.Target(VBMI_CPU))):
+        assert "relax.take" in _calls(prepare(mod, QDQ))
 
 
 @pytest.mark.parametrize("dt, zp", [("uint8", 3), ("int8", -3)])

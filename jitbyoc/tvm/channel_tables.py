@@ -14,7 +14,9 @@ at a time (``vpermi2b``, :func:`jitbyoc.render.vectors.vlookup`).
 (float32, correctly rounded: numpy's float32 arithmetic and square root are IEEE's, and
 ``round`` is half to even as ``nearbyint``), so the lookup gives TVM's bits; a chain
 with a value that is not finite for some byte (a zero scale, a negative variance) is
-left as it is. The ops a chain may hold are :data:`STEPS`, and lookups in a constant
+left as it is. Only for a target with AVX512_VBMI: elsewhere a lookup is a load per lane,
+and ResNet-50's residual layer built for AVX2 (``haswell``, on Zen 4) took 1.23-1.30x the
+time of its arithmetic. The ops a chain may hold are :data:`STEPS`, and lookups in a constant
 table made before (so tables compose: DenseNet-121's batch norm, then Caffe's Scale as
 a multiply and an add, each quantized, is one lookup of the first byte); its channel
 axis must not be the last (a vector of lookups then shares one channel's table). A
@@ -29,6 +31,7 @@ from tvm.ir import Op
 
 from ..ir import quotients
 from ..ir.relax_types import dims
+from ..render import isa
 from .constants import constant, tensor_constant
 from .inference import bound_value
 
@@ -205,8 +208,8 @@ def channel_table_lookup(call: relax.Call, lookup, emit):
     ``f(q, channel)`` that qualifies (module doc); None otherwise."""
     shape = dims(call.ty)
     if str(call.attrs.out_dtype) not in BYTES or shape is None or not all(isinstance(d, int) for d in shape) \
-            or len(shape) < 2:
-        return None
+            or len(shape) < 2 or not isa.current().has("avx512vbmi"):
+        return None  # without vpermi2b a lookup is a load per lane: slower than the arithmetic
     chain = _Chain(lookup, shape)
     if not chain.follow(call.args[0]) or all(s.op.name in CHEAP for s, _ in chain.steps):
         return None
