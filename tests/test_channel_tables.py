@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import tvm
 from tvm import relax
 
@@ -270,3 +272,38 @@ def test_int8_indices_into_a_table_longer_than_they_reach(mode):
     table = np.random.default_rng(7).integers(0, 256, 512).astype("uint8")
     index = np.arange(-128, 128, dtype=np.int8).reshape(16, 16)
     _looked_up(_lookup_model(table, (16, 16), mode, "int8"), VBMI_CPU, table, index, mode)
+
+
+@settings(max_examples=12, deadline=None)
+@given(c=st.integers(1, 9), leaf=st.sampled_from(["uint8", "int8"]), out=st.sampled_from(["uint8", "int8"]),
+       per_channel=st.booleans(), then=st.sampled_from([None, "add", "multiply", "divide"]),
+       hw=st.tuples(st.integers(1, 9), st.integers(1, 40)), seed=st.integers(0, 2 ** 16))
+def test_random_chains_of_a_channel_bit_for_bit_with_tvm(c, leaf, out, per_channel, then, hw, seed):
+    """Random batch norms (gamma and beta dequantized from int8 and int32 as the QDQ
+    graphs have them, variances down to 1e-6, scales and zero points per tensor or per
+    channel), an optional per-channel op after, any byte types: TVM's bits."""
+    rng = np.random.default_rng(seed)
+    info = np.iinfo(leaf)
+    stats = [rng.uniform(-1, 1, c), 10.0 ** rng.uniform(-6, 1, c)]
+    gamma, beta = _ints(rng, (c,), "int8"), rng.integers(-5000, 5000, c).astype(np.int32)
+    scale = rng.uniform(1e-3, 0.2, c) if per_channel else rng.uniform(1e-3, 0.2)
+    zp = rng.integers(np.iinfo(out).min, np.iinfo(out).max + 1, c if per_channel else ())
+
+    def body(bb, x):
+        d = bb.emit(R.dequantize(x, _const(np.float32(rng.uniform(1e-3, 0.1))),
+                                 _const(rng.integers(info.min, info.max + 1), leaf), axis=1))
+        g = bb.emit(R.dequantize(_const(gamma), _const(np.float32(rng.uniform(1e-3, 0.05))), _const(0, "int8")))
+        b = bb.emit(R.dequantize(_const(beta), _const(np.float32(rng.uniform(1e-5, 1e-3))), _const(0, "int32")))
+        normed = bb.emit(R.nn.batch_norm(d, g, b, *(_const(s.astype(np.float32)) for s in stats), axis=1,
+                                         epsilon=float(rng.uniform(1e-6, 1e-3)), training=False))
+        y = bb.emit(relax.TupleGetItem(normed, 0))
+        if then:
+            y = bb.emit(getattr(R, then)(y, _const(rng.uniform(0.5, 2, (c, 1, 1)).astype(np.float32))))
+        return bb.emit(R.quantize(y, _const(np.float32(scale) if not per_channel else scale.astype(np.float32)),
+                                  _const(np.asarray(zp).astype(out)), axis=1, out_dtype=out))
+    shape = (1, c, hw[0], hw[1] + 256 // hw[0])
+    mod = build_model({"x": (shape, leaf)}, body)
+    with isa.compiling_for(machine_for(tvm.target.Target(VBMI_CPU))):
+        assert "relax.take" in _calls(prepare(mod, QDQ))
+    ref, got = build_both(mod).run(_bytes_per_channel(leaf, shape, seed))
+    assert np.array_equal(ref, got)

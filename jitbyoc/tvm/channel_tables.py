@@ -188,7 +188,9 @@ def _batch_norm(call, x, gamma, beta, mean, var):
 
 
 def _channel_axis(chain: _Chain, call, ndim: int) -> int | None:
-    """The one axis the chain's per-channel operands lie along (None: none, or several)."""
+    """The one axis the chain's per-channel operands lie along: -1 for none (one table
+    for every element: a batch norm of one channel, which :mod:`.tables` does not take),
+    None for several."""
     axes = set()
     for step, k in chain.steps + [(call, 0)]:
         params = [chain.lookups[id(step)][1]] if k < 0 else \
@@ -200,7 +202,7 @@ def _channel_axis(chain: _Chain, call, ndim: int) -> int | None:
                     axes |= {d for d, n in enumerate(grown) if n != 1} if len(grown) == ndim else {-1, -2}
                 else:
                     axes.add(int(step.attrs.axis) % ndim)
-    return axes.pop() if len(axes) == 1 else None
+    return axes.pop() if len(axes) == 1 else -1 if not axes else None
 
 
 def channel_table_lookup(call: relax.Call, lookup, emit):
@@ -219,12 +221,13 @@ def channel_table_lookup(call: relax.Call, lookup, emit):
     table = _table(chain, call, axis)
     if table is None:
         return None
-    channels = shape[axis]
-    along = [1] * len(shape)
-    along[axis] = channels
-    offsets = (np.arange(channels, dtype=np.int32) * 256).reshape(along)
     byte = chain.leaf if str(chain.leaf.ty.dtype) == "uint8" else emit(relax.op.astype(chain.leaf, "uint8"))
-    index = emit(relax.op.add(emit(relax.op.astype(byte, "int32")), relax.const(offsets)))
+    index = emit(relax.op.astype(byte, "int32"))
+    if axis >= 0:
+        along = [1] * len(shape)
+        along[axis] = shape[axis]
+        offsets = (np.arange(shape[axis], dtype=np.int32) * 256).reshape(along)
+        index = emit(relax.op.add(index, relax.const(offsets)))
     return relax.op.take(tensor_constant(table), index, axis=0, mode="clip")
 
 
@@ -234,9 +237,9 @@ def _table(chain: _Chain, call, axis: int) -> np.ndarray | None:
     (an int8 leaf is looked up as the uint8 of its bits: 0..127, then -128..-1, so every
     lookup reads a uint8 index and a renderer can read a channel's row); None where a
     step does not evaluate."""
-    ndim, channels = len(chain.shape), chain.shape[axis]
+    ndim, channels = len(chain.shape), chain.shape[axis] if axis >= 0 else 1
     probe = [1] * ndim
-    probe[axis], probe[-1] = channels, 256
+    probe[axis], probe[-1] = channels, 256  # axis -1: the bytes alone
     x = np.broadcast_to(np.arange(256, dtype=np.uint8).view(str(chain.leaf.ty.dtype)), probe)
     for step, k in [*reversed(chain.steps), (call, 0)]:  # from the leaf up
         if k < 0:  # take(T, astype(q) + c), clamped as take's "clip" clamps
