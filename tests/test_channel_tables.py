@@ -307,3 +307,17 @@ def test_random_chains_of_a_channel_bit_for_bit_with_tvm(c, leaf, out, per_chann
         assert "relax.take" in _calls(prepare(mod, QDQ))
     ref, got = build_both(mod).run(_bytes_per_channel(leaf, shape, seed))
     assert np.array_equal(ref, got)
+
+
+def test_a_chain_goes_through_a_lookup_only_by_an_index_that_holds_bytes():
+    """``take(T, astype(x, "int8") + c)`` wraps bytes of 128 and up: the chain after it
+    takes the lookup's result as its byte, not ``x`` (whose table would read T unwrapped)."""
+    table = np.random.default_rng(8).integers(0, 256, 512).astype("uint8")
+
+    def body(bb, x):
+        t = bb.emit(R.take(relax.const(table), bb.emit(R.add(bb.emit(R.astype(x, "int8")), _const(np.int8(100)))),
+                           axis=0, mode="clip"))
+        return _normed(bb, t, "uint8", 4, rng=np.random.default_rng(2))
+    mod = build_model({"x": ((1, 4, 16, 16), "uint8")}, body)
+    ref, got = build_both(mod).run(_bytes_per_channel("uint8", (1, 4, 16, 16)))
+    assert np.array_equal(ref, got)

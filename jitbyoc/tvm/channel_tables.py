@@ -95,8 +95,9 @@ class _Chain:
             offset = None if c is None or c.dtype.kind not in "iu" else \
                 c.astype(np.int64) * (1 if index.op.same_as(ADD) else -1)
             index = bound_value(index.args[0], self.lookup)
-        if table is None or table.ndim != 1 or offset is None or not (
-                isinstance(index, relax.Call) and index.op.same_as(ASTYPE)):
+        if table is None or table.ndim != 1 or offset is None or np.abs(offset).max() >= 2 ** 30 or not (
+                isinstance(index, relax.Call) and index.op.same_as(ASTYPE)
+                and str(index.ty.dtype) in ("int32", "int64")):  # holds every byte, and the sum
             return None
         q = index.args[0]
         if dims(q.ty) != self.shape or str(q.ty.dtype) not in BYTES:
