@@ -40,6 +40,14 @@ def reference(x, s):
         return np.round(np.divide(x, s))
 
 
+def quantized(x, scale, zp, to: str):
+    """``clip(round(x / scale) + zp)`` in float32 (float32 ``x`` and ``scale``), then the
+    cast to ``to``: TVM's legalized ``quantize`` in numpy."""
+    info = np.iinfo(to)
+    rounded = reference(x, scale) + zp.astype(np.float32)
+    return np.clip(rounded, np.float32(info.min), np.float32(info.max)).astype(to)
+
+
 def _call(b, name: str, dt, *xs):
     suffix = f"{f'v{dt.lanes}' if dt.lanes > 1 else ''}f{dt.bits}"
     return b.call(declare(b.module, f"llvm.{name}.{suffix}", dt.ir, [dt.ir] * len(xs)), xs)

@@ -40,9 +40,10 @@ QUANTIZED = ("int8", "uint8", "int16", "uint16")
 BINARY = {"relax.add": np.add, "relax.subtract": np.subtract, "relax.multiply": np.multiply,
           "relax.divide": np.divide, "relax.maximum": np.maximum, "relax.minimum": np.minimum}
 STEPS = frozenset(BINARY) | {"relax.quantize", "relax.dequantize", "relax.nn.batch_norm", "relax.nn.relu"}
-# a chain of only these stays arithmetic: a lookup costs about as much
+# ops as cheap as a lookup: a chain of only these (besides its quantize at each end) stays
+# arithmetic, here and in :mod:`.tables`
 CHEAP = frozenset({"relax.add", "relax.subtract", "relax.multiply", "relax.maximum", "relax.minimum",
-                   "relax.nn.relu", "relax.dequantize"})
+                   "relax.clip", "relax.nn.relu", "relax.astype", "relax.dequantize"})
 BATCH_NORM, TAKE, ASTYPE = (Op.get(f"relax.{name}") for name in ("nn.batch_norm", "take", "astype"))
 ADD, SUBTRACT = Op.get("relax.add"), Op.get("relax.subtract")
 
@@ -56,6 +57,14 @@ class _Chain:
         self.steps: list[tuple[relax.Call, int]] = []
         self.leaf = None
         self.lookups: dict = {}  # id(take) -> (table, offset): a table made before (see _looked_up)
+        self.values: dict = {}  # an operand -> its _constant_value, evaluated once
+
+    def constant(self, expr):
+        """:func:`_constant_value` of ``expr``, once a chain (each step's operands are
+        asked for by the walk, the axis and the table)."""
+        if expr not in self.values:
+            self.values[expr] = _constant_value(expr, self.lookup)
+        return self.values[expr]
 
     def follow(self, expr, depth: int = 16) -> bool:
         """Walk down from ``expr``; the leaf is the deepest byte tensor reached (a
@@ -91,7 +100,7 @@ class _Chain:
         table, index = constant(bound_value(call.args[0], self.lookup)), bound_value(call.args[1], self.lookup)
         offset = np.int64(0)
         if isinstance(index, relax.Call) and (index.op.same_as(ADD) or index.op.same_as(SUBTRACT)):
-            c = _constant_value(index.args[1], self.lookup)
+            c = self.constant(index.args[1])
             offset = None if c is None or c.dtype.kind not in "iu" else \
                 c.astype(np.int64) * (1 if index.op.same_as(ADD) else -1)
             index = bound_value(index.args[0], self.lookup)
@@ -110,7 +119,7 @@ class _Chain:
         when ``call`` is no step: another op, or operands not constant."""
         if not (isinstance(call, relax.Call) and isinstance(call.op, Op) and call.op.name in STEPS):
             return None
-        varying = [k for k, a in enumerate(call.args) if _constant_value(a, self.lookup) is None]
+        varying = [k for k, a in enumerate(call.args) if self.constant(a) is None]
         if len(varying) != 1 or dims(call.args[varying[0]].ty) != self.shape:
             return None
         name = call.op.name
@@ -172,9 +181,7 @@ def _quantize(x, scale, zp, to: str):
     """``clip(round(x / scale) + zp)`` in float32, then the cast (TVM's ``quantize``)."""
     if to not in QUANTIZED or x.dtype != np.float32 or scale.dtype != np.float32 or not scale.all():
         return None
-    info = np.iinfo(to)
-    rounded = quotients.reference(x, scale) + zp.astype(np.float32)
-    return np.clip(rounded, np.float32(info.min), np.float32(info.max)).astype(to)
+    return quotients.quantized(x, scale, zp, to)
 
 
 def _batch_norm(call, x, gamma, beta, mean, var):
@@ -195,14 +202,16 @@ def _channel_axis(chain: _Chain, call, ndim: int) -> int | None:
     axes = set()
     for step, k in chain.steps + [(call, 0)]:
         params = [chain.lookups[id(step)][1]] if k < 0 else \
-            [_constant_value(a, chain.lookup) for i, a in enumerate(step.args) if i != k]
+            [chain.constant(a) for i, a in enumerate(step.args) if i != k]
         for p in params:
-            if p.size > 1:
-                if k < 0 or step.op.name in BINARY:
-                    grown = [1] * (ndim - p.ndim) + list(p.shape)
-                    axes |= {d for d, n in enumerate(grown) if n != 1} if len(grown) == ndim else {-1, -2}
-                else:
-                    axes.add(int(step.attrs.axis) % ndim)
+            if p.size == 1:
+                continue
+            if k >= 0 and step.op.name not in BINARY:  # a quantize's or batch norm's axis
+                axes.add(int(step.attrs.axis) % ndim)
+            elif p.ndim > ndim:
+                return None
+            else:  # broadcast against the chain's tensor
+                axes |= {d for d, n in enumerate([1] * (ndim - p.ndim) + list(p.shape)) if n != 1}
     return axes.pop() if len(axes) == 1 else -1 if not axes else None
 
 
@@ -249,7 +258,7 @@ def _table(chain: _Chain, call, axis: int) -> np.ndarray | None:
                 return None
             x = table[np.clip(x.astype(np.int64) + offset, 0, table.size - 1)]
             continue
-        args = [x if i == k else _constant_value(a, chain.lookup) for i, a in enumerate(step.args)]
+        args = [x if i == k else chain.constant(a) for i, a in enumerate(step.args)]
         if step.op.name in BINARY and np.broadcast_shapes(*(a.shape for a in args)) != tuple(probe):
             return None  # a constant operand along another axis than the channels'
         x = _apply(step, args)

@@ -115,9 +115,7 @@ def quantized_constant(call: relax.Call, lookup) -> relax.Constant | None:
     along = [1] * x.ndim
     along[int(call.attrs.axis) % x.ndim] = -1  # a per-channel parameter lies along the axis
     scale, zp = (p.reshape(along) if p.size > 1 else p.reshape(()) for p in (scale, zp))
-    rounded = quotients.reference(x, scale) + zp.astype(np.float32)  # float32 operands: float32
-    info = np.iinfo(to)
-    return tensor_constant(np.clip(rounded, np.float32(info.min), np.float32(info.max)).astype(to))
+    return tensor_constant(quotients.quantized(x, scale, zp, to))
 
 
 def folded_constant(expr, lookup, limit: int | None = None):

@@ -29,16 +29,12 @@ from tvm.ir import Op
 
 from ..ir.ops import OPS
 from ..ir.relax_types import dims
-from .channel_tables import channel_table_lookup
+from .channel_tables import BYTES, CHEAP, channel_table_lookup
 from .constants import constant
 from .inference import bound_value
 
 QUANTIZE, DEQUANTIZE, TAKE = (Op.get(f"relax.{name}") for name in ("quantize", "dequantize", "take"))
 ELEMENTWISE = frozenset(row.relax for row in OPS.values() if row.relax) | {"relax.quantize", "relax.dequantize"}
-BYTES = ("uint8", "int8")
-# ops as cheap as a lookup: a chain of only these (besides its quantize at each end) stays
-CHEAP = frozenset({"relax.add", "relax.subtract", "relax.multiply", "relax.maximum", "relax.minimum",
-                   "relax.clip", "relax.nn.relu", "relax.astype", "relax.dequantize"})
 
 
 def _scalar(expr, lookup, depth: int = 4) -> bool:
