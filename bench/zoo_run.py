@@ -54,8 +54,9 @@ from .timing import Stats, max_errors, time_blocks
 from .zoo_build import prepare
 
 log = logging.getLogger(__name__)
-# the order of the blocks, after jitbyoc
-PEERS = ("onnxruntime", "onnxruntime_int8", "openvino_int8", "onnxruntime_fp16",
+# the order of the blocks, after jitbyoc; jitbyoc_fp32 (bf16, int8, fp16 only) is jitbyoc's
+# own fp32 build of the fp32 model, the reference of the narrow build's speed-up
+PEERS = ("jitbyoc_fp32", "onnxruntime", "onnxruntime_int8", "openvino_int8", "onnxruntime_fp16",
          "openvino_fp16", "openvino", "openvino_f32", "torch", "tvm")
 # the peers of each --precision (TVM default builds the module jitbyoc builds); at int8
 # and fp16 OpenVINO on the fp32 file (default precision, f32) is a reference column
@@ -203,10 +204,13 @@ def measure(entry: Entry, rounds: int, workdir: str, threads: int, with_peers: b
         checked.update(accuracy_fields(outputs, outputs["jitbyoc"] if reference is None else reference))
     except Exception as err:
         return failure(entry, "run", err)
+    if "ex_fp32" in built:  # timed, not checked: it is the accuracy columns' reference
+        runners["jitbyoc_fp32"] = vm_runner(built["ex_fp32"], case.inputs)
     fns = {**runners, **{p.name: p.run for p in peers}}
     fns = {"jitbyoc": fns["jitbyoc"], **{n: fns[n] for n in PEERS if n in fns}}
     samples = time_blocks(fns, rounds, BLOCK_SECONDS, SETTLE_SECONDS)
-    precisions = {"jitbyoc": precision, "tvm": precision, **{p.name: p.precision for p in peers}}
+    precisions = {"jitbyoc": precision, "tvm": precision, "jitbyoc_fp32": "fp32",
+                  **{p.name: p.precision for p in peers}}
     flops = count_flops(case.mod)
     narrow = flops if precision == "int8" else fields.get("lowered_gflop", 0.0) * 1e9
     row = dict.fromkeys(columns())

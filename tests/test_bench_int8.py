@@ -171,7 +171,11 @@ def test_int8_row_builds_the_qdq_copy_and_runs_its_peers_on_it(int8_row):
         assert row[f"ratio_{peer}"] == pytest.approx(row["jitbyoc_median_s"] / row[f"{peer}_median_s"])
     assert row["openvino_f32_precision"] == "fp32" and row["openvino_median_s"] > 0  # the fp32 file
     assert row["onnxruntime_median_s"] is None and row["torch_median_s"] is None
-    assert row["fastest_peer"] in ("onnxruntime_int8", "openvino_int8", "tvm")
+    assert row["fastest_peer"] in ("onnxruntime_int8", "openvino_int8", "tvm")  # not jitbyoc's fp32
+    # jitbyoc's own fp32 build, timed in turns: the int8 build's speed-up over it
+    assert row["jitbyoc_fp32_precision"] == "fp32" and row["jitbyoc_fp32_median_s"] > 0
+    assert row["ratio_jitbyoc_fp32"] == pytest.approx(row["jitbyoc_median_s"] / row["jitbyoc_fp32_median_s"])
+    assert row["jitbyoc_fp32_cos_err"] is None  # the reference itself: no accuracy column
     # % peak: the model's GOP at the int8 loop's rate (400 here) over jitbyoc's time
     assert row["jitbyoc_peak_pct"] == pytest.approx(100 * row["gflop"] / 400.0 / row["jitbyoc_median_s"])
 
@@ -195,8 +199,8 @@ def test_int8_table_heads_the_qdq_peers_and_their_accuracy(int8_row):
                "peak_gflops": 100.0, "int8_peak_gflops": 400.0}
     text = format_table([int8_row], [], machine, summarize([int8_row]))
     head = text.splitlines()[1]
-    for column in ("jitbyoc ms [int8]", "ort qdq ms [int8]", "ov qdq ms [int8]", "ov f32 ms [fp32]",
-                   "jit/ort qdq", "jit/ov qdq", "1-cos jit", "top1 jit", "1-cos ort qdq",
+    for column in ("jitbyoc ms [int8]", "jit fp32 ms [fp32]", "jit/jit fp32", "ort qdq ms [int8]",
+                   "ov qdq ms [int8]", "ov f32 ms [fp32]", "jit/ort qdq", "jit/ov qdq", "1-cos jit", "top1 jit", "1-cos ort qdq",
                    "top1 ov qdq"):
         assert column in head, column
     assert "bf16 GFLOP" not in head and "ort ms" not in head

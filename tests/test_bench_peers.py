@@ -85,6 +85,8 @@ def test_bf16_row_lowers_jitbyoc_and_measures_its_accuracy(bf16_row):
     assert row["jitbyoc_top1"] in (0.0, 0.25, 0.5, 0.75, 1.0) and row["jitbyoc_top1"] >= 0.75
     assert row["onnxruntime_cos_err"] < 1e-10 and row["onnxruntime_precision"] == "fp32"
     assert row["torch_median_s"] is None  # torch eager has no bf16 mode here
+    assert row["jitbyoc_fp32_precision"] == "fp32" and row["jitbyoc_fp32_median_s"] > 0  # timed in turns
+    assert row["ratio_jitbyoc_fp32"] == pytest.approx(row["jitbyoc_median_s"] / row["jitbyoc_fp32_median_s"])
 
 
 def test_openvino_runs_the_onnx_file_and_says_its_precision(bf16_row):
