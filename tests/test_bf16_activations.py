@@ -20,8 +20,7 @@ STEP = 2.0 ** -8  # bfloat16's unit roundoff
 
 def _residual_model(rng, c=32, hw=13, output_a=False):
     """``a = relu(conv(x, w1) + b)``, ``y = relu(conv(a, w2) + a)``: ``a`` feeds a
-    product and a sum. (13x13: the convs are lowered; on a 12x12 map float32's Winograd
-    tiles fit and keep them float32, precision._winograd_in_float32.)"""
+    product and a sum."""
     w1, w2 = ((rng.standard_normal((c, c, 3, 3)) / (3 * c ** 0.5)).astype(np.float32) for _ in range(2))
     b = rng.standard_normal((1, c, 1, 1)).astype(np.float32)
 

@@ -283,37 +283,24 @@ def test_pairs_summed_by_vdpbf16ps_at_every_vector_width(cpu, lanes, instruction
     assert (len(dots), all(instruction in d for d in dots)) == ((1, True) if instruction else (0, True))
 
 
-@pytest.mark.parametrize("c, k, hw, lowered", [(64, 64, 56, False), (64, 96, 28, False), (96, 64, 27, False),
-                                                (64, 64, 14, True), (64, 64, 13, True), (128, 32, 56, True)])
-def test_winograd_tiles_that_fit_the_map_keep_a_3x3_float32(c, k, hw, lowered):
-    """float32's Winograd F(4x4, 3x3) outruns bf16's direct convolution where its tiles
-    cover the map with at most 10 % to spare (56, 28, 27: measured 1.01-1.67x faster on
-    Zen 4): there lower_precision leaves the conv float32, and jitbyoc runs it by
-    Winograd; 14x14 and 13x13 (1.31x and 1.51x the map) are lowered, and so is
-    DenseNet's 128->32 (few output channels: the transforms' traffic); with AMX tiles every
-    one is (a product on tiles)."""
+@pytest.mark.parametrize("setting", ["4", "2", "0"])
+@pytest.mark.parametrize("c, k, hw", [(64, 64, 56), (64, 96, 28), (96, 64, 27), (64, 64, 14), (128, 32, 56)])
+def test_every_3x3_is_lowered_whatever_float32_would_run_it_by(monkeypatch, setting, c, k, hw):
+    """A 3x3 stride-1 convolution runs in bf16 where float32 would run it by Winograd's
+    tiles (56x56, 28x28, 27x27 with 64+ channels used to stay float32): in the VM's slow
+    phases the transforms' passes ran up to 2.2x their quiet time, and bf16's direct
+    engine was level in the quiet rounds and faster in the slow ones (the note in
+    jitbyoc/tvm/precision.py). On Zen 4 and, with AMX, Sapphire Rapids."""
+    monkeypatch.setenv("JITBYOC_WINOGRAD", setting)
     w = np.ones((k, c, 3, 3), np.float32)
     mod = build_model({"x": ((1, c, hw, hw), "float32")}, lambda bb, x: bb.emit(
         R.nn.conv2d(x, relax.const(w), padding=1)))
-    for cpu, want in (("znver4", lowered), ("sapphirerapids", True)):
+    for cpu in ("znver4", "sapphirerapids"):
         with isa.compiling_for(machine_for(tvm.target.Target({"kind": "llvm", "mcpu": cpu}))):
             low = jitbyoc.lower_precision(mod)
-            assert ("bfloat16" in low.script()) == want, (cpu, hw)
-            if not want:
-                (region,) = jitbyoc.inspect(low)
-                assert any(getattr(st, "winograd", False) for st in region.kernel.stages)
-
-
-@pytest.mark.parametrize("setting, lowered", [("4", False), ("2", True), ("0", True)])
-def test_only_winograds_four_by_four_tiles_keep_a_3x3_float32(monkeypatch, setting, lowered):
-    """The float32 Winograd measured faster than bf16 was F(4x4, 3x3) (4x fewer
-    multiplications); with JITBYOC_WINOGRAD=2 (2.25x fewer, not measured against bf16) or
-    0 (direct) a 56x56 3x3 is lowered to bf16 as before."""
-    monkeypatch.setenv("JITBYOC_WINOGRAD", setting)
-    mod = build_model({"x": ((1, 64, 56, 56), "float32")}, lambda bb, x: bb.emit(
-        R.nn.conv2d(x, relax.const(np.ones((64, 64, 3, 3), np.float32)), padding=1)))
-    with isa.compiling_for(machine_for(tvm.target.Target({"kind": "llvm", "mcpu": "znver4"}))):
-        assert ("bfloat16" in jitbyoc.lower_precision(mod).script()) == lowered
+            assert "bfloat16" in low.script(), (cpu, hw)
+            (region,) = jitbyoc.inspect(low)
+            assert not any(getattr(st, "winograd", False) for st in region.kernel.stages)
 
 
 def test_lower_precision_keeps_convolutions_float32_where_bf16_is_slower():

@@ -32,7 +32,7 @@ from tvm.ir.prim import IntImm
 from ..engines.conv_channel_plan import ChannelPlan
 from ..engines.gemm_tiles import has_tiles
 from ..ir.rules import why_not
-from ..kernels import conv2d, winograd
+from ..kernels import conv2d
 from .constants import constant, tensor_constant
 from .inference import MATMUL, conv2d_like
 from .linear import weight_value
@@ -41,27 +41,21 @@ from .round_early import round_early, rounding_of
 CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
 MIN_CHANNELS = 2  # input channels per group below which a convolution stays float32 (depthwise)
 SMALL_MAP = 49  # output pixels up to which a map float32 runs on channel vectors stays float32 unless bf16 does too
-# Winograd's float32 tiles (jitbyoc.kernels.winograd) outrun bf16's direct convolution
-# where they cover the map with at most this much more than it: Zen 4, 2 threads, alone,
-# bf16 / float32 time: 56x56 3x3 64->64 1.48-1.67, 256->256 1.49, DenseNet's 128->32
-# 1.26-1.28; 28x28 128->128 1.01-1.35, 512->512 1.16-1.29, 128->32 1.09; 27x27 128->192
-# 1.03-1.36, 96->128 1.23-1.25. On 13x13 and 14x14 (tiles over 1.31-1.51x the map) it
-# varies with the channels: 0.63 (128->32) to 1.23 (160->192), 256->256 1.01-1.18, and
-# in the model ResNet-50 ran 1.04x slower with its 14x14 ones float32 (builds alternating
-# in one process). Few output channels leave the transforms' memory traffic large next
-# to the products: DenseNet-121 with its 3x3 128->32 on 56x56 and 28x28 left float32 ran
-# 0.95-1.01x the time in this VM's quiet phases but 1.10-1.17x in its far-apart phases
-# (a cache line between its CPUs 4-6x slower). With both limits: Inception v1 0.91-1.03x
-# (median 0.96), ResNet-50 0.91-1.01x
-MAX_TILE_WASTE = 1.1
-MIN_WINOGRAD_CHANNELS = 64  # input and output channels
+# A 3x3 stride-1 convolution is lowered where float32 would run it by Winograd's F(4x4,
+# 3x3) too. Such convs used to stay float32 where the tiles fit the map (measured
+# faster in quiet phases of this VM: Inception v1 0.91-1.03x, ResNet-50
+# 0.91-1.01x), but the transforms' passes read what the other core wrote, and in the VM's
+# slow phases they ran up to 2.2x their quiet time while bf16's direct engine held its own.
+# Zen 4, 2 threads, exported bf16 builds in turns in one process, the rule off / on:
+# ResNet-50 0.967 over 90 s (the rounds where the rule's build ran fast: 0.998, the slow
+# ones: 0.945) and 0.978 over 60 s in the other order; Inception v1 0.968 (0.988, 0.944).
 
 
 def _narrower_is_faster(geo) -> bool:
     """Whether jitbyoc runs ``geo`` faster in bf16. Measured (Zen 4, 2 threads, quiet machine,
     bf16 with a constant bf16 weight vs float32, each in turns): a 3x3 64->64 on 56x56
-    1.85-1.92x against float32's direct convolution, but float32's Winograd tiles beat bf16
-    where they fit the map (:func:`_winograd_in_float32`); the 3-channel 7x7/2 stem
+    1.85-1.92x against float32's direct convolution, and level with or faster than
+    float32's Winograd (the note above this function); the 3-channel 7x7/2 stem
     1.42-1.44x (a weight packed per call: 3 channels do not pair); 3x3 grouped with 2
     channels a group 1.15x; but depthwise (one channel a group: every unit half zeros,
     against float32's own depthwise kernel) 0.48x, and a 3x3 512->512 on 7x7 0.74-0.82x on
@@ -75,25 +69,12 @@ def _narrower_is_faster(geo) -> bool:
         return True
     if geo.groups == 1 and geo.cg >= MIN_CHANNELS and has_tiles("bfloat16"):
         return True  # gathered as columns, a product on AMX tiles (ConvGeometry.columns)
-    if geo.cg < MIN_CHANNELS or _winograd_in_float32(geo):
+    if geo.cg < MIN_CHANNELS:
         return False
     if geo.groups > 1:  # float32 runs some on channel vectors, bf16 on the pixel engine: still faster
         return True
     on_channels = lambda dt: isinstance(conv2d.engine_plan(geo, dt), ChannelPlan)  # noqa: E731
     return geo.oh * geo.ow > SMALL_MAP or on_channels("bfloat16") or not on_channels("float32")
-
-
-def _winograd_in_float32(geo) -> bool:
-    """Whether float32 runs ``geo`` by Winograd's algorithm on tiles that waste at most
-    :data:`MAX_TILE_WASTE` of their outputs, with :data:`MIN_WINOGRAD_CHANNELS`: faster
-    there than bf16's direct convolution, and closer to the exact sum."""
-    tf = winograd.chosen()  # measured with F(4x4, 3x3); F(2x2) was not measured against bf16
-    if tf is not winograd.F43 or not winograd.fits(geo, "float32"):
-        return False
-    if min(geo.c, geo.k) < MIN_WINOGRAD_CHANNELS:
-        return False
-    rows, cols = winograd.tiles(geo, tf)
-    return rows * cols * tf.tile ** 2 <= MAX_TILE_WASTE * geo.oh * geo.ow
 
 
 PRECISIONS = ("bf16",)
