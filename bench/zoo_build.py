@@ -110,8 +110,9 @@ def prepare(entry: Entry, precision: str, workdir: str, activations: str = "floa
 
     Returns ``(case, fields, built, reference, files)``: the case, the row's fields so
     far, :func:`build`'s executables and times (bf16, int8, fp16: also the fp32 build's,
-    ``ex_fp32``), the fp32 build's outputs or None (fp32), and the model's files for the peers (its ONNX file, QDQ and float16
-    copies, written in ``workdir`` and the copies' cache directories when first asked for).
+    ``ex_fp32``), the fp32 build's outputs or None (fp32), and the model's files for the
+    peers (its ONNX file, QDQ and float16 copies, written in ``workdir`` and the copies'
+    cache directories when first asked for).
     """
     try:
         case, import_s = timed(entry.make)

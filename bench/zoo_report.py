@@ -21,8 +21,8 @@ LABELS = {**PEER_LABELS, "openvino": "ov", "openvino_f32": "ov f32", "tvm": "tvm
           "onnxruntime_int8": "ort qdq", "openvino_int8": "ov qdq",
           "onnxruntime_fp16": "ort fp16", "openvino_fp16": "ov fp16", "jitbyoc_fp32": "jit fp32"}
 # a jit/X column each, when X ran (jit/jit fp32: the narrow build's time over jitbyoc's fp32 one)
-RATIO_PEERS = ("jitbyoc_fp32", "onnxruntime", "openvino", "onnxruntime_int8", "openvino_int8", "onnxruntime_fp16",
-               "openvino_fp16")
+RATIO_PEERS = ("jitbyoc_fp32", "onnxruntime", "openvino", "onnxruntime_int8", "openvino_int8",
+               "onnxruntime_fp16", "openvino_fp16")
 # 1-cos, top1 columns
 ACCURACY = ("jitbyoc", "onnxruntime_int8", "openvino_int8", "onnxruntime_fp16", "openvino_fp16",
             "openvino")

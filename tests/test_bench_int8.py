@@ -200,7 +200,8 @@ def test_int8_table_heads_the_qdq_peers_and_their_accuracy(int8_row):
     text = format_table([int8_row], [], machine, summarize([int8_row]))
     head = text.splitlines()[1]
     for column in ("jitbyoc ms [int8]", "jit fp32 ms [fp32]", "jit/jit fp32", "ort qdq ms [int8]",
-                   "ov qdq ms [int8]", "ov f32 ms [fp32]", "jit/ort qdq", "jit/ov qdq", "1-cos jit", "top1 jit", "1-cos ort qdq",
+                   "ov qdq ms [int8]", "ov f32 ms [fp32]",
+                   "jit/ort qdq", "jit/ov qdq", "1-cos jit", "top1 jit", "1-cos ort qdq",
                    "top1 ov qdq"):
         assert column in head, column
     assert "bf16 GFLOP" not in head and "ort ms" not in head
