@@ -13,7 +13,8 @@ from tvm import relax
 
 import jitbyoc
 from jitbyoc.kernels.pool2d import Pool2d
-from jitbyoc.kernels.pool_planes import row_bands
+from jitbyoc.kernels.pool_planes import row_bands, runs_flat
+from jitbyoc.render.vectors import lanes
 from tests.diff_util import check_c_matches_llvm
 from tests.spatial_util import CC, build, grid_model, random_inputs, run, run_c
 
@@ -361,5 +362,40 @@ def test_few_planes_split_into_row_bands(op, attrs, tmp_path):
     xs = np.random.default_rng(7).standard_normal(shape).astype(F32)
     got, want = run(build(mod, True), [xs]), run(build(mod, False), [xs])
     np.testing.assert_array_equal(got[0], want[0])
+    if CC is not None:
+        check_c_matches_llvm(mod, [xs], tmp_path)
+
+
+FLAT_CASES = [((1, 512, 13, 13), "uint8", {"pool_size": (3, 3), "padding": (1, 1, 1, 1)}),  # Inception v1's
+              ((2, 4, 28, 28), "uint8", {"pool_size": (3, 3), "padding": (1, 1, 1, 1)}),
+              ((1, 9, 5, 7), "int8", {"pool_size": (3, 2), "padding": (2, 0, 0, 1)}),
+              ((1, 8, 9, 11), "uint8", {"pool_size": (3, 3), "padding": (2, 2, 2, 2), "dilation": (2, 2)}),
+              ((1, 8, 6, 5), "uint8", {"pool_size": (2, 3), "padding": (0, 1, 0, 1), "ceil_mode": True}),
+              ((1, 832, 7, 7), F32, {"pool_size": (3, 3), "padding": (1, 1, 1, 1)})]
+
+
+@pytest.mark.parametrize("shape,dt,attrs", FLAT_CASES)
+def test_small_maps_pool_whole_planes_at_once(shape, dt, attrs, tmp_path):
+    """Stride-1 max pools over maps at most half a vector wide (uint8 13x13 on 64 lanes)
+    take each plane as one flat run, a constant mask of in-input lanes per vector and tap:
+    every pad, dilation, and the fused epilogue, equal to TVM's build, numpy's reference
+    and the C rendering (which keeps the row loops)."""
+    x = relax.Var("x", relax.TensorType(shape, dt))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.max_pool2d(x, **attrs))
+            out = bb.emit_output(bb.emit(relax.op.nn.relu(y)))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    (region,) = jitbyoc.inspect(mod)
+    (stage,) = region.kernel.stages
+    assert stage.epilogue is not None and runs_flat(stage, lanes(dt))
+    rng = np.random.default_rng(11)
+    xs = (rng.integers(-128, 128, shape) if dt == "int8" else rng.integers(0, 256, shape)).astype(dt)
+    got, want = run(build(mod, True), [xs]), run(build(mod, False), [xs])
+    np.testing.assert_array_equal(got[0], want[0])
+    ref = reference(xs, dict(kind="max", **{k: v for k, v in attrs.items() if k != "ceil_mode"}), got[0].shape[2:])
+    np.testing.assert_array_equal(got[0], np.maximum(ref, 0).astype(dt))
     if CC is not None:
         check_c_matches_llvm(mod, [xs], tmp_path)

@@ -8,7 +8,10 @@ once against the portable facade
 (:mod:`.pool_planes`): LLVM and C render the same algorithm. Float pools with a column
 stride of at most 4 combine each window in a register, per vector of output columns (in
 C, per output column), taps outside the input masked to the identity: a loop over the
-interior vectors, the edge vectors unrolled. Other windowed pools run per output row:
+interior vectors, the edge vectors unrolled. Stride-1 max pools over maps at most half a
+vector wide (a quantized graph's uint8 13x13 on 64 lanes) take each plane as one flat run
+instead, several rows a vector, one load per vector and tap under a constant mask
+(:func:`.pool_planes.runs_flat`). Other windowed pools run per output row:
 the row is set to the identity, then for each kernel row inside the input and each
 kernel column it is combined with one strided input row over the *static* range of
 output columns whose tap lies inside the input. That loop has no branches, so LLVM

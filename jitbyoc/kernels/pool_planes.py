@@ -15,6 +15,7 @@ from ..render.loops import threaded
 
 MAX_VECTOR_STRIDE = 4  # column strides whose rows take explicit vectors (a load spans stride x lanes)
 MIN_TASKS = 8  # (plane, row band) tasks at least, where there are fewer planes
+MAX_FLAT_LOADS = 160  # unrolled tap loads of a whole plane in :func:`_flat_planes`
 
 
 def lowest(dt) -> float | int:
@@ -26,6 +27,8 @@ def lowest(dt) -> float | int:
 def emit_pool(stage, e) -> None:
     if stage.row.adaptive:
         body, bands = _adaptive_planes, 1
+    elif runs_flat(stage, e.lanes(stage.out.dtype)):
+        body, bands = _flat_planes, 1
     else:
         body = _vector_planes if _vectors(stage) and stage.stride[1] <= MAX_VECTOR_STRIDE else _window_planes
         bands = row_bands(stage)
@@ -164,6 +167,47 @@ def _vector_planes(stage, e, lo, hi) -> None:
             for start in tail:
                 _column_vector(stage, e, acc, window, start)
         _plane_epilogue(stage, e, pl, r0, r1)
+
+
+def runs_flat(stage, width: int) -> bool:
+    """Whether a max pool runs by :func:`_flat_planes` on vectors of ``width`` lanes:
+    stride 1, output rows as wide as the input's, at least two rows a vector (uint8 maps
+    of 13-28 columns on 64 lanes; never in C, one lane wide), whole planes a task, and at
+    most :data:`MAX_FLAT_LOADS` taps to unroll."""
+    (x,), out = stage.inputs, stage.out
+    w = x.shape[3]
+    if (stage.row.average or not _vectors(stage) or tuple(stage.stride) != (1, 1) or out.shape[3] != w
+            or 2 * w > width or row_bands(stage) != 1):
+        return False
+    return -(-out.shape[2] * w // width) * stage.size[0] * stage.size[1] <= MAX_FLAT_LOADS
+
+
+def _flat_planes(stage, e, lo, hi) -> None:
+    """Max pools of :func:`runs_flat`: each plane as one flat run of elements, a vector of
+    several output rows at a time. With stride 1 and rows of equal width, the tap
+    ``(kh, kw)`` of output element ``p`` is input element ``p + (kh*dh - ph) * w + kw*dw
+    - pw``: one load per vector and tap, under a constant mask of the lanes whose tap lies
+    inside the input (in row and column). A 13-wide row on 64 lanes had a vector of its
+    own, a fifth of it used."""
+    (x,), out, dt = stage.inputs, stage.out, stage.out.dtype
+    _, _, h, w = x.shape
+    size, width = stage.out.shape[2] * w, e.lanes(dt)
+    with e.loop(hi, lo, "pl") as pl:
+        src, dst = e.let(e.mul(pl, h * w)), e.let(e.mul(pl, size))
+        for start in range(0, size, width):
+            v = e.vconst(_identity(stage), dt, width)
+            for kh in range(stage.size[0]):
+                for kw in range(stage.size[1]):
+                    rows = kh * stage.dilation[0] - stage.pad[0]
+                    cols = kw * stage.dilation[1] - stage.pad[1]
+                    inside = [p < size and 0 <= p // w + rows < h and 0 <= p % w + cols < w
+                              for p in range(start, start + width)]
+                    if any(inside):
+                        t = e.vload(e.pointer(x), e.add(src, start + rows * w + cols), dt, width,
+                                    e.lanes_where(inside), _identity(stage))
+                        v = e.vop(width, "maximum", dt, v, t)
+            e.vstore(out, e.add(dst, start), v, dt, e.lanes_where([p < size for p in range(start, start + width)]))
+        _plane_epilogue(stage, e, pl)
 
 
 def _column_runs(stage, width: int) -> tuple[list[int], tuple[int, int] | None, list[int]]:

@@ -99,6 +99,10 @@ class LLVMVectors:
         an int ``count``: a constant)."""
         return vectors.lane_mask(self.b, count, width)
 
+    def lanes_where(self, flags):
+        """A constant mask: lane ``k`` set where ``flags[k]`` (None when every lane is)."""
+        return None if all(flags) else ir.Constant(ir.VectorType(I1, len(flags)), [bool(f) for f in flags])
+
     def lanes_of(self, dt: str, width: int, fill, values):
         """A ``width``-lane value: lane ``k`` the ``k``-th of ``values`` (consumed lane by
         lane), the lanes after them ``fill``."""
@@ -205,6 +209,9 @@ class CVectors:
         pass  # the C rendering leaves it to the compiler and the hardware
 
     def lane_mask(self, count, width: int):
+        return None
+
+    def lanes_where(self, flags):
         return None
 
     def lanes_of(self, dt: str, width: int, fill, values):
