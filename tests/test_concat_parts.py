@@ -93,3 +93,29 @@ def test_c_rendering_places_parts_alike(tmp_path):
     mod = build_model(PARTS, lambda bb, a, b, c: bb.emit(R.concat(
         [bb.emit(R.concat([bb.emit(_pool(a)), b], axis=1)), bb.emit(_pool(c))], axis=1)))
     check_c_matches_llvm(mod, _inputs(PARTS), tmp_path)
+
+
+BIG = {"a": ((1, 37, 30, 30), "float32"), "b": ((1, 5, 30, 30), "float32"), "c": ((1, 19, 30, 30), "float32")}
+
+
+@pytest.mark.parametrize("raw", [True, False])
+def test_a_large_channel_concatenation_copies_in_blocks_on_threads(raw, tmp_path):
+    """DenseNet's form at its sizes' scale: region inputs copied into a batch-1 channel
+    concatenation of 54,900 elements, a part made in the region placed between them,
+    rectified (an epilogue of the concatenation where the raw result is not returned as
+    well). The copy runs as 16 tasks of channel ranges that cross the parts' boundaries
+    (it was one serial copy in the region's entry), each with the epilogue over its
+    range; equal to TVM's build and to the C rendering."""
+    def body(bb, a, b, c):
+        cat = bb.emit(R.concat([a, bb.emit(_pool(b)), c], axis=1))
+        out = bb.emit(R.nn.relu(bb.emit(R.negative(cat))))
+        return [cat, out] if raw else out
+    mod = build_model(BIG, body)
+    (concat,) = [s for s in _region(mod).stages if type(s).__name__ == "Concat"]
+    assert concat.blocks() == 16 and concat.placed == (1,) and (concat.epilogue is None) == raw
+    builds = build_both(mod)
+    want, got = builds.run(*_inputs(BIG))
+    for w, g in zip(*(v if isinstance(v, list) else [v] for v in (want, got))):
+        np.testing.assert_array_equal(g, w)
+    if CC is not None:
+        check_c_matches_llvm(mod, _inputs(BIG), tmp_path)

@@ -18,7 +18,7 @@ import importlib
 import logging
 import sys
 
-KERNEL_MODULES = ("matmul", "conv2d", "pool2d", "softmax", "norm", "reduce", "layout", "slicing",
+KERNEL_MODULES = ("matmul", "conv2d", "pool2d", "softmax", "norm", "reduce", "layout", "slicing", "concat",
                   "fold_permutes", "fold_slices", "weight_matmul", "generate", "scan", "gather", "inference",
                   "argreduce", "scatter", "pad",
                   "conv_transpose", "pool3d", "grid_sample", "roi_align", "attention", "resize")

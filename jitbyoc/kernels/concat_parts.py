@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 
 from ..ir import kir
-from .slicing import Concat
+from .concat import Concat
 
 
 def place_concat_parts(kernel: kir.Kernel) -> None:

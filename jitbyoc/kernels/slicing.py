@@ -1,8 +1,7 @@
-"""Index-range copies: concat, stack, strided_slice, flip, split and take (embedding lookup).
+"""Index-range copies: strided_slice, flip, split and take (embedding lookup); concat
+and stack are :mod:`.concat`.
 
-concat copies, for each index of the dims before its axis, every operand's row in turn;
-stack is a concat of its operands viewed with a unit dim. flip is a slice stepping back.
-strided_slice and each output of split are one :class:`Slice` stage: every output row
+flip is a slice stepping back. strided_slice and each output of split are one :class:`Slice` stage: every output row
 (all dims but the last) starts at a computed input offset and reads with a fixed step, so
 unit-step slices copy contiguous runs. take copies, for every index, the contiguous block
 of ``x`` after ``axis`` (a whole embedding row when ``axis == 0``).
@@ -291,88 +290,6 @@ def _wraps_by_mask(mode: str, n: int) -> bool:
     """Whether a ``wrap`` take from ``n`` entries is a mask of the index's low bits (``n``
     a power of two): a lookup of a nibble's value (:mod:`jitbyoc.tvm.weights`'s int4)."""
     return mode == "wrap" and n & (n - 1) == 0
-
-
-# ---- concat ------------------------------------------------------------------------------------
-
-@dataclass(eq=False)
-class Concat(PortableStage, kir.KernelStage):
-    """``out = concat(inputs, axis)``: each row (an index of the dims before ``axis``)
-    is the inputs' rows one after another. Inputs whose index is in ``placed`` are already
-    there (their producers wrote them in place: :mod:`.concat_parts`), so only the
-    epilogue, if any, runs over their part."""
-    axis: int = 0
-    placed: tuple = ()
-
-    def emit(self, e) -> None:
-        out, axis = self.out, self.axis
-
-        def body(e, lo, hi):
-            width = e.product(out.shape[axis:])
-            with e.loop(hi, lo, "row") as r:
-                dst = e.let(e.mul(r, width))
-                pos = unravel(e, r, [e.dim(d) for d in out.shape[:axis]])
-                at = 0
-                for i, x in enumerate(self.inputs):
-                    n = e.product(x.shape[axis:])
-                    if i not in self.placed:
-                        src = e.let(e.mul(r, n))
-                        with e.loop(n, 0, "k") as k:
-                            e.copy(out, e.add(dst, k), x, e.add(src, k))
-                    if self.epilogue is not None:
-                        e.epilogue(self, pos + [at] + [0] * (out.ndim - axis - 1),
-                                   [1] * axis + [e.dim(d) for d in x.shape[axis:]])
-                    dst = e.let(e.add(dst, n))
-                    at = e.let(e.add(at, e.dim(x.shape[axis])))
-
-        e.parallel(e.product(out.shape[:axis]), body,
-                   threaded(out.shape, "copy") and axis > 0)
-
-    @staticmethod
-    def reference(*xs: np.ndarray, axis: int = 0) -> np.ndarray:
-        return np.concatenate(xs, axis=axis)
-
-
-def _check_tuple_operands(call) -> str | None:
-    """concat's and stack's operands: a literal tuple of tensors of one dtype."""
-    name, tup = call.op.name, call.args[0]
-    if not isinstance(tup, relax.Tuple) or not tup.fields:
-        return f"{name}: operand is not a literal tuple of tensors"
-    for t in list(tup.fields) + [call]:
-        problem = tensor_problem(t.ty, STORED)  # copies: any stored dtype
-        if problem:
-            return f"{name}: {problem}"
-    if len({str(t.ty.dtype) for t in tup.fields}) != 1:
-        return f"{name}: operands of mixed dtypes"
-    return None
-
-
-def _check_concat(call) -> str | None:
-    if call.attrs.axis is None:
-        return "relax.concat: axis=None (flattening concat) is left to TVM"
-    problem = _check_tuple_operands(call)
-    if problem:
-        return problem
-    if not dims(call.ty):
-        return "relax.concat: rank-0 operands"
-    return None
-
-
-@register("relax.concat", 1, _check_concat)
-def _build_concat(fe, call, out):
-    inputs = tuple(fe.buffer(t) for t in call.args[0].fields)
-    return Concat(inputs, out, axis=int(call.attrs.axis) % out.ndim)
-
-
-@register("relax.stack", 1, _check_tuple_operands)
-def _build_stack(fe, call, out):
-    """A concat of the operands, each viewed with a unit dim at ``axis``."""
-    axis = int(call.attrs.axis) % out.ndim
-    inputs = []
-    for t in call.args[0].fields:
-        buf = fe.buffer(t)
-        inputs.append(kir.view(buf, buf.shape[:axis] + (1,) + buf.shape[axis:]))
-    return Concat(tuple(inputs), out, axis=axis)
 
 
 def _check_flip(call) -> str | None:
