@@ -56,10 +56,9 @@ class Concat(PortableStage, kir.KernelStage):
         task per row). A DenseNet layer's concatenation copied 0.5-0.8 MB of earlier
         features in the region's entry while the pool's other thread waited."""
         out, axis = self.out, self.axis
-        dims = out.shape[:axis + 1]
-        if not all(isinstance(d, int) for d in out.shape) or math.prod(dims[:-1]) != 1 or axis == 0:
+        if axis == 0 or not all(isinstance(d, int) for d in out.shape) or math.prod(out.shape[:axis]) != 1:
             return 1
-        return min(ROW_BLOCKS, dims[-1]) if math.prod(out.shape) >= BLOCKED_COPY else 1
+        return min(ROW_BLOCKS, out.shape[axis]) if math.prod(out.shape) >= BLOCKED_COPY else 1
 
     def _rows(self, e, lo, hi) -> None:
         """Rows ``lo .. hi`` of the result, whole."""
