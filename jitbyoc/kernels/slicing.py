@@ -1,10 +1,11 @@
 """Index-range copies: strided_slice, flip, split and take (embedding lookup); concat
 and stack are :mod:`.concat`.
 
-flip is a slice stepping back. strided_slice and each output of split are one :class:`Slice` stage: every output row
-(all dims but the last) starts at a computed input offset and reads with a fixed step, so
-unit-step slices copy contiguous runs. take copies, for every index, the contiguous block
-of ``x`` after ``axis`` (a whole embedding row when ``axis == 0``).
+flip is a slice stepping back. strided_slice and each output of split are one
+:class:`Slice` stage: every output row (all dims but the last) starts at a computed input
+offset and reads with a fixed step, so unit-step slices copy contiguous runs. take
+copies, for every index, the contiguous block of ``x`` after ``axis`` (a whole embedding
+row when ``axis == 0``).
 
 Out-of-range take indices, by ``mode`` (TVM's default build, checked by experiment):
 ``clip`` clamps to ``[0, n - 1]`` and ``wrap`` wraps Python-style (``-1`` is the last),
