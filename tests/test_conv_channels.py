@@ -68,6 +68,17 @@ def _reference(x, w, attrs):
     return Conv2d.reference(x.astype(np.float64), w.astype(np.float64), **ref_attrs(x.shape, attrs))
 
 
+AMX = ("amx-tile", "amx-int8", "amx-bf16")
+
+
+def _vector_target(cpu):
+    """``_target(cpu)``, but this machine (None) without AMX where it has it: there these
+    products run on tiles (test_units_on_a_machine_with_amx_stay_products_on_tiles)."""
+    if cpu or not isa.host().has("amx-tile"):
+        return _target(cpu)
+    return tvm.target.Target({"kind": "llvm", "mcpu": "native", "mattr": [f"-{f}" for f in AMX]})
+
+
 def _stage(mod, target) -> Conv2d:
     with isa.compiling_for(machine_for(target)):
         (region,) = jitbyoc.inspect(mod)
@@ -321,6 +332,8 @@ def test_c_export_of_bfloat16_pairs_reads_the_same_packed_weight(monkeypatch, tm
     from tests.test_c_export import _exported
 
     _always(monkeypatch)
+    vectors = machine_for(_vector_target(None))  # target "c" builds for this machine
+    monkeypatch.setattr(isa, "host", lambda: vectors)
     x_shape, w_shape, attrs = BF16_CASES[1]
     mod, x, w, bias, res = _operands(x_shape, w_shape, attrs)
     mod = jitbyoc.lower_precision(mod)
@@ -373,7 +386,7 @@ def test_bfloat16_pairs_on_channel_vectors(monkeypatch, cpu, case):
     within the bf16 bound of TVM's build."""
     _always(monkeypatch)
     x_shape, w_shape, attrs = BF16_CASES[case]
-    target = _target(cpu)
+    target = _vector_target(cpu)
     mod, x, w, bias, res = _operands(x_shape, w_shape, attrs)
     with isa.compiling_for(machine_for(target)):
         mod = jitbyoc.lower_precision(mod)
@@ -404,7 +417,7 @@ def test_int8_quads_on_channel_vectors(monkeypatch, cpu, x_shape, w_shape, attrs
     """uint8 x int8 convolutions of small maps on channel vectors of quads (``vpdpbusd``,
     or exact int32 steps on AVX2), not gathered into columns: exact, as TVM's build."""
     _always(monkeypatch)
-    target = _target(cpu)
+    target = _vector_target(cpu)
     w = RNG.integers(-128, 128, w_shape).astype("int8")
     x = RNG.integers(0, 256, x_shape).astype("uint8")
     mod = build_model({"x": (x_shape, "uint8")}, lambda bb, x: bb.emit(

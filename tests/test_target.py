@@ -75,6 +75,19 @@ def test_plain_llvm_means_this_machine(attrs):
     assert machine_for(None) == HOST
 
 
+@pytest.mark.parametrize("cpu", ["native", "host"])
+def test_this_machine_less_a_feature_keeps_every_other_feature_it_has(cpu):
+    """``mcpu=native`` with ``mattr`` starts from the host's features, not from LLVM's model
+    of the CPU it names: a Xeon with AMX under KVM is "rocketlake", whose model has neither
+    AMX nor AVX512_BF16, and taking AMX away took AVX512_BF16 with it."""
+    host = {f[1:] for f in HOST.features.split(",") if f.startswith("+")}
+    gone = "sha" if "sha" in host else "aes"  # features no other feature implies
+    m = machine_for(_target(mcpu=cpu, mattr=[f"-{gone}"]))
+    assert not m.has(gone) and m.cpu == HOST.cpu
+    kept = {f for f in host if m.has(f)}
+    assert kept == host - {gone}, sorted(host - kept)
+
+
 def test_the_peak_yardstick_of_a_target_without_fma_multiplies_and_adds():
     """jitbyoc.peak's loop on SSE-only x86-64: a multiply and an add per lane, not llvm.fma's
     libm call per lane (which measured 1.6 GFLOP/s, and % of peak read 30 times too high)."""

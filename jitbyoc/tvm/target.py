@@ -46,9 +46,11 @@ def machine_for(target) -> Machine | str:
     if arch not in ARCHES:
         return f"target triple {triple}: jitbyoc compiles for {', '.join(ARCHES)} only"
     cpu = str(attrs.get("mcpu") or "") or "generic"
-    cpu = host.cpu if cpu in HOST_CPU_NAMES else cpu
-    spec = {"kind": "llvm", "mcpu": cpu, **({"mtriple": triple} if attrs.get("mtriple") else {})}
     mattr = [str(f) for f in attrs.get("mattr") or ()]
+    if cpu in HOST_CPU_NAMES:  # the host's own features, then mattr's changes: LLVM's
+        # model of the CPU it names may have fewer (a Xeon with AMX under KVM is "rocketlake")
+        cpu, mattr = host.cpu, [*host.features.split(","), *mattr]
+    spec = {"kind": "llvm", "mcpu": cpu, **({"mtriple": triple} if attrs.get("mtriple") else {})}
     has = _features({**spec, "mattr": mattr} if mattr else spec)
     # what the CPU has by default but the target's mattr took away must be switched off
     # by name: LLVM starts from the CPU's own features (znver4 with -avx512f, listed as
