@@ -92,6 +92,31 @@ def test_c_rendering_of_a_requantizing_epilogue(tmp_path):
         assert np.array_equal(got, ref)
 
 
+@pytest.mark.parametrize("hw", [(47, 47), (8, 8)])
+def test_a_residual_requantization_over_a_large_map_runs_on_byte_vectors(hw):
+    """ResNet's expansion with its residual, ``relu(dq(q(conv)) + dq(r))`` requantized: on
+    a map of 2048+ pixels the epilogue takes a byte vector's lanes a step (four float
+    vectors, one tie check), 47x47 ending in a masked part; a small map keeps a float
+    vector's. Bit for bit as TVM's build."""
+    from jitbyoc.render import isa
+
+    rng = np.random.default_rng(3)
+    w = _ints(rng, (24, 16, 1, 1), "int8")
+    scale = rng.uniform(1e-4, 4e-4, (1, 24, 1, 1)).astype(np.float32)
+
+    def body(bb, x, r):
+        q = bb.emit(_quantize(_scaled_conv(bb, x, w, scale), 0.05, 3))
+        y = bb.emit(R.add(bb.emit(_dequantize(q, 0.05, 3)), bb.emit(_dequantize(r, 0.04, 5))))
+        return bb.emit(_quantize(bb.emit(R.nn.relu(y)), 0.07, 0))
+    mod = build_model({"x": ((1, 16, *hw), "uint8"), "r": ((1, 24, *hw), "uint8")}, body)
+    (region,) = jitbyoc.inspect(mod)
+    wide = f"<{isa.lanes('int8')} x float>" in region.llvm_ir
+    assert wide == (hw[0] * hw[1] >= 2048)
+    x, r = _ints(rng, (1, 16, *hw), "uint8"), _ints(rng, (1, 24, *hw), "uint8")
+    ref, got = build_both(mod).run(x, r)
+    assert np.array_equal(ref, got)
+
+
 def test_requantized_product_writes_uint8():
     """The same for a matmul (the GEMM engine's blocks)."""
     rng = np.random.default_rng(2)
