@@ -292,6 +292,32 @@ def test_thread_pool_size(env, expect):
     assert threads == (1 if expect == "explicit" else cores)
 
 
+EXPORTED_THREADS = textwrap.dedent("""
+    import sys, tvm
+    tvm.runtime.load_module(sys.argv[1])
+    assert "jitbyoc" not in sys.modules
+    print(tvm.get_global_func("runtime.NumThreads")())
+""")
+
+
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
+                    reason="export_library links a shared library, which needs a C compiler/linker")
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the defaults are set on Linux")
+@pytest.mark.parametrize("env", [{}, {"TVM_NUM_THREADS": "1"}])
+def test_an_exported_library_loaded_without_jitbyoc_takes_its_thread_defaults(env, tmp_path):
+    """Loading the library sets the pool to this process's physical cores, as importing
+    jitbyoc does (TVM's own default is half the cores on x86: one of two on a VM of one
+    thread a core, where the library ran at half speed); ``TVM_NUM_THREADS`` still wins."""
+    from jitbyoc.threads import physical_cores
+
+    lib = tmp_path / "branchy.so"
+    build(models.Branchy, True).export_library(str(lib))
+    base = {k: v for k, v in os.environ.items() if k not in ("TVM_BIND_THREADS", "TVM_NUM_THREADS")}
+    out = subprocess.run([sys.executable, "-c", EXPORTED_THREADS, str(lib)], env={**base, **env},
+                         cwd=str(tmp_path), capture_output=True, text=True, check=True).stdout.split()
+    assert int(out[-1]) == int(env.get("TVM_NUM_THREADS", physical_cores()))
+
+
 PINNED = textwrap.dedent("""
     import os, jitbyoc, tvm
     tvm.runtime.num_threads()  # starts the pool: TVM pins its workers here, if it does

@@ -25,7 +25,7 @@ import tvm_ffi
 
 from ..render import isa
 from ..render.abi import ir_bytes, names_table
-from . import cpu_check, jit
+from . import cpu_check, jit, thread_defaults
 from .c_entry import emit_c_unit
 from .llvm_entry import entry_symbol
 
@@ -109,6 +109,9 @@ def module_text(codes: dict[str, Code], engines: dict[str, Code], uses: dict[str
     check = cpu_check.module_ir(isa.current())
     if check:
         parts.append(check)
+    threads = thread_defaults.module_ir(isa.current())
+    if threads:
+        parts.append(threads)
     for code in dict.fromkeys(code for code, _ in uses.values()):  # once: uses may share code
         parts.append(f"declare i32 @{entry_symbol(code)}(ptr, ptr, i32, ptr, ptr)")
     for symbol, (code, texts) in uses.items():
