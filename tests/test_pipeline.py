@@ -270,11 +270,11 @@ def test_identical_regions_are_compiled_once_and_counted_per_call():
     np.testing.assert_allclose(run(build(models.TwinRegions, True), a, b), want, rtol=1e-5, atol=1e-5)
 
 
-def _fresh_process(code: str, env: dict) -> list[str]:
-    """The words ``code`` prints in a new interpreter whose environment is this one without
-    TVM's thread settings, plus ``env``."""
+def _fresh_process(code: str, env: dict, *args: str) -> list[str]:
+    """The words ``code`` prints in a new interpreter (``sys.argv[1:]`` = ``args``) whose
+    environment is this one without TVM's thread settings, plus ``env``."""
     base = {k: v for k, v in os.environ.items() if k not in ("TVM_BIND_THREADS", "TVM_NUM_THREADS")}
-    return subprocess.run([sys.executable, "-c", code], env={**base, **env, "PYTHONPATH": ROOT},
+    return subprocess.run([sys.executable, "-c", code, *args], env={**base, **env, "PYTHONPATH": ROOT},
                           cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
 
 
@@ -312,9 +312,7 @@ def test_an_exported_library_loaded_without_jitbyoc_takes_its_thread_defaults(en
 
     lib = tmp_path / "branchy.so"
     build(models.Branchy, True).export_library(str(lib))
-    base = {k: v for k, v in os.environ.items() if k not in ("TVM_BIND_THREADS", "TVM_NUM_THREADS")}
-    out = subprocess.run([sys.executable, "-c", EXPORTED_THREADS, str(lib)], env={**base, **env},
-                         cwd=str(tmp_path), capture_output=True, text=True, check=True).stdout.split()
+    out = _fresh_process(EXPORTED_THREADS, env, str(lib))
     assert int(out[-1]) == int(env.get("TVM_NUM_THREADS", physical_cores()))
 
 

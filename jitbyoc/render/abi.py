@@ -257,6 +257,12 @@ def ir_bytes(data: bytes) -> str:
     return "".join(chr(c) if 0x20 <= c < 0x7F and c not in (0x22, 0x5C) else f"\\{c:02X}" for c in data)
 
 
+def c_string(name: str, text: str) -> str:
+    """A private, NUL-terminated LLVM IR byte-string constant ``@name`` holding ``text``."""
+    data = text.encode() + b"\0"
+    return f'@{name} = private unnamed_addr constant [{len(data)} x i8] c"{ir_bytes(data)}"'
+
+
 def names_table(texts: list[str]) -> tuple[list[int], bytes]:
     """``texts`` as a relocation-free table: one i64 byte offset per string (from the
     table's start), then the NUL-terminated UTF-8 strings."""

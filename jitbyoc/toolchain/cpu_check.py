@@ -14,7 +14,7 @@ architecture, and jitbyoc's AArch64 kernels use nothing beyond it.
 from __future__ import annotations
 
 from ..engines.gemm_tiles import ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
-from ..render.abi import ir_bytes
+from ..render.abi import c_string
 from ..render.isa import Machine
 
 # LLVM feature -> (cpuid leaf, subleaf, register 0..3 = eax, ebx, ecx, edx, bit)
@@ -42,11 +42,6 @@ def required(machine: Machine) -> list[str]:
     if machine.arch != "x86_64":
         return []
     return sorted(f for f in CPUID if machine.has(f))
-
-
-def _c_string(name: str, text: str) -> str:
-    data = text.encode() + b"\0"
-    return f'@{name} = private unnamed_addr constant [{len(data)} x i8] c"{ir_bytes(data)}"'
 
 
 def _cpuid(leaves: set) -> list[str]:
@@ -118,9 +113,9 @@ def module_ir(machine: Machine) -> str:
     n, linux = len(features), "linux" in machine.triple
     head = f"jitbyoc: this code was compiled for {machine.cpu} ({machine.triple}) but this CPU lacks: "
     tail = "(build it for this machine: target llvm, or mcpu=native)"
-    lines = [_c_string("jitbyoc.cpu.head", head), _c_string("jitbyoc.cpu.tail", tail),
-             _c_string("jitbyoc.cpu.kind", "RuntimeError"), _c_string("jitbyoc.cpu.none", "")]
-    lines += [_c_string(f"jitbyoc.cpu.f{i}", f"{f} ") for i, f in enumerate(features)]
+    lines = [c_string("jitbyoc.cpu.head", head), c_string("jitbyoc.cpu.tail", tail),
+             c_string("jitbyoc.cpu.kind", "RuntimeError"), c_string("jitbyoc.cpu.none", "")]
+    lines += [c_string(f"jitbyoc.cpu.f{i}", f"{f} ") for i, f in enumerate(features)]
     lines += [f"@{STATE} = internal global i32 0, align 4",
               "declare void @TVMFFIErrorSetRaisedFromCStrParts(ptr, ptr, i32)",
               *(["declare i64 @syscall(i64, ...)"] if linux else []),

@@ -15,16 +15,11 @@ explicit ``TVM_NUM_THREADS`` or ``TVM_BIND_THREADS`` always wins.
 
 from __future__ import annotations
 
-from ..render.abi import ir_bytes
+from ..render.abi import c_string
 from ..render.isa import Machine
 
 CTOR = "jitbyoc_thread_defaults"
 MASK_WORDS = 16  # 1024 CPUs: sched_getaffinity's mask, in i64 words
-
-
-def _string(name: str, text: str) -> str:
-    data = text.encode() + b"\0"
-    return f'@{name} = private unnamed_addr constant [{len(data)} x i8] c"{ir_bytes(data)}"'
 
 
 def module_ir(machine: Machine) -> str:
@@ -34,9 +29,9 @@ def module_ir(machine: Machine) -> str:
         return ""
     words = MASK_WORDS
     return "\n".join([
-        _string(f"{CTOR}.threads", "TVM_NUM_THREADS"), _string(f"{CTOR}.bind", "TVM_BIND_THREADS"),
-        _string(f"{CTOR}.zero", "0"), _string(f"{CTOR}.digits", "%d"),
-        _string(f"{CTOR}.smt", "/sys/devices/system/cpu/smt/active"),
+        c_string(f"{CTOR}.threads", "TVM_NUM_THREADS"), c_string(f"{CTOR}.bind", "TVM_BIND_THREADS"),
+        c_string(f"{CTOR}.zero", "0"), c_string(f"{CTOR}.digits", "%d"),
+        c_string(f"{CTOR}.smt", "/sys/devices/system/cpu/smt/active"),
         f"@llvm.global_ctors = appending global [1 x {{ i32, ptr, ptr }}] "
         f"[{{ i32, ptr, ptr }} {{ i32 65535, ptr @{CTOR}, ptr null }}]",
         "declare ptr @getenv(ptr)", "declare i32 @setenv(ptr, ptr, i32)",
