@@ -20,6 +20,7 @@ from tvm.ir.expr import Var as SizeVar
 
 from . import kernels  # noqa: F401 - registers every kernel's rule
 from .ir import kir
+from .ir import quotients
 from .ir import sizes as size_exprs
 from .ir.errors import LoweringError, RegionSizeError, error_context
 from .ir.hoist import hoist_broadcast_subexpressions
@@ -177,6 +178,7 @@ class RegionLowering:
             for stage in self.kernel.stages[made:]:  # renderers' errors name the binding
                 if isinstance(stage, kir.KernelStage):
                     stage.origin = f"'{b.var.name} = {v.op.name}(...)'"
+                    stage.sums_reordered = v.span is not None and v.span.source_name.name == quotients.REORDERED
         elif isinstance(v, relax.Var):  # an alias, as emit_output makes: gv = lv
             self.env[b.var] = self.value(v)
         elif isinstance(v, relax.TupleGetItem):
@@ -221,6 +223,7 @@ class RegionLowering:
             self.kernel.stages.append(kir.Elementwise(stores[0][0].shape, tuple(stores)))
         hoist_broadcast_subexpressions(self.kernel, self.temp)
         fuse_epilogues(self.kernel)
+        _requantize_reordered_sums(self.kernel)
         for rewrite in REWRITES:
             rewrite(self.kernel)
         place_concat_parts(self.kernel)  # last: it fixes where buffers live
@@ -321,6 +324,17 @@ def fuse_epilogues(kernel: kir.Kernel) -> None:
             kernel.stages.remove(stage)
             changed = True
             break
+
+
+def _requantize_reordered_sums(kernel: kir.Kernel) -> None:
+    """Round the requantizations in the epilogue of a product whose sums stand for a
+    float sum TVM takes in another order (:data:`.ir.quotients.REORDERED`) as products,
+    without the exactness test: within the one output step the sums' order allows."""
+    for stage in kernel.stages:
+        if isinstance(stage, kir.KernelStage) and getattr(stage, "sums_reordered", False) and stage.epilogue:
+            views = [view for view, _ in stage.epilogue_also]
+            stage.epilogue, *also = quotients.reordered([stage.epilogue] + [e for _, e in stage.epilogue_also])
+            stage.epilogue_also = tuple(zip(views, also))
 
 
 def _fuse_stores(stage: kir.Elementwise, producer: kir.KernelStage) -> bool:

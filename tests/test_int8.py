@@ -13,6 +13,7 @@ from tvm import relax
 
 import jitbyoc
 from jitbyoc.engines.products import PRODUCTS
+from jitbyoc.ir import kir
 from jitbyoc.kernels.matmul import MatMul
 from jitbyoc.tvm.prepare import prepare
 from tests.conftest import build_both, build_model, call_region, jit_function
@@ -189,12 +190,10 @@ def test_quantized_product_with_a_weight_zero_point_stays_float():
     assert np.abs(got - ref).max() <= 0.03 + 1e-6
 
 
-@pytest.mark.parametrize("transposed", [False, True])
-def test_quantized_linear_layer_runs_on_int8(transposed):
-    """``matmul(dequantize(x), dequantize(W))`` of a (batch, seq, hidden) input, W as
-    (K, N) or torch's transposed (N, K): an int8 product with its weight packed."""
+def _qdq_linear_model(transposed: bool, k: int = 96, n: int = 80):
+    """quantize -> dequantize -> matmul(dequantized constant W) -> quantize ->
+    dequantize of a (2, 7, k) input, W as (K, N) or torch's transposed (N, K)."""
     rng = np.random.default_rng(int(transposed))
-    k, n = 96, 80
     wq = _ints(rng, (n, k) if transposed else (k, n), "int8")
     ws = rng.uniform(0.002, 0.01, n).astype(np.float32)
 
@@ -206,11 +205,52 @@ def test_quantized_linear_layer_runs_on_int8(transposed):
         y = bb.emit(R.matmul(xf, R.permute_dims(wf) if transposed else wf))
         out = _q(bb, y, 0.1, 128, "uint8")
         return bb.emit(R.dequantize(out, relax.const(np.float32(0.1)), relax.const(128, "uint8"), axis=-1))
-    mod = build_model({"x": ((2, 7, k), "float32")}, body)
+    return build_model({"x": ((2, 7, k), "float32")}, body)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_quantized_linear_layer_runs_on_int8(transposed):
+    """``matmul(dequantize(x), dequantize(W))`` of a (batch, seq, hidden) input, W as
+    (K, N) or torch's transposed (N, K): an int8 product with its weight packed."""
+    mod = _qdq_linear_model(transposed)
     assert _int8_products(mod)
     builds = build_both(mod)
     assert not builds.report.fallbacks, builds.report
-    _check_within_a_step(builds, rng.standard_normal((2, 7, k)).astype(np.float32), 0.1)
+    x = np.random.default_rng(int(transposed)).standard_normal((2, 7, 96)).astype(np.float32)
+    _check_within_a_step(builds, x, 0.1)
+
+
+def _epilogue_roundings(mod) -> list[str]:
+    """The quantize rows in the epilogues of the product stages jitbyoc lowers ``mod`` to."""
+    return [n.op for region in jitbyoc.inspect(mod) for stage in region.kernel.stages
+            if isinstance(stage, kir.KernelStage)
+            for _, root in stage.epilogue_stores() for n in kir.walk([root])
+            if isinstance(n, kir.Op) and n.op.startswith("round_")]
+
+
+@pytest.mark.parametrize("model", [lambda: _qdq_conv_model("uint8", "int8", 0, 1, True),
+                                   lambda: _qdq_linear_model(True)], ids=["conv2d", "matmul"])
+def test_a_requantization_after_a_quantized_product_rounds_by_the_reciprocal(model):
+    """A QDQ layer's int8 product stands for a float sum TVM takes in another order, so
+    the requantization in its epilogue rounds ``x * (1 / s)`` without the exactness test
+    (``round_clamped_product``, within the step the sums' order already allows)."""
+    assert _epilogue_roundings(model()) == ["round_clamped_product"]
+
+
+def test_a_requantization_after_an_integer_product_of_the_graph_stays_exact():
+    """An int32 product the graph itself computes (exact in TVM's build too) keeps the
+    exactly rounded quotient: its requantization equals TVM's bit for bit."""
+    rng = np.random.default_rng(0)
+    w = _ints(rng, (16, 8, 3, 3), "int8")
+    scale = rng.uniform(1e-4, 4e-4, (1, 16, 1, 1)).astype(np.float32)
+
+    def body(bb, x):
+        acc = bb.emit(R.nn.conv2d(x, relax.const(w), padding=1, out_dtype="int32"))
+        return _q(bb, bb.emit(R.multiply(R.astype(acc, "float32"), relax.const(scale))), 0.05, 3, "uint8")
+    mod = build_model({"x": ((1, 8, 12, 11), "uint8")}, body)
+    assert _epilogue_roundings(mod) == ["round_clamped_quotient"]
+    ref, got = build_both(mod).run(_ints(rng, (1, 8, 12, 11), "uint8"))
+    assert np.array_equal(ref, got)
 
 
 @pytest.mark.skipif(CC is None, reason="no C compiler (cc) on PATH")

@@ -222,3 +222,57 @@ def test_round_clamped_quotient_with_a_quantize_s_bounds_equals_numpy(jit_clampe
     lo, hi = info.min - zp, info.max - zp
     _assert_same(jit_clamped(x, s, lo, hi), _clamped_expected(x, s, lo, hi),
                  f"round(clamp(x / {s!r}, {lo}, {hi}))")
+
+
+# ---- the product rows: a requantization after reordered sums ---------------------------------
+
+PRODUCT_ROWS = [("round_product", ()), ("round_clamped_product", (0, 255)), ("round_clamped_product", (-7, 248))]
+
+
+@pytest.mark.parametrize("row, bounds", PRODUCT_ROWS)
+def test_the_product_rows_equal_their_numpy_reference(row, bounds):
+    """``round(x * (1 / s))`` (clamped), untested: the JIT on vectors and a masked tail
+    against the row's numpy reference, bit for bit, NaN and infinities included."""
+    region = _region(row)
+    fn, reference = jit_function(region), op_def(row).ref
+    for s in (0.0173, 1 / 3, 2.5, 2.0 ** -127, np.inf, np.nan):
+        x = _inputs(s, np.random.default_rng(4))
+        params = [np.array(v, np.float32) for v in (s, *bounds)]
+        for length in (x.size, 13):
+            want = reference(x[:length], *params).astype(np.float32)
+            _assert_same(call_region(fn, region.kernel, [x[:length], *params])[0], want, f"{row}, s={s!r}")
+    assert "llvm.vector.reduce.or" not in str(region.llvm_ir)  # no exactness test
+
+
+@pytest.mark.parametrize("row, bounds", PRODUCT_ROWS)
+def test_a_product_row_is_within_one_step_of_the_division_and_only_at_near_ties(row, bounds):
+    """The bound the rows are used under (``jitbyoc/ir/quotients.py``): where the
+    rounded product and the rounded quotient differ, by one step at most, ``x / s`` (in
+    float64) lies within ``|x / s| * 2**-22`` of a half-integer (quotients below 2**22,
+    every quantize's range)."""
+    region = _region(row)
+    fn, differing = jit_function(region), 0
+    for s in (0.0173, 1 / 3, 0.1, 2.5, 7.0e4, 2.0 ** -126):
+        x = _inputs(s, np.random.default_rng(5))
+        x = x[np.abs(x.astype(np.float64) / s) < 2.0 ** 22]  # past it, float32's own steps exceed one
+        params = [np.array(v, np.float32) for v in (s, *bounds)]
+        got = call_region(fn, region.kernel, [x, *params])[0]
+        want = (_clamped_expected(x, s, *bounds) if bounds else _expected(x, s))
+        apart = got != want
+        assert np.abs(got - want).max() <= 1, f"{row}, s={s!r}"
+        q = x[apart].astype(np.float64) / np.float64(np.float32(s))
+        assert (np.abs(np.abs(q - np.floor(q)) - 0.5) <= np.abs(q) * 2.0 ** -22).all(), f"{row}, s={s!r}"
+        differing += int(apart.sum())
+    assert differing  # the inputs hold near-ties where the two roundings part
+
+
+@pytest.mark.skipif(CC is None, reason="no C compiler (cc) on PATH")
+@pytest.mark.parametrize("row, bounds", PRODUCT_ROWS)
+def test_the_product_rows_in_c_equal_the_jit(row, bounds, tmp_path):
+    region = _region(row)
+    c = tvm.runtime.load_module(compile_c(region.c_source, tmp_path))[region.symbol]
+    jit = jit_function(region)
+    for s in (0.0173, 2.0 ** -127, np.nan):
+        args = [_inputs(s, np.random.default_rng(1))] + [np.array(v, np.float32) for v in (s, *bounds)]
+        _assert_same(call_region(c, region.kernel, args)[0], call_region(jit, region.kernel, args)[0],
+                     f"C vs JIT, {row}, s={s!r}")

@@ -303,14 +303,25 @@ def substitute(root, mapping):
 
 def substitute_all(roots, mapping) -> list:
     """:func:`substitute` on several roots at once: a node they share stays one node."""
-    memo = {id(k): v for k, v in mapping.items()}
+    return _rebuilt(roots, {id(k): v for k, v in mapping.items()}, {})
+
+
+def renamed(roots, names: dict) -> list:
+    """``roots`` with every :class:`Op` whose op is a key of ``names`` made that value's
+    op (the same operands, dtypes and attributes); shared nodes stay shared."""
+    return _rebuilt(roots, {}, names)
+
+
+def _rebuilt(roots, memo: dict, names: dict) -> list:
+    """``roots`` with the nodes ``memo`` maps (by id) replaced, the ops ``names`` maps
+    renamed, and every node above them rebuilt."""
     for node in walk(roots):
         if id(node) in memo:
             continue
         if isinstance(node, Op):
             args = tuple(memo.get(id(a), a) for a in node.args)
-            if any(x is not y for x, y in zip(args, node.args)):
-                memo[id(node)] = Op(node.op, args, node.in_dtype, node.dtype, node.attrs)
+            if node.op in names or any(x is not y for x, y in zip(args, node.args)):
+                memo[id(node)] = Op(names.get(node.op, node.op), args, node.in_dtype, node.dtype, node.attrs)
         elif isinstance(node, Lookup) and any(id(a) in memo for a in operands(node)):
             index, *rows = (memo.get(id(a), a) for a in operands(node))
             memo[id(node)] = Lookup(node.table, index, tuple(rows))
@@ -408,3 +419,4 @@ def canonical(kernel: Kernel) -> str:
 
     top = record(replace(kernel, name=""))
     return "\n".join(defs + [top])
+

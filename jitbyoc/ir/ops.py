@@ -440,6 +440,12 @@ OPS: dict[str, OpDef] = {
     # round(clamp(x / s, lo, hi)), lo <= hi integers: a quantize to 8 or 16 bits, clamped first
     "round_clamped_quotient": OpDef(4, quotients.clamped_reference, F, quotients.round_clamped_quotient_llvm,
                                     lambda dt, *xs: _libm("nearbyint")(dt, quotients.clamped_c(*xs))),
+    # the same as x * (1 / s), untested: a requantization after reordered sums (quotients.reordered)
+    "round_product": OpDef(2, quotients.product_reference, F, quotients.round_product_llvm,
+                           lambda dt, x, s: _libm("nearbyint")(dt, quotients.product_c(x, s))),
+    "round_clamped_product": OpDef(4, quotients.clamped_product_reference, F, quotients.round_clamped_product_llvm,
+                                   lambda dt, x, s, lo, hi: _libm("nearbyint")(
+                                       dt, quotients.clamped_c(x, s, lo, hi, quotients.product_c))),
     "trunc":    OpDef(1, np.trunc, F, _intrinsic("trunc"), _libm("trunc"), relax="relax.trunc"),
     # TVM's sign: 0 for NaN (both comparisons are false), where numpy's is NaN
     "sign":     OpDef(1, lambda x: np.where(x < 0, -1, np.where(x > 0, 1, 0)).astype(x.dtype), N,

@@ -19,6 +19,14 @@ With ``|q|`` below a few hundred, a lane divides with probability about ``|q| * 
 The result equals ``round(x / s)`` for every ``x`` and ``s`` (``tests/test_quotients.py``
 checks ties, near-ties, zeros of both signs, infinities, NaN and extreme scales against
 numpy). C renders the division itself.
+
+The rows ``round_product`` and ``round_clamped_product`` are the same roundings of ``x *
+(1 / s)``, with no test: a product's requantization (:func:`reordered`), where ``x`` is
+already a float sum taken in another order than TVM's build takes it (an int8 product
+standing for the float product of dequantized operands), as onnxruntime's and oneDNN's
+int8 kernels requantize with one multiplier. Against ``round(x / s)`` the result moves by
+at most one step, and only where ``x / s`` lies within ``|x / s| * 2**-22`` of a
+half-integer (``s`` normal); both renderers compute the same product.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ import math
 import numpy as np
 from llvmlite import ir
 
+from . import kir
 from .llvmtypes import I1, declare
 
 MARGIN = 2.0 ** -21  # twice q's bound relative to |q|: the fma's own rounding stays inside it
@@ -87,9 +96,11 @@ def clamped_reference(x, s, lo, hi):
         return np.round(np.where(v > lo, v, lo)).astype(v.dtype)
 
 
-def clamped_c(x, s, lo, hi) -> str:
-    """C's ``clamp(x / s, lo, hi)`` with the selects of :func:`clamped_reference`."""
-    low = f"({x} / {s} < {hi} ? {x} / {s} : {hi})"
+def clamped_c(x, s, lo, hi, value=lambda x, s: f"({x} / {s})") -> str:
+    """C's ``clamp(x / s, lo, hi)`` with the selects of :func:`clamped_reference` (or of
+    another ``value(x, s)``)."""
+    v = value(x, s)
+    low = f"({v} < {hi} ? {v} : {hi})"
     return f"({low} > {lo} ? {low} : {lo})"
 
 
@@ -121,6 +132,51 @@ def round_clamped_quotient_llvm(b: ir.IRBuilder, dt, x, s, lo, hi):
     threshold = b.select(usable, b.fsub(_const(dt, 0.5), b.fmul(size, _const(dt, MARGIN))), _const(dt, -1.0))
     clear = b.fcmp_ordered("<", _call(b, "fabs", dt, b.fsub(c, n)), threshold)
     return _unless_unclear(b, dt, clear, n, lambda: _call(b, "nearbyint", dt, clamp(b.fdiv(x, s))))
+
+
+def product_reference(x, s):
+    """numpy's ``round(x * (1 / s))`` in float32, half to even."""
+    with np.errstate(all="ignore"):
+        return np.round(np.multiply(x, np.divide(np.float32(1), s, dtype=np.float32), dtype=np.float32))
+
+
+def clamped_product_reference(x, s, lo, hi):
+    """numpy's ``round(clamp(x * (1 / s), lo, hi))`` (the clamp of :func:`clamped_reference`)."""
+    with np.errstate(all="ignore"):
+        v = np.multiply(x, np.divide(np.float32(1), s, dtype=np.float32), dtype=np.float32)
+        v = np.where(v < hi, v, hi)
+        return np.round(np.where(v > lo, v, lo)).astype(v.dtype)
+
+
+def product_c(x, s) -> str:
+    return f"({x} * (1.0f / {s}))"
+
+
+def round_product_llvm(b: ir.IRBuilder, dt, x, s):
+    """``nearbyint(x * (1 / s))`` of float32 scalars or vectors (``1 / s`` hoisted where
+    ``s`` does not change in the loop)."""
+    return _call(b, "nearbyint", dt, b.fmul(x, b.fdiv(_const(dt, 1.0), s)))
+
+
+def round_clamped_product_llvm(b: ir.IRBuilder, dt, x, s, lo, hi):
+    """``nearbyint(clamp(x * (1 / s), lo, hi))`` with :func:`clamped_c`'s selects."""
+    v = b.fmul(x, b.fdiv(_const(dt, 1.0), s))
+    v = b.select(b.fcmp_ordered("<", v, hi), v, hi)
+    return _call(b, "nearbyint", dt, b.select(b.fcmp_ordered(">", v, lo), v, lo))
+
+
+# the name of a binding of an integer product that stands for a float product of
+# dequantized operands (:mod:`jitbyoc.tvm.quantized` names it): the lowering rounds the
+# requantizations in its epilogue as products (:func:`reordered`)
+REORDERED = "jitbyoc_reordered_sums"
+# a quotient row -> its product row (:func:`reordered`)
+PRODUCT_ROWS = {"round_quotient": "round_product", "round_clamped_quotient": "round_clamped_product"}
+
+
+def reordered(roots: list) -> list:
+    """``roots`` (an epilogue of a product whose sums stand for a float sum taken in
+    another order) with every exactly rounded quotient rounded as a product instead."""
+    return kir.renamed(roots, PRODUCT_ROWS)
 
 
 def _normal(b, dt, s):

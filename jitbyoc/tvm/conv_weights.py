@@ -62,7 +62,7 @@ def packed_conv(call: relax.Call, lookup, emit) -> relax.Call | None:
     weight = emit(relax.op.reshape(unpacked, (packed.shape[0] * j, *value.shape[1:])))
     if packed.shape[0] * j != value.shape[0]:  # the padding channels sliced off
         weight = emit(relax.op.strided_slice(weight, [0], [0], [value.shape[0]], assume_inbound=True))
-    return relax.Call(call.op, [call.args[0], weight], call.attrs)
+    return relax.Call(call.op, [call.args[0], weight], call.attrs, span=call.span)
 
 
 def tap_major_conv(call: relax.Call, lookup, emit) -> relax.Call | None:
@@ -90,7 +90,7 @@ def tap_major_conv(call: relax.Call, lookup, emit) -> relax.Call | None:
         weight = emit(relax.op.permute_dims(tensor_constant(packed), [0, 3, 1, 2]))
     if cp != geo.cg:  # the zero channels of the last unit sliced off
         weight = emit(relax.op.strided_slice(weight, [1], [0], [geo.cg], assume_inbound=True))
-    return relax.Call(call.op, [call.args[0], weight], call.attrs)
+    return relax.Call(call.op, [call.args[0], weight], call.attrs, span=call.span)
 
 
 def winograd_conv(call: relax.Call, lookup, emit) -> relax.Call | None:
@@ -110,7 +110,8 @@ def winograd_conv(call: relax.Call, lookup, emit) -> relax.Call | None:
     packed = filled_constant((points + 9, *value.shape[:2]), "float32",
                              lambda out: winograd.packed_weight(value, tf, out))
     part = emit(relax.op.strided_slice(packed, [0], [points], [points + 9], assume_inbound=True))
-    return relax.Call(call.op, [call.args[0], emit(relax.op.reshape(part, value.shape))], call.attrs)
+    return relax.Call(call.op, [call.args[0], emit(relax.op.reshape(part, value.shape))], call.attrs,
+                      span=call.span)
 
 
 @relax.expr_functor.mutator

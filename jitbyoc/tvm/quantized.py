@@ -38,9 +38,11 @@ the tests state that bound in output steps.
 from __future__ import annotations
 
 import numpy as np
+import tvm
 from tvm import relax
 from tvm.ir import Op
 
+from ..ir.quotients import REORDERED
 from ..ir.rules import why_not
 from .constants import constant, tensor_constant
 from .linear import bound_value
@@ -49,6 +51,15 @@ DEQUANTIZE = Op.get("relax.dequantize")
 MATMUL, CONV2D = Op.get("relax.matmul"), Op.get("relax.nn.conv2d")
 PERMUTE_DIMS = Op.get("relax.permute_dims")
 TRIGGERS = frozenset({"relax.dequantize", "relax.quantize"})
+SPAN = tvm.ir.Span(tvm.ir.SourceName(REORDERED), 0, 0, 0, 0)
+
+
+def reordered_sums(product: relax.Call) -> relax.Call:
+    """``product`` (an integer product standing for a float product of dequantized
+    operands) marked so by its span, which the rewrites after this one and the
+    partitioning keep: the lowering rounds the requantizations in its epilogue as
+    products (:data:`jitbyoc.ir.quotients.REORDERED`)."""
+    return relax.Call(product.op, product.args, product.attrs, product.ty_args, span=SPAN)
 
 
 def _dequantized(expr, lookup):
@@ -169,7 +180,7 @@ def _int8_matmul(q, wq: np.ndarray, emit, pack):
     weight = tensor_constant(wq)
     if why_not(_normalized(relax.op.matmul(_placeholder(q), weight, out_dtype="int32"))):
         return None
-    return emit(pack(_normalized(relax.op.matmul(recentred(q, "uint8", emit), weight, out_dtype="int32"))))
+    return emit(reordered_sums(pack(_normalized(relax.op.matmul(recentred(q, "uint8", emit), weight, out_dtype="int32")))))
 
 
 def quantized_conv2d(call: relax.Call, lookup, emit):
@@ -195,7 +206,7 @@ def quantized_conv2d(call: relax.Call, lookup, emit):
     data = recentred(q, "uint8", emit)
     if padded:
         data = emit(relax.op.nn.pad(data, padded, "constant", float(zx)))
-    return _rescaled(emit(conv(data)), zx, sx, wq, sw, 0, (1, wq.shape[0], 1, 1))
+    return _rescaled(emit(reordered_sums(conv(data))), zx, sx, wq, sw, 0, (1, wq.shape[0], 1, 1))
 
 
 def _normalized(call: relax.Call) -> relax.Call:

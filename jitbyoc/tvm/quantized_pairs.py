@@ -21,7 +21,7 @@ from ..ir.relax_types import dims
 from ..ir.rules import why_not
 from .constants import constant, tensor_constant
 from .inference import bound_value
-from .quantized import _activation, _normalized, _placeholder, recentred
+from .quantized import _activation, _normalized, _placeholder, recentred, reordered_sums
 
 LARGEST_K = 2 ** 31 // (255 * 128)  # the integer sum of K products stays in int32
 
@@ -42,7 +42,7 @@ def activation_product(call: relax.Call, lookup, emit, pack):
     if why_not(_normalized(relax.op.matmul(_placeholder(qa), _placeholder(qb, "int8"), out_dtype="int32"))):
         return None
     ua, sb8 = recentred(qa, "uint8", emit, lookup), recentred(qb, "int8", emit, lookup)
-    acc = emit(pack(_normalized(relax.op.matmul(ua, sb8, out_dtype="int32"))))
+    acc = emit(reordered_sums(pack(_normalized(relax.op.matmul(ua, sb8, out_dtype="int32")))))
     if zb:
         acc = emit(relax.op.subtract(acc, relax.op.multiply(_sums(ua, -1, lookup, emit), relax.const(zb, "int32"))))
     if za:
