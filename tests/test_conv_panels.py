@@ -169,3 +169,35 @@ def symbolic_batch(c, size, k, check):
         xs = rng.standard_normal((batch, c, size, size)).astype(np.float32)
         got = f(tvm.runtime.tensor(xs)).numpy()
         np.testing.assert_allclose(got, _reference(xs, w, 1, 1, 1), rtol=0, atol=_bound(xs, w))
+
+
+@pytest.mark.parametrize("shape, k, kernel, stride, units", [
+    ((1, 3, 29, 29), 64, 7, 2, True), ((1, 8, 17, 17), 16, 3, 1, True), ((1, 64, 20, 20), 64, 3, 1, False),
+    ((1, 32, 14, 14), 48, 1, 2, False)])
+def test_a_stem_gathers_from_unit_planes(shape, k, kernel, stride, units):
+    """A convolution of one or two units a tap (a stem's 3 channels, 8 int8 channels)
+    packs its input into zero-padded unit planes once and gathers from them; one of many
+    units a tap, or of a single tap, gathers from the channels themselves."""
+    rng = np.random.default_rng(1)
+    w = rng.integers(-128, 128, (k, shape[1], kernel, kernel)).astype("int8")
+    _, conv = _conv_stage(_conv_model(shape, w, stride, kernel // 2))
+    assert (conv.units is not None) == units
+    if units:
+        assert "_units" in conv.units.name and conv.units.dtype == "int32"
+
+
+@on_tiles
+@settings(max_examples=16, deadline=None)
+@given(c=st.integers(1, 8), k=st.integers(1, 40), size=st.integers(1, 21), kernel=st.sampled_from([2, 3, 5, 7]),
+       stride=st.integers(1, 4), pad=st.integers(0, 3), batch=st.integers(1, 2))
+def test_random_int8_stems_on_unit_planes_are_exact(c, k, size, kernel, stride, pad, batch):
+    """Stems of one or two quads a tap, any stride the planes read as wide vectors,
+    padding wider than the window's reach, maps of one pixel up: numpy's integer sum."""
+    if size + 2 * pad < kernel:
+        return
+    rng = np.random.default_rng(c * k + size)
+    x = rng.integers(0, 256, (batch, c, size, size)).astype("uint8")
+    w = rng.integers(-128, 128, (k, c, kernel, kernel)).astype("int8")
+    got = _run(_conv_model(x.shape, w, stride, pad), x)
+    exact = Conv2d.reference(x.astype(np.int64), w.astype(np.int64), (stride,) * 2, (pad,) * 4)
+    np.testing.assert_array_equal(got, exact)

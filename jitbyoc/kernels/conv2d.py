@@ -189,6 +189,7 @@ class Conv2d(kir.KernelStage):
     # w is the weight tap-major, (K, KH, KW, Cin) (jitbyoc.tvm.conv_weights.tap_major_conv), and
     # the product gathers its columns into panels (kernels.conv_panels; ``work``: whole panels or None)
     tap_major: bool = False
+    units: kir.Buffer = None  # the input's unit planes the tap-major gather reads (conv_panels.pack_units)
     # w is winograd.packed_weight's (p + 9, K, C): the transformed weight, then OIHW; ``work`` holds
     # the transformed input, ``sums`` the products, one per point (kernels.winograd, fold_winograd_weights)
     winograd: bool = False
@@ -219,6 +220,8 @@ class Conv2d(kir.KernelStage):
         buffer it reads has a view shaped like the product's output, else once after it."""
         g, (x, w) = self.geo, self.inputs
         if self.tap_major:  # the product's panels gathered from x: whole first, or by its blocks
+            if self.units is not None:
+                conv_panels.pack_units(self, ctx)
             if self.work is not None:
                 conv_panels.gather(self, ctx)
         elif self.work is not None:  # strided or patches: the pixels the product reads, as columns
@@ -239,7 +242,7 @@ class Conv2d(kir.KernelStage):
                          if flat else ())
         panels = None
         if self.tap_major:  # B is the panels, not the view of x above (which gives the product's shape)
-            panels = conv_panels.operand(self.work, lead) if self.work is not None else conv_panels.Windows(x, g)
+            panels = conv_panels.operand(self.work, lead) if self.work is not None else conv_panels.Windows(x, g, self.units)
         product.emit_llvm(ctx, panels)
         if self.epilogue is not None and flat is None:
             ctx.epilogue(self, [0] * self.out.ndim, [ctx.dim(d) for d in self.out.shape])

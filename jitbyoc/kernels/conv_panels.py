@@ -18,6 +18,13 @@ where the window leaves the input), interleaved in registers and stored as one a
 64-byte run of its panel row, masked where the output row starts or ends inside it. The
 columns past the map in the last panel are zero.
 
+A stem (a few channels, one or two units a tap, several taps: :func:`unit_planes`) has
+its input packed once into *unit planes* first (:func:`pack_units`): each channel unit's
+plane, zero-padded by the convolution's padding, a unit (a quad or pair of channels at a
+pixel) one 32-bit element. A tap's 16 pixels of a unit are then one vector load (two and
+a shuffle at stride 2) where they were ``group`` masked channel loads and their
+interleave, 49 times over for a 7x7 window.
+
 Where the product is split along its pixels (at least as many pixels as output channels)
 each block of the product gathers its own ``KC x NC`` panels as it would pack them
 (:class:`Windows`), in cache for the tiles that read them; split along the output
@@ -63,6 +70,83 @@ def direct(geo, weight_dtype: str) -> bool:
 # the weight packed tile by tile, T[K/16, KH, KW, Cp/(16 units), 16, 16 units], as OIHW:
 # reshape(permute_dims(T, TILE_AXES), (K, Cp, KH, KW))
 TILE_AXES = (0, 4, 3, 5, 1, 2)
+
+
+UNIT_SLACK = PIXELS * MAX_VECTOR_STRIDE  # units a strip's loads may read past the planes' end
+# unit planes for at most this many units a tap (a stem's 3 channels: one int8 quad, two
+# bfloat16 pairs): alone on the AMX Xeon, ResNet-50's 7x7/2 stem int8 281 -> 227 us, bf16
+# 360 -> 280; but 3x3 convs of 64 channels on 56x56 90 -> 94, of 128 at stride 2 97 -> 103,
+# of 256 at stride 2 level: many units a tap gather as fast from the channels themselves,
+# and the planes are one more pass
+UNIT_PLANE_UNITS = 2
+
+
+def unit_planes(geo, weight_dtype: str) -> tuple | None:
+    """``(units, height, width)`` of the zero-padded unit planes the gather reads
+    (:func:`pack_units`) where they pay: a product in units of several channels, gathered
+    (not on the direct engine), several taps, a column stride read as wide vectors; else
+    None."""
+    group = PRODUCTS[weight_dtype].group if weight_dtype in PRODUCTS else 1
+    if not tap_major(geo, weight_dtype) or direct(geo, weight_dtype) or geo.taps == 1 \
+            or geo.stride[1] > MAX_VECTOR_STRIDE or group == 1 or -(-geo.cg // group) > UNIT_PLANE_UNITS:
+        return None
+    return _planes(geo, group)
+
+
+def _planes(geo, group: int) -> tuple:
+    pt, pl, pb, pr = geo.pad
+    return -(-geo.cg // group), geo.h + pt + pb, geo.w + pl + pr
+
+
+def units_buffer(geo, weight_dtype: str, name: str) -> kir.Buffer | None:
+    """The unit planes of every image, int32 elements (one unit each), with slack."""
+    planes = unit_planes(geo, weight_dtype)
+    if planes is None:
+        return None
+    units, height, width = planes
+    return kir.Buffer(name, (geo.n * units * height * width + UNIT_SLACK,), "int32")
+
+
+def pack_units(stage, ctx) -> None:
+    """Fill ``stage.units`` (:func:`unit_planes`): threads over (image, unit, padded row);
+    a row inside the input interleaves its ``group`` channel rows, 16 pixels a vector
+    (zero in the padding columns and for channels past the input's), a padding row is
+    zeros."""
+    g, x, units = stage.geo, stage.inputs[0], stage.units
+    group = PRODUCTS[x.dtype].group
+    count, height, width = _planes(g, group)
+    pt, pl = g.pad[0], g.pad[1]
+
+    def rows(c, lo, hi, _extra=()):
+        b = c.b
+        with for_range(b, hi, "ur", start=lo) as at:
+            plane, yp = b.sdiv(at, I64(height)), b.srem(at, I64(height))
+            img, cu = b.sdiv(plane, I64(count)), b.srem(plane, I64(count))
+            y = b.sub(yp, I64(pt))
+            inside = b.and_(b.icmp_signed(">=", y, I64(0)), b.icmp_signed("<", y, I64(g.h)))
+            row = b.mul(b.add(b.mul(img, I64(g.c * g.h)), smax(b, smin(b, y, I64(g.h - 1)), I64(0))), I64(g.w))
+            to = b.mul(at, I64(width))
+
+            def strip(col, mask):  # units col .. col + 16 of the padded row
+                first = b.sub(I64(pl), col)
+                past = b.select(inside, b.sub(I64(pl + g.w), col), I64(-1))
+                live = _between(b, first, past, PIXELS)
+                start = b.add(row, b.sub(col, I64(pl)))
+                loads = []
+                for e in range(group):
+                    channel = b.add(b.mul(cu, I64(group)), I64(e))
+                    real = splat(b, b.icmp_signed("<", channel, I64(g.cg)), PIXELS)
+                    loads.append(vload(b, _at(c, x, b.add(start, b.mul(channel, I64(g.h * g.w)))), x.dtype,
+                                       b.and_(live, real), PIXELS))
+                value = b.bitcast(_interleave(b, loads), vtype("int32", PIXELS))
+                vstore(b, value, _at(c, units, b.add(to, col)), "int32", mask)
+            strips(b, I64(0), I64(width), PIXELS, strip)
+
+    n = ctx.product((g.n, count * height))
+    if threaded((g.n, count * height, width, group), "elementwise"):  # an interleave, not a copy
+        ctx.parallel_for(n, rows)
+    else:
+        rows(ctx, I64(0), n)
 
 
 def tile_shape(geo, weight_dtype: str) -> tuple:
@@ -126,7 +210,7 @@ def gather(stage, ctx) -> None:
             base = b.mul(img, I64(image))
             window = (b.mul(oy, I64(g.ow)), b.mul(b.add(oy, I64(1)), I64(g.ow)))
             _gather(g, c, stage.inputs[0], img, (window, (I64(0), I64(units))),
-                    _placer(b, base, (I64(0), I64(0)), I64(units), width, group), pointer, width)
+                    _placer(b, base, (I64(0), I64(0)), I64(units), width, group), pointer, width, stage.units)
             if (g.oh * g.ow) % width:
                 with b.if_then(b.icmp_signed("==", oy, I64(g.oh - 1))):
                     last = b.add(base, I64((count - 1) * units * width * group))
@@ -148,6 +232,7 @@ class Windows(Operand):
     matrix."""
     buf: kir.Buffer
     geo: object
+    units: kir.Buffer = None  # the input's unit planes (pack_units), where it has them
 
     @property
     def dtype(self) -> str:
@@ -163,14 +248,14 @@ class Windows(Operand):
             return b.gep(dst, [offset], source_etype=etype)
 
         _gather(self.geo, c, self.buf, bidx[0] if bidx else I64(0), ((x0, b.add(x0, nx)), (k0, b.add(k0, kc))),
-                _placer(b, I64(0), (x0, k0), kc, width, group), pointer, width)
+                _placer(b, I64(0), (x0, k0), kc, width, group), pointer, width, self.units)
         rest = b.srem(nx, I64(width))
         with b.if_then(b.icmp_signed(">", rest, I64(0))):
             last = b.mul(b.sdiv(nx, I64(width)), b.mul(kc, I64(width * group)))
             _zero_columns(c, self.buf.dtype, pointer, last, kc, rest, width, group)
 
 
-def _gather(g, c, x, img, window, place, pointer, width: int) -> None:
+def _gather(g, c, x, img, window, place, pointer, width: int, units=None) -> None:
     """Pixels ``[p0, p1)`` and units ``[u0, u1)`` (``window``) of image ``img``'s gathered
     columns, unit ``u`` of pixel ``p`` stored at ``pointer(place(p, u))``: per output row
     the window crosses, per tap, every unit of the tap in the range, in strips of the 16
@@ -195,12 +280,15 @@ def _gather(g, c, x, img, window, place, pointer, width: int) -> None:
             with for_range(b, b.add(b.sub(b.sdiv(b.sub(u1, I64(1)), I64(per_tap)), b.sdiv(u0, I64(per_tap))),
                                     I64(1)), "gt") as t:
                 tap = b.add(b.sdiv(u0, I64(per_tap)), t)
-                load = _tap_loader(g, c, x, img, tap, oy, b.sub(chunk, row0))
+                load = _tap_loader(g, c, x, img, tap, oy, b.sub(chunk, row0)) if units is None \
+                    else _unit_loader(g, c, units, x.dtype, img, tap, oy, b.sub(chunk, row0))
                 start = smax(b, u0, b.mul(tap, I64(per_tap)))
                 with for_range(b, b.sub(smin(b, u1, b.mul(b.add(tap, I64(1)), I64(per_tap))), start), "gu") as i:
                     u = b.add(start, i)
-                    channel = b.mul(b.sub(u, b.mul(tap, I64(per_tap))), I64(group))
-                    value = _interleave(b, [load(b.add(channel, I64(e))) for e in range(group)])
+                    cu = b.sub(u, b.mul(tap, I64(per_tap)))
+                    channel = b.mul(cu, I64(group))
+                    value = _interleave(b, [load(b.add(channel, I64(e))) for e in range(group)]) if units is None \
+                        else load(cu)
                     vstore(b, value, pointer(place(chunk, u)), x.dtype, mask)
 
 
@@ -255,6 +343,28 @@ def _tap_loader(g, c, x, img, tap, oy, ox0):
             vector = b.insert_element(vector, b.select(ok, value, ir.Constant(value.type, None)), I32(lane))
         return vector
     return load_lanes
+
+
+def _unit_loader(g, c, units, dt: str, img, tap, oy, ox0):
+    """``load(cu)``: the 16 pixels of output row ``oy`` from column ``ox0`` that the tap
+    ``tap`` reads in channel unit ``cu``, from the zero-padded unit planes (:func:`pack_units`)
+    as ``16 * group`` elements of ``dt``: one wide load, every ``sw``-th unit of it."""
+    b = c.b
+    (sh, sw), (dh, dw) = g.stride, g.dilation
+    count, height, width = _planes(g, PRODUCTS[dt].group)
+    ky, kx = b.sdiv(tap, I64(g.kw)), b.srem(tap, I64(g.kw))
+    iy = b.add(b.mul(oy, I64(sh)), b.mul(ky, I64(dh)))
+    ix = b.add(b.mul(ox0, I64(sw)), b.mul(kx, I64(dw)))
+    row = b.add(b.mul(b.add(b.mul(img, I64(count * height)), iy), I64(width)), ix)
+    n, plane = PIXELS, height * width
+
+    def load(cu):
+        wide = vload(b, _at(c, units, b.add(row, b.mul(cu, I64(plane)))), "int32", None, n * sw)
+        if sw > 1:
+            wide = b.shuffle_vector(wide, ir.Constant(wide.type, None),
+                                    ir.Constant(ir.VectorType(I32, n), [lane * sw for lane in range(n)]))
+        return b.bitcast(wide, vtype(dt, n * PRODUCTS[dt].group))
+    return load
 
 
 def _interleave(b, vectors: list) -> ir.Value:

@@ -197,6 +197,9 @@ def fold_tap_major_weights(kernel: kir.Kernel) -> None:
             stage.work = kir.Buffer(f"{columns.name}_panels", conv_panels.shape(g, dt), stage.inputs[0].dtype)
             kernel.temps.append(stage.work)
         stage.tap_major = True
+        stage.units = conv_panels.units_buffer(g, dt, f"{columns.name}_units")
+        if stage.units is not None:
+            kernel.temps.append(stage.units)
         if not lies:
             stage.inputs = (stage.inputs[0], producer.inputs[0])
             if cut is not None:
