@@ -201,3 +201,20 @@ def test_random_int8_stems_on_unit_planes_are_exact(c, k, size, kernel, stride, 
     got = _run(_conv_model(x.shape, w, stride, pad), x)
     exact = Conv2d.reference(x.astype(np.int64), w.astype(np.int64), (stride,) * 2, (pad,) * 4)
     np.testing.assert_array_equal(got, exact)
+
+
+@on_tiles
+def test_a_symbolic_batch_of_stems_on_unit_planes():
+    """A stem's unit planes per image of a batch known at run time only: each image's
+    planes, and its slack, where its gather reads them."""
+    rng = np.random.default_rng(4)
+    w = rng.integers(-128, 128, (16, 3, 7, 7)).astype("int8")
+    mod = build_model({"x": (("n", 3, 23, 23), "uint8")}, lambda bb, x: bb.emit(
+        R.nn.conv2d(x, relax.const(w), strides=2, padding=3, out_dtype="int32")))
+    (region,) = jitbyoc.inspect(mod)
+    (conv,) = [s for s in region.kernel.stages if isinstance(s, Conv2d)]
+    assert conv.units is not None and isinstance(conv.units.shape[0], str)
+    for n in (1, 3):
+        x = rng.integers(0, 256, (n, 3, 23, 23)).astype("uint8")
+        exact = Conv2d.reference(x.astype(np.int64), w.astype(np.int64), (2, 2), (3,) * 4)
+        np.testing.assert_array_equal(_run(mod, x), exact)

@@ -419,4 +419,3 @@ def canonical(kernel: Kernel) -> str:
 
     top = record(replace(kernel, name=""))
     return "\n".join(defs + [top])
-

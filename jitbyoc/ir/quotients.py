@@ -165,9 +165,9 @@ def round_clamped_product_llvm(b: ir.IRBuilder, dt, x, s, lo, hi):
     return _call(b, "nearbyint", dt, b.select(b.fcmp_ordered(">", v, lo), v, lo))
 
 
-# the name of a binding of an integer product that stands for a float product of
-# dequantized operands (:mod:`jitbyoc.tvm.quantized` names it): the lowering rounds the
-# requantizations in its epilogue as products (:func:`reordered`)
+# the source name of the span that marks an integer product standing for a float product
+# of dequantized operands (:func:`jitbyoc.tvm.quantized.reordered_sums`): the lowering
+# rounds the requantizations in its epilogue as products (:func:`reordered`)
 REORDERED = "jitbyoc_reordered_sums"
 # a quotient row -> its product row (:func:`reordered`)
 PRODUCT_ROWS = {"round_quotient": "round_product", "round_clamped_quotient": "round_clamped_product"}

@@ -99,12 +99,17 @@ def _planes(geo, group: int) -> tuple:
 
 
 def units_buffer(geo, weight_dtype: str, name: str) -> kir.Buffer | None:
-    """The unit planes of every image, int32 elements (one unit each), with slack."""
+    """The unit planes of every image (a batch may be symbolic), int32 elements (one unit
+    each), each image's followed by slack."""
     planes = unit_planes(geo, weight_dtype)
     if planes is None:
         return None
+    return kir.Buffer(name, (geo.n, _image_units(planes)), "int32")
+
+
+def _image_units(planes: tuple) -> int:
     units, height, width = planes
-    return kir.Buffer(name, (geo.n * units * height * width + UNIT_SLACK,), "int32")
+    return units * height * width + UNIT_SLACK
 
 
 def pack_units(stage, ctx) -> None:
@@ -125,7 +130,8 @@ def pack_units(stage, ctx) -> None:
             y = b.sub(yp, I64(pt))
             inside = b.and_(b.icmp_signed(">=", y, I64(0)), b.icmp_signed("<", y, I64(g.h)))
             row = b.mul(b.add(b.mul(img, I64(g.c * g.h)), smax(b, smin(b, y, I64(g.h - 1)), I64(0))), I64(g.w))
-            to = b.mul(at, I64(width))
+            to = b.add(b.mul(img, I64(_image_units((count, height, width)))),
+                       b.mul(b.add(b.mul(cu, I64(height)), yp), I64(width)))
 
             def strip(col, mask):  # units col .. col + 16 of the padded row
                 first = b.sub(I64(pl), col)
@@ -355,7 +361,7 @@ def _unit_loader(g, c, units, dt: str, img, tap, oy, ox0):
     ky, kx = b.sdiv(tap, I64(g.kw)), b.srem(tap, I64(g.kw))
     iy = b.add(b.mul(oy, I64(sh)), b.mul(ky, I64(dh)))
     ix = b.add(b.mul(ox0, I64(sw)), b.mul(kx, I64(dw)))
-    row = b.add(b.mul(b.add(b.mul(img, I64(count * height)), iy), I64(width)), ix)
+    row = b.add(b.add(b.mul(img, I64(_image_units((count, height, width)))), b.mul(iy, I64(width))), ix)
     n, plane = PIXELS, height * width
 
     def load(cu):
