@@ -178,7 +178,7 @@ class RegionLowering:
             for stage in self.kernel.stages[made:]:  # renderers' errors name the binding
                 if isinstance(stage, kir.KernelStage):
                     stage.origin = f"'{b.var.name} = {v.op.name}(...)'"
-                    stage.sums_reordered = v.span is not None and v.span.source_name.name == quotients.REORDERED
+                    stage.sums_reordered = quotients.marks_reordered(v.span)
         elif isinstance(v, relax.Var):  # an alias, as emit_output makes: gv = lv
             self.env[b.var] = self.value(v)
         elif isinstance(v, relax.TupleGetItem):
@@ -333,7 +333,8 @@ def _requantize_reordered_sums(kernel: kir.Kernel) -> None:
     for stage in kernel.stages:
         if isinstance(stage, kir.KernelStage) and getattr(stage, "sums_reordered", False) and stage.epilogue:
             views = [view for view, _ in stage.epilogue_also]
-            stage.epilogue, *also = quotients.reordered([stage.epilogue] + [e for _, e in stage.epilogue_also])
+            roots = [stage.epilogue] + [e for _, e in stage.epilogue_also]
+            stage.epilogue, *also = quotients.reordered(roots)
             stage.epilogue_also = tuple(zip(views, also))
 
 

@@ -443,7 +443,8 @@ OPS: dict[str, OpDef] = {
     # the same as x * (1 / s), untested: a requantization after reordered sums (quotients.reordered)
     "round_product": OpDef(2, quotients.product_reference, F, quotients.round_product_llvm,
                            lambda dt, x, s: _libm("nearbyint")(dt, quotients.product_c(x, s))),
-    "round_clamped_product": OpDef(4, quotients.clamped_product_reference, F, quotients.round_clamped_product_llvm,
+    "round_clamped_product": OpDef(4, quotients.clamped_product_reference, F,
+                                   quotients.round_clamped_product_llvm,
                                    lambda dt, x, s, lo, hi: _libm("nearbyint")(
                                        dt, quotients.clamped_c(x, s, lo, hi, quotients.product_c))),
     "trunc":    OpDef(1, np.trunc, F, _intrinsic("trunc"), _libm("trunc"), relax="relax.trunc"),

@@ -78,8 +78,7 @@ def round_quotient_llvm(b: ir.IRBuilder, dt, x, s):
     dtypes divide."""
     if dt.bits != 32:
         return _call(b, "nearbyint", dt, b.fdiv(x, s))
-    y = b.fdiv(_const(dt, 1.0), s)
-    q = b.fmul(x, y)
+    q = _times_reciprocal(b, dt, x, s)
     n = _call(b, "nearbyint", dt, q)
     weight = b.select(_normal(b, dt, s), _const(dt, MARGIN), _const(dt, math.inf))  # inf: every lane divides
     slack = _call(b, "fma", dt, _call(b, "fabs", dt, q), weight, _call(b, "fabs", dt, b.fsub(q, n)))
@@ -91,9 +90,13 @@ def clamped_reference(x, s, lo, hi):
     """numpy's ``round(clamp(x / s, lo, hi))``: the clamp is ``max(min(v, hi), lo)`` with
     TVM's selects (NaN gives ``hi``)."""
     with np.errstate(all="ignore"):
-        v = np.divide(x, s)
-        v = np.where(v < hi, v, hi)
-        return np.round(np.where(v > lo, v, lo)).astype(v.dtype)
+        return _clamped_round(np.divide(x, s), lo, hi)
+
+
+def _clamped_round(v, lo, hi):
+    """``round(max(min(v, hi), lo))`` with TVM's selects, in numpy."""
+    v = np.where(v < hi, v, hi)
+    return np.round(np.where(v > lo, v, lo)).astype(v.dtype)
 
 
 def clamped_c(x, s, lo, hi, value=lambda x, s: f"({x} / {s})") -> str:
@@ -119,33 +122,33 @@ def round_clamped_quotient_llvm(b: ir.IRBuilder, dt, x, s, lo, hi):
     is past it too or within ``B * 2**-22`` of it, and both round to the bound. A NaN
     clamps to ``hi`` either way and takes no division. ``B > 2**20`` or ``s`` outside the
     normal range: every vector divides."""
-    def clamp(v):
-        v = b.select(b.fcmp_ordered("<", v, hi), v, hi)
-        return b.select(b.fcmp_ordered(">", v, lo), v, lo)
-
     if dt.bits != 32:
-        return _call(b, "nearbyint", dt, clamp(b.fdiv(x, s)))
-    c = clamp(b.fmul(x, b.fdiv(_const(dt, 1.0), s)))
+        return _call(b, "nearbyint", dt, _clamp(b, b.fdiv(x, s), lo, hi))
+    c = _clamp(b, _times_reciprocal(b, dt, x, s), lo, hi)
     n = _call(b, "nearbyint", dt, c)
     size = _call(b, "maxnum", dt, _call(b, "fabs", dt, lo), _call(b, "fabs", dt, hi))
     usable = b.and_(_normal(b, dt, s), b.fcmp_ordered("<=", size, _const(dt, 2.0 ** 20)))
     threshold = b.select(usable, b.fsub(_const(dt, 0.5), b.fmul(size, _const(dt, MARGIN))), _const(dt, -1.0))
     clear = b.fcmp_ordered("<", _call(b, "fabs", dt, b.fsub(c, n)), threshold)
-    return _unless_unclear(b, dt, clear, n, lambda: _call(b, "nearbyint", dt, clamp(b.fdiv(x, s))))
+    return _unless_unclear(b, dt, clear, n,
+                           lambda: _call(b, "nearbyint", dt, _clamp(b, b.fdiv(x, s), lo, hi)))
 
 
 def product_reference(x, s):
     """numpy's ``round(x * (1 / s))`` in float32, half to even."""
     with np.errstate(all="ignore"):
-        return np.round(np.multiply(x, np.divide(np.float32(1), s, dtype=np.float32), dtype=np.float32))
+        return np.round(_product(x, s))
 
 
 def clamped_product_reference(x, s, lo, hi):
     """numpy's ``round(clamp(x * (1 / s), lo, hi))`` (the clamp of :func:`clamped_reference`)."""
     with np.errstate(all="ignore"):
-        v = np.multiply(x, np.divide(np.float32(1), s, dtype=np.float32), dtype=np.float32)
-        v = np.where(v < hi, v, hi)
-        return np.round(np.where(v > lo, v, lo)).astype(v.dtype)
+        return _clamped_round(_product(x, s), lo, hi)
+
+
+def _product(x, s):
+    """``x * (1 / s)`` in float32, each step rounded."""
+    return np.multiply(x, np.divide(np.float32(1), s, dtype=np.float32), dtype=np.float32)
 
 
 def product_c(x, s) -> str:
@@ -155,14 +158,23 @@ def product_c(x, s) -> str:
 def round_product_llvm(b: ir.IRBuilder, dt, x, s):
     """``nearbyint(x * (1 / s))`` of float32 scalars or vectors (``1 / s`` hoisted where
     ``s`` does not change in the loop)."""
-    return _call(b, "nearbyint", dt, b.fmul(x, b.fdiv(_const(dt, 1.0), s)))
+    return _call(b, "nearbyint", dt, _times_reciprocal(b, dt, x, s))
 
 
 def round_clamped_product_llvm(b: ir.IRBuilder, dt, x, s, lo, hi):
     """``nearbyint(clamp(x * (1 / s), lo, hi))`` with :func:`clamped_c`'s selects."""
-    v = b.fmul(x, b.fdiv(_const(dt, 1.0), s))
+    return _call(b, "nearbyint", dt, _clamp(b, _times_reciprocal(b, dt, x, s), lo, hi))
+
+
+def _times_reciprocal(b, dt, x, s):
+    """``x * (1 / s)``: one division a loop where ``s`` does not change in it."""
+    return b.fmul(x, b.fdiv(_const(dt, 1.0), s))
+
+
+def _clamp(b, v, lo, hi):
+    """``max(min(v, hi), lo)`` with TVM's selects (NaN gives ``hi``)."""
     v = b.select(b.fcmp_ordered("<", v, hi), v, hi)
-    return _call(b, "nearbyint", dt, b.select(b.fcmp_ordered(">", v, lo), v, lo))
+    return b.select(b.fcmp_ordered(">", v, lo), v, lo)
 
 
 # the source name of the span that marks an integer product standing for a float product
@@ -171,6 +183,11 @@ def round_clamped_product_llvm(b: ir.IRBuilder, dt, x, s, lo, hi):
 REORDERED = "jitbyoc_reordered_sums"
 # a quotient row -> its product row (:func:`reordered`)
 PRODUCT_ROWS = {"round_quotient": "round_product", "round_clamped_quotient": "round_clamped_product"}
+
+
+def marks_reordered(span) -> bool:
+    """Whether a Relax call's ``span`` is the :data:`REORDERED` mark."""
+    return span is not None and span.source_name.name == REORDERED
 
 
 def reordered(roots: list) -> list:

@@ -242,7 +242,8 @@ class Conv2d(kir.KernelStage):
                          if flat else ())
         panels = None
         if self.tap_major:  # B is the panels, not the view of x above (which gives the product's shape)
-            panels = conv_panels.operand(self.work, lead) if self.work is not None else conv_panels.Windows(x, g, self.units)
+            panels = conv_panels.operand(self.work, lead) if self.work is not None \
+                else conv_panels.Windows(x, g, self.units)
         product.emit_llvm(ctx, panels)
         if self.epilogue is not None and flat is None:
             ctx.epilogue(self, [0] * self.out.ndim, [ctx.dim(d) for d in self.out.shape])

@@ -119,7 +119,8 @@ def pack_units(stage, ctx) -> None:
     zeros."""
     g, x, units = stage.geo, stage.inputs[0], stage.units
     group = PRODUCTS[x.dtype].group
-    count, height, width = _planes(g, group)
+    planes = _planes(g, group)
+    count, height, width = planes
     pt, pl = g.pad[0], g.pad[1]
 
     def rows(c, lo, hi, _extra=()):
@@ -129,8 +130,8 @@ def pack_units(stage, ctx) -> None:
             img, cu = b.sdiv(plane, I64(count)), b.srem(plane, I64(count))
             y = b.sub(yp, I64(pt))
             inside = b.and_(b.icmp_signed(">=", y, I64(0)), b.icmp_signed("<", y, I64(g.h)))
-            row = b.mul(b.add(b.mul(img, I64(g.c * g.h)), smax(b, smin(b, y, I64(g.h - 1)), I64(0))), I64(g.w))
-            to = b.add(b.mul(img, I64(_image_units((count, height, width)))),
+            row = _input_row(b, g, img, y)
+            to = b.add(b.mul(img, I64(_image_units(planes))),
                        b.mul(b.add(b.mul(cu, I64(height)), yp), I64(width)))
 
             def strip(col, mask):  # units col .. col + 16 of the padded row
@@ -286,16 +287,23 @@ def _gather(g, c, x, img, window, place, pointer, width: int, units=None) -> Non
             with for_range(b, b.add(b.sub(b.sdiv(b.sub(u1, I64(1)), I64(per_tap)), b.sdiv(u0, I64(per_tap))),
                                     I64(1)), "gt") as t:
                 tap = b.add(b.sdiv(u0, I64(per_tap)), t)
-                load = _tap_loader(g, c, x, img, tap, oy, b.sub(chunk, row0)) if units is None \
-                    else _unit_loader(g, c, units, x.dtype, img, tap, oy, b.sub(chunk, row0))
+                value = _unit_values(g, c, x, units, img, tap, oy, b.sub(chunk, row0))
                 start = smax(b, u0, b.mul(tap, I64(per_tap)))
                 with for_range(b, b.sub(smin(b, u1, b.mul(b.add(tap, I64(1)), I64(per_tap))), start), "gu") as i:
                     u = b.add(start, i)
-                    cu = b.sub(u, b.mul(tap, I64(per_tap)))
-                    channel = b.mul(cu, I64(group))
-                    value = _interleave(b, [load(b.add(channel, I64(e))) for e in range(group)]) if units is None \
-                        else load(cu)
-                    vstore(b, value, pointer(place(chunk, u)), x.dtype, mask)
+                    unit = value(b.sub(u, b.mul(tap, I64(per_tap))))  # the tap's channel unit
+                    vstore(b, unit, pointer(place(chunk, u)), x.dtype, mask)
+
+
+def _unit_values(g, c, x, units, img, tap, oy, ox0):
+    """``value(cu)``: channel unit ``cu``'s 16 pixels of the tap, one 64-byte run: from the
+    unit planes where the conv has them (:func:`_unit_loader`), else its ``group`` channel
+    rows loaded (:func:`_tap_loader`) and interleaved."""
+    if units is not None:
+        return _unit_loader(g, c, units, x.dtype, img, tap, oy, ox0)
+    b, group = c.b, PRODUCTS[x.dtype].group
+    load = _tap_loader(g, c, x, img, tap, oy, ox0)
+    return lambda cu: _interleave(b, [load(b.add(b.mul(cu, I64(group)), I64(e))) for e in range(group)])
 
 
 def _placer(b, base, origin, height, width: int, group: int):
@@ -320,7 +328,7 @@ def _tap_loader(g, c, x, img, tap, oy, ox0):
     iy = b.sub(b.add(b.mul(oy, I64(sh)), b.mul(ky, I64(dh))), I64(pt))
     live = b.and_(b.icmp_signed(">=", iy, I64(0)), b.icmp_signed("<", iy, I64(g.h)))
     start = b.add(b.sub(b.mul(kx, I64(dw)), I64(pl)), b.mul(ox0, I64(sw)))  # column of lane 0
-    row = b.add(b.mul(b.add(b.mul(img, I64(g.c * g.h)), smax(b, smin(b, iy, I64(g.h - 1)), I64(0))), I64(g.w)), start)
+    row = b.add(_input_row(b, g, img, iy), start)
     first, past = b.neg(start), b.select(live, b.sub(I64(g.w), start), I64(-1))  # the lanes' valid columns
     dt, n = x.dtype, PIXELS
     plane, padded = g.h * g.w, g.cg % PRODUCTS[x.dtype].group != 0
@@ -351,17 +359,24 @@ def _tap_loader(g, c, x, img, tap, oy, ox0):
     return load_lanes
 
 
+def _input_row(b, g, img, y):
+    """The element of image ``img``'s channel 0 where its input row ``y`` starts (``y``
+    clamped into the input: a row outside it is masked off by the caller)."""
+    return b.mul(b.add(b.mul(img, I64(g.c * g.h)), smax(b, smin(b, y, I64(g.h - 1)), I64(0))), I64(g.w))
+
+
 def _unit_loader(g, c, units, dt: str, img, tap, oy, ox0):
     """``load(cu)``: the 16 pixels of output row ``oy`` from column ``ox0`` that the tap
     ``tap`` reads in channel unit ``cu``, from the zero-padded unit planes (:func:`pack_units`)
     as ``16 * group`` elements of ``dt``: one wide load, every ``sw``-th unit of it."""
     b = c.b
     (sh, sw), (dh, dw) = g.stride, g.dilation
-    count, height, width = _planes(g, PRODUCTS[dt].group)
+    planes = _planes(g, PRODUCTS[dt].group)
+    _, height, width = planes
     ky, kx = b.sdiv(tap, I64(g.kw)), b.srem(tap, I64(g.kw))
     iy = b.add(b.mul(oy, I64(sh)), b.mul(ky, I64(dh)))
     ix = b.add(b.mul(ox0, I64(sw)), b.mul(kx, I64(dw)))
-    row = b.add(b.add(b.mul(img, I64(_image_units((count, height, width)))), b.mul(iy, I64(width))), ix)
+    row = b.add(b.add(b.mul(img, I64(_image_units(planes))), b.mul(iy, I64(width))), ix)
     n, plane = PIXELS, height * width
 
     def load(cu):

@@ -180,7 +180,8 @@ def _int8_matmul(q, wq: np.ndarray, emit, pack):
     weight = tensor_constant(wq)
     if why_not(_normalized(relax.op.matmul(_placeholder(q), weight, out_dtype="int32"))):
         return None
-    return emit(reordered_sums(pack(_normalized(relax.op.matmul(recentred(q, "uint8", emit), weight, out_dtype="int32")))))
+    product = _normalized(relax.op.matmul(recentred(q, "uint8", emit), weight, out_dtype="int32"))
+    return emit(reordered_sums(pack(product)))
 
 
 def quantized_conv2d(call: relax.Call, lookup, emit):
