@@ -5,11 +5,20 @@ build and in jitbyoc's; left alone where the float32 value has another reader.""
 from __future__ import annotations
 
 import numpy as np
+import pytest
+import tvm
 from tvm import relax
 
 import jitbyoc
+from jitbyoc.kernels import pool2d
+from jitbyoc.kernels.pool2d import Pool2d
+from jitbyoc.render import isa
 from jitbyoc.tvm import precision
+from jitbyoc.tvm.constants import constant
+from jitbyoc.tvm.target import machine_for
 from tests.conftest import build_both, build_model, build_tvm, run
+from tests.diff_util import CC, run_c
+from tests.test_tiles import on_tiles
 
 R = relax.op
 X = {"x": ((1, 8, 12, 12), "float32")}
@@ -69,3 +78,82 @@ def test_values_read_as_float32_stay_float32():
     assert _dtypes(pool_read, "relax.nn.max_pool2d") == ["float32"]
     cat_read = jitbyoc.lower_precision(_module("concat"), "bf16")
     assert _dtypes(cat_read, "relax.concat") == ["float32"] and _dtypes(cat_read, "relax.nn.max_pool2d") == ["bfloat16"]
+
+
+def _stem():
+    """ResNet's stem in small: a 7x7/2 convolution, relu, a 3x3/2 max pool that two
+    convolutions read (rounded: the rounding moves before the pool)."""
+    rng = np.random.default_rng(7)
+
+    def body(bb, x):
+        y = bb.emit(R.nn.relu(R.nn.conv2d(x, _weight(rng, 32, 3, 7), strides=2, padding=3)))
+        pool = bb.emit(R.nn.max_pool2d(y, 3, 2, padding=1))
+        return [bb.emit(R.nn.conv2d(pool, _weight(rng, 32, 32, 1))),
+                bb.emit(R.nn.conv2d(pool, _weight(rng, 16, 32, 3), padding=1))]
+    return build_model({"x": ((1, 3, 32, 32), "float32")}, body)
+
+
+def _pool_stage(mod, cpu: str):
+    """The max pool of ``mod``'s regions as built for ``cpu`` (nothing runs)."""
+    with isa.compiling_for(machine_for(tvm.target.Target({"kind": "llvm", "mcpu": cpu}))):
+        (pool,) = [s for r in jitbyoc.inspect(mod) for s in r.kernel.stages if isinstance(s, Pool2d)]
+    return pool
+
+
+@pytest.mark.parametrize("activations", ["float32", "bf16"])
+def test_a_pool_of_rounded_values_reads_them_in_bfloat16_on_tiles(activations):
+    """The product before the pool writes its rounded map in bfloat16 where its sums stay
+    in a scratch (AMX tiles), and the pool widens each value as it loads it: half the
+    bytes between them. Elsewhere the map stays float32 (not measured there)."""
+    lowered = jitbyoc.lower_precision(_stem(), "bf16", activations=activations)
+    assert _dtypes(lowered, "relax.nn.max_pool2d") == ["bfloat16"]  # rounded before the pool
+    assert _pool_stage(lowered, "sapphirerapids").inputs[0].dtype == "bfloat16"
+    assert _pool_stage(lowered, "znver4").inputs[0].dtype == "float32"
+
+
+@on_tiles
+def test_a_pool_reading_bfloat16_gives_the_same_bits(monkeypatch):
+    lowered = jitbyoc.lower_precision(_stem(), "bf16")
+    x = np.random.default_rng(8).standard_normal((1, 3, 32, 32)).astype("float32")
+    builds = build_both(lowered)
+    assert not builds.report.fallbacks, builds.report
+    want, got = builds.run(x)
+    monkeypatch.setattr(pool2d, "has_tiles", lambda dtype: False)  # the map in float32, as before
+    assert _pool_stage(lowered, "sapphirerapids").inputs[0].dtype == "float32"
+    before = build_both(lowered, tvm_builds=False).run(x)[1]
+    for g, b, w in zip(got, before, want):
+        np.testing.assert_array_equal(g, b)
+        np.testing.assert_allclose(g, w, rtol=2**-7, atol=1e-5)  # sums in their own order
+
+
+@pytest.mark.skipif(CC is None, reason="no C compiler")
+def test_the_c_rendering_of_a_pool_of_bfloat16_matches_tvm(tmp_path):
+    """The region as C (built for a machine with tiles, so its pool reads bfloat16),
+    compiled and run here: TVM's values, but for the products' own order of sums."""
+    rng = np.random.default_rng(9)
+    x = relax.Var("x", relax.TensorType((1, 3, 20, 20), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = R.nn.relu(R.nn.conv2d(x, _weight(rng, 16, 3, 5), strides=2, padding=2))
+            out = bb.emit_output(R.astype(R.nn.max_pool2d(R.astype(y, "bfloat16"), 3, 2, padding=1), "float32"))
+        bb.emit_func_output(out)
+    lowered = jitbyoc.lower_precision(bb.get(), "bf16")
+    with isa.compiling_for(machine_for(tvm.target.Target({"kind": "llvm", "mcpu": "sapphirerapids"}))):
+        part = jitbyoc.partition_for_jitbyoc(lowered)  # the weight packed as for tiles
+        (region,) = jitbyoc.inspect(part)
+    assert [s.inputs[0].dtype for s in region.kernel.stages if isinstance(s, Pool2d)] == ["bfloat16"]
+    xv = rng.standard_normal((1, 3, 20, 20)).astype("float32")
+    (got,) = run_c(region, _region_arguments(part, region, {"x": xv}), tmp_path)
+    np.testing.assert_allclose(got, run(build_tvm(lowered), xv), rtol=2**-7, atol=1e-5)
+
+
+def _region_arguments(part, region, inputs: dict) -> dict:
+    """The arrays the one region call in ``part`` passes ``region``: the model's
+    ``inputs`` and its constants."""
+    calls = []
+    relax.analysis.post_order_visit(part["main"].body, lambda e: calls.append(e) if isinstance(e, relax.Call)
+                                    and isinstance(e.op, tvm.ir.GlobalVar) else None)
+    (call,) = calls
+    return {name: inputs[a.name] if isinstance(a, relax.Var) else np.array(constant(a))
+            for name, a in zip(region.arg_names, call.args)}

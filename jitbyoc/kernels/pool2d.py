@@ -40,7 +40,8 @@ import numpy as np
 from ..ir import kir
 from ..ir.dtypes import FLOATS, NUMERIC
 from ..ir.relax_types import dims, operands_problem
-from ..ir.rules import register
+from ..engines.gemm_tiles import has_tiles
+from ..ir.rules import register, rewrite
 from ..render.portable import PortableStage
 from .pool_planes import emit_pool, lowest
 
@@ -220,6 +221,52 @@ def builder_nd(kind: str):
         return Pool2d((x,), kir.view(out, oshape), kind=kind, size=size, stride=stride, dilation=dilation,
                       pad=pad, include_pad=bool(call.attrs.count_include_pad))
     return build
+
+
+@rewrite
+def pools_read_bfloat16(kernel: kir.Kernel) -> None:
+    """A pool of a float32 temp that holds bfloat16 values (its producer's epilogue ends in
+    ``astype(astype(v, "bfloat16"), "float32")``: the bf16 mode's rounding moved before a
+    max pool, :mod:`jitbyoc.tvm.round_early`) reads them as bfloat16: the producer's
+    epilogue stops at the rounding and writes a bfloat16 temp, and the pool widens each
+    value on load (exact) and pools in float32 as before. The same bits; half the bytes
+    written and read between the two. ResNet-50's stem wrote its 64 x 112 x 112 map in
+    float32 for its max pool (3.2 MB, L2 twice over). Only where the producer's product
+    runs on AMX tiles (its sums then stay in a scratch of its own; elsewhere they would
+    be written to the float32 temp still, and this is not measured there)."""
+    if not has_tiles("bfloat16"):
+        return
+    for pool in [s for s in kernel.stages if isinstance(s, Pool2d)]:
+        temp = pool.inputs[0].storage
+        producer = _rounding_producer(kernel, temp)
+        if producer is None or any(temp in kir.stage_reads(s) for s in kernel.stages if s is not pool):
+            continue
+        narrow = kir.Buffer(f"{temp.name}_bf16", temp.shape, "bfloat16")
+        kernel.temps.append(narrow)
+        producer.epilogue, producer.epilogue_out = producer.epilogue.args[0], kir.view(narrow, producer.out.shape)
+        pool.inputs = (kir.view(narrow, pool.inputs[0].shape),)
+
+
+def _rounding_producer(kernel: kir.Kernel, temp: kir.Buffer):
+    """The product that writes the float32 temp ``temp`` in place through an epilogue
+    ending in a rounding to bfloat16 widened back (see :func:`pools_read_bfloat16`), if any."""
+    if temp not in kernel.temps or temp.dtype != "float32":
+        return None
+    for s in kernel.stages:
+        epi = getattr(s, "epilogue", None)
+        if (isinstance(s, kir.KernelStage) and s.macs() is not None and s.writes_epilogue_apart
+                and s.out.storage is temp and s.epilogue_out is None and not s.epilogue_also
+                and _widened_rounding(epi)):
+            return s
+    return None
+
+
+def _widened_rounding(expr) -> bool:
+    """Whether ``expr`` is ``astype(astype(v, "bfloat16"), "float32")`` of a float32 ``v``."""
+    inner = expr.args[0] if isinstance(expr, kir.Op) and expr.op == "astype" else None
+    return (inner is not None and (expr.in_dtype, expr.dtype) == ("bfloat16", "float32")
+            and isinstance(inner, kir.Op) and inner.op == "astype"
+            and (inner.in_dtype, inner.dtype) == ("float32", "bfloat16"))
 
 
 register("relax.nn.max_pool1d", 1, check_nd)(builder_nd("max"))  # pool3d: in .pool3d

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
+import ml_dtypes
 import numpy as np
 
 from ..ir.dtypes import dtype as lookup_dtype
@@ -20,8 +21,20 @@ MAX_FLAT_LOADS = 160  # unrolled tap loads of a whole plane in :func:`_flat_plan
 
 def lowest(dt) -> float | int:
     """What a max pool starts from and pads with, as TVM's: the dtype's lowest finite value."""
+    if str(dt) == "bfloat16":
+        return float(ml_dtypes.finfo(ml_dtypes.bfloat16).min)
     d = np.dtype(str(dt))
     return float(np.finfo(d).min) if d.kind == "f" else int(np.iinfo(d).min)
+
+
+def _widened(stage, e, v, width: int | None = None):
+    """A value loaded from the input as the pool's dtype: a bfloat16 input (where the
+    pool reads a bfloat16 temp: :func:`jitbyoc.kernels.pool2d.pools_read_bfloat16`)
+    widened to float32, exactly; anything else as it is."""
+    src, dt = stage.inputs[0].dtype, stage.out.dtype
+    if src == dt:
+        return v
+    return e.op("astype", src, v, to=dt) if width is None else e.vop(width, "astype", src, v, to=dt)
 
 
 def emit_pool(stage, e) -> None:
@@ -130,7 +143,7 @@ def _combine_row(stage, e, row, xrow, kw: int) -> None:
         return
     base = e.add(xrow, kw * stage.dilation[1] - stage.pad[1])
     with e.loop(c1, c0, "ow") as ow:
-        v = e.load(x, e.add(base, e.mul(ow, stage.stride[1])))
+        v = _widened(stage, e, e.load(x, e.add(base, e.mul(ow, stage.stride[1]))))
         at = e.let(e.add(row, ow))
         e.store(out, at, e.op(_combine_op(stage), out.dtype, e.load(out, at), v))
 
@@ -203,8 +216,9 @@ def _flat_planes(stage, e, lo, hi) -> None:
                     inside = [p < size and 0 <= p // w + rows < h and 0 <= p % w + cols < w
                               for p in range(start, start + width)]
                     if any(inside):
-                        t = e.vload(e.pointer(x), e.add(src, start + rows * w + cols), dt, width,
-                                    e.lanes_where(inside), _identity(stage))
+                        t = _widened(stage, e, e.vload(e.pointer(x), e.add(src, start + rows * w + cols),
+                                                       x.dtype, width, e.lanes_where(inside), _identity(stage)),
+                                     width)
                         v = e.vop(width, "maximum", dt, v, t)
             e.vstore(out, e.add(dst, start), v, dt, e.lanes_where([p < size for p in range(start, start + width)]))
         _plane_epilogue(stage, e, pl)
@@ -260,8 +274,9 @@ def _combine_taps(stage, e, acc, xrow, kw: int, start) -> None:
             return
     col = start * sw if isinstance(start, int) else e.mul(start, sw)
     # from the base pointer: lane 0 may sit before the row (its tap is outside); masked lanes are never read
-    v = e.vload_every(e.pointer(x), e.add(xrow, e.add(col, kw * stage.dilation[1] - stage.pad[1])), dt, width,
-                      sw, lanes, _identity(stage))
+    v = e.vload_every(e.pointer(x), e.add(xrow, e.add(col, kw * stage.dilation[1] - stage.pad[1])), x.dtype,
+                      width, sw, lanes, _identity(stage))
+    v = _widened(stage, e, v, width)
     e.set(acc, e.vop(width, _combine_op(stage), dt, e.get(acc), v))
 
 
@@ -294,7 +309,7 @@ def _adaptive_planes(stage, e, lo, hi) -> None:
             w0, w1 = _bin(e, ow, w, ow_n)
             e.set(acc, e.const(0, dt))
             with e.loop(h1, h0, "ih") as ih, e.loop(w1, w0, "iw") as iw:
-                v = e.load(x, e.add(src, e.add(e.mul(ih, w), iw)))
+                v = _widened(stage, e, e.load(x, e.add(src, e.add(e.mul(ih, w), iw))))
                 e.set(acc, e.op("add", dt, e.get(acc), v))
             cnt = e.as_float(e.mul(e.sub(h1, h0), e.sub(w1, w0)), dt)
             at = e.add(e.mul(pl, oh_n * ow_n), e.add(e.mul(oh, ow_n), ow))

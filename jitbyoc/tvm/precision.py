@@ -221,10 +221,9 @@ def lower_precision(mod: tvm.IRModule, precision: str = "bf16", activations: str
     for gv, func in mod.functions.items():
         if isinstance(func, relax.Function):
             func = _ToBFloat16(mod).visit_expr(func)
+            func = round_early(func)
             if activations == "bf16":
                 func = _NarrowActivations(mod, _rounded_vars(func)).visit_expr(func)
-            else:
-                func = round_early(func)
             func = relax.analysis.remove_all_unused(func)
         out[gv] = func
     return tvm.IRModule(out, attrs=mod.attrs)
