@@ -4,7 +4,8 @@
   tile's MR gets its last tiles one row shorter instead of one thin edge tile (which
   costs about a full tile's time).
 - Chunks (``chunks_of``, ``chunk_parts``): the threads' units of work are of equal size
-  give or take a part.
+  give or take a part, or give or take ``align`` parts where their edges move to whole
+  cache lines of the output (``line_parts``).
 
 The products themselves are checked against TVM and numpy in test_kernel_matmul.py.
 """
@@ -16,7 +17,7 @@ import llvmlite.binding as llvm
 import pytest
 from llvmlite import ir
 
-from jitbyoc.engines.gemm_llvm import chunk_count, chunk_parts, chunks_of, row_tiles
+from jitbyoc.engines.gemm_llvm import CHUNKS, chunk_count, chunk_parts, chunks_of, largest_chunk, row_tiles
 from jitbyoc.ir.llvmtypes import I64, PTR
 from jitbyoc.render.loops import for_range
 
@@ -43,12 +44,13 @@ def _tiles_function(mr: int, balanced: bool):
     return _pairs_function(f"tiles_{mr}_{balanced}", lambda b, rows: row_tiles(b, rows, mr, balanced))
 
 
-def _chunks_function():
-    """Per chunk of ``parts``: (first part, end)."""
+def _chunks_function(chunks: int = CHUNKS, align: int = 1):
+    """Per chunk of ``parts`` (about ``chunks`` of them, edges on multiples of ``align``
+    parts): (first part, end)."""
     def split(b, parts):
-        chunks = chunk_count(b, parts)
-        return chunks, lambda c: chunk_parts(b, c, parts, chunks)
-    return _pairs_function("chunks", split)
+        count = chunk_count(b, parts, chunks)
+        return count, lambda c: chunk_parts(b, c, parts, count, I64(align))
+    return _pairs_function(f"chunks_{chunks}_{align}", split)
 
 
 def _jit(text: str):
@@ -118,4 +120,22 @@ def test_chunks_are_equal_give_or_take_a_part():
     assert [hi - lo for lo, hi in _pairs(fn, 13)] == [1, 2, 2, 2, 2, 2, 2]
     assert [hi - lo for lo, hi in _pairs(fn, 12)] == [2] * 6
     assert [chunks_of(p) for p in (1, 2, 3, 7, 8, 9, 13, 21, 200)] == [1, 2, 3, 7, 8, 5, 7, 8, 8]
+    del engine
+
+
+@pytest.mark.parametrize("chunks, align", [(8, 2), (16, 1), (16, 2), (8, 4)])
+def test_chunk_edges_move_to_whole_lines_within_the_largest_chunk(chunks, align):
+    """With ``align`` (uint8 results on tiles: 2 panels of 32 columns a 64-byte line) every
+    chunk but the last starts and ends on a multiple of ``align`` parts, so no output line
+    is written by two threads; no chunk outgrows :func:`largest_chunk`, the width of the
+    scratch C a chunk's sums go to (wider rows would overlap the next ones)."""
+    fn, engine = _jit(_chunks_function(chunks, align))
+    for parts in range(1, 200):
+        got = _pairs(fn, parts)
+        assert len(got) == chunks_of(parts, chunks)
+        assert got[0][0] == 0 and got[-1][1] == parts and all(a[1] == b[0] for a, b in itertools.pairwise(got))
+        assert all(lo % align == 0 or lo == parts for lo, _ in got), (parts, got)
+        assert max(hi - lo for lo, hi in got) <= largest_chunk(parts, chunks, align), (parts, got)
+    if (chunks, align) == (8, 2):  # 20 panels (640 columns): chunks of 2 and 4, not 2 and 3
+        assert [hi - lo for lo, hi in _pairs(fn, 20)] == [2, 4, 2, 4, 2, 4, 2]
     del engine

@@ -136,6 +136,27 @@ def test_int8_convolutions_gathered_for_tiles_equal_tvms(c, size, k, kernel, str
     np.testing.assert_array_equal(got, want)
 
 
+@on_tiles
+def test_a_requantized_product_whose_chunks_move_to_whole_lines_equals_tvms():
+    """A 1x1 conv of 640 pixels (20 panels of 32 columns) requantized to uint8: its chunks
+    start on whole 64-byte lines (2 panels), so one is 4 panels where an even share is at
+    most 3 (gemm_llvm.line_parts); its sums go to a scratch C as wide as the largest chunk
+    (gemm_llvm.largest_chunk: narrower, rows overlapped)."""
+    rng = np.random.default_rng(11)
+    x = rng.integers(0, 256, (1, 32, 20, 32)).astype("uint8")
+    w = rng.integers(-128, 128, (64, 32, 1, 1)).astype("int8")
+    scale = relax.const(rng.uniform(1e-4, 4e-4, (1, 64, 1, 1)).astype("float32"))
+
+    def body(bb, x):
+        acc = R.nn.conv2d(x, relax.const(w), out_dtype="int32")
+        y = R.multiply(R.astype(acc, "float32"), scale)
+        return bb.emit(R.quantize(y, relax.const(np.float32(0.05)), relax.const(0, "uint8"), axis=1,
+                                  out_dtype="uint8"))
+    mod = build_model({"x": (x.shape, "uint8")}, body)
+    want = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    np.testing.assert_array_equal(_run(mod, x), want)
+
+
 CALL_EXPORTED = """
 import sys, numpy as np, tvm
 from tvm import relax

@@ -1,8 +1,10 @@
 """The GEMM engine's LLVM driver: threads, cache blocking, packing, microkernel calls.
 
 Work is split along the larger of M and N into *parts* (MR rows or NR columns), parts
-are grouped into :data:`CHUNKS` chunks per batch item (fewer when there are fewer parts)
-of equal size give or take a part, and every task of TVM's
+are grouped into the blocking's ``chunks`` (:data:`CHUNKS`; 16 for bfloat16 on tiles)
+chunks per batch item (fewer when there are fewer parts) of equal size give or take a
+part, a chunk of columns starting on a whole cache line of the output
+(:func:`line_parts`), and every task of TVM's
 pool takes chunks from atomic counters until none is left, those of its own range of
 chunks first (:func:`~jitbyoc.render.loops.claim_home_first`: the columns, a conv's
 pixels, its neighbours in the model worked on): on a machine shared with other processes
@@ -51,22 +53,22 @@ def extent(ctx, dims) -> ir.Value:
     return ctx.product(_dims(dims))
 
 
-def chunks_of(parts: int) -> int:
+def chunks_of(parts: int, chunks: int = CHUNKS) -> int:
     """Chunks per batch item of a product split into ``parts`` (static :func:`chunk_count`)."""
-    per = max(1, -(-parts // CHUNKS))
+    per = max(1, -(-parts // chunks))
     count = -(-parts // per)
     return max(1, count + (count % 2 == 1 and parts % per == 0 and count < parts))
 
 
-def chunk_count(b, parts):
-    """Chunks per batch item: about :data:`CHUNKS`, of ``per = ceil(parts / CHUNKS)``
+def chunk_count(b, parts, chunks: int = CHUNKS):
+    """Chunks per batch item: about ``chunks``, of ``per = ceil(parts / chunks)``
     parts each; but an odd count of whole chunks gets one chunk more, all then of equal
     size give or take a part (:func:`chunk_parts`). ResNet-50's 56x56 1x1 convs have 49
     column panels: 7 chunks of 7 gave one thread of two 4 chunks and the other 3; 8 of 6
     or 7 run its 256->64 conv in 0.89-0.94x the time. Where the last chunk is short (13
     panels: 6 of 2 and 1) the split is even already, and more, smaller chunks only
     re-read the other operand more."""
-    per = ceil_div(b, smax(b, parts, I64(1)), I64(CHUNKS))
+    per = ceil_div(b, smax(b, parts, I64(1)), I64(chunks))
     count = ceil_div(b, parts, per)
     odd = b.icmp_signed("!=", b.srem(count, I64(2)), I64(0))
     whole = b.icmp_signed("==", b.srem(parts, per), I64(0))
@@ -74,9 +76,29 @@ def chunk_count(b, parts):
     return smax(b, I64(1), b.add(count, b.zext(more, I64)))
 
 
-def chunk_parts(b, chunk, parts, chunks):
-    """The parts ``[lo, hi)`` of chunk ``chunk`` of ``chunks``: sizes differ by one at most."""
-    return (b.sdiv(b.mul(chunk, parts), chunks), b.sdiv(b.mul(b.add(chunk, I64(1)), parts), chunks))
+def chunk_parts(b, chunk, parts, chunks, align):
+    """The parts ``[lo, hi)`` of chunk ``chunk`` of ``chunks``: even shares, each edge moved
+    to the nearest multiple of ``align`` parts (:func:`line_parts`; sizes then differ by
+    ``align`` at most)."""
+    def edge(c):
+        even = b.sdiv(b.mul(c, parts), chunks)
+        return smin(b, b.mul(b.sdiv(b.add(even, b.sdiv(align, I64(2))), align), align), parts)
+    last = b.icmp_signed("==", b.add(chunk, I64(1)), chunks)
+    return edge(chunk), b.select(last, parts, edge(b.add(chunk, I64(1))))
+
+
+def largest_chunk(parts: int, chunks: int, align: int) -> int:
+    """Parts of the largest chunk of :func:`chunk_parts` (an even share rounded up, and
+    ``align - 1`` more for its edges' moves)."""
+    return -(-parts // chunks_of(parts, chunks)) + align - 1
+
+
+def line_parts(g) -> int:
+    """Parts (column panels) that a chunk of columns starts on a multiple of: enough that
+    its first column starts a cache line of the output (:attr:`.gemm.Gemm.stored`), so no
+    line is written by two threads. uint8 results (32 columns, half a line) were split
+    mid-line: ResNet-50 QDQ's 1x1 convolutions took longer, the more chunks they had."""
+    return max(1, -(-64 // (g.nr * g.stored)))
 
 
 def emit(g, ctx) -> None:
@@ -94,7 +116,7 @@ def _emit(g, ctx) -> None:
     # split the larger side: the other operand is then the one each chunk re-reads
     split_n = b.icmp_signed(">=", n, m)
     parts = b.select(split_n, ceil_div(b, n, I64(g.nr)), ceil_div(b, m, I64(blk.mr)))
-    per_item = chunk_count(b, parts)
+    per_item = chunk_count(b, parts, blk.chunks)
     if g.serial():
         _task(g, ctx, I64(0), I64(1), [b.zext(split_n, I64), parts, per_item, task_counter(b)])
         return
@@ -133,7 +155,8 @@ def _task(g, c, _lo, _hi, extra, team=None) -> None:
         tiles.configure(b)
     with claim as chunk:
         item = b.sdiv(chunk, per_item)
-        p_lo, p_hi = chunk_parts(b, b.srem(chunk, per_item), parts, per_item)
+        align = b.select(split_n, I64(line_parts(g)), I64(1))
+        p_lo, p_hi = chunk_parts(b, b.srem(chunk, per_item), parts, per_item, align)
         rows = (smin(b, b.mul(p_lo, I64(blk.mr)), m), smin(b, b.mul(p_hi, I64(blk.mr)), m))
         cols = (smin(b, b.mul(p_lo, I64(g.nr)), n), smin(b, b.mul(p_hi, I64(g.nr)), n))
         mrange = (b.select(split_n, I64(0), rows[0]), b.select(split_n, m, rows[1]))
@@ -170,7 +193,7 @@ def scratch_c(g) -> tuple | None:
         return None
     split_n = n >= m  # as _emit splits: a chunk is whole columns or whole rows
     parts = -(-n // g.nr) if split_n else -(-m // g.blocking.mr)
-    most = -(-parts // chunks_of(parts))  # parts of the largest chunk (chunk_parts)
+    most = largest_chunk(parts, g.blocking.chunks, line_parts(g) if split_n else 1)
     rows, cols = (m, most * g.nr) if split_n else (most * g.blocking.mr, n)
     nbytes = lookup_dtype(g.product.acc).nbytes
     line = 64 // nbytes  # elements a cache line

@@ -32,6 +32,7 @@ from ..engines import gemm_engine, gemm_llvm
 from ..engines.gemm import Gemm, Output, Panels, Strided, box_epilogue, rows_epilogue
 from ..engines.products import OPERANDS, PRODUCTS, RESULTS, Product, product_of
 from ..ir import kir
+from ..ir.dtypes import dtype as lookup_dtype
 from ..ir.relax_types import broadcast_problem, dims, operands_problem
 from ..ir.rules import register
 
@@ -101,8 +102,9 @@ class MatMul(kir.KernelStage):
         # the sums are a temp only the epilogue reads when it writes elsewhere (its dtype)
         private = (has_m and has_n and self.epilogue is not None and self.epilogue_out is not None
                    and self.out.dtype == self.product.acc)
+        stored = min(lookup_dtype(buf.dtype).nbytes for buf, _ in self.epilogue_stores() or [(self.out, None)])
         return Gemm(m, n, k, a, b, c, dt, tuple(batch),
-                    box_epilogue(self, has_m, has_n), private_c=private)
+                    box_epilogue(self, has_m, has_n), private_c=private, stored=stored)
 
     def emit_llvm(self, ctx, b=None) -> None:
         """The product at ``ctx``'s insertion point (it runs its own ``parallel_for``): a
