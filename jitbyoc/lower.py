@@ -223,6 +223,7 @@ class RegionLowering:
             self.kernel.stages.append(kir.Elementwise(stores[0][0].shape, tuple(stores)))
         hoist_broadcast_subexpressions(self.kernel, self.temp)
         fuse_epilogues(self.kernel)
+        _results_in_place(self.kernel)
         _requantize_reordered_sums(self.kernel)
         for rewrite in REWRITES:
             rewrite(self.kernel)
@@ -324,6 +325,26 @@ def fuse_epilogues(kernel: kir.Kernel) -> None:
             kernel.stages.remove(stage)
             changed = True
             break
+
+
+def _results_in_place(kernel: kir.Kernel) -> None:
+    """A plain copy of a kernel's result that its epilogue writes apart (``epilogue_out``,
+    a temp nothing else reads) into a buffer of the same dtype and elements: the epilogue
+    writes that buffer instead, and the copy's pass is gone (a bfloat16 pool's rounded
+    result, a region's output)."""
+    for stage in [s for s in kernel.stages if isinstance(s, kir.Elementwise) and len(s.stores) == 1]:
+        (dst, expr), = stage.stores
+        if not isinstance(expr, kir.Load) or expr.buf.dtype != dst.dtype or expr.buf.storage not in kernel.temps:
+            continue
+        temp = expr.buf.storage
+        producer = next((s for s in kernel.stages if isinstance(s, kir.KernelStage) and s.epilogue_out is not None
+                         and s.epilogue_out.storage is temp and not s.epilogue_also), None)
+        if producer is None or tuple(expr.buf.shape) != tuple(dst.shape) \
+                or any(temp in kir.stage_reads(s) for s in kernel.stages if s is not stage):
+            continue
+        producer.epilogue_out = kir.view(dst, producer.out.shape)
+        kernel.temps.remove(temp)
+        kernel.stages.remove(stage)
 
 
 def _requantize_reordered_sums(kernel: kir.Kernel) -> None:

@@ -4,6 +4,7 @@ and the float64 numpy reference, over every window attribute and awkward sizes."
 
 import itertools
 
+import ml_dtypes
 import numpy as np
 import pytest
 import tvm
@@ -93,6 +94,23 @@ def test_grid_matches_tvm_default_exactly_and_numpy():
     got, ref = run(build(mod, True), args), run(build(mod, False), args)
     for k, (_, attrs) in enumerate(cs):
         check(got[k], args[k], attrs, ref[k])
+
+
+def test_bfloat16_pools_match_tvm_default_exactly():
+    """A bfloat16 pool (the bf16 mode's roundings moved before max pools,
+    ``jitbyoc/tvm/round_early.py``; bfloat16 models) runs on jitbyoc as TVM's build
+    computes it: each value widened, the window pooled in float32, the result rounded
+    once. Before, it stayed with TVM, and a bf16 mode's producer wrote its input twice:
+    widened for the pool, rounded for the products."""
+    cs = [([(shapes[0][0], "bfloat16")], attrs) for shapes, attrs in all_cases()]
+    mod = grid_model(cs, pool)
+    rep = jitbyoc.report(mod)
+    assert rep.fallbacks == [] and rep.offloaded_ops == len(cs), str(rep)
+    args = [a.astype(np.float32).astype(ml_dtypes.bfloat16) for a in random_inputs(
+        [([(shapes[0][0], F32)], attrs) for shapes, attrs in cs])]
+    got, ref = run(build(mod, True), args), run(build(mod, False), args)
+    for k, (_, attrs) in enumerate(cs):
+        np.testing.assert_array_equal(got[k].view(np.uint16), ref[k].view(np.uint16), err_msg=str(attrs))
 
 
 def test_max_of_infinities_and_all_padding_windows():

@@ -24,6 +24,10 @@ with it), averages divide by ``max(count, 1)`` where ``count`` counts the window
 to the input (``count_include_pad=False``) or to the padded input (True), never the
 extra ``ceil_mode`` cells.
 
+A bfloat16 pool (max, average, adaptive) runs as TVM's build computes one: each value
+widened to float32 (exact), the window pooled in float32 into a temp, the result rounded
+to bfloat16 once by the epilogue, plane by plane (:func:`_builder`; a max rounds exactly).
+
 Accuracy: max pooling is exact. Every average adds its window in TVM's order (kernel
 row, then column; padding skipped, which only changes the sign of a zero sum) and
 divides once, so results match TVM's default build exactly in both renderings; against
@@ -38,10 +42,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..ir import kir
-from ..ir.dtypes import FLOATS, NUMERIC
+from ..ir.dtypes import BF16, FLOATS, NUMERIC
 from ..ir.relax_types import dims, operands_problem
-from ..engines.gemm_tiles import has_tiles
-from ..ir.rules import register, rewrite
+from ..ir.rules import register
 from ..render.portable import PortableStage
 from .pool_planes import emit_pool, lowest
 
@@ -140,8 +143,8 @@ def _ref_window(o, d, size, kind, out_hw, k, s, dl, pad, include_pad):
 def _check(call) -> str | None:
     name = call.op.name
     x = call.args[0]
-    # a max of integers is exact; averages stay floats
-    problem = operands_problem(call, (x, call), NUMERIC if name == "relax.nn.max_pool2d" else FLOATS)
+    # a max of integers is exact; averages stay floats; bfloat16 pools in float32 (_builder)
+    problem = operands_problem(call, (x, call), (NUMERIC if name == "relax.nn.max_pool2d" else FLOATS) | BF16)
     if problem:
         return problem
     xd, od = dims(x.ty), dims(call.ty)
@@ -165,13 +168,19 @@ def _check(call) -> str | None:
 def _builder(kind: str):
     def build(fe, call, out):
         x = fe.buffer(call.args[0])
-        if POOL_KINDS[kind].adaptive:
-            return Pool2d((x,), out, kind=kind)
         a = call.attrs
         ints = lambda v: tuple(int(i) for i in v)  # noqa: E731
-        return Pool2d((x,), out, kind=kind, size=ints(a.pool_size), stride=ints(a.strides),
-                      dilation=ints(a.dilation), pad=ints(a.padding),
-                      include_pad=bool(a.count_include_pad))
+        window = {} if POOL_KINDS[kind].adaptive else dict(
+            size=ints(a.pool_size), stride=ints(a.strides), dilation=ints(a.dilation), pad=ints(a.padding),
+            include_pad=bool(a.count_include_pad))
+        if out.dtype != "bfloat16":
+            return Pool2d((x,), out, kind=kind, **window)
+        # a bfloat16 pool as TVM's build computes it: each value widened (exactly), the
+        # window pooled in float32, the result rounded once (a max: exactly); the float32
+        # result is a temp the epilogue rounds plane by plane, in cache
+        wide = fe.temp(out.shape, "float32")
+        return Pool2d((x,), wide, kind=kind, epilogue=kir.Op("astype", (kir.Acc("float32"),), "float32", "bfloat16",
+                                                               (("to", "bfloat16"),)), epilogue_out=out, **window)
     return build
 
 
@@ -221,52 +230,6 @@ def builder_nd(kind: str):
         return Pool2d((x,), kir.view(out, oshape), kind=kind, size=size, stride=stride, dilation=dilation,
                       pad=pad, include_pad=bool(call.attrs.count_include_pad))
     return build
-
-
-@rewrite
-def pools_read_bfloat16(kernel: kir.Kernel) -> None:
-    """A pool of a float32 temp that holds bfloat16 values (its producer's epilogue ends in
-    ``astype(astype(v, "bfloat16"), "float32")``: the bf16 mode's rounding moved before a
-    max pool, :mod:`jitbyoc.tvm.round_early`) reads them as bfloat16: the producer's
-    epilogue stops at the rounding and writes a bfloat16 temp, and the pool widens each
-    value on load (exact) and pools in float32 as before. The same bits; half the bytes
-    written and read between the two. ResNet-50's stem wrote its 64 x 112 x 112 map in
-    float32 for its max pool (3.2 MB, L2 twice over). Only where the producer's product
-    runs on AMX tiles (its sums then stay in a scratch of its own; elsewhere they would
-    be written to the float32 temp still, and this is not measured there)."""
-    if not has_tiles("bfloat16"):
-        return
-    for pool in [s for s in kernel.stages if isinstance(s, Pool2d)]:
-        temp = pool.inputs[0].storage
-        producer = _rounding_producer(kernel, temp)
-        if producer is None or any(temp in kir.stage_reads(s) for s in kernel.stages if s is not pool):
-            continue
-        narrow = kir.Buffer(f"{temp.name}_bf16", temp.shape, "bfloat16")
-        kernel.temps.append(narrow)
-        producer.epilogue, producer.epilogue_out = producer.epilogue.args[0], kir.view(narrow, producer.out.shape)
-        pool.inputs = (kir.view(narrow, pool.inputs[0].shape),)
-
-
-def _rounding_producer(kernel: kir.Kernel, temp: kir.Buffer):
-    """The product that writes the float32 temp ``temp`` in place through an epilogue
-    ending in a rounding to bfloat16 widened back (see :func:`pools_read_bfloat16`), if any."""
-    if temp not in kernel.temps or temp.dtype != "float32":
-        return None
-    for s in kernel.stages:
-        epi = getattr(s, "epilogue", None)
-        if (isinstance(s, kir.KernelStage) and s.macs() is not None and s.writes_epilogue_apart
-                and s.out.storage is temp and s.epilogue_out is None and not s.epilogue_also
-                and _widened_rounding(epi)):
-            return s
-    return None
-
-
-def _widened_rounding(expr) -> bool:
-    """Whether ``expr`` is ``astype(astype(v, "bfloat16"), "float32")`` of a float32 ``v``."""
-    inner = expr.args[0] if isinstance(expr, kir.Op) and expr.op == "astype" else None
-    return (inner is not None and (expr.in_dtype, expr.dtype) == ("bfloat16", "float32")
-            and isinstance(inner, kir.Op) and inner.op == "astype"
-            and (inner.in_dtype, inner.dtype) == ("float32", "bfloat16"))
 
 
 register("relax.nn.max_pool1d", 1, check_nd)(builder_nd("max"))  # pool3d: in .pool3d

@@ -28,9 +28,9 @@ def lowest(dt) -> float | int:
 
 
 def _widened(stage, e, v, width: int | None = None):
-    """A value loaded from the input as the pool's dtype: a bfloat16 input (where the
-    pool reads a bfloat16 temp: :func:`jitbyoc.kernels.pool2d.pools_read_bfloat16`)
-    widened to float32, exactly; anything else as it is."""
+    """A value loaded from the input as the pool's dtype: a bfloat16 input (a bfloat16
+    pool pools in float32: :func:`jitbyoc.kernels.pool2d._builder`) widened to float32,
+    exactly; anything else as it is."""
     src, dt = stage.inputs[0].dtype, stage.out.dtype
     if src == dt:
         return v
