@@ -334,11 +334,12 @@ def _results_in_place(kernel: kir.Kernel) -> None:
     result, a region's output)."""
     for stage in [s for s in kernel.stages if isinstance(s, kir.Elementwise) and len(s.stores) == 1]:
         (dst, expr), = stage.stores
-        if not isinstance(expr, kir.Load) or expr.buf.dtype != dst.dtype or expr.buf.storage not in kernel.temps:
+        if not isinstance(expr, kir.Load) or expr.buf.dtype != dst.dtype \
+                or expr.buf.storage not in kernel.temps:
             continue
         temp = expr.buf.storage
-        producer = next((s for s in kernel.stages if isinstance(s, kir.KernelStage) and s.epilogue_out is not None
-                         and s.epilogue_out.storage is temp and not s.epilogue_also), None)
+        producer = next((s for s in kernel.stages if isinstance(s, kir.KernelStage) and not s.epilogue_also
+                         and s.epilogue_out is not None and s.epilogue_out.storage is temp), None)
         if producer is None or tuple(expr.buf.shape) != tuple(dst.shape) \
                 or any(temp in kir.stage_reads(s) for s in kernel.stages if s is not stage):
             continue

@@ -133,7 +133,8 @@ def test_chunk_edges_move_to_whole_lines_within_the_largest_chunk(chunks, align)
     for parts in range(1, 200):
         got = _pairs(fn, parts)
         assert len(got) == chunks_of(parts, chunks)
-        assert got[0][0] == 0 and got[-1][1] == parts and all(a[1] == b[0] for a, b in itertools.pairwise(got))
+        assert got[0][0] == 0 and got[-1][1] == parts
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(got))
         assert all(lo % align == 0 or lo == parts for lo, _ in got), (parts, got)
         assert max(hi - lo for lo, hi in got) <= largest_chunk(parts, chunks, align), (parts, got)
     if (chunks, align) == (8, 2):  # 20 panels (640 columns): chunks of 2 and 4, not 2 and 3

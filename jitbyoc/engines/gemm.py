@@ -149,14 +149,16 @@ def blocking_for(dtype: str) -> Blocking:
     tile kernel's ``32 x 32`` (:mod:`.gemm_tiles`)."""
     blocking = BLOCKINGS[vector_bits(), vector_registers()][dtype]
     if has_tiles(dtype):
-        return replace(blocking, mr=2 * TILE_ROWS, nv=2, unroll=1, tiles=True, chunks=TILE_CHUNKS.get(dtype, 8))
+        chunks = TILE_CHUNKS.get(dtype, blocking.chunks)
+        return replace(blocking, mr=2 * TILE_ROWS, nv=2, unroll=1, tiles=True, chunks=chunks)
     return blocking
 
 
 # chunks of a product on tiles, by dtype: a bfloat16 chunk takes twice an int8 one's time,
 # and the thread that finishes first waits for the other's last chunk. ResNet-50 bf16
-# (activations bf16, alternating exported builds, the AMX Xeon) 0.961x / 0.966x the time
-# with 16 chunks; its QDQ int8 copy 1.01-1.03x (then 0.98-1.00x with line_parts), so 8
+# (activations bf16, alternating exported builds, the AMX Xeon) 0.961x / 0.966x / 0.968x
+# the time with 16 chunks, 24 1.013x; its QDQ int8 copy 1.03x with 16 (0.99-1.01x once
+# chunks start on whole lines: gemm_llvm.line_parts), 12 0.996x: int8 stays at 8
 TILE_CHUNKS = {"bfloat16": 16}
 
 

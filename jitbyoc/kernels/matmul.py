@@ -102,7 +102,8 @@ class MatMul(kir.KernelStage):
         # the sums are a temp only the epilogue reads when it writes elsewhere (its dtype)
         private = (has_m and has_n and self.epilogue is not None and self.epilogue_out is not None
                    and self.out.dtype == self.product.acc)
-        stored = min(lookup_dtype(buf.dtype).nbytes for buf, _ in self.epilogue_stores() or [(self.out, None)])
+        results = [buf for buf, _ in self.epilogue_stores()] or [self.out]
+        stored = min(lookup_dtype(buf.dtype).nbytes for buf in results)
         return Gemm(m, n, k, a, b, c, dt, tuple(batch),
                     box_epilogue(self, has_m, has_n), private_c=private, stored=stored)
 

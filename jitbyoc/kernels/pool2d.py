@@ -178,9 +178,9 @@ def _builder(kind: str):
         # a bfloat16 pool as TVM's build computes it: each value widened (exactly), the
         # window pooled in float32, the result rounded once (a max: exactly); the float32
         # result is a temp the epilogue rounds plane by plane, in cache
+        rounded = kir.Op("astype", (kir.Acc("float32"),), "float32", "bfloat16", (("to", "bfloat16"),))
         wide = fe.temp(out.shape, "float32")
-        return Pool2d((x,), wide, kind=kind, epilogue=kir.Op("astype", (kir.Acc("float32"),), "float32", "bfloat16",
-                                                               (("to", "bfloat16"),)), epilogue_out=out, **window)
+        return Pool2d((x,), wide, kind=kind, epilogue=rounded, epilogue_out=out, **window)
     return build
 
 

@@ -216,9 +216,9 @@ def _flat_planes(stage, e, lo, hi) -> None:
                     inside = [p < size and 0 <= p // w + rows < h and 0 <= p % w + cols < w
                               for p in range(start, start + width)]
                     if any(inside):
-                        t = _widened(stage, e, e.vload(e.pointer(x), e.add(src, start + rows * w + cols),
-                                                       x.dtype, width, e.lanes_where(inside), _identity(stage)),
-                                     width)
+                        t = e.vload(e.pointer(x), e.add(src, start + rows * w + cols), x.dtype, width,
+                                    e.lanes_where(inside), _identity(stage))
+                        t = _widened(stage, e, t, width)
                         v = e.vop(width, "maximum", dt, v, t)
             e.vstore(out, e.add(dst, start), v, dt, e.lanes_where([p < size for p in range(start, start + width)]))
         _plane_epilogue(stage, e, pl)
