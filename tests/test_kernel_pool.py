@@ -113,6 +113,17 @@ def test_bfloat16_pools_match_tvm_default_exactly():
         np.testing.assert_array_equal(got[k].view(np.uint16), ref[k].view(np.uint16), err_msg=str(attrs))
 
 
+@pytest.mark.parametrize("dt", [F32, "bfloat16"])
+def test_a_pool_of_a_few_thousand_outputs_runs_on_the_thread_pool(dt):
+    """An Inception module's pool of 256 x 6 x 6 outputs (9 taps each) is worth the pool's
+    threads (THREAD_MIN["pool"]); it ran on one thread while the other waited. Smaller
+    ones stay on the calling thread."""
+    for shape, threads in (((1, 256, 13, 13), True), ((1, 16, 13, 13), False)):
+        attrs = dict(kind="max", pool_size=(3, 3), strides=(2, 2))
+        (region,) = jitbyoc.inspect(grid_model([([(shape, dt)], attrs)], pool))
+        assert ("TVMBackendParallelLaunch" in region.llvm_ir) == threads, shape
+
+
 def test_max_of_infinities_and_all_padding_windows():
     """TVM pads max pooling with the lowest finite value: -inf inputs and windows that
     see only padding (ceil_mode) give that value, not -inf."""

@@ -46,7 +46,7 @@ def emit_pool(stage, e) -> None:
         body = _vector_planes if _vectors(stage) and stage.stride[1] <= MAX_VECTOR_STRIDE else _window_planes
         bands = row_bands(stage)
     e.parallel(e.mul(e.product(stage.planes), bands), lambda e, lo, hi: body(stage, e, lo, hi),
-               threaded(stage.out.shape, "rows"))
+               threaded(stage.out.shape, "pool"))
 
 
 def row_bands(stage) -> int:

@@ -140,7 +140,11 @@ def claim_home_first(b: ir.IRBuilder, team, counters, units, per_unit, name: str
 THREAD_MIN = {
     "elementwise": 1 << 16,  # a fused elementwise nest (elements)
     "stage": 1 << 15,        # norms, reductions (elements of the input)
-    "rows": 1 << 14,         # softmax rows, pooling planes (elements of the output)
+    "rows": 1 << 14,         # softmax rows, resize and ROI rows (elements of the output)
+    # pooling planes (elements of the output): a pool of 4K outputs runs 9 or more taps
+    # each; Inception v1's pools of a module's output parts (13x13 and 6x6 maps, 6-10K
+    # outputs) ran on one thread while the other waited: bf16 model 0.978x with them on two
+    "pool": 1 << 12,
     # pure copies are bound by memory bandwidth: on 2 cores a pool gains nothing below a
     # few MiB, and a launch costs more than a copy that fits in L2
     "copy": 1 << 18,
