@@ -14,8 +14,12 @@ import subprocess
 import numpy as np
 import tvm
 from tvm import relax
+from tvm.ir.expr import Constant
 
 import jitbyoc
+from jitbyoc.render import isa
+from jitbyoc.tvm.partition import partition_for_jitbyoc
+from jitbyoc.tvm.target import machine_for
 from tests.conftest import output_shapes
 
 CC = shutil.which("cc")
@@ -101,6 +105,18 @@ def run_c(region, arrays: dict, tmp_path) -> list[np.ndarray]:
     mod = tvm.runtime.load_module(str(lib))
     mod[region.symbol](*[tvm.runtime.tensor(a) for a in ins], *outs)
     return [o.numpy() for o in outs]
+
+
+def region_constants(mod, target) -> dict:
+    """The constants jitbyoc passes its (single) region, as the region names its inputs
+    (``const<k>``: the call's k-th argument): partitioned again for ``target``'s machine,
+    which packs weights for its vectors (or tiles)."""
+    with isa.compiling_for(machine_for(target)):
+        part = partition_for_jitbyoc(mod)
+    calls = [b.value for block in part["main"].body.blocks for b in block.bindings
+             if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.GlobalVar)]
+    return {f"const{k}": a.value.numpy() for call in calls for k, a in enumerate(call.args)
+            if isinstance(a, Constant)}
 
 
 def check_c_matches_llvm(mod, arrays, tmp_path, rtol=0.0, atol=0.0) -> None:

@@ -16,13 +16,10 @@ import numpy as np
 import pytest
 import tvm
 from tvm import relax
-from tvm.ir.expr import Constant
 
 import jitbyoc
-from jitbyoc.render import isa
-from jitbyoc.tvm.partition import partition_for_jitbyoc
-from jitbyoc.tvm.target import machine_for
 from tests.conftest import build_model, build_tvm, run
+from tests.diff_util import region_constants
 
 CC, QEMU = shutil.which("aarch64-linux-gnu-gcc"), shutil.which("qemu-aarch64-static") or shutil.which("qemu-aarch64")
 pytestmark = pytest.mark.skipif(CC is None or QEMU is None, reason="needs aarch64-linux-gnu-gcc and qemu-aarch64 "
@@ -91,18 +88,6 @@ def _const(*shape):
     return relax.const((rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype("float32"))
 
 
-def _region_constants(mod, target) -> dict:
-    """The constants jitbyoc passes its (single) region, as the region names its inputs
-    (``const<k>``: the call's k-th argument): partitioned again for ``target``'s machine,
-    which packs weights for its vectors."""
-    with isa.compiling_for(machine_for(target)):
-        part = partition_for_jitbyoc(mod)
-    calls = [b.value for block in part["main"].body.blocks for b in block.bindings
-             if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.GlobalVar)]
-    return {f"const{k}": a.value.numpy() for call in calls for k, a in enumerate(call.args)
-            if isinstance(a, Constant)}
-
-
 MODELS = {
     "matmul_gelu_softmax": ({"x": ((37, 70), "float32"), "w": ((70, 45), "float32")},
                             lambda bb, x, w: bb.emit(relax.op.nn.softmax(relax.op.nn.gelu(relax.op.matmul(x, w))))),
@@ -158,7 +143,7 @@ def test_aarch64_code_runs_right_under_qemu(name, tmp_path):
     rng = np.random.default_rng(0)
     arrays = {k: rng.standard_normal(s).astype("float32") for k, (s, _) in params.items()}
     want = run(build_tvm(mod), *arrays.values())
-    arrays.update(_region_constants(mod, target))
+    arrays.update(region_constants(mod, target))
     order = [text.split(":")[0] for text in region.inputs]  # the region's own argument order
     got = _run_under_qemu(obj, region.symbol, [arrays[k] for k in order], [want.shape], tmp_path)
     # float32 sums of up to 144 products (the conv), in another order and with other

@@ -13,10 +13,9 @@ import jitbyoc
 from jitbyoc.kernels.pool2d import Pool2d
 from jitbyoc.render import isa
 from jitbyoc.tvm import precision
-from jitbyoc.tvm.constants import constant
 from jitbyoc.tvm.target import machine_for
 from tests.conftest import build_both, build_model, build_tvm, run
-from tests.diff_util import CC, run_c
+from tests.diff_util import CC, region_constants, run_c
 
 R = relax.op
 X = {"x": ((1, 8, 12, 12), "float32")}
@@ -130,21 +129,10 @@ def test_the_c_rendering_of_a_pool_of_bfloat16_matches_tvm(tmp_path):
             out = bb.emit_output(R.astype(pooled, "float32"))
         bb.emit_func_output(out)
     lowered = jitbyoc.lower_precision(bb.get(), "bf16")
-    with isa.compiling_for(machine_for(tvm.target.Target({"kind": "llvm", "mcpu": "sapphirerapids"}))):
-        part = jitbyoc.partition_for_jitbyoc(lowered)  # the weight packed as for tiles
-        (region,) = jitbyoc.inspect(part)
+    sapphire = tvm.target.Target({"kind": "llvm", "mcpu": "sapphirerapids"})  # the weight packed as for tiles
+    with isa.compiling_for(machine_for(sapphire)):
+        (region,) = jitbyoc.inspect(lowered)
     assert [s.inputs[0].dtype for s in region.kernel.stages if isinstance(s, Pool2d)] == ["bfloat16"]
     xv = rng.standard_normal((1, 3, 20, 20)).astype("float32")
-    (got,) = run_c(region, _region_arguments(part, region, {"x": xv}), tmp_path)
+    (got,) = run_c(region, {"x": xv, **region_constants(lowered, sapphire)}, tmp_path)
     np.testing.assert_allclose(got, run(build_tvm(lowered), xv), rtol=2**-7, atol=1e-5)
-
-
-def _region_arguments(part, region, inputs: dict) -> dict:
-    """The arrays the one region call in ``part`` passes ``region``: the model's
-    ``inputs`` and its constants."""
-    calls = []
-    relax.analysis.post_order_visit(part["main"].body, lambda e: calls.append(e) if isinstance(e, relax.Call)
-                                    and isinstance(e.op, tvm.ir.GlobalVar) else None)
-    (call,) = calls
-    return {name: inputs[a.name] if isinstance(a, relax.Var) else np.array(constant(a))
-            for name, a in zip(region.arg_names, call.args)}

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-import ml_dtypes
 import numpy as np
 
 from ..ir.dtypes import dtype as lookup_dtype
@@ -21,8 +20,6 @@ MAX_FLAT_LOADS = 160  # unrolled tap loads of a whole plane in :func:`_flat_plan
 
 def lowest(dt) -> float | int:
     """What a max pool starts from and pads with, as TVM's: the dtype's lowest finite value."""
-    if str(dt) == "bfloat16":
-        return float(ml_dtypes.finfo(ml_dtypes.bfloat16).min)
     d = np.dtype(str(dt))
     return float(np.finfo(d).min) if d.kind == "f" else int(np.iinfo(d).min)
 
