@@ -476,3 +476,18 @@ def test_a_machine_with_two_fma_pipes_gets_blocks_of_fewer_broadcasts(c, size, k
         intel = conv_plan.choose_plan(g, F32)
     assert (zen.j, zen.v) == (16, 1)
     assert intel.v > 1 and intel.j < 16, intel
+
+
+@pytest.mark.parametrize("c, size, k", [(128, 14, 160), (160, 14, 192), (96, 14, 128), (64, 14, 96)])
+def test_zen5_never_runs_a_conv_on_half_width_vectors(c, size, k):
+    """Zen 4's 512-bit FMA is two 256-bit halves, so its model picks 3x7-like blocks of
+    256-bit vectors for small 3x3 maps (Inception v2's 14x14 layers: 5x5 of 8 lanes); Zen
+    5's pipes are 512 bits wide and those blocks ran at half its rate (the mix loop: 0.46-
+    0.51 of the FMA loop). On Zen 5 (:data:`conv_plan.WIDE_FMA_PIPES`) they get full vectors."""
+    g = _square_geo(c, size, k, 3, 1)
+    with _compiling_for("znver4"):
+        assert conv_plan.choose_plan(g, F32).lanes == 8
+    with _compiling_for("znver5"):
+        assert conv_plan.issue_costs() == conv_plan.WIDE_FMA_PIPES
+        assert conv_plan.choose_plan(g, F32).lanes == 16
+        assert conv_plan.issue_costs().fmas(1, 256) == conv_plan.issue_costs().fmas(1, 512)

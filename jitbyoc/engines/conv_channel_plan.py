@@ -11,8 +11,8 @@ from functools import lru_cache
 
 from ..render import isa
 from ..threads import physical_cores
-from .conv_plan import (DENSE_MAX_KW, ONE_FMA_PIPE, PACK_CYCLES, TWO_FMA_PIPES, Layout, Plan, bands_wanted,
-                        choose_plan, cost, issue_costs, unit_channels)
+from .conv_plan import (DENSE_MAX_KW, ONE_FMA_PIPE, PACK_CYCLES, TWO_FMA_PIPES, WIDE_FMA_PIPES, Layout, Plan,
+                        bands_wanted, choose_plan, cost, issue_costs, unit_channels)
 from .gemm import blocking_for, panel_width
 from .gemm_llvm import chunks_of
 from .products import PRODUCTS
@@ -38,8 +38,9 @@ WEIGHT_BLOCK_KIB = 96
 # Rapids, builds alternating in one process, channel engine's time / pixel engine's (cost
 # ratio): ZFNet's 5x5/2 96->256 0.81 (0.96), Inception v2's 3x3/2 128->160 at 28x28 0.66
 # (0.91), ResNet-50's 128 at 56x56/2 0.72 (0.90); Inception v1's 5x5 32->96 0.97 (1.00),
-# AlexNet's 11x11/4 stem 1.25 (1.02), ResNet-50's 7x7/2 stem 1.36 (1.10)
-CHEAPER = {ONE_FMA_PIPE: 0.9, TWO_FMA_PIPES: 1.0}
+# AlexNet's 11x11/4 stem 1.25 (1.02), ResNet-50's 7x7/2 stem 1.36 (1.10). Zen 5 keeps
+# Zen 4's margin (not measured apart)
+CHEAPER = {ONE_FMA_PIPE: 0.9, TWO_FMA_PIPES: 1.0, WIDE_FMA_PIPES: 0.9}
 # cycles per input element of packing the input, where it is not conv_plan.PACK_CYCLES: a
 # 1x1 in bfloat16 pairs packs (float32 reads in place) against a GEMM engine whose
 # packing its cost leaves out, and packing pairs runs slower than 0.5 says. Zen 4, 2 threads, alone, channel engine's time / GEMM
@@ -169,7 +170,7 @@ def tile_cost(geo, dt: str, r: int, v: int, padded: bool = False) -> float:
     groups = blocks_of(geo, dt, v)
     issue = issue_costs()
     loads = v * bits / 512 * issue.load + r * issue.broadcast
-    step = max(r * v * bits / 512, loads, 4.0) + 0.5  # FMA latency: 4 cycles
+    step = max(issue.fmas(r * v, bits), loads, issue.latency) + 0.5
     stores = r * v * lanes * 1.5
     layout = padded_layout(geo) if padded else Layout(geo, True)
     per = POINTWISE_PACK_CYCLES.get(dt, PACK_CYCLES) if geo.pointwise else PACK_CYCLES

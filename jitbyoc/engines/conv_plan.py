@@ -58,9 +58,18 @@ PACK_CYCLES = 0.5  # per input element packed into the workspace (both engines' 
 @dataclass(frozen=True)
 class IssueCosts:
     """What the cost models charge a 512-bit vector load and a broadcast scalar (on
-    AVX-512 folded into its FMA), in issue slots of a 512-bit FMA on the build's machine."""
+    AVX-512 folded into its FMA), in issue slots of a 512-bit FMA on the build's machine;
+    ``narrow`` a 256-bit FMA (half a slot where a 512-bit FMA is two 256-bit halves, a
+    whole one on 512-bit pipes), ``latency`` the slots an FMA's result takes (a block of
+    fewer accumulators waits on them)."""
     load: float
     broadcast: float
+    narrow: float = 0.5
+    latency: float = 4.0
+
+    def fmas(self, count: float, bits: int) -> float:
+        """Slots of ``count`` FMAs on vectors of ``bits``."""
+        return count * max(bits / 512, self.narrow)
 
 
 # Zen 4 and friends: 512 FMA bits and 512 load bits per cycle, a broadcast ~2/3 cycle, as
@@ -74,6 +83,13 @@ ONE_FMA_PIPE = IssueCosts(1.0, 0.66)
 # picks ran ZFNet's 5x5/2 96->256 at 1.8x the channel engine's time (6x4), its 7x7/2 stem
 # at 1.35x 8x2's (one process, builds alternating)
 TWO_FMA_PIPES = IssueCosts(1.0, 1.8)
+# Zen 5: two 512-bit FMA pipes, two 512-bit loads a cycle, a broadcast one load. Measured
+# (bench.contention's mix loop per block, L1-resident, 1 thread, this model's FMA loop 250
+# GFLOP/s): 16x1 0.91 of it, 24x1 0.95 (a broadcast ~1.0 slot), 13x2 0.99, 6x4 1.00, 7x3
+# 1.00; every block of 256-bit vectors 0.46-0.51 (a 256-bit FMA takes a 512-bit pipe, so
+# Zen 4's half-width blocks compute at half rate here). Latency: 4 cycles, 8 slots
+WIDE_FMA_PIPES = IssueCosts(1.0, 1.0, narrow=1.0, latency=8.0)
+WIDE_FMA_PIPE_CPUS = frozenset({"znver5"})
 TWO_FMA_PIPE_CPUS = frozenset({"skylake-avx512", "cascadelake", "cooperlake", "icelake-server",
                                "sapphirerapids", "emeraldrapids", "graniterapids", "graniterapids-d",
                                "diamondrapids"})
@@ -81,9 +97,13 @@ TWO_FMA_PIPE_CPUS = frozenset({"skylake-avx512", "cascadelake", "cooperlake", "i
 
 def issue_costs(machine=None) -> IssueCosts:
     """The :class:`IssueCosts` of ``machine`` (the build's by default), by its LLVM CPU
-    name (Zen 5's two 512-bit pipes are not measured: it keeps Zen 4's model)."""
+    name."""
     m = machine or isa.current()
-    return TWO_FMA_PIPES if m.cpu in TWO_FMA_PIPE_CPUS and m.has("avx512f") else ONE_FMA_PIPE
+    if not m.has("avx512f"):
+        return ONE_FMA_PIPE
+    if m.cpu in WIDE_FMA_PIPE_CPUS:
+        return WIDE_FMA_PIPES
+    return TWO_FMA_PIPES if m.cpu in TWO_FMA_PIPE_CPUS else ONE_FMA_PIPE
 
 
 # Register blocks (vector width divisor, J, V) preferred when nearly as cheap, per issue
@@ -92,7 +112,8 @@ def issue_costs(machine=None) -> IssueCosts:
 # full-width vectors is within 0.4 % of the best plan on ResNet-18's layers but the small
 # 3x3 ones (14x14 stride 2, 7x7), where 3x7 half-width vectors is best; by the two-pipe
 # model 13x2 and 3x7 are within 5.5 % of the best on all eleven.
-MENUS = {ONE_FMA_PIPE: frozenset({(1, 16, 1), (2, 3, 7)}), TWO_FMA_PIPES: frozenset({(1, 13, 2), (2, 3, 7)})}
+MENUS = {ONE_FMA_PIPE: frozenset({(1, 16, 1), (2, 3, 7)}), TWO_FMA_PIPES: frozenset({(1, 13, 2), (2, 3, 7)}),
+         WIDE_FMA_PIPES: frozenset({(1, 8, 3), (1, 13, 2)})}
 MENU_SLACK = 1.02
 
 
@@ -252,7 +273,7 @@ def cost(plan: Plan, dt: str) -> float:
     stores = (lay.wq + lanes - 2) // lay.wq + 1  # rows one vector can touch
     cg = unit_channels(g, dt)  # a unit's instruction sums its group of channels
     loads = v * bits / 512 * issue.load + j * issue.broadcast
-    per_chunk = (max(j * v * bits / 512, loads) + 0.5) * cg * g.taps \
+    per_chunk = (max(issue.fmas(j * v, bits), loads, issue.latency) + 0.5) * cg * g.taps \
         + v * stores * (j + 5) + 20
     pack = g.c * lay.channel_size() * PACK_CYCLES
     # every channel block streams the packed input through L2 again (~128 B/cycle with
