@@ -7,9 +7,10 @@ exported with ``torch.export.Dim`` for the sequence and imported with
 jitbyoc and torch eager, each timed in a warm loop of its own, in turns (their thread
 pools spin after a call), medians. At length 1 the run reads every weight once (of the
 lookup tables only the rows it looks up: :func:`weights_read`): those bytes over the time
-are compared with the machine's copy bandwidth, measured here (numpy copy of 256 MiB;
-read + write bytes over the time). The small models' weights (35-50 MB) partly fit in
-the L3 cache (32 MiB per CCD on Zen 4), so a run can read them faster than memory.
+are compared with the machine's read bandwidth on the same threads, measured here
+(:func:`read_bandwidth`; numpy's one-thread copy bandwidth is printed beside it). The
+small models' weights (35-50 MB) partly fit in the L3 cache (32 MiB per CCD on Zen 4),
+so a run can read them faster than memory.
 """
 
 from __future__ import annotations
@@ -104,6 +105,57 @@ def copy_bandwidth() -> float:
     return 2 * src.nbytes / float(np.median(times[1:]))
 
 
+READ_ACCUMULATORS = 4  # independent sums, so that the loop waits on memory, not on an add
+
+
+def _read_ir(width: int) -> str:
+    """``float read(int64 n, ptr buf)``: the sum of ``n`` groups of :data:`READ_ACCUMULATORS`
+    ``<width x float>`` vectors of ``buf``, every byte loaded once."""
+    from llvmlite import ir
+
+    from jitbyoc.peak import summed_loop
+
+    f32, i64 = ir.FloatType(), ir.IntType(64)
+    vec = ir.VectorType(f32, width)
+    module = ir.Module(name="read")
+    fn = ir.Function(module, ir.FunctionType(f32, [i64, ir.PointerType()]), "read")
+
+    def step(b, i, accs):
+        base = b.mul(i, i64(READ_ACCUMULATORS * width))
+        return [b.fadd(acc, b.load(b.gep(fn.args[1], [b.add(base, i64(k * width))], source_etype=f32),
+                                   typ=vec, align=64))
+                for k, acc in enumerate(accs)]
+
+    summed_loop(fn, fn.args[0], [ir.Constant(vec, None)] * READ_ACCUMULATORS, step)
+    return str(module)
+
+
+def read_bandwidth(threads: int, mib: int = 512) -> float:
+    """Bytes per second that ``threads`` threads read together, each summing its share of a
+    ``mib`` MiB buffer (a compiled loop of vector loads: numpy's copy is one thread and
+    writes as much as it reads), the best of 5. A decode step only reads its weights: on
+    Zen 5 the fp32 step read 53 GB/s where one thread's numpy copy gave 39.5 (read +
+    write), so the copy made a bound the step ran at 134 % of."""
+    import ctypes
+    from concurrent.futures import ThreadPoolExecutor
+
+    from jitbyoc.peak import jit_loop, lanes
+
+    width = lanes()
+    loop, _engine = jit_loop(_read_ir(width), "read", (ctypes.c_int64, ctypes.c_void_p))
+    buf = np.ones(mib << 18, "float32")
+    group = READ_ACCUMULATORS * width
+    share = buf.size // threads // group * group
+    jobs = [(share // group, buf.ctypes.data + t * share * 4) for t in range(threads)]
+    best = 0.0
+    with ThreadPoolExecutor(threads) as pool:
+        for _ in range(6):
+            start = time.perf_counter()
+            list(pool.map(lambda job: loop(*job), jobs))
+            best = max(best, threads * share * 4 / (time.perf_counter() - start))
+    return best
+
+
 def measure(name: str, size: str, lengths, repeat: int) -> list[dict]:
     import torch
     import tvm
@@ -160,10 +212,11 @@ def main(argv: list[str] | None = None) -> None:
 
     torch.set_num_threads(args.threads)
     print(machine_line(args.threads))
-    bandwidth = copy_bandwidth()
-    print(f"copy bandwidth {bandwidth / 1e9:.1f} GB/s (numpy, read + write)")
+    bandwidth = read_bandwidth(args.threads)
+    print(f"read bandwidth {bandwidth / 1e9:.1f} GB/s ({args.threads} threads); copy bandwidth "
+          f"{copy_bandwidth() / 1e9:.1f} GB/s (numpy, one thread, read + write)")
     print(f"{'model':6} {'size':5} {'len':>4} {'jitbyoc ms':>10} {'torch ms':>9} {'torch/jit':>9} "
-          f"{'weights GB/s':>12} {'of copy bw':>10} {'max err':>8} {'build s':>7} offloaded")
+          f"{'weights GB/s':>12} {'of read bw':>10} {'max err':>8} {'build s':>7} offloaded")
     for name in args.model or ["gpt2", "llama", "qwen2"]:
         for r in measure(name, args.size, args.length or [1, 128], args.repeat):
             print(f"{r['model']:6} {r['size']:5} {r['length']:4d} {r['jitbyoc_ms']:10.3f} {r['torch_ms']:9.3f} "

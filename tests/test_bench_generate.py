@@ -61,7 +61,7 @@ def test_weight_bytes():
 
 
 def args(**kw):
-    base = dict(weights="fp32", group_size=32, prompt=31, tokens=3, repeat=1, past=None, top=3)
+    base = dict(weights="fp32", group_size=32, prompt=31, tokens=3, repeat=1, past=None, top=3, threads=2)
     return argparse.Namespace(**{**base, **kw})
 
 
@@ -82,6 +82,22 @@ def test_the_bench_prints_past_lengths_and_profiles(tiny, capsys):
     # and attention's (the keys')
     marked = [line for line in out.splitlines() if " cache " in line and "concat" in line]
     assert len(marked) >= 2 and "past-length tensor ('cache'): " in out
+
+
+def test_the_read_bandwidth_loop_loads_every_element_once():
+    """The memory bound's yardstick (:func:`bench.decoders.read_bandwidth`) sums its
+    buffer: the compiled loop's sum equals numpy's, so it reads each element once (a loop
+    that skipped or repeated vectors would measure another number of bytes)."""
+    import ctypes
+
+    from bench.decoders import READ_ACCUMULATORS, _read_ir
+    from jitbyoc.peak import jit_loop, lanes
+
+    loop, _engine = jit_loop(_read_ir(lanes()), "read", (ctypes.c_int64, ctypes.c_void_p))
+    groups = 37
+    buf = np.arange(groups * READ_ACCUMULATORS * lanes(), dtype="float32") % 7
+    lane_sums = buf.reshape(-1, lanes()).sum(axis=0)
+    assert loop(groups, buf.ctypes.data) == lane_sums[0]
 
 
 def test_reads_cache():
