@@ -53,6 +53,7 @@ from math import prod
 
 import numpy as np
 
+from ..engines.conv_plan import WIDE_FMA_PIPES, issue_costs
 from ..ir import kir
 from ..ir.dtypes import dtype as lookup_dtype
 from ..ir.rules import rewrite
@@ -61,6 +62,11 @@ from ..render.portable import PortableStage
 from .matmul import MatMul
 
 ROWS = 2  # weight rows (outputs) per block (int8 rows at one token: 2, 23-24 GB/s; 4, 20.5)
+# int8 weight rows per block on Zen 5 (conv_plan.WIDE_FMA_PIPES): Qwen2-0.5B's decode step
+# in int8, 2 threads, builds alternating: 17.11 / 18.32 ms a token with 4 against 18.94 /
+# 19.85 with 2 (torch's token, the control, level); a 65536 x 896 int8 product from memory
+# 56 GB/s against 43-46. int4 with 4 ran slower (11.70 / 9.88 against 8.95 / 8.41 ms)
+WIDE_INT8_ROWS = 4
 TILE = 4  # rows of x per tile
 # rows of x up to which a product of static shape evaluates its weight in place; a
 # symbolic count (a decoder's tokens) always does: one token a step
@@ -95,6 +101,13 @@ class WeightMatMul(PortableStage, kir.KernelStage):
     def k(self) -> int:
         return prod(self.shape[1:])
 
+    @property
+    def rows(self) -> int:
+        """Weight rows a block computes: :data:`ROWS`, or :data:`WIDE_INT8_ROWS` for int8
+        storage on a machine of :data:`~jitbyoc.engines.conv_plan.WIDE_FMA_PIPES`."""
+        int8 = any(b.dtype == "int8" for b in self.inputs[1:])
+        return WIDE_INT8_ROWS if int8 and issue_costs() is WIDE_FMA_PIPES else ROWS
+
     def macs(self) -> tuple:
         return tuple(self.out.shape) + (self.k,)
 
@@ -102,20 +115,21 @@ class WeightMatMul(PortableStage, kir.KernelStage):
         return False  # explicit vectors along k
 
     def emit(self, e) -> None:
-        blocks = -(-self.n // ROWS)
+        step = self.rows
+        blocks = -(-self.n // step)
 
         def body(e, lo, hi):
             rows = e.product(self.inputs[0].shape[:-1])  # the task's own value of a symbolic size
             with e.loop(hi, lo, "blk") as blk:
-                n0 = e.let(e.mul(blk, ROWS))
+                n0 = e.let(e.mul(blk, step))
                 tiles = e.let(e.div(rows, TILE))
                 with e.loop(tiles, 0, "tile") as t:
                     self._tile(e, e.mul(t, TILE), TILE, n0)
                 with e.loop(rows, e.mul(tiles, TILE), "row") as r:
                     self._tile(e, r, 1, n0)
             if self.epilogue is not None:  # once over the task's outputs of each row: per
-                first = e.let(e.mul(lo, ROWS))  # block of 2 a SiLU ran 2 lanes a vector
-                count = e.let(e.sub(e.min(e.mul(hi, ROWS), self.n), first))
+                first = e.let(e.mul(lo, step))  # block of 2 a SiLU ran 2 lanes a vector
+                count = e.let(e.sub(e.min(e.mul(hi, step), self.n), first))
                 lead = list(self.out.shape[:-1])
                 with e.when(e.lt(0, count)):
                     with e.loop(rows, 0, "er") as r:
@@ -147,12 +161,12 @@ class WeightMatMul(PortableStage, kir.KernelStage):
         return t
 
     def _tile(self, e, m0, tile: int, n0) -> None:
-        """``out[m0 + i, n0 + r]`` for ``i < tile``, ``r < ROWS`` (rows past ``n`` evaluate
-        the last row and are not stored)."""
+        """``out[m0 + i, n0 + r]`` for ``i < tile``, ``r <`` :attr:`rows` (rows past ``n``
+        evaluate the last row and are not stored)."""
         x, width = self.inputs[0], e.lanes("float32")
-        rows = [e.let(e.min(e.add(n0, r), self.n - 1)) for r in range(ROWS)]
+        rows = [e.let(e.min(e.add(n0, r), self.n - 1)) for r in range(self.rows)]
         xrows = [e.let(e.mul(e.add(m0, i), self.k)) for i in range(tile)]
-        accs = self._zeros(e, tile, width)
+        accs = self._zeros(e, tile, width, len(rows))
 
         def add(sums, node, k, place, prefetch=True):
             ws = [self._evaluate(e, node, place(row), width, prefetch) for row in rows]
@@ -183,7 +197,7 @@ class WeightMatMul(PortableStage, kir.KernelStage):
         if unit // width > UNROLL:  # a long group: its vectors in a loop
             with e.loop(self.k // span, 0, "span") as sp:
                 k0 = e.let(e.mul(sp, span))
-                parts = self._zeros(e, len(accs[0]), width)
+                parts = self._zeros(e, len(accs[0]), width, len(accs))
                 for row in rows:
                     self._prefetch(e, inner, self._flat(e, k0)(row), span)
                 with e.loop(span // width, 0, "v") as v:
@@ -201,7 +215,7 @@ class WeightMatMul(PortableStage, kir.KernelStage):
             for row in rows:
                 self._prefetch(e, inner, at(0)(row), unit)
             for g in range(0, unit, span):
-                parts = self._zeros(e, len(accs[0]), width)
+                parts = self._zeros(e, len(accs[0]), width, len(accs))
                 for c in range(g, g + span, width):
                     add(parts, inner, e.add(k0, c), at(c), False)
                 self._scale(e, rows, parts, accs, factor, at(g))
@@ -223,9 +237,9 @@ class WeightMatMul(PortableStage, kir.KernelStage):
         return prod(self.shape[max(varied, default=0) + 1:])
 
     @staticmethod
-    def _zeros(e, tile: int, width: int) -> list:
-        """``ROWS x tile`` vector accumulators, set to zero."""
-        slots = [[e.vvar("float32", width) for _ in range(tile)] for _ in range(ROWS)]
+    def _zeros(e, tile: int, width: int, rows: int) -> list:
+        """``rows x tile`` vector accumulators, set to zero."""
+        slots = [[e.vvar("float32", width) for _ in range(tile)] for _ in range(rows)]
         for slot in (s for row in slots for s in row):
             e.set(slot, e.vconst(0, "float32", width))
         return slots
