@@ -133,7 +133,7 @@ def _read_ir(width: int) -> str:
 def read_bandwidth(threads: int, mib: int = 512) -> float:
     """Bytes per second that ``threads`` threads read together, each summing its share of a
     ``mib`` MiB buffer (a compiled loop of vector loads: numpy's copy is one thread and
-    writes as much as it reads), the best of 5. A decode step only reads its weights: on
+    writes as much as it reads), the best of 6. A decode step only reads its weights: on
     Zen 5 the fp32 step read 53 GB/s where one thread's numpy copy gave 39.5 (read +
     write), so the copy made a bound the step ran at 134 % of."""
     import ctypes

@@ -160,8 +160,9 @@ def band_rows(geo, dt: str, r: int, v: int, padded: bool = False) -> int:
 
 def tile_cost(geo, dt: str, r: int, v: int, padded: bool = False) -> float:
     """Estimated cycles of one image on tiles of ``r x v`` (units of :func:`.conv_plan.cost`:
-    a 512-bit FMA or load is one cycle, a broadcast 2/3), packing and stores included; on
-    ``padded`` planes, tiles of one row each, and threads idle for want of tasks."""
+    slots of a 512-bit FMA, loads and broadcasts as :func:`.conv_plan.issue_costs` charges
+    them), packing and stores included; on ``padded`` planes, tiles of one row each, and
+    threads idle for want of tasks."""
     lanes, bits = lanes_of(dt), isa.vector_bits()
     rows = band_rows(geo, dt, r, v, padded)
     bands = math.ceil(geo.oh / rows)

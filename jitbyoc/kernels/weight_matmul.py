@@ -11,19 +11,20 @@ as the seeds' fused loop nests evaluate their macros, and the float32 weight is 
 written. Decoding reads a weight once per token, so its bytes are the step's time: a
 little over a quarter of them for int8, about a sixth for int4 (scales per 32 included).
 
-Loops: tasks take blocks of :data:`ROWS` weight rows; a block runs the rows of ``x`` in
-tiles of :data:`TILE` (each weight vector evaluated once per tile, the tile's rows
-loaded once per weight row), one fused multiply-add per weight vector and row of ``x``
-into a vector accumulator, whose lanes are summed at the end. A scaled weight runs in
-units of one group, or of the groups one load of its storage serves (int4's words of 8
-nibbles: 128 weights), the unit's vectors written out at positions that differ only in
-constants, so that LLVM loads a word vector once and computes no index per vector
-(Zen 4, 2 threads, one row, fed from memory, 24 layers: int4 4864 x 896 120 -> 104 us a
-layer; the int8 layer, whose positions had been unravelled from a flat index per group,
-190 -> 158 us). The block's weight rows stay in L1 across the tiles of a prompt. The
-epilogue runs once over each task's outputs of a row, after its blocks (per block of 2 a
-SiLU ran vectors of 2 live lanes: the int4 layer with one 134-142 -> 115-118 us). In C
-every width is 1: the same loops on scalars.
+Loops: tasks take blocks of :attr:`WeightMatMul.rows` weight rows (:data:`ROWS`; int8 on
+Zen 5 :data:`WIDE_INT8_ROWS`); a block runs the rows of ``x`` in tiles of :data:`TILE`
+(each weight vector evaluated once per tile, the tile's rows loaded once per weight
+row), one fused multiply-add per weight vector and row of ``x`` into a vector
+accumulator, whose lanes are summed at the end. A scaled weight runs in units of one
+group, or of the groups one load of its storage serves (int4's words of 8 nibbles: 128
+weights), the unit's vectors written out at positions that differ only in constants, so
+that LLVM loads a word vector once and computes no index per vector (Zen 4, 2 threads,
+one row, fed from memory, 24 layers: int4 4864 x 896 120 -> 104 us a layer; the int8
+layer, whose positions had been unravelled from a flat index per group, 190 -> 158 us).
+The block's weight rows stay in L1 across the tiles of a prompt. The epilogue runs once
+over each task's outputs of a row, after its blocks (per block of 2 a SiLU ran vectors
+of 2 live lanes: the int4 layer with one 134-142 -> 115-118 us). In C every width is 1:
+the same loops on scalars.
 
 int4's cost is the decode, not the bytes. Zen 4, 2 threads, ``4864 x 896`` in int4 (in
 cache), one row of x, three rounds of each in turns: as written (widen, shift left, shift
