@@ -146,9 +146,11 @@ def weight_bytes(model, weights: str, group_size: int) -> int:
     of the input embedding one row, unless it is tied to the lm_head, whose product reads
     it whole). Otherwise the weight of every ``Linear`` (the products the transforms of
     :func:`narrowed` rewrite; the lm_head included, a tied table whole) is counted as
-    bf16 (stored, or its products' operands): 2 bytes a weight; int8: 1 byte a weight + a 4-byte scale per group of
-    ``group_size``; int4: half a byte a weight + a 4-byte scale per group (float32 scales,
-    as ``jitbyoc.quantize_weights`` stores them). Everything else (biases, norm weights) as
+    bf16 (stored, or its products' operands): 2 bytes a weight; int8: 1 byte a weight + a
+    2-byte scale per group of ``group_size``; int4: half a byte a weight + a 2-byte scale
+    per group (float16 scales,
+    as ``jitbyoc.quantize_weights`` stores them where they are normal float16 numbers, as
+    they are in these models). Everything else (biases, norm weights) as
     stored, float32; and the input embedding's one looked-up row, tied or not, as float32
     (``lower_precision`` leaves the table float32; ``quantize_weights`` stores it narrow,
     but one row is a few KB either way).
@@ -158,7 +160,8 @@ def weight_bytes(model, weights: str, group_size: int) -> int:
     total = weights_read(model, 1)
     if weights == "fp32":
         return total
-    per = {"bf16": 2.0, "bf16-compute": 2.0, "int8": 1.0 + 4 / group_size, "int4": 0.5 + 4 / group_size}[weights]
+    scale = 2 / group_size  # a float16 scale a group
+    per = {"bf16": 2.0, "bf16-compute": 2.0, "int8": 1.0 + scale, "int4": 0.5 + scale}[weights]
     linear = {id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)}
     for w in linear.values():
         total += int(w.numel() * per) - w.numel() * w.element_size()

@@ -56,8 +56,8 @@ def test_weight_bytes():
     linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
     row = 4 * model.config.hidden_size  # the lookup's row of the tied table, float32
     assert gen.weight_bytes(model, "bf16", 32) == fp32 - 2 * linear + row
-    assert gen.weight_bytes(model, "int8", 32) == fp32 - 4 * linear + linear + linear // 8 + row
-    assert gen.weight_bytes(model, "int4", 128) == fp32 - 4 * linear + linear // 2 + linear // 32 + row
+    assert gen.weight_bytes(model, "int8", 32) == fp32 - 4 * linear + linear + linear // 16 + row
+    assert gen.weight_bytes(model, "int4", 128) == fp32 - 4 * linear + linear // 2 + linear // 64 + row
 
 
 def args(**kw):

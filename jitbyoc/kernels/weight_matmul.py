@@ -9,7 +9,8 @@ kernel rewrite, after :mod:`.fold_permutes`) gives the expression to the product
 instead: each vector of a weight row is evaluated in registers from the narrow buffers,
 as the seeds' fused loop nests evaluate their macros, and the float32 weight is never
 written. Decoding reads a weight once per token, so its bytes are the step's time: a
-little over a quarter of them for int8, about a sixth for int4 (scales per 32 included).
+little over a quarter of them for int8, about a seventh for int4 (float16 scales per 32
+included).
 
 Loops: tasks take blocks of :attr:`WeightMatMul.rows` weight rows (:data:`ROWS`; int8 on
 Zen 5 :data:`WIDE_INT8_ROWS`); a block runs the rows of ``x`` in tiles of :data:`TILE`

@@ -1,14 +1,15 @@
 """Weight-only quantization, opt-in: :func:`quantize_weights` stores a model's constant
 matmul weights and embedding tables as int8 (llama.cpp's Q8_0) or packed int4 (Q4_0), with
-one float32 scale per group of ``group_size`` consecutive elements along the reduction,
-as MLC-LLM's ``group_quantize`` does. Activations and sums stay float32.
+one scale per group of ``group_size`` consecutive elements along the reduction, as
+MLC-LLM's ``group_quantize`` does, stored in float16 as llama.cpp stores it (float32
+where a scale falls outside float16's normal range: :func:`scales_stored`). Activations and sums stay float32.
 
 The rewrite is Relax: a weight ``W`` (``N x K``, read as ``permute_dims(W)`` by a
 ``matmul``, torch's ``linear``) becomes its dequantization, written in elementwise ops
 over the narrow constants and a reshape:
 
 * int8: ``reshape(astype(q, "float32") * s, (N, K))``, ``q`` int8 ``(N, K/g, g)``,
-  ``s`` float32 ``(N, K/g, 1)``;
+  ``s`` float16 ``(N, K/g, 1)`` (widened by an ``astype``; float32 scales: none);
 * int4: ``reshape(take(NIBBLE_VALUES, right_shift(astype(p, "int32"), shifts),
   mode="wrap") * s, (N, K))``: Q4_0's values in words of nibbles, each a 4-bit two's
   complement integer -8..7 (:func:`quantized_int4`). Where ``K`` is a multiple of 128 a
@@ -33,10 +34,11 @@ embedding and output layer read one storage. A ``matmul(x, W)`` of a ``K x N`` c
 (GPT-2's ``Conv1D``) is stored transposed and read as ``permute_dims``.
 
 Error: each weight moves by at most half a step ``|s|/2`` (int8: ``s = max|w|/127`` of its
-group; int4: ``s = m/-8``, ``m`` the group's element of largest magnitude, so the range is
--8..7 steps as in Q4_0 and an element of the other sign past 7.5 steps clips to 7: at
-most one step), so a product ``x @ W.T`` moves by at most ``|x| @ |S|.T`` (int8: half
-that), ``S`` repeating each group's scale, plus float32 summation error in some order.
+group, rounded to the stored float16; int4: ``s = m/-8``, likewise rounded, ``m`` the
+group's element of largest magnitude, so the range is -8..7 steps as in Q4_0 and an
+element of the other sign past 7.5 steps clips to 7: at most one step), so a product
+``x @ W.T`` moves by at most ``|x| @ |S|.T`` (int8: half that), ``S`` repeating each
+group's scale, plus float32 summation error in some order.
 """
 
 from __future__ import annotations
@@ -66,12 +68,26 @@ NIBBLE_VALUES = np.array([v - 16 if v > 7 else v for v in range(16)], np.float32
 TOP = 28  # int4 without AVX-512: a nibble's top bit is shifted to an int32's sign bit
 
 
+def scales_stored(scale: np.ndarray) -> np.ndarray:
+    """``scale`` (float32) as stored: float16, as llama.cpp's Q8_0 and Q4_0 store theirs
+    (2 bytes a group, not 4: 1/16 of int8's bytes and 1/8 of int4's at groups of 32), when
+    every nonzero scale is a normal float16 (relative rounding at most 2**-11; the values
+    are quantized against the rounded scale, so a weight still moves by at most half a
+    step of its own); else float32, as computed."""
+    tiny, huge = np.finfo(np.float16).tiny, np.finfo(np.float16).max
+    size = np.abs(scale[scale != 0])
+    if size.size and (size.min() < tiny or size.max() > huge):
+        return scale.astype(np.float32)
+    return scale.astype(np.float16)
+
+
 def quantized_int8(w: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray]:
-    """Q8_0 of ``w`` (``N x K``): int8 ``(N, K/g, g)`` and float32 scales ``(N, K/g, 1)``."""
+    """Q8_0 of ``w`` (``N x K``): int8 ``(N, K/g, g)`` and scales ``(N, K/g, 1)``
+    (:func:`scales_stored`)."""
     groups = w.reshape(w.shape[0], -1, group).astype(np.float32)
-    scale = np.abs(groups).max(axis=2, keepdims=True) / 127
-    q = np.rint(groups / np.where(scale == 0, 1, scale))
-    return np.clip(q, -127, 127).astype(np.int8), scale.astype(np.float32)
+    scale = scales_stored(np.abs(groups).max(axis=2, keepdims=True) / 127)
+    q = np.rint(groups / np.where(scale == 0, 1, scale).astype(np.float32))
+    return np.clip(q, -127, 127).astype(np.int8), scale
 
 
 def int4_word(k: int) -> tuple[str, int]:
@@ -102,22 +118,23 @@ def nibble_shifts(nibbles: int, groups: int) -> np.ndarray:
 
 
 def quantized_int4(w: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray]:
-    """Q4_0's values of ``w`` (``N x K``) packed in words (:func:`int4_word`) and float32
-    scales, shapes :func:`int4_shapes`; in each block of ``16 * nibbles`` elements, lane
+    """Q4_0's values of ``w`` (``N x K``) packed in words (:func:`int4_word`) and scales
+    (:func:`scales_stored`), shapes :func:`int4_shapes`; in each block of ``16 * nibbles`` elements, lane
     ``j`` of a run of 16 words holds element ``s * 16 + j`` in its nibble ``s``. Q4_0's value
     ``v`` (0..15, meaning ``(v - 8) * s``) is stored as the 4-bit two's complement of
     ``v - 8`` (``v ^ 8``)."""
     n, k = w.shape
     groups = w.reshape(n, -1, group).astype(np.float32)
     at = np.abs(groups).argmax(axis=2)[..., None]
-    scale = np.take_along_axis(groups, at, axis=2) / -8
-    q = np.clip(np.rint(groups / np.where(scale == 0, 1, scale)) + 8, 0, 15).astype(np.uint32) ^ 8
+    scale = scales_stored(np.take_along_axis(groups, at, axis=2) / -8)
+    step = np.where(scale == 0, 1, scale).astype(np.float32)
+    q = np.clip(np.rint(groups / step) + 8, 0, 15).astype(np.uint32) ^ 8
     dtype, nibbles = int4_word(k)
     runs = q.reshape(n, -1, nibbles, 16)  # element b * 16 * nibbles + s * 16 + j
     words = np.bitwise_or.reduce(runs << (4 * np.arange(nibbles, dtype=np.uint32))[:, None], axis=2)
     shape, scales = int4_shapes(n, k, group)
     words = words.astype(np.uint8) if dtype == "uint8" else words.view(np.int32)
-    return words.reshape(shape), scale.reshape(scales).astype(np.float32)
+    return words.reshape(shape), scale.reshape(scales)
 
 
 def dequantized(q: np.ndarray, scale: np.ndarray | None) -> np.ndarray:
@@ -126,6 +143,7 @@ def dequantized(q: np.ndarray, scale: np.ndarray | None) -> np.ndarray:
     scale."""
     if scale is None:
         return q.astype(np.float32)
+    scale = scale.astype(np.float32)
     if q.dtype == np.int8:
         return (q.astype(np.float32) * scale).reshape(q.shape[0], -1)
     shifts = nibble_shifts(NIBBLES[str(q.dtype)], scale.shape[-3]).astype(np.uint32)
@@ -146,6 +164,8 @@ def _dequantize(q, scale, shape) -> relax.Expr:
         shifts = nibble_shifts(NIBBLES[str(q.ty.dtype)], int(scale.ty.shape[-3]))
         nibbles = relax.op.right_shift(relax.op.astype(q, "int32"), relax.const(shifts))
         values = relax.op.take(relax.const(NIBBLE_VALUES), nibbles, axis=0, mode="wrap")
+    if scale.ty.dtype != "float32":  # float16 scales (scales_stored)
+        scale = relax.op.astype(scale, "float32")
     return relax.op.reshape(relax.op.multiply(values, scale), shape)
 
 
@@ -236,7 +256,7 @@ class _Quantize(relax.PyExprMutator):
 
 def quantize_weights(mod: tvm.IRModule, bits: int = 8, group_size: int = 32) -> tvm.IRModule:
     """``mod`` with its float32 matmul weights and embedding tables (constants) stored as
-    ``bits``-bit integers with a float32 scale per ``group_size`` elements along the
+    ``bits``-bit integers with a float16 scale per ``group_size`` elements along the
     reduction (see the module docstring); build the result with ``tvm.compile`` as any
     module. ``bits``: 8 or 4; ``group_size``: 32, 64 or 128. A weight whose reduction is
     not a multiple of ``group_size`` stays float32 (logged). ``bits=16`` stores bfloat16
