@@ -148,9 +148,8 @@ def weight_bytes(model, weights: str, group_size: int) -> int:
     :func:`narrowed` rewrite; the lm_head included, a tied table whole) is counted as
     bf16 (stored, or its products' operands): 2 bytes a weight; int8: 1 byte a weight + a
     2-byte scale per group of ``group_size``; int4: half a byte a weight + a 2-byte scale
-    per group (float16 scales,
-    as ``jitbyoc.quantize_weights`` stores them where they are normal float16 numbers, as
-    they are in these models). Everything else (biases, norm weights) as
+    per group (float16 scales, as ``jitbyoc.quantize_weights`` stores them where they are
+    normal float16 numbers, as they are in these models). Everything else (biases, norm weights) as
     stored, float32; and the input embedding's one looked-up row, tied or not, as float32
     (``lower_precision`` leaves the table float32; ``quantize_weights`` stores it narrow,
     but one row is a few KB either way).

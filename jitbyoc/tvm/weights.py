@@ -2,7 +2,8 @@
 matmul weights and embedding tables as int8 (llama.cpp's Q8_0) or packed int4 (Q4_0), with
 one scale per group of ``group_size`` consecutive elements along the reduction, as
 MLC-LLM's ``group_quantize`` does, stored in float16 as llama.cpp stores it (float32
-where a scale falls outside float16's normal range: :func:`scales_stored`). Activations and sums stay float32.
+where a scale falls outside float16's normal range: :func:`scales_stored`). Activations
+and sums stay float32.
 
 The rewrite is Relax: a weight ``W`` (``N x K``, read as ``permute_dims(W)`` by a
 ``matmul``, torch's ``linear``) becomes its dequantization, written in elementwise ops
@@ -119,10 +120,10 @@ def nibble_shifts(nibbles: int, groups: int) -> np.ndarray:
 
 def quantized_int4(w: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray]:
     """Q4_0's values of ``w`` (``N x K``) packed in words (:func:`int4_word`) and scales
-    (:func:`scales_stored`), shapes :func:`int4_shapes`; in each block of ``16 * nibbles`` elements, lane
-    ``j`` of a run of 16 words holds element ``s * 16 + j`` in its nibble ``s``. Q4_0's value
-    ``v`` (0..15, meaning ``(v - 8) * s``) is stored as the 4-bit two's complement of
-    ``v - 8`` (``v ^ 8``)."""
+    (:func:`scales_stored`), shapes :func:`int4_shapes`; in each block of ``16 * nibbles``
+    elements, lane ``j`` of a run of 16 words holds element ``s * 16 + j`` in its nibble
+    ``s``. Q4_0's value ``v`` (0..15, meaning ``(v - 8) * s``) is stored as the 4-bit two's
+    complement of ``v - 8`` (``v ^ 8``)."""
     n, k = w.shape
     groups = w.reshape(n, -1, group).astype(np.float32)
     at = np.abs(groups).argmax(axis=2)[..., None]
