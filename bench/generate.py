@@ -159,7 +159,9 @@ def weight_bytes(model, weights: str, group_size: int) -> int:
     total = weights_read(model, 1)
     if weights == "fp32":
         return total
-    scale = 2 / group_size  # a float16 scale a group
+    from jitbyoc.tvm.weights import SCALE_DTYPE
+
+    scale = np.dtype(SCALE_DTYPE).itemsize / group_size  # a scale a group
     per = {"bf16": 2.0, "bf16-compute": 2.0, "int8": 1.0 + scale, "int4": 0.5 + scale}[weights]
     linear = {id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)}
     for w in linear.values():

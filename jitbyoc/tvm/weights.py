@@ -67,6 +67,7 @@ NIBBLES = {"int32": 8, "uint8": 2}
 # int4: a nibble's value, its 4-bit two's complement
 NIBBLE_VALUES = np.array([v - 16 if v > 7 else v for v in range(16)], np.float32)
 TOP = 28  # int4 without AVX-512: a nibble's top bit is shifted to an int32's sign bit
+SCALE_DTYPE = np.float16  # a group's scale, where every scale of the weight is a normal one
 
 
 def scales_stored(scale: np.ndarray) -> np.ndarray:
@@ -75,11 +76,17 @@ def scales_stored(scale: np.ndarray) -> np.ndarray:
     every nonzero scale is a normal float16 (relative rounding at most 2**-11; the values
     are quantized against the rounded scale, so a weight still moves by at most half a
     step of its own); else float32, as computed."""
-    tiny, huge = np.finfo(np.float16).tiny, np.finfo(np.float16).max
+    tiny, huge = np.finfo(SCALE_DTYPE).tiny, np.finfo(SCALE_DTYPE).max
     size = np.abs(scale[scale != 0])
     if size.size and (size.min() < tiny or size.max() > huge):
         return scale.astype(np.float32)
-    return scale.astype(np.float16)
+    return scale.astype(SCALE_DTYPE)
+
+
+def _steps(scale: np.ndarray) -> np.ndarray:
+    """The stored ``scale`` as the float32 divisor that quantizes a group (1 where it is 0:
+    an all-zero group stays 0)."""
+    return np.where(scale == 0, 1, scale).astype(np.float32)
 
 
 def quantized_int8(w: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray]:
@@ -87,7 +94,7 @@ def quantized_int8(w: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray]:
     (:func:`scales_stored`)."""
     groups = w.reshape(w.shape[0], -1, group).astype(np.float32)
     scale = scales_stored(np.abs(groups).max(axis=2, keepdims=True) / 127)
-    q = np.rint(groups / np.where(scale == 0, 1, scale).astype(np.float32))
+    q = np.rint(groups / _steps(scale))
     return np.clip(q, -127, 127).astype(np.int8), scale
 
 
@@ -128,8 +135,7 @@ def quantized_int4(w: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray]:
     groups = w.reshape(n, -1, group).astype(np.float32)
     at = np.abs(groups).argmax(axis=2)[..., None]
     scale = scales_stored(np.take_along_axis(groups, at, axis=2) / -8)
-    step = np.where(scale == 0, 1, scale).astype(np.float32)
-    q = np.clip(np.rint(groups / step) + 8, 0, 15).astype(np.uint32) ^ 8
+    q = np.clip(np.rint(groups / _steps(scale)) + 8, 0, 15).astype(np.uint32) ^ 8
     dtype, nibbles = int4_word(k)
     runs = q.reshape(n, -1, nibbles, 16)  # element b * 16 * nibbles + s * 16 + j
     words = np.bitwise_or.reduce(runs << (4 * np.arange(nibbles, dtype=np.uint32))[:, None], axis=2)
