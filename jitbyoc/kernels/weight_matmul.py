@@ -22,7 +22,8 @@ weights), the unit's vectors written out at positions that differ only in consta
 that LLVM loads a word vector once and computes no index per vector (Zen 4, 2 threads,
 one row, fed from memory, 24 layers: int4 4864 x 896 120 -> 104 us a layer; the int8
 layer, whose positions had been unravelled from a flat index per group, 190 -> 158 us).
-The block's weight rows stay in L1 across the tiles of a prompt. The epilogue runs once
+The block's weight rows stay in L1 across the tiles of a prompt, its scales widened to
+float32 once (:class:`FactorRows`). The epilogue runs once
 over each task's outputs of a row, after its blocks (per block of 2 a SiLU ran vectors
 of 2 live lanes: the int4 layer with one 134-142 -> 115-118 us). In C every width is 1:
 the same loops on scalars.
@@ -85,6 +86,10 @@ PREFETCH_LOCALITY = 2
 # merging them, and a prefetch a vector asked up to four times per line. Same layer,
 # three rounds each, in turns: int8 5.68 -> 4.32 ms, int4 4.68 -> 3.76 ms
 LINE_BYTES = 64
+# how far ahead a block's factors (FactorRows) are prefetched, into L2: Zen 5, 2 threads,
+# 24 int4 products from memory, new / old in turns: none 1.02 (4864 x 896), 0.94 (896 x
+# 4864); 512 bytes 0.98, 0.98; 1024 0.95, 0.92; 2048 1.00, 0.93
+SCALE_PREFETCH_BYTES = 1024
 
 
 @dataclass(eq=False)
@@ -122,13 +127,19 @@ class WeightMatMul(PortableStage, kir.KernelStage):
 
         def body(e, lo, hi):
             rows = e.product(self.inputs[0].shape[:-1])  # the task's own value of a symbolic size
+            factors = self._factor_rows(e)
             with e.loop(hi, lo, "blk") as blk:
                 n0 = e.let(e.mul(blk, step))
+                weight_rows = [e.let(e.min(e.add(n0, r), self.n - 1)) for r in range(step)]
+                if factors is not None:
+                    factors.widen(e, weight_rows)
                 tiles = e.let(e.div(rows, TILE))
                 with e.loop(tiles, 0, "tile") as t:
-                    self._tile(e, e.mul(t, TILE), TILE, n0)
+                    self._tile(e, e.mul(t, TILE), TILE, n0, weight_rows, factors)
                 with e.loop(rows, e.mul(tiles, TILE), "row") as r:
-                    self._tile(e, r, 1, n0)
+                    self._tile(e, r, 1, n0, weight_rows, factors)
+            if factors is not None:
+                e.free(factors.table)
             if self.epilogue is not None:  # once over the task's outputs of each row: per
                 first = e.let(e.mul(lo, step))  # block of 2 a SiLU ran 2 lanes a vector
                 count = e.let(e.sub(e.min(e.mul(hi, step), self.n), first))
@@ -154,6 +165,21 @@ class WeightMatMul(PortableStage, kir.KernelStage):
                 return inner, factor, prod(self.shape[len(self.shape) - t:])
         return None
 
+    def _factor_rows(self, e):
+        """A :class:`FactorRows` for the task when the weight's factor is computed (float16
+        scales widened) and stored a row after another, its groups in order; else None."""
+        factored = self._factored()
+        if factored is None or isinstance(factored[1], kir.Load):
+            return None
+        _, factor, span = factored
+        lead = next(d for d in range(len(self.shape)) if prod(self.shape[d:]) == span)
+        laid = (*self.shape[:lead], *[1] * (len(self.shape) - lead))
+        if any(self._aligned(buf) != laid for buf in kir.loads([factor])):
+            return None
+        groups = self.k // span
+        stride = -(-groups // e.lanes("float32")) * e.lanes("float32")
+        return FactorRows(factor, groups, stride, e.workspace("float32", self.rows * stride))
+
     def _uniform_dims(self, node) -> int:
         """How many trailing dims of ``shape`` ``node`` reads no load along."""
         t = len(self.shape) - 1
@@ -162,11 +188,10 @@ class WeightMatMul(PortableStage, kir.KernelStage):
             t = min(t, next((j for j, d in enumerate(reversed(aligned)) if d != 1), t))
         return t
 
-    def _tile(self, e, m0, tile: int, n0) -> None:
-        """``out[m0 + i, n0 + r]`` for ``i < tile``, ``r <`` :attr:`rows` (rows past ``n``
-        evaluate the last row and are not stored)."""
+    def _tile(self, e, m0, tile: int, n0, rows, factors) -> None:
+        """``out[m0 + i, n0 + r]`` for ``i < tile``, ``r <`` :attr:`rows` (``rows``: the
+        weight rows, those past ``n`` the last row, evaluated and not stored)."""
         x, width = self.inputs[0], e.lanes("float32")
-        rows = [e.let(e.min(e.add(n0, r), self.n - 1)) for r in range(self.rows)]
         xrows = [e.let(e.mul(e.add(m0, i), self.k)) for i in range(tile)]
         accs = self._zeros(e, tile, width, len(rows))
 
@@ -181,14 +206,14 @@ class WeightMatMul(PortableStage, kir.KernelStage):
         if factored is None:
             e.strips(0, self.k, width, lambda k, _mask: add(accs, self.weight, k, self._flat(e, k)))
         else:
-            self._groups(e, rows, accs, add, *factored)
+            self._groups(e, rows, accs, add, factors, *factored)
         for r, row in enumerate(accs):
             with e.when(e.lt(e.add(n0, r), self.n)):
                 for i, slot in enumerate(row):
                     total = e.fold_vector("sum", "float32", e.get(slot), width)
                     e.store(self.out, e.add(e.mul(e.add(m0, i), self.n), e.add(n0, r)), total)
 
-    def _groups(self, e, rows, accs, add, inner, factor, span: int) -> None:
+    def _groups(self, e, rows, accs, add, factors, inner, factor, span: int) -> None:
         """The products of a weight ``inner * factor``, ``factor`` the same over each
         ``span`` elements: ``inner * x`` summed over a group, times ``factor`` once. A
         unit of the loop is a group, or several where one load of the storage serves them
@@ -205,7 +230,7 @@ class WeightMatMul(PortableStage, kir.KernelStage):
                 with e.loop(span // width, 0, "v") as v:
                     k = e.let(e.add(k0, e.mul(v, width)))
                     add(parts, inner, k, self._flat(e, k), False)
-                self._scale(e, rows, parts, accs, factor, self._flat(e, k0))
+                self._scale(e, rows, parts, accs, factor, self._flat(e, k0), factors, sp)
             return
         lead = next(d for d in range(len(self.shape)) if prod(self.shape[d:]) == unit)
         with e.loop(self.k // unit, 0, "unit") as u:
@@ -220,13 +245,18 @@ class WeightMatMul(PortableStage, kir.KernelStage):
                 parts = self._zeros(e, len(accs[0]), width, len(accs))
                 for c in range(g, g + span, width):
                     add(parts, inner, e.add(k0, c), at(c), False)
-                self._scale(e, rows, parts, accs, factor, at(g))
+                group = e.add(e.mul(u, unit // span), g // span)  # of the row
+                self._scale(e, rows, parts, accs, factor, at(g), factors, group)
 
-    def _scale(self, e, rows, parts, accs, factor, place) -> None:
-        """``accs += parts * factor`` of each row (the factor at ``place(row)``)."""
+    def _scale(self, e, rows, parts, accs, factor, place, factors, group) -> None:
+        """``accs += parts * factor`` of each row (the factor at ``place(row)``: the
+        ``group``-th of the row in ``factors``, when there are)."""
         width = e.lanes("float32")
-        for row, part, acc in zip(rows, parts, accs):
-            f = self._evaluate(e, factor, place(row), width)
+        for r, (row, part, acc) in enumerate(zip(rows, parts, accs)):
+            if factors is None:
+                f = self._evaluate(e, factor, place(row), width)
+            else:
+                f = factors.at(e, r, group, width)
             for p, a in zip(part, acc):
                 e.set(a, e.vop(width, "fma", "float32", e.get(p), f, e.get(a)))
 
@@ -295,6 +325,44 @@ class WeightMatMul(PortableStage, kir.KernelStage):
         """``x @ w.T`` of the float32 weight the expression gives, summed in float64 then
         rounded (the kernel sums in float32 in its own order: see the module docstring)."""
         return np.matmul(x.astype(np.float64), w.astype(np.float64).T).astype(np.float32)
+
+
+@dataclass(eq=False)
+class FactorRows:
+    """A scaled weight's factors (its scales) of a block's rows, evaluated into ``table``
+    (``stride`` float32 a row) before the block's tiles: a float16 scale widened one
+    vector of groups at a time, where each group had its own broadcast and conversion,
+    and the product's multiply by a factor a broadcast load. Zen 5, 2 threads, one row
+    of x, new / old in turns: 4864 x 896 in cache int4 0.84-0.85x the time, int8
+    0.86-0.88x; 24 of them from memory int4 0.91-0.95x. Qwen2-0.5B's decode token
+    (``bench.decoders --generate``, three pairs): int4 8.07, 8.71, 8.52 ms against 10.38,
+    8.91, 11.05; int8 18.07, 18.89, 14.68 against 19.21, 18.69, 16.30."""
+    factor: object
+    groups: int
+    stride: int
+    table: object
+
+    def widen(self, e, rows) -> None:
+        """The factors of weight rows ``rows`` into the table."""
+        width = e.lanes("float32")
+        for r, row in enumerate(rows):
+            first = e.let(e.mul(row, self.groups))
+            for buf in kir.loads([self.factor]):  # the factors of rows to come
+                size = lookup_dtype(buf.dtype).nbytes
+                for line in range(0, self.groups * size, LINE_BYTES):
+                    e.prefetch(buf, e.add(first, (SCALE_PREFETCH_BYTES + line) // size), PREFETCH_LOCALITY)
+
+            def put(g, mask, r=r, first=first):
+                def load(buf):
+                    return e.vload(buf, e.add(first, g), buf.dtype, width, mask)
+                value = e.evaluate(width, [self.factor], load)[id(self.factor)]
+                e.vstore(self.table, e.add(r * self.stride, g), value, "float32", mask)
+
+            e.strips(0, self.groups, width, put)
+
+    def at(self, e, r, group, width: int):
+        """The factor of group ``group`` of the block's ``r``-th row, in ``width`` lanes."""
+        return e.vbroadcast(self.table, e.add(r * self.stride, group), "float32", width)
 
 
 def _narrow(expr, shape: tuple) -> bool:
