@@ -80,6 +80,13 @@ UNROLL = 8  # vectors of a unit written out side by side (longer groups: a loop)
 # of x, Zen 4, 2 threads, two rounds each: no prefetch 9.0 ms; 2048 bytes into L1 6.4,
 # into L2 7.7; 4096 into L1 6.8-7.2, into L2 4.7-4.8 (32 GB/s); 8192 into L2 4.7-5.3
 PREFETCH_BYTES = 4096
+# on Zen 5 (conv_plan.WIDE_FMA_PIPES), by storage: 2 threads, new / old in one process, six
+# rounds each, 24 products from memory (4864 x 896; 896 x 4864) and the output layer: int4
+# 8192 bytes 0.87x, 0.88x, 0.87x the time of 4096, 6144 0.93x, 0.98x, 0.88x; int8 6144
+# 0.96x, 0.86x, 0.99x, 8192 1.01x, 0.93x, 1.11x. Qwen2-0.5B's decode token, alternating
+# runs, ms: int4 7.70 / 10.72, 7.06 / 7.70, 8.11 / 9.49; int8 15.57 / 19.42, 17.72 / 17.79,
+# 17.22 / 18.69
+WIDE_PREFETCH_BYTES = {"int8": 6144, "int4": 8192}
 PREFETCH_LOCALITY = 2
 # A scaled weight asks once per cache line of a group, before the group's loads: a
 # prefetch between two loads of the same bytes (int4's two nibbles) kept LLVM from
@@ -112,8 +119,23 @@ class WeightMatMul(PortableStage, kir.KernelStage):
     def rows(self) -> int:
         """Weight rows a block computes: :data:`ROWS`, or :data:`WIDE_INT8_ROWS` for int8
         storage on a machine of :data:`~jitbyoc.engines.conv_plan.WIDE_FMA_PIPES`."""
-        int8 = any(b.dtype == "int8" for b in self.inputs[1:])
-        return WIDE_INT8_ROWS if int8 and issue_costs() is WIDE_FMA_PIPES else ROWS
+        wide = self.storage == "int8" and issue_costs() is WIDE_FMA_PIPES
+        return WIDE_INT8_ROWS if wide else ROWS
+
+    @property
+    def storage(self) -> str:
+        """``"int8"``, ``"int4"`` (words or bytes of nibbles) or ``"other"``: the
+        narrowest storage the weight reads along its rows."""
+        dtypes = {b.dtype for b in self.inputs[1:] if self._aligned(b)[0] != 1 and self._aligned(b)[-1] != 1}
+        return "int8" if "int8" in dtypes else "int4" if dtypes & {"int32", "uint8"} else "other"
+
+    @property
+    def prefetch_bytes(self) -> int:
+        """How far ahead the weight's rows are prefetched: :data:`PREFETCH_BYTES`, on a
+        machine of :data:`~jitbyoc.engines.conv_plan.WIDE_FMA_PIPES` by storage
+        (:data:`WIDE_PREFETCH_BYTES`)."""
+        wide = WIDE_PREFETCH_BYTES.get(self.storage) if issue_costs() is WIDE_FMA_PIPES else None
+        return wide or PREFETCH_BYTES
 
     def macs(self) -> tuple:
         return tuple(self.out.shape) + (self.k,)
@@ -280,8 +302,8 @@ class WeightMatMul(PortableStage, kir.KernelStage):
         return (1,) * (len(self.shape) - buf.ndim) + tuple(buf.shape)
 
     def _ask_ahead(self, e, buf, off) -> None:
-        """Prefetch the weight bytes :data:`PREFETCH_BYTES` past element ``off``."""
-        e.prefetch(buf, e.add(off, PREFETCH_BYTES // lookup_dtype(buf.dtype).nbytes), PREFETCH_LOCALITY)
+        """Prefetch the weight bytes :attr:`prefetch_bytes` past element ``off``."""
+        e.prefetch(buf, e.add(off, self.prefetch_bytes // lookup_dtype(buf.dtype).nbytes), PREFETCH_LOCALITY)
 
     def _flat(self, e, k):
         """The coordinates in ``shape`` of the weight's element ``[row, k]``, a function of
