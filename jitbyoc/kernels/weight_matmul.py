@@ -194,13 +194,17 @@ class WeightMatMul(PortableStage, kir.KernelStage):
         if factored is None or isinstance(factored[1], kir.Load):
             return None
         _, factor, span = factored
-        lead = next(d for d in range(len(self.shape)) if prod(self.shape[d:]) == span)
+        lead = self._dim_holding(span)
         laid = (*self.shape[:lead], *[1] * (len(self.shape) - lead))
         if any(self._aligned(buf) != laid for buf in kir.loads([factor])):
             return None
         groups = self.k // span
         stride = -(-groups // e.lanes("float32")) * e.lanes("float32")
         return FactorRows(factor, groups, stride, e.workspace("float32", self.rows * stride))
+
+    def _dim_holding(self, count: int) -> int:
+        """The dim of ``shape`` from which the trailing dims hold ``count`` elements."""
+        return next(d for d in range(len(self.shape)) if prod(self.shape[d:]) == count)
 
     def _uniform_dims(self, node) -> int:
         """How many trailing dims of ``shape`` ``node`` reads no load along."""
@@ -254,7 +258,7 @@ class WeightMatMul(PortableStage, kir.KernelStage):
                     add(parts, inner, k, self._flat(e, k), False)
                 self._scale(e, rows, parts, accs, factor, self._flat(e, k0), factors, sp)
             return
-        lead = next(d for d in range(len(self.shape)) if prod(self.shape[d:]) == unit)
+        lead = self._dim_holding(unit)
         with e.loop(self.k // unit, 0, "unit") as u:
             k0 = e.let(e.mul(u, unit))
             outer = unravel(e, u, list(self.shape[1:lead]))
@@ -303,7 +307,7 @@ class WeightMatMul(PortableStage, kir.KernelStage):
 
     def _ask_ahead(self, e, buf, off) -> None:
         """Prefetch the weight bytes :attr:`prefetch_bytes` past element ``off``."""
-        e.prefetch(buf, e.add(off, self.prefetch_bytes // lookup_dtype(buf.dtype).nbytes), PREFETCH_LOCALITY)
+        ask_lines(e, buf, off, 1, self.prefetch_bytes)
 
     def _flat(self, e, k):
         """The coordinates in ``shape`` of the weight's element ``[row, k]``, a function of
@@ -321,10 +325,8 @@ class WeightMatMul(PortableStage, kir.KernelStage):
             aligned = self._aligned(buf)
             if aligned[-1] != 1:
                 run = max(d for d in range(len(self.shape)) if prod(self.shape[d:]) >= count)
-                size = lookup_dtype(buf.dtype).nbytes
-                start = self._offset(e, buf, pos)
-                for line in range(0, max(1, prod(aligned[run:]) * size), LINE_BYTES):  # its bytes there
-                    self._ask_ahead(e, buf, e.add(start, line // size))
+                nbytes = prod(aligned[run:]) * lookup_dtype(buf.dtype).nbytes  # its bytes there
+                ask_lines(e, buf, self._offset(e, buf, pos), nbytes, self.prefetch_bytes)
 
     def _evaluate(self, e, node, pos, width: int, prefetch: bool = True):
         """``node`` (the weight or a part of it) at ``pos`` and the ``width`` elements
@@ -370,9 +372,7 @@ class FactorRows:
         for r, row in enumerate(rows):
             first = e.let(e.mul(row, self.groups))
             for buf in kir.loads([self.factor]):  # the factors of rows to come
-                size = lookup_dtype(buf.dtype).nbytes
-                for line in range(0, self.groups * size, LINE_BYTES):
-                    e.prefetch(buf, e.add(first, (SCALE_PREFETCH_BYTES + line) // size), PREFETCH_LOCALITY)
+                ask_lines(e, buf, first, self.groups * lookup_dtype(buf.dtype).nbytes, SCALE_PREFETCH_BYTES)
 
             def put(g, mask, r=r, first=first):
                 def load(buf):
@@ -385,6 +385,14 @@ class FactorRows:
     def at(self, e, r, group, width: int):
         """The factor of group ``group`` of the block's ``r``-th row, in ``width`` lanes."""
         return e.vbroadcast(self.table, e.add(r * self.stride, group), "float32", width)
+
+
+def ask_lines(e, buf, start, nbytes: int, ahead: int) -> None:
+    """Prefetch (:data:`PREFETCH_LOCALITY`) each cache line (:data:`LINE_BYTES`) of the
+    ``nbytes`` bytes of ``buf`` from element ``start`` on, ``ahead`` bytes further on."""
+    size = lookup_dtype(buf.dtype).nbytes
+    for line in range(0, max(1, nbytes), LINE_BYTES):
+        e.prefetch(buf, e.add(start, (ahead + line) // size), PREFETCH_LOCALITY)
 
 
 def _narrow(expr, shape: tuple) -> bool:
