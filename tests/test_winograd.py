@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -67,10 +68,12 @@ def _stage(mod, target="llvm") -> Conv2d:
     return stage
 
 
-def _check(x_shape, k, padding=(1, 1, 1, 1), target="llvm", residual=False, tf=winograd.F43):
+def _check(x_shape, k, padding=(1, 1, 1, 1), target="llvm", residual=False, tf=None):
+    """``tf``: the transform expected, by default the one the map's size picks."""
     w = (RNG.standard_normal((k, x_shape[1], 3, 3)) / np.sqrt(9 * x_shape[1])).astype(F32)
     mod, bias = _model(x_shape, w, padding, residual)
     stage = _stage(mod, target)
+    tf = tf or (winograd.F23 if _small(stage.geo) else winograd.F43)
     assert stage.winograd and tuple(stage.inputs[1].shape) == (tf.points ** 2 + 9, k, x_shape[1])
     x = RNG.standard_normal(x_shape).astype(F32)
     args = [x]
@@ -86,6 +89,11 @@ def _check(x_shape, k, padding=(1, 1, 1, 1), target="llvm", residual=False, tf=w
     assert np.all(np.abs(got - tvm_got) <= both), f"max err {np.abs(got - tvm_got).max()} vs TVM"
 
 
+def _small(geo) -> bool:
+    """Whether F(4x4) would cut the map into at most 16 tiles (maps up to 16x16)."""
+    return -(-geo.oh // 4) * -(-geo.ow // 4) <= 16
+
+
 CASES = [  # (x shape, output channels, padding)
     ((1, 16, 9, 13), 16, (1, 1, 1, 1)),
     ((1, 17, 23, 11), 19, (1, 1, 1, 1)),  # ragged tiles, channels off multiples of 16
@@ -94,6 +102,7 @@ CASES = [  # (x shape, output channels, padding)
     ((1, 16, 11, 14), 32, (1, 0, 2, 1)),  # asymmetric
     ((2, 16, 8, 30), 16, (1, 1, 1, 1)),  # a batch; 30 columns: 8 tiles, two vectors of 4 on AVX2
     ((1, 64, 56, 56), 64, (1, 1, 1, 1)),  # ResNet-50's first stage
+    ((1, 32, 17, 15), 16, (1, 1, 1, 1)),  # 5 x 4 tiles of F(4x4): the smallest map it takes
     ((1, 128, 14, 14), 32, (1, 1, 1, 1)),  # DenseNet's growth layers
 ]
 
@@ -127,9 +136,29 @@ def test_f2x2_is_the_more_accurate():
     assert ratio.max() < 0.5 and np.median(ratio) < 1 / 5
 
 
+def _geo(oh, ow):
+    return SimpleNamespace(oh=oh, ow=ow)  # what the choice reads of a ConvGeometry
+
+
+@pytest.mark.parametrize("oh, ow, small", [(14, 14, True), (16, 16, True), (8, 8, True), (13, 13, True),
+                                           (17, 16, False), (8, 40, False), (28, 28, False), (56, 56, False)])
+def test_maps_of_at_most_16_tiles_run_f2x2_by_default(monkeypatch, oh, ow, small):
+    """By default F(2x2) where F(4x4) would cut the map into at most 16 tiles (one vector of
+    tiles per product: winograd.SMALL_MAP_TILES); ``JITBYOC_WINOGRAD=4`` keeps F(4x4) there."""
+    monkeypatch.delenv("JITBYOC_WINOGRAD", raising=False)
+    assert winograd.chosen(_geo(oh, ow)) is (winograd.F23 if small else winograd.F43)
+    monkeypatch.setenv("JITBYOC_WINOGRAD", "4")
+    assert winograd.chosen(_geo(oh, ow)) is winograd.F43
+
+
+def test_a_14x14_map_runs_f2x2_in_a_build():
+    """The packed weight holds F(2x2)'s 16 rows of U on a 14x14 map, within F(2x2)'s bound."""
+    _check((1, 32, 14, 14), 32, tf=winograd.F23)
+
+
 def test_an_unknown_setting_is_the_default(monkeypatch, caplog):
     monkeypatch.setenv("JITBYOC_WINOGRAD", "3")
-    assert winograd.chosen() is winograd.F43
+    assert winograd.chosen(_geo(28, 28)) is winograd.F43 and winograd.chosen(_geo(14, 14)) is winograd.F23
     assert "JITBYOC_WINOGRAD" in caplog.text
 
 
