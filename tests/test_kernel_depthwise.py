@@ -3,14 +3,19 @@ and the float64 numpy reference, over strides 1-4 (5 takes the general engine), 
 uneven padding, widths spanning several vector blocks, float64, fused epilogues and a
 symbolic batch (tolerance: tests/test_kernel_conv.check)."""
 
+import re
+
 import numpy as np
 import pytest
+import tvm
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tvm import relax
 
 import jitbyoc
 from jitbyoc.kernels import depthwise_llvm
+from jitbyoc.render import isa
+from jitbyoc.tvm.target import machine_for
 from tests.conftest import build_both, build_model
 from tests.spatial_util import build, grid_model, random_inputs, run
 from tests.test_kernel_conv import cases, check, conv
@@ -126,3 +131,19 @@ def test_random_depthwise_convs(data):
     args = random_inputs(cs)
     got, ref = run(build(mod, True), args), run(build(mod, False), args)
     check(got[0], *args, cs[0][1], [ref[0]])
+
+
+@pytest.mark.parametrize("k, row_major", [(3, True), (5, False)])
+def test_small_windows_compute_a_plane_row_by_row(k, row_major):
+    """Up to ``ROW_MAJOR_TAPS`` taps a plane is computed row by row, every column block of
+    a row before the next (one ``oh`` loop a plane); larger windows column block by column
+    block (one ``oh`` loop per block: their weights take the registers). Three blocks of
+    16 columns here on AVX-512."""
+    assert (k * k <= depthwise_llvm.ROW_MAJOR_TAPS) is row_major
+    w = np.ones((8, 1, k, k), np.float32)
+    mod = build_model({"x": ((1, 8, 12, 40), "float32")}, lambda bb, x: bb.emit(
+        relax.op.nn.conv2d(x, relax.const(w), padding=k // 2, groups=8)))
+    with isa.compiling_for(machine_for(tvm.target.Target({"kind": "llvm", "mcpu": "znver4"}))):
+        (region,) = jitbyoc.inspect(mod)
+        text = region.llvm_ir
+    assert len(re.findall(r"^oh\.body(\.\d+)?:", text, re.M)) == (1 if row_major else 3)
