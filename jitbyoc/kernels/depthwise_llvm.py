@@ -119,7 +119,8 @@ def _block(c, stage, n, src, dst, ow0, weights, oh) -> None:
     masks = _column_masks(g, n, ow0)
     store_mask = None if ow0 + n <= g.ow else \
         ir.Constant(ir.VectorType(I1, n), [ow0 + l < g.ow for l in range(n)])
-    acc = _cast(b, _row(c, stage, n, src, ow0, masks, weights, oh), _sums_dtype(stage), dt)  # exact (module doc)
+    sums = _row(c, stage, n, src, ow0, masks, weights, oh)
+    acc = _cast(b, sums, _sums_dtype(stage), dt)  # exact (module doc)
     at = b.add(dst, b.add(b.mul(oh, I64(g.ow)), I64(ow0)))
     vstore(b, acc, c.element(stage.out, at), dt, store_mask)
 

@@ -40,6 +40,8 @@ over channels are ``C`` long, not ``9 C``).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from llvmlite import ir
 
@@ -99,8 +101,7 @@ def chosen(geo=None) -> Transform | None:
     F(4x4) would cut ``geo``'s map into at most :data:`SMALL_MAP_TILES` tiles."""
     value = setting()
     if value is None:
-        small = geo is not None and tiles(geo, F43)[0] * tiles(geo, F43)[1] <= SMALL_MAP_TILES
-        return F23 if small else F43
+        return F23 if geo is not None and math.prod(tiles(geo, F43)) <= SMALL_MAP_TILES else F43
     return {4: F43, 2: F23}.get(value)
 
 

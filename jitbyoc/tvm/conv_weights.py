@@ -103,10 +103,8 @@ def winograd_conv(call: relax.Call, lookup, emit) -> relax.Call | None:
     value = constant(lookup(weight) if isinstance(weight, relax.Var) else weight)
     dt = str(call.args[0].ty.dtype)
     if value is None or value.ndim != 4 or str(value.dtype) != dt or str(call.ty.dtype) != dt \
-            or why_not(call) is not None or not winograd.fits(conv_geometry(call), dt):
-        return None
-    tf = winograd.chosen(conv_geometry(call))
-    if tf is None:
+            or why_not(call) is not None or not winograd.fits(geo := conv_geometry(call), dt) \
+            or (tf := winograd.chosen(geo)) is None:
         return None
     points = tf.points ** 2
     packed = filled_constant((points + 9, *value.shape[:2]), "float32",
