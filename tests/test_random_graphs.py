@@ -21,7 +21,8 @@ from tests.conftest import RELAX_ROWS, build_both, build_model, relax_call
 
 F32 = "float32"
 LIMIT = 1e6
-POSITIVE_DOMAIN = {"log": (0,), "sqrt": (0,), "rsqrt": (0,), "power": (0,), "divide": (1,), "mod": (1,)}
+POSITIVE_DOMAIN = {"log": (0,), "sqrt": (0,), "rsqrt": (0,), "power": (0,), "divide": (1,), "mod": (1,),
+                   "floor_mod": (1,)}  # a divisor's grid on [-b, b] may step over 0 (1e-16 from it)
 ATTRS = {"clip": {"lo": -2.0, "hi": 3.0}, "leakyrelu": {"alpha": 0.1}}
 # the smallest |x| where an op's value is unbounded: a grid over [-b, b] can step over it
 # (tan on [-10, 10] read at most 14 there; tan(1.5707) is 10,000 and cosh of it infinite)
@@ -122,10 +123,14 @@ class Graph:
 TAN_POLE = ([()], [("abs", [0, 0, 0])] * 6 + [("tan", [0, 0, 0]), ("abs", [0, 0, 0]), ("cosh", [7, 0, 0]),
                                                ("abs", [0, 0, 0])], 64)
 
+# floor_mod(x, sin(x - x)): a divisor of 0 (NaN) that its grid missed; divisors are made positive
+ZERO_DIVISOR = ([()], [("subtract", [0, 0, 0]), ("sin", [1, 0, 0]), ("floor_mod", [0, 236, 0])], 0)
+
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(graphs())
 @example(TAN_POLE)
+@example(ZERO_DIVISOR)
 def test_random_graph_matches_tvm(graph):
     inputs, steps, seed = graph
     built = {}
