@@ -102,7 +102,7 @@ CASES = [  # (x shape, output channels, padding)
     ((1, 16, 11, 14), 32, (1, 0, 2, 1)),  # asymmetric
     ((2, 16, 8, 30), 16, (1, 1, 1, 1)),  # a batch; 30 columns: 8 tiles, two vectors of 4 on AVX2
     ((1, 64, 56, 56), 64, (1, 1, 1, 1)),  # ResNet-50's first stage
-    ((1, 32, 17, 15), 16, (1, 1, 1, 1)),  # 5 x 4 tiles of F(4x4): the smallest map it takes
+    ((1, 32, 17, 15), 16, (1, 1, 1, 1)),  # 5 x 4 = 20 tiles of F(4x4), past 16: F(4x4) runs
     ((1, 128, 14, 14), 32, (1, 1, 1, 1)),  # DenseNet's growth layers
 ]
 

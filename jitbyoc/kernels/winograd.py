@@ -96,12 +96,12 @@ MIN_CHANNELS = 16  # input and output channels: the products run on the GEMM eng
 SMALL_MAP_TILES = 16
 
 
-def chosen(geo=None) -> Transform | None:
-    """The transform :func:`setting` asks for, None when off; by default F(2x2) where
-    F(4x4) would cut ``geo``'s map into at most :data:`SMALL_MAP_TILES` tiles."""
+def chosen(geo) -> Transform | None:
+    """The transform :func:`setting` asks for on ``geo``'s map, None when off; by default
+    F(2x2) where F(4x4) would cut the map into at most :data:`SMALL_MAP_TILES` tiles."""
     value = setting()
     if value is None:
-        return F23 if geo is not None and math.prod(tiles(geo, F43)) <= SMALL_MAP_TILES else F43
+        return F23 if math.prod(tiles(geo, F43)) <= SMALL_MAP_TILES else F43
     return {4: F43, 2: F23}.get(value)
 
 
