@@ -1,8 +1,9 @@
 """The zoo suite's models (``python -m bench --suite zoo``): real architectures at full size.
 
 The ONNX project's architectures shipped in the onnx wheel (:mod:`bench.zoo_onnx`, through
-TVM's ONNX frontend) and torch models of each shape family (:mod:`bench.zoo_torch`,
-through ``torch.export``). They are registered in :data:`bench.models.ZOO` with suite
+TVM's ONNX frontend), torch models of each shape family (:mod:`bench.zoo_torch`,
+through ``torch.export``) and one of them as its ONNX export, through the ONNX frontend
+(MobileNetV2: ReLU6 as ONNX ``Clip``). They are registered in :data:`bench.models.ZOO` with suite
 ``"zoo"``; :mod:`bench.zoo_run` measures them.
 
 Each row of :data:`ENTRIES` is ``(name, make, description, rounds, quick, tvm_default)``:
@@ -19,12 +20,17 @@ from __future__ import annotations
 from functools import partial
 
 from .zoo_onnx import light_model
-from .zoo_torch import torch_model
+from .zoo_torch import exported_model, torch_model
 
 
 def _onnx(name: str, description: str, rounds: int, quick: bool = False, tvm: bool = False):
     return (f"onnx_{name}", partial(light_model, name), f"{description} (onnx wheel, ONNX "
             "frontend)", rounds, quick, tvm)
+
+
+def _exported(name: str, description: str, rounds: int):
+    return (f"onnx_{name}", partial(exported_model, name), f"{description} (torch model's ONNX "
+            "export, ONNX frontend)", rounds, False, False)
 
 
 def _torch(name: str, description: str, rounds: int, quick: bool = False):
@@ -44,6 +50,7 @@ ENTRIES = [
     _onnx("vgg19", "VGG-19, 224x224", 3),
     _torch("resnet50", "ResNet-50 v1.5, 224x224", 4),
     _torch("mobilenet_v2", "MobileNetV2 1.0, 224x224", 5, quick=True),
+    _exported("mobilenet_v2", "MobileNetV2 1.0, 224x224, ReLU6 as Clip", 5),
     _torch("efficientnet_b0", "EfficientNet-B0 (MBConv+SE+SiLU), 224x224", 5),
     _torch("regnety_800mf", "RegNetY-800MF-style (grouped conv+SE), 224x224", 5),
     _torch("bert_base", "BERT-base encoder, 12 layers, seq 128 (transformers)", 3),

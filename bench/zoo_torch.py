@@ -15,10 +15,13 @@ outputs stay in a range where an error means something.
 
 from __future__ import annotations
 
+import os
+import tempfile
 import zlib
 
 from .case import Case, Skip
 from .frontends import from_torch
+from .peers import onnx_file
 
 
 def _torch():
@@ -237,3 +240,28 @@ def torch_model(name: str) -> Case | Skip:
     torch.manual_seed(zlib.crc32(name.encode()))
     net = _init(torch, maker(torch), name)
     return from_torch(net, torch.randn(1, 3, 224, 224, generator=gen))
+
+
+def exported_model(name: str) -> Case | Skip:
+    """The zoo's torch model ``name`` as its ONNX export (the file onnxruntime and OpenVINO
+    read), through TVM's ONNX frontend: the model as an ONNX user hands it to TVM, where
+    ``torch.export`` gives Relax ops directly (ReLU6 arrives as ``Clip``, which the ONNX
+    frontend writes as TOPI tensor expressions: :mod:`jitbyoc.tvm.lift_te`)."""
+    case = torch_model(name)
+    if isinstance(case, Skip):
+        return case
+    try:
+        import onnx
+    except ImportError:
+        return Skip("onnx is not installed (pip install onnx)")
+    from tvm.relax.frontend.onnx import from_onnx
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, f"{name}.onnx")
+        why = onnx_file(case, path)
+        if why is not None:
+            return Skip(why)
+        with open(path, "rb") as f:
+            data = f.read()
+    mod = from_onnx(onnx.load_from_string(data), keep_params_in_input=False)
+    return Case(mod, case.inputs, onnx_model=data)

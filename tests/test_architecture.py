@@ -223,6 +223,7 @@ ALLOWED_STATE = {
     ("jitbyoc.toolchain.driver", "_MODULES"): "cache (memo.LRU: bounded, locked)",
     ("jitbyoc.tvm.partition", "_MEMO"): "cache (memo.LRU: bounded, locked)",
     ("jitbyoc.profile", "_WORK"): "cache (memo.LRU: bounded, locked)",
+    ("jitbyoc.tvm.lift_te", "_LEGALIZED"): "cache (memo.LRU: bounded, locked)",
     ("jitbyoc.toolchain.cache", "_SIZES"): "cache: each cache root's size on disk, under its lock",
     ("jitbyoc.toolchain.cache", "_WARNED"): "the warnings already given, under the cache's lock",
     ("jitbyoc.toolchain.cache", "SETTINGS"): "the user's process-wide cache settings (jitbyoc.cache.configure)",

@@ -1,5 +1,9 @@
 """Facts the frontends leave implicit, made explicit before partitioning.
 
+* **Tensor expressions a frontend emitted are Relax ops again** (:mod:`.lift_te`): TVM's
+  ONNX frontend writes ``Clip`` as ``call_tir`` of TOPI's ``maximum`` and ``minimum``,
+  which no region can take; a ``call_tir`` whose PrimFunc is the very one TVM legalizes
+  an op to becomes that op, and its PrimFunc leaves the module.
 * **Static shapes are constants.** ``shape_to_tensor(shape_of(x))`` of a static shape
   (ONNX's ``Shape``, which TVM's ONNX frontend also emits for every ``Gather`` to wrap
   negative indices) becomes a constant, so the arithmetic on it and the ops around it
@@ -46,8 +50,8 @@ from tvm.ir import Op, Range
 from tvm.ir.prim import IntImm
 from tvm.sym import Analyzer
 
-from . import (constants, conv_weights, grouped, inference, linear, pool_concat, quantized, quantized_pairs,
-               tables, weights, widen)
+from . import (constants, conv_weights, grouped, inference, lift_te, linear, pool_concat, quantized,
+               quantized_pairs, tables, weights, widen)
 
 log = logging.getLogger("jitbyoc")
 
@@ -58,7 +62,7 @@ SHAPE_TO_TENSOR = Op.get("relax.shape_to_tensor")
 CONV2D, PAD = Op.get("relax.nn.conv2d"), Op.get("relax.nn.pad")
 # ops worth a pass without bounds
 TRIGGERS = frozenset({"relax.shape_to_tensor", "relax.nn.pad", "relax.nn.conv2d", "relax.nn.conv1d"}) \
-    | inference.TRIGGERS | quantized.TRIGGERS | pool_concat.TRIGGERS | weights.TRIGGERS
+    | lift_te.TRIGGERS | inference.TRIGGERS | quantized.TRIGGERS | pool_concat.TRIGGERS | weights.TRIGGERS
 
 
 def _analyzer(func: relax.Function) -> Analyzer | None:
@@ -105,6 +109,7 @@ def _spatial_zero_pad(call) -> list[int] | None:
 class _Prepare(relax.PyExprMutator):
     def __init__(self, mod, analyzer: Analyzer | None, uses: dict, sliced: set):
         super().__init__(mod)
+        self.mod = mod
         self.analyzer = analyzer
         self.uses = uses  # variable name -> uses before rewriting (names: vars may be remade)
         self.sliced = sliced  # names of variables only strided_slice reads (linear.sliced_only)
@@ -123,6 +128,9 @@ class _Prepare(relax.PyExprMutator):
 
     def visit_call_(self, call):
         call = super().visit_call_(call)
+        if call.op.same_as(lift_te.CALL_TIR):
+            op = lift_te.lifted_call(call, self.mod, self.lookup_binding)
+            return call if op is None else op
         if call.op.same_as(SHAPE_TO_TENSOR):
             shape = _static_shape(call.args[0])
             return call if shape is None else relax.const(np.array(shape, "int64"), "int64")
@@ -149,17 +157,7 @@ class _Prepare(relax.PyExprMutator):
             const = inference.constant_reshape(call)
             return call if const is None else const
         if call.op.same_as(inference.MATMUL):
-            call = self._constant_weight(call)
-            for rewrite in (quantized.quantized_matmul, quantized.integer_matmul):
-                int8 = rewrite(call, self.lookup_binding, self.builder_.emit, self._packed)
-                if int8 is not None:
-                    return int8
-            int8 = quantized_pairs.activation_product(call, self.lookup_binding, self.builder_.emit,
-                                                      self._packed)
-            if int8 is not None:
-                return int8
-            folded = linear.prepacked_weight(call, self.lookup_binding, self.builder_.emit)
-            return call if folded is None else folded
+            return self._product(call)
         if call.op.same_as(inference.PERMUTE_DIMS):
             split = linear.head_split(call, self.lookup_binding, self.uses, self.builder_.emit)
             return call if split is None else split
@@ -181,6 +179,20 @@ class _Prepare(relax.PyExprMutator):
             if self.analyzer is not None and not call.attrs.assume_inbound:
                 return self._inbound_slice(call)
         return call
+
+    def _product(self, call):
+        """``call`` (a matmul) on int8 where its operands are quantized, else with its
+        constant weight packed."""
+        call = self._constant_weight(call)
+        for rewrite in (quantized.quantized_matmul, quantized.integer_matmul):
+            int8 = rewrite(call, self.lookup_binding, self.builder_.emit, self._packed)
+            if int8 is not None:
+                return int8
+        int8 = quantized_pairs.activation_product(call, self.lookup_binding, self.builder_.emit, self._packed)
+        if int8 is not None:
+            return int8
+        folded = linear.prepacked_weight(call, self.lookup_binding, self.builder_.emit)
+        return call if folded is None else folded
 
     def _constant_weight(self, call):
         """``call`` (a convolution or a product) with its weight a constant where
@@ -255,6 +267,7 @@ def prepare(mod: tvm.IRModule, ops: frozenset | set = frozenset()) -> tvm.IRModu
         out[gv] = _prepared(mod, gv, func, analyzer, narrow, grouped.TRIGGERS <= set(ops))
     if all(out[gv].same_as(f) for gv, f in mod.functions.items()):
         return mod
+    out = lift_te.without_lifted(mod, out)
     # a dropped broadcast_to leaves ``y = x``: such a binding is no op, so it would end a region
     return relax.transform.CanonicalizeBindings()(tvm.IRModule(out, attrs=mod.attrs))
 
