@@ -223,3 +223,18 @@ def test_bf16_activations_reach_lower_precision():
         assert fields["activations"] == activations
         widened[activations] = low.script().count('dtype="float32") = R.astype(')
     assert widened == {"float32": 0, "bf16": 1}, widened
+
+
+def test_the_onnx_export_of_mobilenet_v2_leaves_nothing_to_tvm():
+    """``onnx_mobilenet_v2``: the zoo's torch MobileNetV2 as its ONNX export through TVM's
+    ONNX frontend, whose ReLU6s arrive as ``Clip`` (``call_tir``s of TOPI's maximum and
+    minimum: jitbyoc.tvm.lift_te). Every op joins a region; nothing is compiled here."""
+    pytest.importorskip("torch")
+    pytest.importorskip("onnx")
+    import jitbyoc
+    from bench.zoo_torch import exported_model
+
+    case = exported_model("mobilenet_v2")
+    report = jitbyoc.report(case.mod)
+    assert report.fallbacks == [] and report.offloaded_share == 1.0
+    assert case.onnx_model is not None

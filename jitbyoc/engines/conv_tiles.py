@@ -47,7 +47,7 @@ from typing import ClassVar
 from llvmlite import ir
 
 from ..ir.dtypes import dtype as lookup_dtype
-from ..ir.llvmtypes import I32, I64, PTR
+from ..ir.llvmtypes import I64, PTR
 from ..render.loops import ceil_div, copy_bytes, for_range, smax, smin
 from ..render.vectors import lanes, strips, vload, vstore
 from . import conv_engine, gemm_tiles, registry

@@ -22,7 +22,7 @@ from typing import ClassVar
 import numpy as np
 from llvmlite import ir
 
-from ..ir.llvmtypes import F32, I1, I32, I64
+from ..ir.llvmtypes import F32, I32, I64
 from ..render.loops import for_range
 from ..render.vectors import SplatConstant, concatenated, lane_mask, multiply_add, splat, vload, vstore
 from . import registry

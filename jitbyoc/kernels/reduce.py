@@ -145,7 +145,7 @@ class Reduce(PortableStage, kir.KernelStage):
 
     def _some_rows(self, e, rows, plan) -> None:
         """Reduce the outputs ``rows`` together (their input rows stream side by side)."""
-        x, out, dt = self.inputs[0], self.out, self.out.dtype
+        out, dt = self.out, self.out.dtype
         kept, red, inner, n = plan
         kind = self.row.fold
         bases = [e.let(dot(e, unravel(e, o, [g[1] for g in kept]), [g[2] for g in kept]))

@@ -126,7 +126,7 @@ class WeightMatMul(PortableStage, kir.KernelStage):
     def storage(self) -> str:
         """``"int8"``, ``"int4"`` (words or bytes of nibbles) or ``"other"``: the
         narrowest storage the weight reads along its rows."""
-        dtypes = {b.dtype for b in self.inputs[1:] if self._aligned(b)[0] != 1 and self._aligned(b)[-1] != 1}
+        dtypes = {b.dtype for b in self.inputs[1:] if 1 not in ((a := self._aligned(b))[0], a[-1])}
         return "int8" if "int8" in dtypes else "int4" if dtypes & {"int32", "uint8"} else "other"
 
     @property

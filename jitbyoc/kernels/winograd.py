@@ -43,7 +43,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from llvmlite import ir
 
 from ..context import env_number, log
 from ..engines import registry, winograd as engines
