@@ -146,8 +146,10 @@ def test_a_uint8_pad_with_its_value_as_an_input_is_a_region():
     value = numpy_helper.from_array(np.array(7, np.uint8), "v")
     graph = helper.make_graph([helper.make_node("Pad", ["x", "pads", "v"], ["y"])], "g",
                               [helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 2, 3, 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.UINT8, [1, 2, 5, 6])], [pads, value])
-    mod = from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), keep_params_in_input=False)
+                              [helper.make_tensor_value_info("y", TensorProto.UINT8, [1, 2, 5, 6])],
+                              [pads, value])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    mod = from_onnx(model, keep_params_in_input=False)
     builds = build_both(mod)
     assert builds.report.fallbacks == []
     x = np.random.default_rng(7).integers(0, 256, (1, 2, 3, 4)).astype(np.uint8)
