@@ -37,11 +37,12 @@ def lifted_call(call: relax.Call, mod: tvm.IRModule, lookup):
     """``call`` (a ``call_tir``) as the Relax op its PrimFunc computes, or None."""
     callee, args = call.args[0], call.args[1]
     candidates = LIFTS.get(re.sub(r"\d+$", "", getattr(callee, "name_hint", "")))
+    prim = mod.functions.get(callee) if isinstance(callee, tvm.ir.GlobalVar) else None
     if candidates is None or len(call.args) != 2 or not isinstance(args, relax.Tuple) \
-            or not any(callee.same_as(g) for g in mod.functions):
+            or not isinstance(prim, tirx.PrimFunc):
         return None
-    prim, operands = mod[callee], list(args.fields)
-    if not isinstance(prim, tirx.PrimFunc) or not all(isinstance(a.ty, relax.TensorType) for a in operands):
+    operands = list(args.fields)
+    if not all(isinstance(a.ty, relax.TensorType) for a in operands):
         return None
     for key, make in candidates(prim, operands, call.ty):
         if tvm_ffi.structural_equal(_legalized(key, make, operands), prim, map_free_vars=True):

@@ -267,7 +267,8 @@ def prepare(mod: tvm.IRModule, ops: frozenset | set = frozenset()) -> tvm.IRModu
         out[gv] = _prepared(mod, gv, func, analyzer, narrow, grouped.TRIGGERS <= set(ops))
     if all(out[gv].same_as(f) for gv, f in mod.functions.items()):
         return mod
-    out = lift_te.without_lifted(mod, out)
+    if lift_te.TRIGGERS & set(ops):  # only a lift leaves a PrimFunc unused (each check walks every function)
+        out = lift_te.without_lifted(mod, out)
     # a dropped broadcast_to leaves ``y = x``: such a binding is no op, so it would end a region
     return relax.transform.CanonicalizeBindings()(tvm.IRModule(out, attrs=mod.attrs))
 
