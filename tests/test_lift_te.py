@@ -164,3 +164,21 @@ def test_an_edge_pad_stays_with_tvm():
     x = np.random.default_rng(6).standard_normal((1, 2, 3, 3)).astype(np.float32)
     ref, got = builds.run(x)
     np.testing.assert_array_equal(got, ref)
+
+
+def test_a_bound_sanitized_from_a_tensor_that_is_not_constant_still_lifts():
+    """``where(isnan(c), -inf, lo)`` with ``lo`` an input, not ``c``: not a constant bound.
+    Comparing ``lo`` with ``c`` once raised (NumPy's NaN-aware equality of no value), so
+    the whole function's preparing failed and the clip stayed with TVM."""
+    from tvm import topi
+
+    def body(bb, x, lo):
+        c = relax.const(np.float32(0.0))
+        bound = bb.emit(relax.op.where(bb.emit(relax.op.isnan(c)), relax.const(np.float32(-np.inf)), lo))
+        return bb.emit_te(topi.maximum, bb.emit(relax.op.add(x, x)), bound)
+    mod = build_model({"x": ((2, 5), "float32"), "lo": ((), "float32")}, body)
+    builds = build_both(mod)
+    assert "relax.call_tir" not in [f.op for f in builds.report.fallbacks]
+    x = np.random.default_rng(8).standard_normal((2, 5)).astype(np.float32)
+    ref, got = builds.run(x, np.float32(0.25))
+    np.testing.assert_array_equal(got, ref)

@@ -145,8 +145,9 @@ def sanitized_constant(expr, lookup):
     if not (isinstance(test, relax.Call) and test.op.same_as(ISNAN)):
         return None
     c, k = _constant(test.args[0]), _constant(call.args[1])
-    if c is None or k is None or c.ndim or k.ndim or not call.args[2].same_as(test.args[0]) \
-            and not np.array_equal(_constant(call.args[2]), c, equal_nan=True):
+    otherwise = c if call.args[2].same_as(test.args[0]) else _constant(call.args[2])
+    if c is None or k is None or otherwise is None or c.ndim or k.ndim \
+            or not np.array_equal(otherwise, c, equal_nan=True):
         return None
     return relax.const(np.where(np.isnan(c), k, c).astype(c.dtype), str(c.dtype))
 
