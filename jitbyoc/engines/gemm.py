@@ -378,6 +378,10 @@ class Gemm:
     # bytes of the narrowest element stored in C's place (C's, or the epilogue's outputs'):
     # a chunk of columns starts on a whole cache line of it (.gemm_llvm.line_parts)
     stored: int = 4
+    # A is a weight read from memory once a call (a convolution's): while a row tile's
+    # columns compute, the next tile's rows are prefetched (.gemm_llvm.next_rows); True,
+    # or in the engine the name of its run-time flag
+    stream_a: bool | str = False
 
     def __post_init__(self):
         self.blocking = self.blocking or blocking_for(self.dtype)

@@ -60,7 +60,7 @@ class GemmEngine(registry.Engine):
         r = range(self.batch)
         return (["a", "b", "c", "m", "n", "k"] + [f"ab{i}" for i in r] + ["ax", "ak"]
                 + [f"bb{i}" for i in r] + ["bx", "bk"] + [f"cb{i}" for i in r] + ["crow"]
-                + [f"d{i}" for i in r] + ["epi", "env"])
+                + [f"d{i}" for i in r] + ["epi", "env", "stream_a"])
 
     def emit(self, module: ir.Module, fn: ir.Function) -> None:
         ctx, bufs = registry.open_params(self, module, fn, self.names(), "abc", self.dtype)
@@ -75,7 +75,7 @@ class GemmEngine(registry.Engine):
 
         g = Gemm("m", "n", "k", operand("a", self.a), operand("b", self.b),
                  Output(bufs["c"], tuple(f"cb{i}" for i in r), "crow"), self.dtype,
-                 tuple(f"d{i}" for i in r), _callback)
+                 tuple(f"d{i}" for i in r), _callback, stream_a="stream_a")
         if self.a == "k" and self.b in ("k", "x"):  # A's row contiguous: one row is a GEMV
             b, one = ctx.b, I64(1)
             single = b.icmp_signed("==", ctx.syms["m"], one)
@@ -169,5 +169,5 @@ def call(g: Gemm, ctx) -> None:
     slots += pad + [size(s) for s in g.a.batch[:r]] + [size(g.a.x), size(g.a.k)]
     slots += pad + [size(s) for s in g.b.batch[:r]] + [size(s) for s in _strides(g.b)]
     slots += pad + [size(s) for s in g.c.batch[:r]] + [size(g.c.row)]
-    slots += [I64(1)] * len(pad) + [ctx.dim(d) for d in g.batch] + [epi, env]
+    slots += [I64(1)] * len(pad) + [ctx.dim(d) for d in g.batch] + [epi, env, I64(int(bool(g.stream_a)))]
     registry.call(ctx, engine, slots)

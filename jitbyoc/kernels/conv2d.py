@@ -239,7 +239,7 @@ class Conv2d(kir.KernelStage):
                          epilogue_out=None if flat is None or self.epilogue_out is None
                          else kir.view(self.epilogue_out, shape),
                          epilogue_also=tuple((kir.view(buf, shape), e) for (buf, _), e in zip(stores[1:], flat[1:]))
-                         if flat else ())
+                         if flat else (), stream_a=True)
         panels = None
         if self.tap_major:  # B is the panels, not the view of x above (which gives the product's shape)
             panels = conv_panels.operand(self.work, lead) if self.work is not None \

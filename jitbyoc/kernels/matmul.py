@@ -47,6 +47,7 @@ def _strides(shape) -> list[tuple]:
 class MatMul(kir.KernelStage):
     perms: tuple = (None, None)  # operand i is permute_dims(inputs[i], perms[i]); None: as is
     panels: int = 0  # B is inputs[1] packed in panels of this many columns (..., N/w, K, w); 0: not
+    stream_a: bool = False  # A is a weight from memory (Gemm.stream_a)
     writes_epilogue_apart = True  # the GEMM engine's epilogue callbacks take finished blocks
 
     def operand(self, i: int):
@@ -95,7 +96,7 @@ class MatMul(kir.KernelStage):
             a = Strided(self.inputs[0], (), astr[-2], astr[-1])
             c = Output(self.out, (), out[-1:] if has_n else 1)
             return Gemm(tuple(batch) + (m,), n, k, a, b, c, dt, (),
-                        rows_epilogue(self, tuple(out[:-1])))
+                        rows_epilogue(self, tuple(out[:-1])), stream_a=self.stream_a)
         a = Strided(self.inputs[0], batch_strides(ashape, astr), astr[-2] if has_m else 0, astr[-1])
         ostr = _strides(out)
         c = Output(self.out, tuple(ostr[:len(batch)]), out[-1:] if has_n else 1)
@@ -105,7 +106,8 @@ class MatMul(kir.KernelStage):
         results = [buf for buf, _ in self.epilogue_stores()] or [self.out]
         stored = min(lookup_dtype(buf.dtype).nbytes for buf in results)
         return Gemm(m, n, k, a, b, c, dt, tuple(batch),
-                    box_epilogue(self, has_m, has_n), private_c=private, stored=stored)
+                    box_epilogue(self, has_m, has_n), private_c=private, stored=stored,
+                    stream_a=self.stream_a)
 
     def emit_llvm(self, ctx, b=None) -> None:
         """The product at ``ctx``'s insertion point (it runs its own ``parallel_for``): a

@@ -207,7 +207,7 @@ def emit(stage, ctx) -> None:
                                                                 g.w, g.pad[0], g.pad[1], ty, tx, ty * tx, width])
     lead, xi = (() if g.n == 1 else (g.n,)), tf.points ** 2
     product = MatMul((kir.view(packed, (xi, g.k, g.c)), kir.view(stage.work, lead + (xi, g.c, ty * tx))),
-                     kir.view(stage.sums, lead + (xi, g.k, ty * tx)))
+                     kir.view(stage.sums, lead + (xi, g.k, ty * tx)), stream_a=True)  # A: the weight
     product.emit_llvm(ctx)
 
     def epilogue(c, args):
