@@ -54,7 +54,7 @@ from llvmlite import ir
 
 from ..ir.llvmtypes import I64, PTR
 from ..render.loops import ceil_div, for_range, smax, smin
-from ..render.vectors import splat
+from ..render.vectors import prefetch, splat
 from . import conv_engine, registry
 from .conv_channel_plan import TILE_GROUP, WEIGHT_BLOCK_KIB
 from .conv_plan import unit_channels
@@ -110,8 +110,10 @@ class _Emit(conv_engine.Emit):
         else:
             count = ceil_div(b, b.sub(pend, pstart), I64(e.r))
             at = grid = lambda i: smin(b, b.add(pstart, b.mul(i, I64(e.r))), b.sub(pend, I64(e.r)))  # noqa: E731
-        self.grouped(c, count, e.r * e.v, e.v * e.lanes * self.elem.nbytes,
-                     lambda i, accs, lo, hi: self.accumulate(c, src, b.add(xbase, grid(i)), kb, accs, lo, hi),
+
+        def accumulate(i, accs, lo, hi, ahead):
+            self.accumulate(c, src, b.add(xbase, grid(i)), kb, accs, lo, hi, ahead)
+        self.grouped(c, count, e.r * e.v, e.v * e.lanes * self.elem.nbytes, accumulate,
                      lambda i, accs: self.store_tile(c, accs, n, b.add(k0, b.mul(first, I64(e.lanes))),
                                                      own0, kend, at(i), None if e.sw else pstart))
         registry.call_back(b, s["epi"], s["env"], [n, own0, b.sub(kend, own0), r0, b.sub(r1, r0)])
@@ -155,27 +157,59 @@ class _Emit(conv_engine.Emit):
                 with for_range(b, size, "tile") as i:
                     for a, sv in zip(accs, saved(i)):
                         b.store(b.select(start, ir.Constant(vt, None), b.load(sv, typ=vt)), a)
-                    accumulate(b.add(first, i), accs, lo, smin(b, channels, b.add(lo, block)))
+                    hi = smin(b, channels, b.add(lo, block))
+                    ahead = (hi, smin(b, channels, b.add(hi, block)), i, size, b.icmp_signed("==", g, I64(0)))
+                    accumulate(b.add(first, i), accs, lo, hi, ahead)
                     for a, sv in zip(accs, saved(i)):
                         b.store(b.load(a, typ=vt), sv)
             with for_range(b, size, "tile") as i:
                 store(b.add(first, i), saved(i))
 
-    def accumulate(self, c, src, xoff, kb, accs, lo, hi) -> None:
+    def accumulate(self, c, src, xoff, kb, accs, lo, hi, ahead=None) -> None:
         """``accs[r*V + v]`` += input channels ``lo .. hi`` of vector ``kb + v`` at pixel
-        ``r`` of the tile at ``xoff``."""
+        ``r`` of the tile at ``xoff``; with ``ahead`` (:meth:`fetch_ahead`), reading the
+        next block's weights ahead."""
         b, s, e = c.b, c.syms, self.e
         taps = b.inttoptr(s["taptab"], PTR)
         run = b.mul(b.mul(self.channels(c), s["taps"]), I64(e.lanes))  # one vector's weights
+        fetch = None if ahead is None else self.fetch_ahead(c, kb, run, ahead)
         with for_range(b, hi, "ic", start=lo) as ic:
             xp = c.element(src, b.add(xoff, b.mul(ic, s["chan"])))
             first = b.mul(b.mul(ic, s["taps"]), I64(e.lanes))
             wps = [c.element(self.bufs["w"], b.add(b.mul(b.add(kb, I64(v)), run), first)) for v in range(e.v)]
             if e.pointwise:  # one tap at offset 0: no tap loop
+                if fetch is not None:
+                    fetch(b.sub(ic, lo))
                 self.tap(c, xp, wps, I64(0), I64(0), accs)
             else:
                 with for_range(b, s["taps"], "tap") as t:
+                    if fetch is not None:
+                        fetch(b.add(b.mul(b.sub(ic, lo), s["taps"]), t))
                     self.tap(c, xp, wps, b.load(b.gep(taps, [t], source_etype=I64), typ=I64), t, accs)
+
+    def fetch_ahead(self, c, kb, run, ahead):
+        """``fetch(step)``: in a group's first pass (where the block's weights come from
+        memory), tile ``i`` of ``size`` prefetches its share of the next block's weights,
+        channels ``lo .. hi``, a line (one channel's tap of one vector) at each of its
+        steps (channel and tap) until done, the vectors in turn: while a tile computes,
+        the next block arrives, where the first tile of each block waited for it (into
+        L2; the address is not ``inbounds``: a prefetch never faults). Zen 5, 2 threads,
+        builds in turns in one process: 12 layers of 3x3 512 on 7x7 with their own weights
+        (108 MB) 0.91x the time; 1x1 1024->256 on 14x14 (cold or hot weights) and
+        ResNet-50 level."""
+        b, s, e = c.b, c.syms, self.e
+        lo, hi, i, size, first_group = ahead
+        share = ceil_div(b, b.sub(hi, lo), size)  # channels a tile fetches
+        lines = b.mul(b.mul(share, s["taps"]), I64(e.v))
+        at = b.mul(b.add(lo, b.mul(i, share)), b.mul(s["taps"], I64(e.lanes)))
+
+        def fetch(step):
+            with b.if_then(b.and_(first_group, b.icmp_signed("<", step, lines))):
+                v, line = b.urem(step, I64(e.v)), b.udiv(step, I64(e.v))
+                offset = b.add(b.add(b.mul(b.add(kb, v), run), at), b.mul(line, I64(e.lanes)))
+                prefetch(b, b.gep(c.ptrs[self.bufs["w"].storage], [offset],
+                                  source_etype=self.elem.ir), locality=2)
+        return fetch
 
     def tap(self, c, xp, wps, off, t, accs) -> None:
         """One tap ``t`` (at ``off`` from the pixel) of one input channel (unit): ``V``
