@@ -172,20 +172,31 @@ class _Emit(conv_engine.Emit):
         b, s, e = c.b, c.syms, self.e
         taps = b.inttoptr(s["taptab"], PTR)
         run = b.mul(b.mul(self.channels(c), s["taps"]), I64(e.lanes))  # one vector's weights
-        fetch = None if ahead is None else self.fetch_ahead(c, kb, run, ahead)
-        with for_range(b, hi, "ic", start=lo) as ic:
-            xp = c.element(src, b.add(xoff, b.mul(ic, s["chan"])))
-            first = b.mul(b.mul(ic, s["taps"]), I64(e.lanes))
-            wps = [c.element(self.bufs["w"], b.add(b.mul(b.add(kb, I64(v)), run), first)) for v in range(e.v)]
-            if e.pointwise:  # one tap at offset 0: no tap loop
-                if fetch is not None:
-                    fetch(b.sub(ic, lo))
-                self.tap(c, xp, wps, I64(0), I64(0), accs)
-            else:
-                with for_range(b, s["taps"], "tap") as t:
+
+        def channels(fetch) -> None:
+            with for_range(b, hi, "ic", start=lo) as ic:
+                xp = c.element(src, b.add(xoff, b.mul(ic, s["chan"])))
+                first = b.mul(b.mul(ic, s["taps"]), I64(e.lanes))
+                wps = [c.element(self.bufs["w"], b.add(b.mul(b.add(kb, I64(v)), run), first))
+                       for v in range(e.v)]
+                if e.pointwise:  # one tap at offset 0: no tap loop
                     if fetch is not None:
-                        fetch(b.add(b.mul(b.sub(ic, lo), s["taps"]), t))
-                    self.tap(c, xp, wps, b.load(b.gep(taps, [t], source_etype=I64), typ=I64), t, accs)
+                        fetch(b.sub(ic, lo))
+                    self.tap(c, xp, wps, I64(0), I64(0), accs)
+                else:
+                    with for_range(b, s["taps"], "tap") as t:
+                        if fetch is not None:
+                            fetch(b.add(b.mul(b.sub(ic, lo), s["taps"]), t))
+                        self.tap(c, xp, wps, b.load(b.gep(taps, [t], source_etype=I64), typ=I64), t, accs)
+
+        if ahead is None:
+            channels(None)
+            return
+        with b.if_else(ahead[4]) as (first_pass, later):  # only a group's first pass reads ahead
+            with first_pass:
+                channels(self.fetch_ahead(c, kb, run, ahead))
+            with later:
+                channels(None)
 
     def fetch_ahead(self, c, kb, run, ahead):
         """``fetch(step)``: in a group's first pass (where the block's weights come from
@@ -198,13 +209,13 @@ class _Emit(conv_engine.Emit):
         (108 MB) 0.91x the time; 1x1 1024->256 on 14x14 (cold or hot weights) and
         ResNet-50 level."""
         b, s, e = c.b, c.syms, self.e
-        lo, hi, i, size, first_group = ahead
+        lo, hi, i, size, _first_pass = ahead
         share = ceil_div(b, b.sub(hi, lo), size)  # channels a tile fetches
         lines = b.mul(b.mul(share, s["taps"]), I64(e.v))
         at = b.mul(b.add(lo, b.mul(i, share)), b.mul(s["taps"], I64(e.lanes)))
 
         def fetch(step):
-            with b.if_then(b.and_(first_group, b.icmp_signed("<", step, lines))):
+            with b.if_then(b.icmp_signed("<", step, lines)):
                 v, line = b.urem(step, I64(e.v)), b.udiv(step, I64(e.v))
                 offset = b.add(b.add(b.mul(b.add(kb, v), run), at), b.mul(line, I64(e.lanes)))
                 prefetch(b, b.gep(c.ptrs[self.bufs["w"].storage], [offset],
