@@ -51,11 +51,13 @@ def test_a_pointwise_convs_weight_is_streamed_and_a_matmuls_activations_are_not(
     assert _stream_flags(monkeypatch) == {"nn": [1], "matmul": [0]}
 
 
+# a prefetch for reading into L2 (llvm.prefetch: read, locality 2, data), in an engine's IR
+READ_INTO_L2 = r"call void @\"?llvm.prefetch.p0\"?\(ptr [^,]+, i32 0, i32 2, i32 1\)"
+
+
 def test_the_engine_reads_ahead_in_a():
     """Reads into L2 (the engine's other prefetches are the C tile's, for writing)."""
-    text = ir_text(GemmEngine("float32", 4, "k", "x"), isa.current().triple, "")
-    read_into_l2 = r"call void @\"?llvm.prefetch.p0\"?\(ptr [^,]+, i32 0, i32 2, i32 1\)"
-    assert re.search(read_into_l2, text)
+    assert re.search(READ_INTO_L2, ir_text(GemmEngine("float32", 4, "k", "x"), isa.current().triple, ""))
 
 
 def test_streamed_products_agree_with_tvm_at_every_row_tile():

@@ -167,8 +167,9 @@ class _Emit(conv_engine.Emit):
 
     def accumulate(self, c, src, xoff, kb, accs, lo, hi, ahead=None) -> None:
         """``accs[r*V + v]`` += input channels ``lo .. hi`` of vector ``kb + v`` at pixel
-        ``r`` of the tile at ``xoff``; with ``ahead`` (:meth:`fetch_ahead`), reading the
-        next block's weights ahead."""
+        ``r`` of the tile at ``xoff``; with ``ahead`` (the next block's channels ``lo ..
+        hi``, this tile ``i`` of ``size``, whether this is the group's first pass), reading
+        the next block's weights ahead (:meth:`fetch_ahead`)."""
         b, s, e = c.b, c.syms, self.e
         taps = b.inttoptr(s["taptab"], PTR)
         run = b.mul(b.mul(self.channels(c), s["taps"]), I64(e.lanes))  # one vector's weights
@@ -192,13 +193,14 @@ class _Emit(conv_engine.Emit):
         if ahead is None:
             channels(None)
             return
-        with b.if_else(ahead[4]) as (first_pass, later):  # only a group's first pass reads ahead
+        *block, first = ahead
+        with b.if_else(first) as (first_pass, later):  # only a group's first pass reads ahead
             with first_pass:
-                channels(self.fetch_ahead(c, kb, run, ahead))
+                channels(self.fetch_ahead(c, kb, run, block))
             with later:
                 channels(None)
 
-    def fetch_ahead(self, c, kb, run, ahead):
+    def fetch_ahead(self, c, kb, run, block):
         """``fetch(step)``: in a group's first pass (where the block's weights come from
         memory), tile ``i`` of ``size`` prefetches its share of the next block's weights,
         channels ``lo .. hi``, a line (one channel's tap of one vector) at each of its
@@ -209,7 +211,7 @@ class _Emit(conv_engine.Emit):
         (108 MB) 0.91x the time; 1x1 1024->256 on 14x14 (cold or hot weights) and
         ResNet-50 level."""
         b, s, e = c.b, c.syms, self.e
-        lo, hi, i, size, _first_pass = ahead
+        lo, hi, i, size = block
         share = ceil_div(b, b.sub(hi, lo), size)  # channels a tile fetches
         lines = b.mul(b.mul(share, s["taps"]), I64(e.v))
         at = b.mul(b.add(lo, b.mul(i, share)), b.mul(s["taps"], I64(e.lanes)))
