@@ -60,15 +60,21 @@ class _SwapFirst(PyExprMutator):
         return call
 
 
+# One op swapped for another of the same operands, the first pair the model has: an
+# activation, else (MobileNetV2's ReLU6 is a clip, of three operands) an add.
+SWAPS = (("relax.nn.relu", "relax.nn.gelu"), ("relax.nn.gelu", "relax.nn.relu"),
+         ("relax.sigmoid", "relax.tanh"), ("relax.add", "relax.subtract"))
+
+
 def change_one_layer(mod: tvm.IRModule) -> tvm.IRModule:
-    for src, dst in (("relax.nn.relu", "relax.nn.gelu"), ("relax.nn.gelu", "relax.nn.relu")):
+    for src, dst in SWAPS:
         swap = _SwapFirst(mod, src, dst)
         func = swap.visit_expr(mod["main"])
         if swap.done:
             out = mod.shallow_copy() if hasattr(mod, "shallow_copy") else tvm.IRModule(mod.functions)
             out["main"] = func
             return relax.transform.Normalize()(out)
-    raise ValueError("model has no relu or gelu to change")
+    raise ValueError("model has no relu, gelu, sigmoid or add to change")
 
 
 def _timed_build(mod) -> tuple[float, dict]:
