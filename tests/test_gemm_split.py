@@ -3,6 +3,8 @@
 - Row tiles (``row_tiles``): a product whose rows are not a multiple of the register
   tile's MR gets its last tiles one row shorter instead of one thin edge tile (which
   costs about a full tile's time).
+- The side split (``split_side``): the larger one, unless it has too few parts to share
+  out and the other more.
 - Chunks (``chunks_of``, ``chunk_parts``): the threads' units of work are of equal size
   give or take a part, or give or take ``align`` parts where their edges move to whole
   cache lines of the output (``line_parts``).
@@ -17,7 +19,15 @@ import llvmlite.binding as llvm
 import pytest
 from llvmlite import ir
 
-from jitbyoc.engines.gemm_llvm import CHUNKS, chunk_count, chunk_parts, chunks_of, largest_chunk, row_tiles
+from jitbyoc.engines.gemm_llvm import (
+    CHUNKS,
+    chunk_count,
+    chunk_parts,
+    chunks_of,
+    largest_chunk,
+    row_tiles,
+    split_side,
+)
 from jitbyoc.ir.llvmtypes import I64, PTR
 from jitbyoc.render.loops import for_range
 
@@ -139,4 +149,31 @@ def test_chunk_edges_move_to_whole_lines_within_the_largest_chunk(chunks, align)
         assert max(hi - lo for lo, hi in got) <= largest_chunk(parts, chunks, align), (parts, got)
     if (chunks, align) == (8, 2):  # 20 panels (640 columns): chunks of 2 and 4, not 2 and 3
         assert [hi - lo for lo, hi in _pairs(fn, 20)] == [2, 4, 2, 4, 2, 4, 2]
+    del engine
+
+
+def _side_function():
+    """``(1 if columns else 0, parts)`` for a product of ``m x n`` in ``batch`` items
+    (packed in the argument: m << 40 | n << 20 | batch), MR 6 and NR 64."""
+    def split(b, arg):
+        mask = I64((1 << 20) - 1)
+        m, n, batch = b.ashr(arg, I64(40)), b.and_(b.ashr(arg, I64(20)), mask), b.and_(arg, mask)
+        columns, parts = split_side(b, (m, n), (I64(6), I64(64)), batch, CHUNKS)
+        return I64(1), lambda _: (b.zext(columns, I64), parts)
+    return _pairs_function("side", split)
+
+
+@pytest.mark.parametrize("m, n, batch, want", [
+    (128, 196, 1, (0, 22)),   # 14x14: panels 64, 64, 64, 4 for two threads; 22 row parts
+    (64, 196, 1, (0, 11)),    # MobileNetV2's 14x14 projections
+    (32, 49, 1, (0, 6)),      # a 7x7 map is one panel: it was one task
+    (128, 128, 12, (1, 2)),   # BERT's scores: 24 chunks over the heads already
+    (64, 3136, 1, (1, 49)),   # 56x56: columns, as before
+    (128, 784, 1, (1, 13)),   # 28x28: 13 panels are enough
+    (1024, 196, 1, (0, 171)),  # rows are the larger side
+    (4, 40, 1, (1, 1)),       # one panel, one row part: nothing to share
+])
+def test_the_split_side_has_parts_to_share(m, n, batch, want):
+    fn, engine = _jit(_side_function())
+    assert _pairs(fn, m << 40 | n << 20 | batch) == [want]
     del engine

@@ -113,9 +113,7 @@ def emit(g, ctx) -> None:
 def _emit(g, ctx) -> None:
     b, blk = ctx.b, g.blocking
     m, n = extent(ctx, g.m), extent(ctx, g.n)
-    # split the larger side: the other operand is then the one each chunk re-reads
-    split_n = b.icmp_signed(">=", n, m)
-    parts = b.select(split_n, ceil_div(b, n, I64(g.nr)), ceil_div(b, m, I64(blk.mr)))
+    split_n, parts = split_side(b, (m, n), (I64(blk.mr), I64(g.nr)), ctx.product(g.batch), blk.chunks)
     per_item = chunk_count(b, parts, blk.chunks)
     if g.serial():
         _task(g, ctx, I64(0), I64(1), [b.zext(split_n, I64), parts, per_item, task_counter(b)])
@@ -127,6 +125,22 @@ def _emit(g, ctx) -> None:
         macs = ctx.product(_all_dims(g))
         tasks = b.select(b.icmp_signed("<", macs, I64(SERIAL_MAX_MACS)), I32(1), I32(0))
     ctx.parallel_for(count, lambda c, lo, hi, ex: _task(g, c, lo, hi, ex, c.team), extra, tasks)
+
+
+def split_side(b, sizes, units, batch, chunks: int) -> tuple:
+    """(whether chunks are ranges of columns, the parts of that side). The larger side is
+    split (the other operand is then the one each chunk re-reads), unless it has fewer
+    parts than ``chunks`` over the batch and the other side has more: 196 columns (a
+    14x14 map) are three panels of 64 and one of 4, and of two threads one took two whole
+    panels; a chain of 128 -> 128 1x1 convolutions on 14x14 ran in 0.93x the time split
+    by its 22 row parts instead."""
+    (m, n), (mr, nr) = sizes, units
+    pm, pn = ceil_div(b, m, mr), ceil_div(b, n, nr)
+    larger_n = b.icmp_signed(">=", n, m)
+    few = b.icmp_signed("<", b.mul(batch, b.select(larger_n, pn, pm)), I64(chunks))
+    other_more = b.icmp_signed(">", b.select(larger_n, pm, pn), b.select(larger_n, pn, pm))
+    split_n = b.xor(larger_n, b.and_(few, other_more))
+    return split_n, b.select(split_n, pn, pm)
 
 
 def _task(g, c, _lo, _hi, extra, team=None) -> None:
