@@ -27,7 +27,10 @@ U = 2.0 ** -24  # float32's unit roundoff
 # whose rows and columns end in partial tiles
 CASES = {"conv": ((1, 16, 12, 12), (32, 16, 3, 3), (1, 32, 12, 12)),
          "batch": ((2, 16, 11, 9), (40, 16, 3, 3), (2, 40, 11, 9)),
-         "matmul": ((70, 96), (96, 84), (70, 84))}
+         "matmul": ((70, 96), (96, 84), (70, 84)),
+         # 196 columns are four panels, too few to share out: chunks are rows
+         # (gemm_llvm.split_side), and so are the scratch's (scratch_c)
+         "rows": ((128, 96), (96, 196), (128, 196))}
 
 
 def _residual_block(kind: str, w: np.ndarray, precision: str, cast: bool = True):
@@ -35,7 +38,8 @@ def _residual_block(kind: str, w: np.ndarray, precision: str, cast: bool = True)
     x_shape, _, r_shape = CASES[kind]
 
     def body(bb, x, r):
-        op = R.matmul(x, relax.const(w)) if kind == "matmul" else R.nn.conv2d(x, relax.const(w), padding=1)
+        wc = relax.const(w)
+        op = R.matmul(x, wc) if kind in ("matmul", "rows") else R.nn.conv2d(x, wc, padding=1)
         y = bb.emit(R.nn.relu(bb.emit(R.add(bb.emit(op), r))))
         return [y, bb.emit(R.astype(y, "bfloat16"))] if cast else y
     mod = build_model({"x": (x_shape, "float32"), "r": (r_shape, "float32")}, body)
@@ -50,7 +54,7 @@ def _product(mod):
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-@pytest.mark.parametrize("kind", ["conv", "batch", "matmul"])
+@pytest.mark.parametrize("kind", ["conv", "batch", "matmul", "rows"])
 def test_a_residual_tail_with_two_stores_runs_in_the_products_blocks(kind, precision):
     rng = np.random.default_rng(len(kind) + len(precision))
     x_shape, w_shape, r_shape = CASES[kind]
@@ -65,7 +69,7 @@ def test_a_residual_tail_with_two_stores_runs_in_the_products_blocks(kind, preci
     # both stores come from the same sums: the cast is the float32 result's, bit for bit
     assert np.array_equal(got_bf16.view(np.uint16), got.astype(BF16).view(np.uint16))
     # float32 summation's bound on the operands as the product reads them (bf16: rounded)
-    k = w_shape[0] if kind == "matmul" else int(np.prod(w_shape[1:]))
+    k = w_shape[0] if kind in ("matmul", "rows") else int(np.prod(w_shape[1:]))
     rounded = [v.astype(BF16).astype(np.float64) if precision == "bf16" else v for v in (x, w)]
     bound = 2 * k * U / (1 - k * U) * k * np.abs(rounded[0]).max() * np.abs(rounded[1]).max()
     assert np.abs(got - want).max() <= bound + 4 * U * np.abs(want).max()

@@ -26,6 +26,7 @@ from jitbyoc.engines.gemm_llvm import (
     chunks_of,
     largest_chunk,
     row_tiles,
+    split_parts,
     split_side,
 )
 from jitbyoc.ir.llvmtypes import I64, PTR
@@ -177,3 +178,4 @@ def test_the_split_side_has_parts_to_share(m, n, batch, want):
     fn, engine = _jit(_side_function())
     assert _pairs(fn, m << 40 | n << 20 | batch) == [want]
     del engine
+    assert split_parts(m, n, 6, 64, batch, CHUNKS) == (bool(want[0]), want[1])  # the cost models' copy

@@ -127,6 +127,14 @@ def _emit(g, ctx) -> None:
     ctx.parallel_for(count, lambda c, lo, hi, ex: _task(g, c, lo, hi, ex, c.team), extra, tasks)
 
 
+def split_parts(m: int, n: int, mr: int, nr: int, batch: int, chunks: int) -> tuple[bool, int]:
+    """:func:`split_side` on known sizes (the cost models')."""
+    pm, pn = -(-m // mr), -(-n // nr)
+    larger, other = (pn, pm) if n >= m else (pm, pn)
+    columns = (n >= m) != (batch * larger < chunks and other > larger)
+    return columns, pn if columns else pm
+
+
 def split_side(b, sizes, units, batch, chunks: int) -> tuple:
     """(whether chunks are ranges of columns, the parts of that side). The larger side is
     split (the other operand is then the one each chunk re-reads), unless it has fewer
@@ -202,11 +210,11 @@ def scratch_c(g) -> tuple | None:
     bf16 or int8 product whose epilogue writes its own dtype passed its float32 / int32
     sums through memory once more. Rows are 64 bytes apart at least (whole lines: AMX
     tile rows 16 bytes off a line cost several times as much)."""
-    m, n = static_size(g.m), static_size(g.n)
-    if not g.private_c or g.epilogue is None or m is None or n is None:
+    m, n, batch = static_size(g.m), static_size(g.n), static_size(g.batch)
+    if not g.private_c or g.epilogue is None or None in (m, n, batch):
         return None
-    split_n = n >= m  # as _emit splits: a chunk is whole columns or whole rows
-    parts = -(-n // g.nr) if split_n else -(-m // g.blocking.mr)
+    # as _emit splits (split_side): a chunk is whole columns or whole rows
+    split_n, parts = split_parts(m, n, g.blocking.mr, g.nr, batch, g.blocking.chunks)
     most = largest_chunk(parts, g.blocking.chunks, line_parts(g) if split_n else 1)
     rows, cols = (m, most * g.nr) if split_n else (most * g.blocking.mr, n)
     nbytes = lookup_dtype(g.product.acc).nbytes
