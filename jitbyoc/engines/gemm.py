@@ -62,8 +62,9 @@ API
   epilogue writes another dtype) the LLVM rendering may keep C in a scratch of its own
   and pass the epilogue ``acc=(pointer, row stride)``, where the block's sums are.
 * **Threads.** the LLVM emitters and ``emit_c`` run ``ctx.parallel_for`` themselves (so never
-  call them from inside one). The LLVM rendering splits the larger of M and N into
-  chunks that tasks take from atomic counters, their own range first (:mod:`.gemm_llvm`); the C rendering
+  call them from inside one). The LLVM rendering splits the larger of M and N (unless it
+  has too few parts to share out: :func:`.gemm_llvm.split_side`) into chunks that tasks
+  take from atomic counters, their own range first (:mod:`.gemm_llvm`); the C rendering
   splits rows statically. Packing buffers come from ``TVMBackendAllocWorkspace`` inside
   each task; static problems under :data:`SERIAL_MAX_MACS` stay on the calling thread.
 * **Layers.** :mod:`.gemm_micro` holds the LLVM pieces a custom operand may reuse

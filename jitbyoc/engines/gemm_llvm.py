@@ -1,6 +1,7 @@
 """The GEMM engine's LLVM driver: threads, cache blocking, packing, microkernel calls.
 
-Work is split along the larger of M and N into *parts* (MR rows or NR columns), parts
+Work is split along the larger of M and N (:func:`split_side`: unless it has too few
+parts to share out) into *parts* (MR rows or NR columns), parts
 are grouped into the blocking's ``chunks`` (:data:`CHUNKS`; 16 for bfloat16 on tiles)
 chunks per batch item (fewer when there are fewer parts) of equal size give or take a
 part, a chunk of columns starting on a whole cache line of the output
