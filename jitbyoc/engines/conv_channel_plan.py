@@ -14,7 +14,7 @@ from ..threads import physical_cores
 from .conv_plan import (DENSE_MAX_KW, ONE_FMA_PIPE, PACK_CYCLES, TWO_FMA_PIPES, WIDE_FMA_PIPES, Layout, Plan,
                         bands_wanted, choose_plan, cost, issue_costs, unit_channels)
 from .gemm import blocking_for, panel_width
-from .gemm_llvm import chunks_of, split_parts
+from .gemm_llvm import chunks_of
 from .products import PRODUCTS
 
 MAX_V = 4  # vectors of channels per tile
@@ -188,11 +188,15 @@ def gemm_cost(geo, dt: str) -> float:
     tiles' FMAs (``MR`` rows of output channels by vectors of pixels: a 7x7 map fills 49
     of 64 lanes), spread over its chunks (:func:`.gemm_llvm.chunks_of` per image,
     so 3 chunks of a 13x13 map keep one of two cores idle a third of the time)."""
-    blk, lanes, bits = blocking_for(dt), lanes_of(dt), isa.vector_bits()
-    mr, rows, pixels = blk.mr, geo.kg, geo.oh * geo.ow
-    batch = geo.n if isinstance(geo.n, int) else 1
-    parts = split_parts(rows, pixels, mr, panel_width(dt), batch, blk.chunks)[1]
-    chunks = chunks_of(parts, blk.chunks)
+    mr, lanes, bits = blocking_for(dt).mr, lanes_of(dt), isa.vector_bits()
+    rows, pixels = geo.kg, geo.oh * geo.ow
+    # the chunks of the larger side, as the engine split before gemm_llvm.split_side: the
+    # estimate the engines' choices were measured against. With split_side's parts, a 1x1
+    # 384 <-> 64 on 13x13 moved to the GEMM and ran 1.11x slower in float32 (level in
+    # bfloat16; 512 <-> 160 in bfloat16 0.91x): a GEMM of few rows gains less than its
+    # chunks say
+    parts = math.ceil(pixels / panel_width(dt)) if pixels >= rows else math.ceil(rows / mr)
+    chunks = chunks_of(parts)
     threads = physical_cores()
     fmas = math.ceil(rows / mr) * mr * math.ceil(pixels / lanes) * unit_channels(geo, dt) * bits / 512
     return fmas * math.ceil(chunks / threads) * threads / chunks
