@@ -114,7 +114,12 @@ def emit(g, ctx) -> None:
 def _emit(g, ctx) -> None:
     b, blk = ctx.b, g.blocking
     m, n = extent(ctx, g.m), extent(ctx, g.n)
-    split_n, parts = split_side(b, (m, n), (I64(blk.mr), I64(g.nr)), ctx.product(g.batch), blk.chunks)
+    sizes = static_size(g.m), static_size(g.n), static_size(g.batch)
+    if None in sizes:
+        split_n, parts = split_side(b, (m, n), (I64(blk.mr), I64(g.nr)), ctx.product(g.batch), blk.chunks)
+    else:  # known now: the same split as the scratch of private sums (scratch_c) takes
+        columns, count = split_parts(sizes[0], sizes[1], blk.mr, g.nr, sizes[2], blk.chunks)
+        split_n, parts = I1(int(columns)), I64(count)
     per_item = chunk_count(b, parts, blk.chunks)
     if g.serial():
         _task(g, ctx, I64(0), I64(1), [b.zext(split_n, I64), parts, per_item, task_counter(b)])
@@ -129,7 +134,8 @@ def _emit(g, ctx) -> None:
 
 
 def split_parts(m: int, n: int, mr: int, nr: int, batch: int, chunks: int) -> tuple[bool, int]:
-    """:func:`split_side` on known sizes (the cost models')."""
+    """:func:`split_side` on known sizes: what a product of static sizes emits as
+    constants, and what its scratch for private sums (:func:`scratch_c`) is sized by."""
     pm, pn = -(-m // mr), -(-n // nr)
     larger, other = (pn, pm) if n >= m else (pm, pn)
     columns = (n >= m) != (batch * larger < chunks and other > larger)
