@@ -29,9 +29,16 @@ MIN_VECTORS = 4
 # streaming 64 MB on the other core), 7x7 1x1 2048->512 0.97 (0.79-0.85); 2 threads 0.94
 # and 0.98. Blocks of 16, 48 or 96 KiB measured alike; the pixel engine (conv_engine)
 # blocked alike measured level (56x56 to 14x14 3x3 layers, 0.98-1.02): its J weights
-# a tap are one cache line, streamed in order.
+# a tap are one cache line, streamed in order. On Zen 5 (48 KiB L1) blocks that stay in
+# L1 with the group's saved sums paid (builds in one process, in turns, against 96 KiB):
+# 24 pairs of 1x1 512 <-> 2048 on 7x7 0.87x the time at 16 KiB (24: 0.89, 40: 0.95, 8:
+# 0.87); ResNet-50 0.971x (24: 0.963), its bf16 0.966x, its int8 QDQ 0.981x (24: 0.968),
+# Inception v2 0.977x, DenseNet-121 0.988x against controls of 0.99-1.02; MobileNetV2,
+# EfficientNet-B0, RegNetY level. 16 KiB and a group of 8 tiles' sums (at most 28 vectors
+# a tile) fit a 32 KiB L1 as well (Zen 4, Intel's cores before Ice Lake's 48 KiB).
 TILE_GROUP = 8
-WEIGHT_BLOCK_KIB = 96
+WEIGHT_BLOCK_KIB = 16
+L1_BYTES = 32 << 10  # the smallest first-level data cache of jitbyoc's x86 targets
 # taken when its cost is at most this share of the pixel engine's, per issue model: on
 # Intel's two-pipe cores the pixel engine's strided convs ran slower than its cost model
 # says, the channel engine's stems (3 input channels) slower than its own. Emerald
