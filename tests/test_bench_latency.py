@@ -30,7 +30,8 @@ def test_a_model_without_activations_gets_its_first_add_changed():
 
 
 def test_an_activation_is_changed_before_an_add():
-    mod = build_model({"x": ((2, 8), "float32")}, lambda bb, x: bb.emit(relax.op.sigmoid(bb.emit(relax.op.add(x, x)))))
+    mod = build_model({"x": ((2, 8), "float32")},
+                      lambda bb, x: bb.emit(relax.op.sigmoid(bb.emit(relax.op.add(x, x)))))
     assert _ops(change_one_layer(mod)) == ["relax.add", "relax.tanh"]
 
 

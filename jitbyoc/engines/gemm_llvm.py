@@ -145,10 +145,10 @@ def split_parts(m: int, n: int, mr: int, nr: int, batch: int, chunks: int) -> tu
 def split_side(b, sizes, units, batch, chunks: int) -> tuple:
     """(whether chunks are ranges of columns, the parts of that side). The larger side is
     split (the other operand is then the one each chunk re-reads), unless it has fewer
-    parts than ``chunks`` over the batch and the other side has more: 196 columns (a
-    14x14 map) are three panels of 64 and one of 4, and of two threads one took two whole
-    panels; a chain of 128 -> 128 1x1 convolutions on 14x14 ran in 0.93x the time split
-    by its 22 row parts instead."""
+    parts than ``chunks`` over the batch and the other side has more: a 7x7 map's 49
+    columns are one panel (one task), 196 columns three panels of 64 and one of 4. The
+    zoo measured level (Zen 5); a chain of 128 -> 128 1x1 convolutions on 14x14 ran 0.93x
+    the time, but as much with the old rule taken as constants (:func:`split_parts`)."""
     (m, n), (mr, nr) = sizes, units
     pm, pn = ceil_div(b, m, mr), ceil_div(b, n, nr)
     larger_n = b.icmp_signed(">=", n, m)

@@ -58,7 +58,7 @@ class Concat(PortableStage, kir.KernelStage):
 
     def needs_loop_vectorizer(self) -> bool:
         # rows are memcpy calls; only a cast copy is a loop (the epilogue decides for itself).
-        # SqueezeNet's concatenating regions compiled in 30 ms each with the vectorizers, 11
+        # SqueezeNet's concatenating regions compiled in 30 ms each with the vectorizers, 18
         # without
         return not self._whole_bytes()
 

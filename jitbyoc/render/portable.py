@@ -230,8 +230,9 @@ class C(CVectors, CInts):
         self.ctx.line(f"{self.ctx.element(dst, self.i(doff))} = {value};")
 
     def copy_run(self, dst, doff, src, soff, count) -> None:
-        self.ctx.line(f"memcpy(&{self.ctx.element(dst, self.i(doff))}, &{self.ctx.element(src, self.i(soff))}, "
-                      f"(size_t)({self.i(count)}) * sizeof({self.ctx.element(src, '0')}));")
+        to, frm = self.ctx.element(dst, self.i(doff)), self.ctx.element(src, self.i(soff))
+        size = f"(size_t)({self.i(count)}) * sizeof({self.ctx.element(src, '0')})"
+        self.ctx.line(f"memcpy(&{to}, &{frm}, {size});")
 
     @contextmanager
     def loop(self, count, start=0, name="i"):
