@@ -18,11 +18,11 @@ from llvmlite import ir
 
 from ..ir.dtypes import dtype as lookup_dtype
 from ..ir.folds import FOLDS
-from ..ir.llvmtypes import I32, I64, PTR
+from ..ir.llvmtypes import I32, I64
 from . import c as c_render
 from .indexing import CInts, LLVMInts
 from .llvm import Emitter
-from .loops import for_range, free_workspace, workspace
+from .loops import copy_bytes, for_range, free_workspace, workspace
 from .portable_vectors import CVectors, LLVMVectors
 
 
@@ -95,10 +95,8 @@ class LLVM(LLVMVectors, LLVMInts):
     def copy_run(self, dst, doff, src, soff, count) -> None:
         """Move ``count`` consecutive elements of one dtype: one ``llvm.memcpy`` (no loop
         left for the loop vectorizer)."""
-        size = self.b.mul(self.i(count), I64(lookup_dtype(src.dtype).nbytes))
-        memcpy = self.ctx.module.declare_intrinsic("llvm.memcpy", [PTR, PTR, I64])
-        self.b.call(memcpy, [self.ctx.element(dst, self.i(doff)), self.ctx.element(src, self.i(soff)),
-                             size, ir.IntType(1)(0)])
+        copy_bytes(self.b, self.ctx.element(dst, self.i(doff)), self.ctx.element(src, self.i(soff)),
+                   self.b.mul(self.i(count), I64(lookup_dtype(src.dtype).nbytes)))
 
     @contextmanager
     def loop(self, count, start=0, name="i"):
