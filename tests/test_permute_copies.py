@@ -41,7 +41,8 @@ def test_row_transposes_match_tvm(lead, inner, axes, dtype, relu):
     if moved != sorted(moved) and inner > 1:  # else a reshape, or (rows of one) a transpose
         assert "call void @\"llvm.memcpy" in region.llvm_ir
     rng = np.random.default_rng(sum(shape))
-    x = rng.standard_normal(shape) * 50 > 0 if dtype == "bool" else (rng.standard_normal(shape) * 50).astype(dtype)
+    x = rng.standard_normal(shape) * 50
+    x = x > 0 if dtype == "bool" else x.astype(dtype)
     builds = build_both(mod)
     assert builds.report.fallbacks == [], str(builds.report)
     want, got = builds.run(x)

@@ -19,7 +19,6 @@ from tvm import relax
 
 from ..ir import kir
 from ..ir.dtypes import STORED
-from ..ir.dtypes import dtype as lookup_dtype
 from ..ir.relax_types import dims, tensor_problem
 from ..ir.rules import register
 from ..render.indexing import unravel
@@ -50,17 +49,11 @@ class Concat(PortableStage, kir.KernelStage):
         else:
             e.parallel(e.mul(rows, blocks), lambda e, lo, hi: self._blocks(e, lo, hi, blocks), True)
 
-    def _whole_bytes(self) -> bool:
-        """Rows are moved as bytes (one memcpy each): every operand has the result's dtype,
-        of whole bytes an element."""
-        return (all(x.dtype == self.out.dtype for x in self.inputs)
-                and lookup_dtype(self.out.dtype).storage_bits % 8 == 0)
-
     def needs_loop_vectorizer(self) -> bool:
         # rows are memcpy calls; only a cast copy is a loop (the epilogue decides for itself).
         # SqueezeNet's concatenating regions compiled in 30 ms each with the vectorizers, 18
         # without
-        return not self._whole_bytes()
+        return not self.moves_bytes()
 
     def blocks(self) -> int:
         """Tasks each row of the result is split into, by ranges of its index along the
@@ -102,7 +95,7 @@ class Concat(PortableStage, kir.KernelStage):
             if i not in self.placed:
                 src = e.let(e.add(e.mul(r, e.mul(size, inner)), e.mul(e.sub(first, at), inner)))
                 start = e.let(e.add(dst, e.mul(first, inner)))
-                if self._whole_bytes():
+                if self.moves_bytes():
                     e.copy_run(out, start, x, src, e.mul(count, inner))
                 else:
                     with e.loop(e.mul(count, inner), 0, "k") as k:

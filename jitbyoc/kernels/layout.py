@@ -26,7 +26,6 @@ from tvm.ir.prim import IntImm
 
 from ..ir import kir
 from ..ir.dtypes import ALL, STORED
-from ..ir.dtypes import dtype as lookup_dtype
 from ..ir.relax_types import broadcast_problem, dim, dims, same_element_count, tensor_problem
 from ..ir.rules import register
 from ..render.indexing import div_ceil, dot, product, unravel
@@ -182,11 +181,6 @@ class Permute(PortableStage, kir.KernelStage):
                 [_stride(e, x.shape, self.axes[g[-1]]) for g in groups],
                 [_stride(e, out.shape, g[-1]) for g in groups])
 
-    def _whole_bytes(self) -> bool:
-        """Rows are moved as bytes (one memcpy each, :meth:`_rows`): no cast, elements of
-        whole bytes."""
-        return self.out.dtype == self.inputs[0].dtype and lookup_dtype(self.out.dtype).storage_bits % 8 == 0
-
     def needs_loop_vectorizer(self) -> bool:
         # tiles are transposed as vectors; rows are memcpy calls; edge tiles gather; rows
         # that also cast (:mod:`.fold_slices`) are loops to vectorize
@@ -211,7 +205,7 @@ class Permute(PortableStage, kir.KernelStage):
             with e.loop(hi, lo, "row") as r:
                 idx = unravel(e, r, outer)
                 src, dst = e.let(e.add(self.start(e), dot(e, idx, ins))), e.let(e.mul(r, n))
-                if self._whole_bytes():
+                if self.moves_bytes():
                     e.copy_run(out, dst, x, src, n)
                 else:
                     with e.loop(n, 0, "k") as k:

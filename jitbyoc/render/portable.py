@@ -304,6 +304,12 @@ class C(CVectors, CInts):
 class PortableStage:
     """Mixin: a :class:`~jitbyoc.ir.kir.KernelStage` that implements ``emit(e)`` once."""
 
+    def moves_bytes(self) -> bool:
+        """Whether the stage's copies can move bytes (``copy_run``: one memcpy a run): every
+        input has the result's dtype, of whole bytes an element (no cast on the way)."""
+        return (all(x.dtype == self.out.dtype for x in self.inputs)
+                and lookup_dtype(self.out.dtype).storage_bits % 8 == 0)
+
     def emit_llvm(self, ctx) -> None:
         self.emit(LLVM(ctx))
 
