@@ -181,6 +181,11 @@ class Permute(PortableStage, kir.KernelStage):
                 [_stride(e, x.shape, self.axes[g[-1]]) for g in groups],
                 [_stride(e, out.shape, g[-1]) for g in groups])
 
+    def work(self) -> str:
+        """The thread pool's bound (:data:`~jitbyoc.render.loops.THREAD_MIN`): a pure copy's,
+        or an elementwise nest's where each element is also cast."""
+        return "copy" if self.moves_bytes() else "elementwise"
+
     def needs_loop_vectorizer(self) -> bool:
         # tiles are transposed as vectors; rows are memcpy calls; edge tiles gather; rows
         # that also cast (:mod:`.fold_slices`) are loops to vectorize
@@ -214,7 +219,7 @@ class Permute(PortableStage, kir.KernelStage):
                     e.epilogue(self, idx + [0], [1] * len(idx) + [e.dim(out.shape[-1])])
 
         e.parallel(product(e, self.plan(e, groups)[0][:-1]), body,
-                   threaded(out.shape, "copy"))
+                   threaded(out.shape, self.work()))
 
     def _tiles(self, e, groups, b) -> None:
         """Transpose TILE x TILE tiles of group ``a`` (innermost in ``out``) and group
@@ -254,7 +259,7 @@ class Permute(PortableStage, kir.KernelStage):
 
         ext, _, _, na, nb = tiling(e)
         e.parallel(e.mul(product(e, [ext[k] for k in batch]), e.mul(na, nb)), body,
-                   threaded(out.shape, "copy"))
+                   threaded(out.shape, self.work()))
 
     def _tile_elements(self, e, src0, dst0, a0, a1, b0, b1, in_a, out_b) -> None:
         """An edge tile, element by element: contiguous writes, strided reads."""
