@@ -189,7 +189,7 @@ class Permute(PortableStage, kir.KernelStage):
     def needs_loop_vectorizer(self) -> bool:
         # tiles are transposed as vectors; rows are memcpy calls; edge tiles gather; rows
         # that also cast (:mod:`.fold_slices`) are loops to vectorize
-        return self.out.dtype != self.inputs[0].dtype
+        return not self.moves_bytes()
 
     def emit(self, e) -> None:
         groups = self.groups()
