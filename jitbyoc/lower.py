@@ -24,6 +24,7 @@ from .ir import quotients
 from .ir import sizes as size_exprs
 from .ir.errors import LoweringError, RegionSizeError, error_context
 from .ir.hoist import hoist_broadcast_subexpressions
+from .ir.narrow import narrow_rounded_results
 from .ir.relax_types import SymbolicSizes, dim, dims, naming_sizes
 from .ir.rules import REWRITES, RULES
 from .kernels.concat_parts import place_concat_parts
@@ -225,6 +226,7 @@ class RegionLowering:
         fuse_epilogues(self.kernel)
         _results_in_place(self.kernel)
         _requantize_reordered_sums(self.kernel)
+        narrow_rounded_results(self.kernel)
         for rewrite in REWRITES:
             rewrite(self.kernel)
         place_concat_parts(self.kernel)  # last: it fixes where buffers live

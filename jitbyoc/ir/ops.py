@@ -51,6 +51,7 @@ class OpDef:
     condition: bool = False  # operand 0 is a bool condition; the dtype is the others'
     traps: bool = False  # on integers, the CPU traps on some operands (division by zero)
     composite: str = ""  # its place in the anchor + bias + activation patterns: "bias", "activation"
+    bf16_row: str = ""  # a cheaper row good enough where the result is rounded to bfloat16
 
     def relax_attrs(self, call) -> dict:
         """The attributes this row needs, taken from a Relax call of its op."""
@@ -385,7 +386,9 @@ OPS: dict[str, OpDef] = {
                       composite="activation"),
     "erf":      OpDef(1, _np_erf, F, expand=vecmath.erf, relax="relax.erf", ulp=4),
     "gelu":     OpDef(1, _np_gelu, F, expand=vecmath.gelu, relax="relax.nn.gelu", ulp=8,
-                      composite="activation"),
+                      composite="activation", bf16_row="gelu_bf16"),
+    # within vecmath.GELU_BF16_BOUND * |x| in float32 (ulp: float64's, gelu's own)
+    "gelu_bf16": OpDef(1, _np_gelu, F, expand=vecmath.gelu_bf16, ulp=8),
     "gelu_tanh": OpDef(1, _np_gelu_tanh, F, expand=vecmath.gelu_tanh, relax="relax.nn.gelu_tanh",
                        ulp=8, composite="activation"),  # for x >= -1.5; see vecmath
     "silu":     OpDef(1, lambda x: (x * _np_sigmoid(x)).astype(x.dtype), F, expand=vecmath.silu,
