@@ -8,15 +8,17 @@ build of the same module."""
 from __future__ import annotations
 
 import math
+import shutil
 
 import ml_dtypes
 import numpy as np
+import pytest
 from tvm import relax
 
 import jitbyoc
 from jitbyoc.ir import kir, vecmath
 from jitbyoc.ir.narrow import narrowed
-from tests.conftest import build_both, build_model
+from tests.conftest import assert_bits_equal, build_both, build_model, call_region
 
 R = relax.op
 X = kir.Buffer("x", (4, 16), "float32")
@@ -70,3 +72,16 @@ def test_linear_gelu_rounded_to_bfloat16_within_a_step():
     assert np.all(np.abs(got - ref) <= 2.0 ** -7 * np.abs(ref) + step), "beyond one step of TVM's build"
     # where gelu is not small against |y| (y > -1), a step only where rounding was nearly a tie
     assert np.mean(got[y > -1] == want[y > -1]) > 0.97
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc) on PATH")
+def test_gelu_bf16_renders_the_same_in_c(tmp_path):
+    from tests.test_c_renderer import c_and_jit
+
+    x = np.concatenate([np.linspace(-8, 8, 181), [0.0, -0.0, np.inf, -np.inf, np.nan]]).astype(np.float32)
+    mod = build_model({"x": ((x.size,), "float32")}, lambda bb, xv: bb.emit(R.astype(R.nn.gelu(xv), "bfloat16")))
+    region, = jitbyoc.inspect(mod)
+    assert "gelu_bf16" in str(region.kernel)
+    c_fn, jit_fn = c_and_jit(region, tmp_path)
+    got, want = (call_region(fn, region.kernel, [x])[0] for fn in (c_fn, jit_fn))
+    assert_bits_equal(got, want, "gelu_bf16: C vs JIT")
