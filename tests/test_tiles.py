@@ -238,3 +238,22 @@ def test_k_blocks_are_whole_tile_steps():
         count, each = int(plan(k, 0)), int(plan(k, 1))
         assert each % step == 0 and each <= blk.kc + step, (k, each)
         assert count * each >= k > (count - 1) * each, (k, count, each)
+
+
+def test_the_next_blocks_tiles_load_between_this_blocks_products():
+    """The tile kernel's loop loads the next block's operand tiles among this block's
+    products (software pipelining: a product, a load, a product in one basic block), not
+    all before them: tiles are not renamed, so a load placed first waits for the
+    products that read its register."""
+    import re
+
+    from llvmlite import ir
+
+    for dtype, product in (("bfloat16", "tdpbf16ps"), ("uint8", "tdpbusd")):
+        module = ir.Module(name="t")
+        engine = gemm_tiles.Tiles(dtype)
+        engine.emit(module, ir.Function(module, engine.signature(), "tiles"))
+        blocks = re.split(r'\n"?[\w.]+"?:\n', str(module))
+        calls = ["".join("p" if product in line else "l" if "tileloadd" in line else "" for line in blk.splitlines())
+                 for blk in blocks]
+        assert any("plp" in c for c in calls), f"{dtype}: no block interleaves loads with products: {calls}"

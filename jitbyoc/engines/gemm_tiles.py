@@ -176,25 +176,59 @@ class _Kernel:
         for t in self.used:
             self.b.call(self.store, [I8(t), self.c_at[t], self.c_stride])
 
+    def _load_a(self, i, at, a_ld) -> None:
+        self.b.call(self.load, [I8(A_TILES[i]), at, a_ld])
+
+    def _load_b(self, j, b_row, b_ld) -> None:
+        self.b.call(self.load, [I8(B_TILES[j]), gep(self.b, b_row, I64(16 * j), self.unit), b_ld])
+
+    def _loads(self, a_rows, a_ld, b_row, b_ld) -> None:
+        for i in range(self.rows):
+            self._load_a(i, a_rows[i], a_ld)
+        for j in range(self.cols):
+            self._load_b(j, b_row, b_ld)
+
+    def _product(self, t) -> None:
+        self.b.call(self.multiply, [I8(t), I8(A_TILES[t // 2]), I8(B_TILES[t % 2])])
+
     def step(self, a_rows, a_ld, b_row, b_ld) -> None:
         """One block of 16 units: A's tiles at ``a_rows`` (``a_ld`` bytes a row), B's at
         ``b_row`` and 16 columns on (``b_ld`` bytes a row), multiplied into C's."""
-        b = self.b
-        for i, t in enumerate(A_TILES[:self.rows]):
-            b.call(self.load, [I8(t), a_rows[i], a_ld])
-        for j, t in enumerate(B_TILES[:self.cols]):
-            b.call(self.load, [I8(t), gep(b, b_row, I64(16 * j), self.unit), b_ld])
+        self._loads(a_rows, a_ld, b_row, b_ld)
         for t in self.used:
-            b.call(self.multiply, [I8(t), I8(A_TILES[t // 2]), I8(B_TILES[t % 2])])
+            self._product(t)
 
     def steps(self, tiles: list, a_ld, a_step, bp, bks, count) -> None:
         """``count`` blocks of 16 units: A's row tile ``i`` of block ``s`` at ``tiles[i] +
-        s*a_step`` (units; ``a_ld`` bytes a row), ``B[u, j]`` at ``bp + u*bks + j``."""
+        s*a_step`` (units; ``a_ld`` bytes a row), ``B[u, j]`` at ``bp + u*bks + j``.
+        Software-pipelined: each operand tile of the next block is loaded right after the
+        last product of this block that reads it, under the products still to run. Tiles
+        are not renamed (a load waits for the products reading its register), so loading
+        all four before the products left the tile unit idle through each load: bf16
+        128x768x3072 alone 335 -> 312 us, 197 rows 521 -> 485; BERT-base bf16 0.94-0.97x,
+        ViT-base 0.92-0.97x, ResNet-50 0.93-1.02x the time (the AMX Xeon, alternating)."""
         b, unit = self.b, self.unit
         b_ld = b.mul(bks, I64(UNIT_BYTES))
-        with for_range(b, count, "ts") as s:
+
+        def operands(s):
             k0 = b.mul(s, I64(TILE_BYTES // UNIT_BYTES))
-            self.step([gep(b, t, b.mul(s, a_step), unit) for t in tiles], a_ld, gep(b, bp, b.mul(k0, bks), unit), b_ld)
+            return [gep(b, t, b.mul(s, a_step), unit) for t in tiles], gep(b, bp, b.mul(k0, bks), unit)
+
+        last_a = {t // 2: t for t in self.used}  # the last product reading each operand
+        last_b = {t % 2: t for t in self.used}
+        with b.if_then(b.icmp_signed(">", count, I64(0))):
+            a_rows, b_row = operands(I64(0))
+            self._loads(a_rows, a_ld, b_row, b_ld)
+            with for_range(b, b.sub(count, I64(1)), "ts") as s:
+                a_next, b_next = operands(b.add(s, I64(1)))
+                for t in self.used:
+                    self._product(t)
+                    if last_a[t // 2] == t:
+                        self._load_a(t // 2, a_next[t // 2], a_ld)
+                    if last_b[t % 2] == t:
+                        self._load_b(t % 2, b_next, b_ld)
+            for t in self.used:  # the last block's products
+                self._product(t)
 
 
 TAP_TILE_TYPE = ir.FunctionType(ir.VoidType(), [PTR, I64, I64, PTR, I64, I64, I64, PTR, PTR, I64])
