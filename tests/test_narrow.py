@@ -68,7 +68,7 @@ def test_linear_gelu_rounded_to_bfloat16_within_a_step():
     step = 2.0 ** -7 * np.abs(exact) + vecmath.GELU_BF16_BOUND * np.abs(y)
     want = exact.astype(ml_dtypes.bfloat16).astype(np.float64)
     bad = np.abs(got - want) > step
-    assert not bad.any(), f"beyond one bfloat16 step of the exact gelu at y={y[bad]}: {got[bad]} vs {want[bad]}"
+    assert not bad.any(), f"beyond a bfloat16 step of the exact gelu at y={y[bad]}: {got[bad]} vs {want[bad]}"
     assert np.all(np.abs(got - ref) <= 2.0 ** -7 * np.abs(ref) + step), "beyond one step of TVM's build"
     # where gelu is not small against |y| (y > -1), a step only where rounding was nearly a tie
     assert np.mean(got[y > -1] == want[y > -1]) > 0.97
@@ -79,7 +79,8 @@ def test_gelu_bf16_renders_the_same_in_c(tmp_path):
     from tests.test_c_renderer import c_and_jit
 
     x = np.concatenate([np.linspace(-8, 8, 181), [0.0, -0.0, np.inf, -np.inf, np.nan]]).astype(np.float32)
-    mod = build_model({"x": ((x.size,), "float32")}, lambda bb, xv: bb.emit(R.astype(R.nn.gelu(xv), "bfloat16")))
+    mod = build_model({"x": ((x.size,), "float32")},
+                      lambda bb, xv: bb.emit(R.astype(R.nn.gelu(xv), "bfloat16")))
     region, = jitbyoc.inspect(mod)
     assert "gelu_bf16" in str(region.kernel)
     c_fn, jit_fn = c_and_jit(region, tmp_path)

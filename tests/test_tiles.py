@@ -254,6 +254,7 @@ def test_the_next_blocks_tiles_load_between_this_blocks_products():
         engine = gemm_tiles.Tiles(dtype)
         engine.emit(module, ir.Function(module, engine.signature(), "tiles"))
         blocks = re.split(r'\n"?[\w.]+"?:\n', str(module))
-        calls = ["".join("p" if product in line else "l" if "tileloadd" in line else "" for line in blk.splitlines())
+        kinds = [["p" if product in line else "l" if "tileloadd" in line else "" for line in blk.splitlines()]
                  for blk in blocks]
+        calls = ["".join(k) for k in kinds]
         assert any("plp" in c for c in calls), f"{dtype}: no block interleaves loads with products: {calls}"

@@ -59,10 +59,10 @@ EXACT = {
     "silu": (lambda x: x / (1 + np.exp(-x)), lambda x: x / (1 + mpmath.exp(-x))),
     "erf": (_erf, mpmath.erf),
     "gelu": (lambda x: x / 2 * _erfc(-x / math.sqrt(2)), lambda x: x / 2 * mpmath.erfc(-x / mpmath.sqrt(2))),
-    "gelu_bf16": (lambda x: x / 2 * _erfc(-x / math.sqrt(2)), lambda x: x / 2 * mpmath.erfc(-x / mpmath.sqrt(2))),
     "gelu_tanh": (_np_gelu_tanh, _mp_gelu_tanh),
     "power": (np.power, mpmath.power),
 }
+EXACT["gelu_bf16"] = EXACT["gelu"]
 
 EXPANSIONS = sorted(name for name, row in OPS.items()
                     if row.expand is not None and row.expand.__module__ == vecmath.__name__)

@@ -176,7 +176,9 @@ def gelu_bf16_coefficients() -> tuple[tuple[float, ...], tuple[float, ...]]:
     tie = np.concatenate([top * np.ones(dp + 1), -over * np.ones(dq)])  # top*P(span) = over*Q(span)
     for _ in range(12):
         weight = np.maximum(x, 0.05) / q_before
-        rows = np.hstack([np.vander(t, dp + 1, increasing=True), -f[:, None] * np.vander(t, dq + 1, increasing=True)[:, 1:]])
+        powers_p = np.vander(t, dp + 1, increasing=True)
+        powers_q = np.vander(t, dq + 1, increasing=True)[:, 1:]
+        rows = np.hstack([powers_p, -f[:, None] * powers_q])
         system = np.vstack([rows * weight[:, None], 1e4 * tie])
         sol = np.linalg.lstsq(system, np.append(f * weight, 1e4 * over), rcond=None)[0]
         q = np.concatenate([[1.0], sol[dp + 1:]])

@@ -11,7 +11,8 @@ from .ops import OPS
 
 
 def _casts_to_bf16(node) -> bool:
-    return isinstance(node, kir.Op) and node.op == "astype" and (node.in_dtype, node.dtype) == ("float32", "bfloat16")
+    return isinstance(node, kir.Op) and node.op == "astype" \
+        and (node.in_dtype, node.dtype) == ("float32", "bfloat16")
 
 
 def narrowed(roots: list) -> list:
@@ -24,7 +25,8 @@ def narrowed(roots: list) -> list:
             users.setdefault(id(arg), []).append(node)
     stored = {id(r) for r in roots}
     mapping = {n: kir.Op(OPS[n.op].bf16_row, n.args, n.in_dtype, n.dtype, n.attrs) for n in nodes
-               if isinstance(n, kir.Op) and OPS[n.op].bf16_row and n.dtype == "float32" and id(n) not in stored
+               if isinstance(n, kir.Op) and OPS[n.op].bf16_row and n.dtype == "float32"
+               and id(n) not in stored
                and all(map(_casts_to_bf16, users.get(id(n), [])))}
     return kir.substitute_all(roots, mapping) if mapping else list(roots)
 

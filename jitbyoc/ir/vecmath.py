@@ -293,7 +293,8 @@ def gelu_bf16(e, dt, x):
     low = e.op("maximum", dt, e.const(-GELU_BF16_CLAMP, dt), x)  # NaN stays NaN: -top > NaN fails
     xc = e.op("minimum", dt, top, low)
     w = e.op("multiply", dt, xc, xc)
-    ratio = e.op("divide", dt, e.op("multiply", dt, xc, _horner(e, dt, w, list(p))), _horner(e, dt, w, list(q)))
+    numerator = e.op("multiply", dt, xc, _horner(e, dt, w, list(p)))
+    ratio = e.op("divide", dt, numerator, _horner(e, dt, w, list(q)))
     one = e.const(1, dt)
     erf_ = e.op("minimum", dt, one, e.op("maximum", dt, e.const(-1, dt), ratio))
     # -inf and x <= -top: (-top/2) * 0 = -0, as gelu gives -0 for -inf
