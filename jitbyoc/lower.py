@@ -355,11 +355,8 @@ def _requantize_reordered_sums(kernel: kir.Kernel) -> None:
     float sum TVM takes in another order (:data:`.ir.quotients.REORDERED`) as products,
     without the exactness test: within the one output step the sums' order allows."""
     for stage in kernel.stages:
-        if isinstance(stage, kir.KernelStage) and getattr(stage, "sums_reordered", False) and stage.epilogue:
-            views = [view for view, _ in stage.epilogue_also]
-            roots = [stage.epilogue] + [e for _, e in stage.epilogue_also]
-            stage.epilogue, *also = quotients.reordered(roots)
-            stage.epilogue_also = tuple(zip(views, also))
+        if isinstance(stage, kir.KernelStage) and getattr(stage, "sums_reordered", False):
+            stage.map_epilogue(quotients.reordered)
 
 
 def _fuse_stores(stage: kir.Elementwise, producer: kir.KernelStage) -> bool:

@@ -158,6 +158,15 @@ class KernelStage:
         roots = [self.epilogue] + [e for _, e in self.epilogue_also] if self.epilogue is not None else []
         return list(self.inputs) + loads(roots) + tables(roots)
 
+    def map_epilogue(self, fn) -> None:
+        """Replace the epilogue's expressions (``epilogue`` and those of ``epilogue_also``)
+        by ``fn(roots)``, a list of as many roots; nothing without an epilogue."""
+        if self.epilogue is None:
+            return
+        views = [view for view, _ in self.epilogue_also]
+        self.epilogue, *also = fn([self.epilogue] + [e for _, e in self.epilogue_also])
+        self.epilogue_also = tuple(zip(views, also))
+
     def macs(self) -> tuple[Dim, ...] | None:
         """Multiply-adds this stage makes, as a product of dims (the profiler's FLOP count
         is twice it); None for stages that are not products (pools, norms, layout); a

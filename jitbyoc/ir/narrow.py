@@ -37,7 +37,5 @@ def narrow_rounded_results(kernel: kir.Kernel) -> None:
         if isinstance(stage, kir.Elementwise):
             bufs, exprs = zip(*stage.stores)
             kernel.stages[k] = kir.Elementwise(stage.shape, tuple(zip(bufs, narrowed(list(exprs)))))
-        elif isinstance(stage, kir.KernelStage) and stage.epilogue is not None:
-            views = [view for view, _ in stage.epilogue_also]
-            stage.epilogue, *also = narrowed([stage.epilogue] + [e for _, e in stage.epilogue_also])
-            stage.epilogue_also = tuple(zip(views, also))
+        elif isinstance(stage, kir.KernelStage):
+            stage.map_epilogue(narrowed)
