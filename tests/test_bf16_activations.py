@@ -100,3 +100,23 @@ def test_model_outputs_stay_float32_and_bad_settings_are_refused():
     np.testing.assert_allclose(got[1], ref[1], rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="'fp16'"):
         jitbyoc.lower_precision(mod, "bf16", activations="fp16")
+
+
+def test_a_model_returning_its_product_rounded_builds():
+    """A model whose output var is bound to ``astype(conv(x), "bfloat16")``: the conv's
+    output is rounded once, and the output var stays the function's (bound to the one
+    rounding, not replaced by it: a dataflow var returned from its block failed the
+    build, 'Var lv2 is not defined')."""
+    rng = np.random.default_rng(11)
+    w = (rng.standard_normal((8, 8, 3, 3)) / 8).astype(np.float32)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 8, 6, 6), "bfloat16"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(R.nn.conv2d(bb.emit(R.astype(x, "float32")), relax.const(w), padding=1))
+            out = bb.emit_output(R.astype(y, "bfloat16"))
+        bb.emit_func_output(out)
+    low = jitbyoc.lower_precision(bb.get(), "bf16", activations="bf16")
+    x = rng.standard_normal((1, 8, 6, 6)).astype(BF16)
+    ref, got = build_both(low).run(x)
+    np.testing.assert_array_equal(got.view(np.uint16), ref.view(np.uint16))

@@ -170,8 +170,11 @@ class _NarrowActivations(relax.PyExprMutator):
     def visit_var_binding_(self, binding):
         value = binding.value
         source = rounding_of(value)
-        if source is not None and source in self.widened:
-            self.set_var_remap(binding.var, self.widened[source][0])  # one rounding
+        if source is not None and source in self.widened:  # one rounding
+            if isinstance(binding.var, relax.DataflowVar):
+                self.set_var_remap(binding.var, self.widened[source][0])
+            else:  # an output var stays the function's, bound to the rounding
+                super().visit_var_binding_(relax.VarBinding(binding.var, self.widened[source][0]))
             return
         var = binding.var
         if var not in self.narrowed or not isinstance(var, relax.DataflowVar):
